@@ -1,0 +1,95 @@
+# esx -- builds the C module twice from the same sources (Lua 5.4 and LuaJIT 2.1),
+# runs the specs, the demo and the benchmarks.  `make help` lists the targets.
+
+VERSION    := $(shell sed -n 's/^\#define ESX_VERSION "\(.*\)"/\1/p' src/version.h)
+CC         ?= cc
+CFLAGS     ?= -O2 -g
+ESX_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -pthread -fvisibility=hidden \
+              -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+              -Wno-unused-parameter
+ESX_LIBS   := -lcurl -lz -lroaring -pthread
+LDFLAGS    ?=
+
+LUA54_INC  := $(shell pkg-config --cflags lua5.4 2>/dev/null || echo -I/usr/include/lua5.4)
+LUAJIT_INC := $(shell pkg-config --cflags luajit 2>/dev/null || echo -I/usr/include/luajit-2.1)
+
+SRCS    := $(wildcard src/*.c)
+HDRS    := $(wildcard src/*.h)
+OBJS54  := $(patsubst src/%.c,build/lua5.4/obj/%.o,$(SRCS))
+OBJSJIT := $(patsubst src/%.c,build/luajit/obj/%.o,$(SRCS))
+SO54    := build/lua5.4/esx/core.so
+SOJIT   := build/luajit/esx/core.so
+
+.PHONY: all build deps test test-lua54 test-luajit demo bench rock rock-so rock-install clean help
+
+all: build
+
+build: $(SO54) $(SOJIT)
+
+build/lua5.4/obj/%.o: src/%.c $(HDRS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(ESX_CFLAGS) $(CFLAGS) $(LUA54_INC) -c $< -o $@
+
+build/luajit/obj/%.o: src/%.c $(HDRS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(ESX_CFLAGS) $(CFLAGS) $(LUAJIT_INC) -c $< -o $@
+
+# A Lua C module never links liblua: the host (lua5.4, luajit, nginx) provides it.
+$(SO54): $(OBJS54)
+	@mkdir -p $(@D)
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $^ $(ESX_LIBS)
+
+$(SOJIT): $(OBJSJIT)
+	@mkdir -p $(@D)
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $^ $(ESX_LIBS)
+
+deps:
+	@tools/deps
+
+test: deps build
+	@tools/run-tests
+
+test-lua54: build
+	@tools/run-tests lua5.4
+
+test-luajit: build
+	@tools/run-tests luajit
+
+demo: deps build
+	@examples/demo/run $(if $(ES_URL),--es-url $(ES_URL))
+
+bench: deps build
+	@bench/run
+
+# Builds and installs the rock into ./build/rocks (a local tree), for Lua 5.4.
+rock:
+	luarocks --lua-version=5.4 --tree=build/rocks make --deps-mode=none esx-scm-1.rockspec
+
+# Used by luarocks (esx-scm-1.rockspec): one build for the Lua whose headers are in
+# LUA_INCDIR, installed into the rock tree's INST_LIBDIR / INST_LUADIR.
+OBJSROCK := $(patsubst src/%.c,build/rock/obj/%.o,$(SRCS))
+build/rock/obj/%.o: src/%.c $(HDRS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(ESX_CFLAGS) $(CFLAGS) -I$(LUA_INCDIR) -c $< -o $@
+
+build/rock/esx/core.so: $(OBJSROCK)
+	@mkdir -p $(@D)
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $^ $(ESX_LIBS)
+
+rock-so: build/rock/esx/core.so
+
+rock-install: build/rock/esx/core.so
+	install -d $(INST_LIBDIR)/esx $(INST_LUADIR)/esx
+	install -m 755 build/rock/esx/core.so $(INST_LIBDIR)/esx/core.so
+	install -m 644 lua/esx/*.lua $(INST_LUADIR)/esx/
+
+clean:
+	rm -rf build
+
+help:
+	@echo "make          build build/lua5.4/esx/core.so and build/luajit/esx/core.so"
+	@echo "make deps     install the Debian packages esx needs (as root) when missing"
+	@echo "make test     run every spec under Lua 5.4 and LuaJIT, and the nginx-hosted ones"
+	@echo "make demo     start the dev server and nginx and drive the demo traffic"
+	@echo "make bench    run the side-by-side benchmarks, write bench/results.md"
+	@echo "make rock     luarocks make into build/rocks"

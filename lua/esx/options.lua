@@ -1,0 +1,94 @@
+--- esx.options: checks a constructor's options table against a schema.
+--
+-- Typos must not pass silently: an unknown option name, a value of the wrong type or one out
+-- of range raises an error that names the option and the constructor, pointing at the
+-- caller's line.  The result is a new table with every option present (defaults filled in),
+-- so the code behind a constructor never sees a missing or ill-typed value.
+--
+-- A schema maps option names to specs:
+--   { type = "integer"|"number"|"boolean"|"string"|"function"|"table"|"any",
+--     default = <value or function returning a fresh value>, min = n, max = n,
+--     required = true, check = function(v) -> normalized | nil, reason }
+
+local type, pairs, tostring, error, floor = type, pairs, tostring, error, math.floor
+local huge = math.huge
+
+local _M = {}
+
+local MAX_SAFE = 9007199254740991
+
+local function is_integer(v)
+  return type(v) == "number" and v == floor(v) and v >= -MAX_SAFE and v <= MAX_SAFE
+end
+
+local function describe_type(v)
+  if type(v) == "number" and v ~= floor(v) then return "non-integer number" end
+  return type(v)
+end
+
+-- Returns nil when v satisfies spec, else the reason it does not.
+local function violation(spec, v)
+  local t = spec.type
+  if t == "integer" then
+    if not is_integer(v) then return "integer expected, got " .. describe_type(v) end
+  elseif t ~= "any" and type(v) ~= t then
+    return t .. " expected, got " .. type(v)
+  end
+  if t == "integer" or t == "number" then
+    if v ~= v then return "number expected, got NaN" end
+    if spec.min and v < spec.min then return "must be >= " .. tostring(spec.min) end
+    if spec.max and v > spec.max then return "must be <= " .. tostring(spec.max) end
+  elseif t == "string" and spec.nonempty and v == "" then
+    return "must not be empty"
+  end
+  return nil
+end
+
+--- Validates `opts` (a table or nil) against `schema`; returns the filled-in copy.
+-- `ctor` names the constructor in messages; `level` is passed to error() (default 3: the
+-- caller of the function that called check).
+function _M.check(ctor, schema, opts, level)
+  level = level or 3
+  if opts == nil then
+    opts = {}
+  elseif type(opts) ~= "table" then
+    error("bad argument #1 to " .. ctor .. " (table expected, got " .. type(opts) .. ")", level)
+  end
+  local out = {}
+  for name, v in pairs(opts) do
+    local spec = type(name) == "string" and schema[name] or nil
+    if not spec then
+      error(ctor .. ": bad option '" .. tostring(name) .. "' (unknown option)", level)
+    end
+    local reason = violation(spec, v)
+    if not reason and spec.check then
+      local normalized, why = spec.check(v)
+      if normalized == nil then
+        reason = why or "invalid value"
+      else
+        v = normalized
+      end
+    end
+    if reason then
+      error(ctor .. ": bad option '" .. name .. "' (" .. reason .. ")", level)
+    end
+    out[name] = v
+  end
+  for name, spec in pairs(schema) do
+    if out[name] == nil then
+      if spec.required then
+        error(ctor .. ": bad option '" .. name .. "' (required)", level)
+      end
+      local d = spec.default
+      if type(d) == "function" then d = d() end
+      out[name] = d
+    end
+  end
+  return out
+end
+
+_M.is_integer = is_integer
+_M.MAX_SAFE_INTEGER = MAX_SAFE
+_M.INFINITY = huge
+
+return _M

@@ -1,0 +1,19 @@
+-- The rockspec: `luarocks make` builds and installs esx into a local tree, offline.
+describe("luarocks make esx-scm-1.rockspec", function()
+  it("installs a module that loads from the tree", function()
+    if jit then return end -- luarocks here targets Lua 5.4; the LuaJIT build is `make`'s
+    local tree = os.tmpname()
+    os.remove(tree)
+    local ok = os.execute("luarocks --lua-version=5.4 --tree=" .. tree ..
+      " make --deps-mode=none esx-scm-1.rockspec >/dev/null 2>&1")
+    assert.truthy(ok == true or ok == 0, "luarocks make failed")
+    local p = io.popen("LUA_PATH='" .. tree .. "/share/lua/5.4/?.lua;" .. tree ..
+      "/share/lua/5.4/?/init.lua' LUA_CPATH='" .. tree .. "/lib/lua/5.4/?.so' " ..
+      "lua5.4 -e 'local e = require \"esx\"; io.write(e.version, \" \", " ..
+      "package.searchpath(\"esx.core\", package.cpath))'")
+    local out = p:read("*a")
+    p:close()
+    os.execute("rm -rf " .. tree)
+    assert.equal(require("esx").version .. " " .. tree .. "/lib/lua/5.4/esx/core.so", out)
+  end)
+end)

@@ -1,0 +1,32 @@
+/*
+ * esx.c -- luaopen_esx_core: the C half of `require "esx"`.
+ *
+ * esx.core holds the bindings of each part (one l*.c file per wrapped type); the public
+ * module `esx` (lua/esx/init.lua) is Lua and builds on it.  Nothing here keeps global
+ * state: everything lives in userdata, the registry, or the C core objects they point to.
+ */
+#include "compat.h"
+#include "lerror.h"
+#include "version.h"
+
+__attribute__((visibility("default"))) int luaopen_esx_core(lua_State *L);
+
+static const luaL_Reg core_functions[] = {
+    {"error", esx_lerror_new},
+    {NULL, NULL},
+};
+
+int luaopen_esx_core(lua_State *L)
+{
+    esx_lerror_open(L);
+    luaL_newlib(L, core_functions);
+    lua_pushliteral(L, ESX_VERSION);
+    lua_setfield(L, -2, "version");
+#if ESX_LUA51
+    lua_pushliteral(L, "luajit");
+#else
+    lua_pushliteral(L, "lua5.4");
+#endif
+    lua_setfield(L, -2, "flavour");
+    return 1;
+}
