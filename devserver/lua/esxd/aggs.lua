@@ -1,0 +1,373 @@
+-- esxd.aggs: aggregations over the matched documents: terms, date_histogram, histogram,
+-- sum, min, max, avg, value_count, cardinality (exact), stats; bucket aggregations nest.
+local errors = require "esxd.errors"
+local mapping = require "esxd.mapping"
+local dates = require "esxd.dates"
+local json = require "esxd.json"
+
+local _M = {}
+local null = json.null
+local floor = math.floor
+
+local function bad(reason) errors.raise(400, "illegal_argument_exception", reason) end
+
+local function fielddata_error(field)
+  error(errors.search_phase(nil, errors.new(400, "illegal_argument_exception",
+    "Fielddata is disabled on [" .. field .. "] in [index]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
+end
+
+local function need_field(kind, spec)
+  if type(spec) ~= "table" or type(spec.field) ~= "string" then
+    bad("Required one of fields [field, script], but none were specified. ")
+  end
+  return spec.field
+end
+
+-- numeric value of a doc value for metrics
+local function numeric(ty, v)
+  if ty == "date" then return dates.parse(v) end
+  if type(v) == "boolean" then return v and 1 or 0 end
+  return tonumber(v)
+end
+
+local metric = {}
+
+local function collect_numbers(docs, field, types)
+  local ty = mapping.type_of(types, field)
+  if ty == "text" then fielddata_error(field) end
+  local out = {}
+  for _, rec in ipairs(docs) do
+    for _, v in ipairs(mapping.values(rec.source, field)) do
+      local n = numeric(ty, v)
+      if n then out[#out + 1] = n end
+    end
+  end
+  return out, ty
+end
+
+local function with_date_string(o, ty, v)
+  if ty == "date" and v ~= null then json.set(o, "value_as_string", dates.format(v)) end
+  return o
+end
+
+metric.sum = function(spec, docs, types)
+  local nums = collect_numbers(docs, need_field("sum", spec), types)
+  local s = 0
+  for _, n in ipairs(nums) do s = s + n end
+  return json.obj("value", json.float(s))
+end
+metric.min = function(spec, docs, types)
+  local nums, ty = collect_numbers(docs, need_field("min", spec), types)
+  local m
+  for _, n in ipairs(nums) do if m == nil or n < m then m = n end end
+  return with_date_string(json.obj("value", m and json.float(m) or null), ty, m or null)
+end
+metric.max = function(spec, docs, types)
+  local nums, ty = collect_numbers(docs, need_field("max", spec), types)
+  local m
+  for _, n in ipairs(nums) do if m == nil or n > m then m = n end end
+  return with_date_string(json.obj("value", m and json.float(m) or null), ty, m or null)
+end
+metric.avg = function(spec, docs, types)
+  local nums = collect_numbers(docs, need_field("avg", spec), types)
+  if #nums == 0 then return json.obj("value", null) end
+  local s = 0
+  for _, n in ipairs(nums) do s = s + n end
+  return json.obj("value", json.float(s / #nums))
+end
+metric.stats = function(spec, docs, types)
+  local nums = collect_numbers(docs, need_field("stats", spec), types)
+  local s, mn, mx = 0, nil, nil
+  for _, n in ipairs(nums) do
+    s = s + n
+    if mn == nil or n < mn then mn = n end
+    if mx == nil or n > mx then mx = n end
+  end
+  return json.obj("count", #nums, "min", mn and json.float(mn) or null, "max", mx and json.float(mx) or null,
+    "avg", #nums > 0 and json.float(s / #nums) or null, "sum", json.float(s))
+end
+metric.value_count = function(spec, docs, types)
+  local field = need_field("value_count", spec)
+  local n = 0
+  for _, rec in ipairs(docs) do n = n + #mapping.values(rec.source, field) end
+  return json.obj("value", n)
+end
+metric.cardinality = function(spec, docs, types)
+  local field = need_field("cardinality", spec)
+  local ty = mapping.type_of(types, field)
+  if ty == "text" then fielddata_error(field) end
+  local seen, n = {}, 0
+  for _, rec in ipairs(docs) do
+    for _, v in ipairs(mapping.values(rec.source, field)) do
+      local k = type(v) .. ":" .. tostring(v)
+      if not seen[k] then seen[k] = true; n = n + 1 end
+    end
+  end
+  return json.obj("value", n)
+end
+
+local run_aggs
+
+-- sub-aggregation results merged into a bucket object
+local function add_subs(bucket, subspec, docs, types)
+  if subspec then
+    local res = run_aggs(subspec, docs, types)
+    for _, k in ipairs(res.__keys) do json.set(bucket, k, res.__vals[k]) end
+  end
+  return bucket
+end
+
+local bucket = {}
+
+bucket.terms = function(spec, docs, types, subspec)
+  local field = need_field("terms", spec)
+  local ty = mapping.type_of(types, field)
+  if ty == "text" then fielddata_error(field) end
+  local size = tonumber(spec.size or 10)
+  local min_doc = tonumber(spec.min_doc_count or 1)
+  local groups, order = {}, {}
+  for _, rec in ipairs(docs) do
+    local seen = {}
+    for _, v in ipairs(mapping.values(rec.source, field)) do
+      if type(v) ~= "table" then
+        local key = v
+        if ty == "date" then key = dates.parse(v) elseif ty and mapping.NUMERIC[ty] then key = tonumber(v) end
+        if ty == "boolean" then key = (v == true or v == "true") and 1 or 0 end
+        if key ~= nil then
+          local gk = type(key) .. ":" .. tostring(key)
+          if not seen[gk] then
+            seen[gk] = true
+            local g = groups[gk]
+            if not g then g = { key = key, docs = {} }; groups[gk] = g; order[#order + 1] = g end
+            g.docs[#g.docs + 1] = rec
+          end
+        end
+      end
+    end
+  end
+  -- ordering
+  local ord = spec.order or { _count = "desc" }
+  local ok_key, dir = next(ord)
+  if type(ord) == "table" and #ord > 0 then ok_key, dir = next(ord[1]) end
+  dir = tostring(dir or "desc"):lower()
+  local function keycmp(a, b)
+    if type(a.key) == type(b.key) then return a.key < b.key end
+    return tostring(a.key) < tostring(b.key)
+  end
+  local metric_vals = {}
+  if ok_key ~= "_count" and ok_key ~= "_key" and ok_key ~= "_term" then
+    local aggname, prop = tostring(ok_key):match("^([^%.]+)%.?(.*)$")
+    if not subspec or not subspec[aggname] then
+      bad("Invalid aggregation order path [" .. tostring(ok_key) .. "]. The provided aggregation [" .. tostring(aggname) .. "] either does not exist, or is a pipeline aggregation and cannot be used to sort the buckets.")
+    end
+    for _, g in ipairs(order) do
+      local r = run_aggs({ [aggname] = subspec[aggname] }, g.docs, types).__vals[aggname]
+      local v = json.get(r, prop ~= "" and prop or "value")
+      if type(v) == "table" then v = v[1] end
+      metric_vals[g] = (v == null or v == nil) and -math.huge or v
+    end
+  end
+  table.sort(order, function(a, b)
+    if ok_key == "_key" or ok_key == "_term" then
+      if dir == "asc" then return keycmp(a, b) else return keycmp(b, a) end
+    elseif ok_key == "_count" then
+      if #a.docs ~= #b.docs then
+        if dir == "asc" then return #a.docs < #b.docs end
+        return #a.docs > #b.docs
+      end
+      return keycmp(a, b)
+    else
+      local va, vb = metric_vals[a], metric_vals[b]
+      if va ~= vb then if dir == "asc" then return va < vb end return va > vb end
+      return keycmp(a, b)
+    end
+  end)
+  local buckets, other = json.array(), 0
+  for _, g in ipairs(order) do
+    if #g.docs >= min_doc then
+      if #buckets < size then
+        local b = json.obj("key", g.key)
+        if ty == "date" then json.set(b, "key_as_string", dates.format(g.key)) end
+        if ty == "boolean" then json.set(b, "key_as_string", g.key == 1 and "true" or "false") end
+        json.set(b, "doc_count", #g.docs)
+        buckets[#buckets + 1] = add_subs(b, subspec, g.docs, types)
+      else
+        other = other + #g.docs
+      end
+    end
+  end
+  return json.obj("doc_count_error_upper_bound", 0, "sum_other_doc_count", other, "buckets", buckets)
+end
+
+local UNIT_MS = { ms = 1, s = 1000, m = 60000, h = 3600000, d = 86400000 }
+local CAL = { minute = "1m", ["1m"] = "1m", hour = "1h", ["1h"] = "1h", day = "1d", ["1d"] = "1d",
+  week = "1w", ["1w"] = "1w", month = "1M", ["1M"] = "1M", quarter = "1q", ["1q"] = "1q",
+  year = "1y", ["1y"] = "1y" }
+
+-- returns function(ms) -> bucket start, function(start) -> next start
+local function interval_fns(spec)
+  if spec.fixed_interval ~= nil then
+    local n, unit = tostring(spec.fixed_interval):match("^(%d+)(%a+)$")
+    local mult = unit and UNIT_MS[unit]
+    if not mult or tonumber(n) == 0 then
+      bad("failed to parse setting [date_histogram.fixedInterval] with value [" .. tostring(spec.fixed_interval) .. "] as a time value: unit is missing or unrecognized")
+    end
+    local step = tonumber(n) * mult
+    return function(ms) return floor(ms / step) * step end, function(s) return s + step end
+  end
+  if spec.calendar_interval ~= nil then
+    local c = CAL[tostring(spec.calendar_interval)]
+    if not c then
+      bad("The supplied interval [" .. tostring(spec.calendar_interval) .. "] could not be parsed as a calendar interval.")
+    end
+    if c == "1m" or c == "1h" or c == "1d" then
+      local step = UNIT_MS[c:sub(2)]
+      return function(ms) return floor(ms / step) * step end, function(s) return s + step end
+    end
+    if c == "1w" then
+      local wk = 7 * 86400000
+      local monday = 4 * 86400000 -- 1970-01-05 was a Monday
+      return function(ms) return floor((ms - monday) / wk) * wk + monday end, function(s) return s + wk end
+    end
+    local months = c == "1M" and 1 or c == "1q" and 3 or 12
+    local function start(ms)
+      local y, m = dates.civil_from_days(floor(ms / 86400000))
+      local idx = (y * 12 + (m - 1))
+      idx = idx - idx % months
+      return dates.days_from_civil(floor(idx / 12), idx % 12 + 1, 1) * 86400000
+    end
+    return start, function(s)
+      local y, m = dates.civil_from_days(floor(s / 86400000))
+      local idx = y * 12 + (m - 1) + months
+      return dates.days_from_civil(floor(idx / 12), idx % 12 + 1, 1) * 86400000
+    end
+  end
+  if spec.interval ~= nil then
+    bad("[interval] on [date_histogram] is not supported, use [fixed_interval] or [calendar_interval]")
+  end
+  bad("Invalid interval specified, must be non-null and non-empty")
+end
+
+bucket.date_histogram = function(spec, docs, types, subspec)
+  local field = need_field("date_histogram", spec)
+  local startf, nextf = interval_fns(spec)
+  local min_doc = tonumber(spec.min_doc_count or 0)
+  local groups, keys = {}, {}
+  for _, rec in ipairs(docs) do
+    local seen = {}
+    for _, v in ipairs(mapping.values(rec.source, field)) do
+      local ms = dates.parse(v)
+      if ms then
+        local k = startf(ms)
+        if not seen[k] then
+          seen[k] = true
+          local g = groups[k]
+          if not g then g = {}; groups[k] = g; keys[#keys + 1] = k end
+          g[#g + 1] = rec
+        end
+      end
+    end
+  end
+  table.sort(keys)
+  local buckets = json.array()
+  if #keys > 0 then
+    local k = keys[1]
+    local last = keys[#keys]
+    local guard = 0
+    while k <= last do
+      local g = groups[k] or {}
+      if #g >= min_doc then
+        local b = json.obj("key_as_string", dates.format(k), "key", k, "doc_count", #g)
+        buckets[#buckets + 1] = add_subs(b, subspec, g, types)
+      end
+      if min_doc > 0 and #g == 0 then
+        -- skip straight to the next populated key
+        local nxt
+        for _, kk in ipairs(keys) do if kk > k then nxt = kk; break end end
+        if not nxt then break end
+        k = nxt
+      else
+        k = nextf(k)
+      end
+      guard = guard + 1
+      if guard > 100000 then
+        errors.raise(400, "too_many_buckets_exception", "Trying to create too many buckets. Must be less than or equal to: [65536] but was [100001]. This limit can be set by changing the [search.max_buckets] cluster level setting.",
+          { "max_buckets", 65536 })
+      end
+    end
+  end
+  return json.obj("buckets", buckets)
+end
+
+bucket.histogram = function(spec, docs, types, subspec)
+  local field = need_field("histogram", spec)
+  local interval = tonumber(spec.interval)
+  if not interval or interval <= 0 then bad("[interval] must be >0 for histogram aggregation [histogram]") end
+  local ty = mapping.type_of(types, field)
+  local min_doc = tonumber(spec.min_doc_count or 0)
+  local groups, keys = {}, {}
+  for _, rec in ipairs(docs) do
+    local seen = {}
+    for _, v in ipairs(mapping.values(rec.source, field)) do
+      local n = numeric(ty, v)
+      if n then
+        local k = floor(n / interval) * interval
+        if not seen[k] then
+          seen[k] = true
+          if not groups[k] then groups[k] = {}; keys[#keys + 1] = k end
+          groups[k][#groups[k] + 1] = rec
+        end
+      end
+    end
+  end
+  table.sort(keys)
+  local buckets = json.array()
+  if #keys > 0 then
+    local k = keys[1]
+    while k <= keys[#keys] do
+      local g = groups[k] or {}
+      if #g >= min_doc then
+        buckets[#buckets + 1] = add_subs(json.obj("key", json.float(k), "doc_count", #g), subspec, g, types)
+      end
+      k = k + interval
+    end
+  end
+  return json.obj("buckets", buckets)
+end
+
+run_aggs = function(spec, docs, types)
+  local out = json.obj()
+  if type(spec) ~= "table" then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [aggs], but got a [VALUE]") end
+  local names = {}
+  for name in pairs(spec) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local def = spec[name]
+    if type(def) ~= "table" then
+      errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [" .. tostring(name) .. "], but got a [VALUE_STRING] in [" .. tostring(name) .. "]")
+    end
+    local sub = def.aggs or def.aggregations
+    local kind, body
+    for k, v in pairs(def) do
+      if k ~= "aggs" and k ~= "aggregations" and k ~= "meta" then
+        if kind then errors.raise(400, "parsing_exception", "Found two aggregation type definitions in [" .. name .. "]: [" .. kind .. "] and [" .. k .. "]") end
+        kind, body = k, v
+      end
+    end
+    if not kind then errors.raise(400, "parsing_exception", "Missing definition for aggregation [" .. name .. "]") end
+    if bucket[kind] then
+      json.set(out, name, bucket[kind](body, docs, types, sub))
+    elseif metric[kind] then
+      if sub then errors.raise(400, "aggregation_initialization_exception", "Aggregator [" .. name .. "] of type [" .. kind .. "] cannot accept sub-aggregations") end
+      json.set(out, name, metric[kind](body, docs, types))
+    else
+      errors.raise(400, "x_content_parse_exception", "[1:1] Unknown aggregation type [" .. kind .. "]", nil,
+        { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. kind .. "]" } })
+    end
+  end
+  return out
+end
+
+_M.run = run_aggs
+
+return _M

@@ -1,0 +1,83 @@
+-- esxd.api_indices: index create / delete / exists / get and _refresh.
+local json = require "esxd.json"
+local errors = require "esxd.errors"
+local store = require "esxd.store"
+local search = require "esxd.search"
+local names = require "esxd.names"
+
+local _M = {}
+
+local CREATE_KEYS = { settings = true, mappings = true, aliases = true }
+
+function _M.create(ctx)
+  local name = ctx.vars.index
+  local body = ctx:json(true)
+  if body ~= nil then
+    if type(body) ~= "table" or #body > 0 then
+      error(errors.parsing("unknown key [body] for create index"), 0)
+    end
+    for k, v in pairs(body) do
+      if not CREATE_KEYS[k] then
+        error(errors.parsing("unknown key [" .. k .. "] for create index"), 0)
+      end
+      if type(v) ~= "table" then
+        error(errors.parsing("Failed to parse [" .. k .. "]: expected an object"), 0)
+      end
+    end
+  end
+  local _, err = store.create(name, body)
+  if err then error(err, 0) end
+  return 200, json.obj("acknowledged", true, "shards_acknowledged", true, "index", name)
+end
+
+local function resolve_strict(expr, ctx)
+  local list = search.targets(expr, ctx.args)
+  if #list == 0 and not (ctx.args.allow_no_indices == "true" or ctx.args.ignore_unavailable == "true") then
+    if expr:find("*", 1, true) then return list end
+    error(errors.index_not_found(expr), 0)
+  end
+  return list
+end
+
+function _M.delete(ctx)
+  local expr = ctx.vars.index
+  if expr == "_all" or expr == "*" then
+    error(errors.illegal_argument("Wildcard expressions or all indices are not allowed"), 0)
+  end
+  local list = resolve_strict(expr, ctx)
+  for _, idx in ipairs(list) do store.delete(idx.name) end
+  return 200, json.obj("acknowledged", true)
+end
+
+function _M.exists(ctx)
+  local ok, list = pcall(search.targets, ctx.vars.index, ctx.args)
+  if ok and #list > 0 then return 200, nil end
+  return 404, nil
+end
+
+function _M.get(ctx)
+  local list = resolve_strict(ctx.vars.index, ctx)
+  local out = json.obj()
+  for _, idx in ipairs(list) do
+    local props = {}
+    for path, ty in pairs(idx.types) do
+      if not path:find(".", 1, true) then props[path] = { type = ty } end
+    end
+    json.set(out, idx.name, json.obj(
+      "aliases", {},
+      "mappings", next(props) and { properties = props } or {},
+      "settings", { index = { number_of_shards = "1", number_of_replicas = "1", uuid = idx.uuid,
+        provided_name = idx.name, creation_date = tostring(idx.created) } }))
+  end
+  return 200, out
+end
+
+function _M.refresh(ctx)
+  local list = search.targets(ctx.vars.index, ctx.args)
+  for _, idx in ipairs(list) do store.refresh(idx) end
+  local n = #list
+  return 200, json.obj("_shards", json.obj("total", n * 2, "successful", n, "failed", 0))
+end
+
+_M.validate_name = names.validate
+return _M

@@ -1,0 +1,70 @@
+-- esxd.api_search: HTTP handlers for _search, _count, _msearch and _bulk.
+local json = require "esxd.json"
+local errors = require "esxd.errors"
+local search = require "esxd.search"
+local bulk = require "esxd.bulk"
+
+local _M = {}
+
+function _M.search(ctx)
+  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started)
+end
+
+function _M.count(ctx)
+  return search.count(ctx.vars.index, ctx.args, ctx:json(true))
+end
+
+function _M.bulk(ctx)
+  local ops, err = bulk.parse(ctx.body, ctx.vars.index, ctx.args)
+  if not ops then error(err, 0) end
+  local fault
+  if ctx.fault and ctx.fault.item_status then
+    fault = { status = ctx.fault.item_status, count = ctx.fault.item_count }
+  end
+  return 200, bulk.execute(ops, ctx.args, fault, ctx.started)
+end
+
+function _M.msearch(ctx)
+  local body = ctx.body
+  if body == nil or body == "" then error(errors.validation({ "no requests added" }), 0) end
+  if body:sub(-1) ~= "\n" then
+    error(errors.illegal_argument("The msearch request must be terminated by a newline [\\n]"), 0)
+  end
+  local lines = {}
+  for l in body:gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  local responses = json.array()
+  local i = 1
+  while i <= #lines do
+    local header, herr = json.decode(lines[i])
+    if lines[i]:match("^%s*$") then header = {} end
+    if header == nil or type(header) ~= "table" then
+      error(errors.x_content_parse("[" .. i .. ":1] Malformed msearch header: " .. tostring(herr or "expected an object")), 0)
+    end
+    local qline = lines[i + 1]
+    if qline == nil then break end
+    local q, qerr = json.decode(qline)
+    if q == nil then
+      error(errors.x_content_parse("[" .. (i + 1) .. ":1] Malformed msearch body: " .. tostring(qerr)), 0)
+    end
+    local idx = header.index
+    if type(idx) == "table" then idx = table.concat(idx, ",") end
+    if idx == nil then idx = ctx.vars.index end
+    local args = {}
+    for k, v in pairs(ctx.args) do args[k] = v end
+    if header.ignore_unavailable ~= nil then args.ignore_unavailable = tostring(header.ignore_unavailable) end
+    local ok, st, res = pcall(search.search, idx, args, q, ngx.now())
+    if ok then
+      json.set(res, "status", st)
+      responses[#responses + 1] = res
+    elseif errors.is(st) then
+      responses[#responses + 1] = errors.body(st)
+    else
+      error(st, 0)
+    end
+    i = i + 2
+  end
+  local took = math.floor((ngx.now() - ctx.started) * 1000)
+  return 200, json.obj("took", took, "responses", responses)
+end
+
+return _M

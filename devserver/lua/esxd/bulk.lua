@@ -1,0 +1,201 @@
+-- esxd.bulk: the _bulk API. Parses the NDJSON body with Elasticsearch's request-level
+-- errors (malformed action lines, missing final newline, missing index) and applies each
+-- item through esxd.store, producing per-item results and errors. Also supports the
+-- item_status fault (the first N items fail with an injected status instead of applying).
+local json = require "esxd.json"
+local errors = require "esxd.errors"
+local store = require "esxd.store"
+local names = require "esxd.names"
+
+local _M = {}
+local null = json.null
+
+local ACTIONS = { index = true, create = true, update = true, delete = true }
+local META = { _index = true, _id = true, routing = true, op_type = true, version = true, version_type = true,
+  if_seq_no = true, if_primary_term = true, pipeline = true, retry_on_conflict = true, require_alias = true,
+  require_data_stream = true, list_executed_pipelines = true, _type = false }
+local META_OBJECTS = { dynamic_templates = true, _source = true }
+
+local function kind(v)
+  if type(v) == "table" and v ~= null then
+    if next(v) == nil or #v == 0 then return "START_OBJECT" end
+    return "START_ARRAY"
+  end
+  if type(v) == "number" then return "VALUE_NUMBER" end
+  if type(v) == "boolean" then return "VALUE_BOOLEAN" end
+  if v == null then return "VALUE_NULL" end
+  return "VALUE_STRING"
+end
+
+local function malformed(line, msg)
+  return errors.illegal_argument("Malformed action/metadata line [" .. line .. "], " .. msg)
+end
+
+-- Parse the body into a list of operations; returns ops or nil, error.
+function _M.parse(body, default_index, params)
+  if body == nil or body == "" then return nil, errors.validation({ "no requests added" }) end
+  if body:sub(-1) ~= "\n" then
+    return nil, errors.illegal_argument("The bulk request must be terminated by a newline [\\n]")
+  end
+  local lines = {}
+  for l in body:gmatch("([^\n]*)\n") do lines[#lines + 1] = (l:gsub("\r$", "")) end
+  local ops = {}
+  local i = 1
+  while i <= #lines do
+    local line = lines[i]
+    local lineno = i
+    if line:match("^%s*$") then
+      return nil, malformed(lineno, "expected START_OBJECT but found [null]")
+    end
+    local action, derr = json.decode(line)
+    if action == nil then
+      return nil, errors.new(400, "x_content_parse_exception", "[" .. lineno .. ":1] Unexpected character: " .. tostring(derr),
+        nil, { caused_by = { type = "json_parse_exception", reason = tostring(derr) } })
+    end
+    if kind(action) ~= "START_OBJECT" then
+      return nil, malformed(lineno, "expected START_OBJECT but found [" .. kind(action) .. "]")
+    end
+    local name, meta = next(action)
+    if name == nil then return nil, malformed(lineno, "expected FIELD_NAME but found [END_OBJECT]") end
+    if next(action, name) ~= nil then
+      return nil, malformed(lineno, "expected END_OBJECT but found [FIELD_NAME]")
+    end
+    if not ACTIONS[name] then
+      return nil, malformed(lineno, "expected one of [create, delete, index, update] but found [" .. tostring(name) .. "]")
+    end
+    if kind(meta) ~= "START_OBJECT" then
+      return nil, malformed(lineno, "expected START_OBJECT but found [" .. kind(meta) .. "]")
+    end
+    for k, v in pairs(meta) do
+      if META_OBJECTS[k] then
+        -- accepted and ignored
+      elseif not META[k] then
+        if kind(v) == "START_OBJECT" or kind(v) == "START_ARRAY" then
+          return nil, malformed(lineno, "expected a simple value for field [" .. k .. "] but found [" .. kind(v) .. "]")
+        end
+        return nil, errors.illegal_argument("Action/metadata line [" .. lineno .. "] contains an unknown parameter [" .. k .. "]")
+      elseif kind(v) == "START_OBJECT" or kind(v) == "START_ARRAY" then
+        return nil, malformed(lineno, "expected a simple value for field [" .. k .. "] but found [" .. kind(v) .. "]")
+      end
+    end
+    local op = { action = name, index = meta._index ~= nil and tostring(meta._index) or default_index,
+      id = meta._id ~= nil and meta._id ~= null and tostring(meta._id) or nil, meta = meta, line = lineno }
+    if name == "index" and meta.op_type == "create" then op.action = "create" end
+    if name ~= "delete" then
+      if i + 1 > #lines then break end -- ES ignores a trailing action without a source line
+      op.source_line = lines[i + 1]
+      i = i + 2
+      if name == "update" then
+        local ub, uerr = json.decode(op.source_line)
+        if ub == nil or kind(ub) ~= "START_OBJECT" then
+          return nil, errors.new(400, "x_content_parse_exception",
+            "[" .. (lineno + 1) .. ":1] [UpdateRequest] failed to parse: " .. tostring(uerr or "expected an object"))
+        end
+        op.update = ub
+      end
+    else
+      i = i + 1
+    end
+    ops[#ops + 1] = op
+  end
+  local missing = {}
+  for _, op in ipairs(ops) do
+    if op.index == nil or op.index == "" then missing[#missing + 1] = "index is missing" end
+    if op.action == "delete" or op.action == "update" then
+      if op.id == nil then missing[#missing + 1] = "id is missing" end
+    end
+  end
+  if #missing > 0 then return nil, errors.validation(missing) end
+  if #ops == 0 then return nil, errors.validation({ "no requests added" }) end
+  return ops
+end
+
+local REJECT = {
+  [429] = { "es_rejected_execution_exception", "rejected execution of primary operation [coordinating_and_primary_bytes=0, replica_bytes=0, all_bytes=0, primary_operation_bytes=0, max_coordinating_and_primary_bytes=0] (esxd injected fault)" },
+  [400] = { "mapper_parsing_exception", "failed to parse (esxd injected fault)" },
+  [409] = { "version_conflict_engine_exception", "version conflict (esxd injected fault)" },
+  [404] = { "index_not_found_exception", "no such index (esxd injected fault)" },
+  [503] = { "unavailable_shards_exception", "primary shard is not active (esxd injected fault)" },
+}
+
+local function item_error(op, id, status, e)
+  return json.obj("_index", op.index, "_id", id or null, "status", status, "error", errors.item(e))
+end
+
+local function truthy(v) return v == true or v == "true" or v == "" end
+
+-- Execute parsed ops. fault: {status=, count=} or nil. Returns response object.
+function _M.execute(ops, params, fault, started)
+  local refresh = params.refresh ~= nil and params.refresh ~= "false"
+  local items = json.array()
+  local any_error = false
+  local touched = {}
+  local failed_left = fault and (fault.count or math.huge) or 0
+  for _, op in ipairs(ops) do
+    local st, res, err
+    local id = op.id
+    if op.action ~= "delete" and op.action ~= "update" and id == nil then id = store.new_id() end
+    local require_alias = op.meta.require_alias
+    if require_alias == nil then require_alias = params.require_alias end
+    if fault and failed_left > 0 then
+      failed_left = failed_left - 1
+      local r = REJECT[fault.status] or { "exception", "esxd injected item failure" }
+      local e = errors.new(fault.status, r[1], r[2])
+      items[#items + 1] = json.obj(op.action, item_error(op, id, fault.status, e))
+      any_error = true
+      goto continue
+    end
+    do
+      local bad = names.validate(op.index)
+      if bad then
+        err = bad
+      elseif truthy(require_alias) and not store.get(op.index) then
+        err = errors.new(404, "index_not_found_exception",
+          "no such index [" .. op.index .. "] and [require_alias] request flag is [true] and [" .. op.index .. "] is not an alias",
+          { "index_uuid", "_na_", "index", op.index })
+      elseif op.action == "index" or op.action == "create" then
+        if op.id == "" then
+          err = errors.illegal_argument("if _id is specified it must not be empty")
+        else
+          local src, derr = json.decode(op.source_line)
+          if src == nil or type(src) ~= "table" or (#src > 0) then
+            err = errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. tostring(derr or "root must be an object"),
+              nil, { caused_by = { type = "json_parse_exception", reason = tostring(derr or "not an object") } })
+          else
+            st, res = store.index(op.index, id, src, op.source_line,
+              { op_type = op.action, if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+            if not st then err = res end
+          end
+        end
+      elseif op.action == "update" then
+        st, res = store.update(op.index, id, op.update,
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+        if not st then err = res end
+      else
+        st, res = store.delete_doc(op.index, id,
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+        if not st then err = res end
+      end
+      if err then
+        any_error = true
+        items[#items + 1] = json.obj(op.action, item_error(op, id, err.status, err))
+      else
+        touched[op.index] = true
+        if refresh and params.refresh ~= "wait_for" then json.set(res, "forced_refresh", true) end
+        json.set(res, "status", st)
+        items[#items + 1] = json.obj(op.action, res)
+      end
+    end
+    ::continue::
+  end
+  if refresh then
+    for name in pairs(touched) do
+      local idx = store.get(name)
+      if idx then store.refresh(idx) end
+    end
+  end
+  local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
+  return json.obj("took", took, "errors", any_error, "items", items)
+end
+
+return _M

@@ -1,0 +1,102 @@
+-- esxd.errors: Elasticsearch-shaped errors. A handler raises or returns an error value
+-- (errors.new ...) and respond.lua renders it as
+-- {"error":{"root_cause":[...],"type":..,"reason":..,...},"status":N}.
+local json = require "esxd.json"
+
+local _M = {}
+local ERR = {}
+
+-- cause: {type=, reason=, fields = ordered list {k, v, k, v}, caused_by = cause, root = list}
+local function cause_obj(c)
+  local args = { "type", c.type, "reason", c.reason }
+  for i = 1, #(c.fields or {}) do args[#args + 1] = c.fields[i] end
+  if c.caused_by then
+    args[#args + 1] = "caused_by"; args[#args + 1] = cause_obj(c.caused_by)
+  end
+  return json.obj(table.unpack and table.unpack(args) or unpack(args))
+end
+
+-- errors.new(status, type, reason, fields?, opts?) -> error value.
+-- fields: ordered flat list {"index", "foo", ...} added to the error object (and root cause).
+-- opts.caused_by: nested cause; opts.root_cause: list of causes (defaults to the error itself
+-- without caused_by); opts.headers: extra response headers.
+function _M.new(status, etype, reason, fields, opts)
+  opts = opts or {}
+  return setmetatable({ status = status, type = etype, reason = reason, fields = fields or {},
+    caused_by = opts.caused_by, root_cause = opts.root_cause, headers = opts.headers,
+    extra_top = opts.extra_top }, ERR)
+end
+
+function _M.is(v) return type(v) == "table" and getmetatable(v) == ERR end
+
+-- Render an error value to a JSON-encodable object.
+function _M.body(e)
+  local roots = json.array()
+  if e.root_cause then
+    for _, c in ipairs(e.root_cause) do roots[#roots + 1] = cause_obj(c) end
+  else
+    roots[1] = cause_obj({ type = e.type, reason = e.reason, fields = e.fields })
+  end
+  local err = json.obj("root_cause", roots, "type", e.type, "reason", e.reason)
+  for i = 1, #e.fields, 2 do json.set(err, e.fields[i], e.fields[i + 1]) end
+  for i = 1, #(e.extra_top or {}), 2 do json.set(err, e.extra_top[i], e.extra_top[i + 1]) end
+  if e.caused_by then json.set(err, "caused_by", cause_obj(e.caused_by)) end
+  return json.obj("error", err, "status", e.status)
+end
+
+-- Inner error object (as used in bulk items / msearch items): no "status" wrapper.
+function _M.item(e)
+  local o = cause_obj({ type = e.type, reason = e.reason, fields = e.fields, caused_by = e.caused_by })
+  return o
+end
+
+-- Raise an error value (caught by the server's xpcall wrapper).
+function _M.raise(...) error(_M.new(...), 0) end
+
+-- Common ES errors ----------------------------------------------------------------------
+
+function _M.index_not_found(name)
+  return _M.new(404, "index_not_found_exception", "no such index [" .. name .. "]",
+    { "resource.type", "index_or_alias", "resource.id", name, "index_uuid", "_na_", "index", name })
+end
+
+function _M.illegal_argument(reason)
+  return _M.new(400, "illegal_argument_exception", reason)
+end
+
+function _M.parsing(reason)
+  return _M.new(400, "parsing_exception", reason)
+end
+
+function _M.x_content_parse(reason)
+  return _M.new(400, "x_content_parse_exception", reason)
+end
+
+function _M.validation(list)
+  local parts = {}
+  for i, m in ipairs(list) do parts[#parts + 1] = i .. ": " .. m .. ";" end
+  return _M.new(400, "action_request_validation_exception", "Validation Failed: " .. table.concat(parts))
+end
+
+function _M.body_required()
+  return _M.new(400, "parse_exception", "request body is required")
+end
+
+-- Wrap a query-phase failure the way ES does (search_phase_execution_exception, all shards failed).
+function _M.search_phase(index, inner)
+  local cause = { type = inner.type, reason = inner.reason, fields = inner.fields }
+  local shard = json.obj("shard", 0, "index", index or json.null, "node", "esxd-node-0000000000",
+    "reason", cause_obj(cause))
+  return _M.new(inner.status or 400, "search_phase_execution_exception", "all shards failed", nil, {
+    root_cause = { cause },
+    caused_by = cause,
+    extra_top = { "phase", "query", "grouped", true, "failed_shards", json.array({ shard }) },
+  })
+end
+
+function _M.json_parse(msg)
+  return _M.new(400, "x_content_parse_exception", "Failed to parse JSON: " .. tostring(msg),
+    nil, { caused_by = { type = "json_parse_exception", reason = tostring(msg) } })
+end
+
+return _M

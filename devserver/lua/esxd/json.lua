@@ -1,0 +1,144 @@
+-- esxd.json: JSON for the dev server. Decoding is cjson's; encoding is our own so that we
+-- control what cjson 2.1.0 cannot: empty arrays (json.array), key order (json.obj), floats
+-- that must print as "1.0" (json.float) and raw JSON fragments spliced verbatim (json.raw,
+-- used for stored _source bytes).
+local cjson = require "cjson.safe"
+
+local concat, format, gsub, type, pairs, ipairs = table.concat, string.format, string.gsub, type, pairs, ipairs
+local floor, huge = math.floor, math.huge
+local setmetatable, getmetatable, tostring, tonumber = setmetatable, getmetatable, tostring, tonumber
+
+local _M = {}
+
+local ARRAY, OBJ, FLOAT, RAW = {}, {}, {}, {}
+_M.null = cjson.null
+
+-- Mark t as a JSON array (so that {} encodes as []).
+function _M.array(t) return setmetatable(t or {}, ARRAY) end
+
+-- Ordered object: json.obj("k1", v1, "k2", v2, ...). Nil values are skipped.
+function _M.obj(...)
+  local n = select("#", ...)
+  local t, order = {}, {}
+  for i = 1, n, 2 do
+    local k, v = select(i, ...)
+    if v ~= nil then order[#order + 1] = k; t[k] = v end
+  end
+  return setmetatable({ __keys = order, __vals = t }, OBJ)
+end
+
+-- Append a key to an ordered object (or set a plain table field).
+function _M.set(o, k, v)
+  if getmetatable(o) == OBJ then
+    if o.__vals[k] == nil and v ~= nil then o.__keys[#o.__keys + 1] = k end
+    o.__vals[k] = v
+  else
+    o[k] = v
+  end
+  return o
+end
+
+function _M.get(o, k)
+  if getmetatable(o) == OBJ then return o.__vals[k] end
+  return o[k]
+end
+
+function _M.float(x) return setmetatable({ x }, FLOAT) end
+function _M.raw(s) return setmetatable({ s }, RAW) end
+function _M.is_raw(v) return type(v) == "table" and getmetatable(v) == RAW end
+
+local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+  ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function esc_char(c)
+  return escapes[c] or format("\\u%04x", c:byte())
+end
+local function quote(s)
+  return '"' .. gsub(s, '[%c"\\]', esc_char) .. '"'
+end
+_M.quote = quote
+
+local function num(x, as_float)
+  if x ~= x or x == huge or x == -huge then return "null" end
+  if floor(x) == x and x > -1e15 and x < 1e15 then
+    local s = format("%d", x)
+    if as_float then s = s .. ".0" end
+    return s
+  end
+  local s = format("%.15g", x)
+  if tonumber(s) ~= x then s = format("%.17g", x) end
+  return s
+end
+_M.number = num
+
+local function is_seq(t)
+  local n = #t
+  if n == 0 then return false end
+  local c = 0
+  for _ in pairs(t) do c = c + 1; if c > n then return false end end
+  return c == n
+end
+
+local encode
+encode = function(v, buf)
+  local t = type(v)
+  if t == "string" then buf[#buf + 1] = quote(v)
+  elseif t == "number" then buf[#buf + 1] = num(v)
+  elseif t == "boolean" then buf[#buf + 1] = v and "true" or "false"
+  elseif t == "nil" or v == cjson.null then buf[#buf + 1] = "null"
+  elseif t == "table" then
+    local mt = getmetatable(v)
+    if mt == RAW then buf[#buf + 1] = v[1]
+    elseif mt == FLOAT then buf[#buf + 1] = num(v[1], true)
+    elseif mt == OBJ then
+      buf[#buf + 1] = "{"
+      local first = true
+      for _, k in ipairs(v.__keys) do
+        local val = v.__vals[k]
+        if val ~= nil then
+          if not first then buf[#buf + 1] = "," end
+          first = false
+          buf[#buf + 1] = quote(k); buf[#buf + 1] = ":"
+          encode(val, buf)
+        end
+      end
+      buf[#buf + 1] = "}"
+    elseif mt == ARRAY or is_seq(v) then
+      buf[#buf + 1] = "["
+      for i = 1, #v do
+        if i > 1 then buf[#buf + 1] = "," end
+        encode(v[i], buf)
+      end
+      buf[#buf + 1] = "]"
+    else
+      buf[#buf + 1] = "{"
+      local keys = {}
+      for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+      table.sort(keys)
+      for i, k in ipairs(keys) do
+        if i > 1 then buf[#buf + 1] = "," end
+        buf[#buf + 1] = quote(k); buf[#buf + 1] = ":"
+        local val = v[k]
+        if val == nil then val = v[tonumber(k)] end
+        encode(val, buf)
+      end
+      buf[#buf + 1] = "}"
+    end
+  else
+    buf[#buf + 1] = "null"
+  end
+end
+
+function _M.encode(v)
+  local buf = {}
+  encode(v, buf)
+  return concat(buf)
+end
+
+-- Decode; returns value or nil, message.
+function _M.decode(s)
+  local v, err = cjson.decode(s)
+  if v == nil and err then return nil, err end
+  return v
+end
+
+return _M

@@ -1,0 +1,157 @@
+-- esxd.mapping: per-index field types (explicit mappings from index creation plus ES-style
+-- dynamic mapping on first sight) and field value extraction from _source.
+-- Dynamic rules as in ES: boolean -> boolean, integer -> long, fraction -> float,
+-- date-looking string -> date, other string -> text with a ".keyword" keyword sub-field.
+local dates = require "esxd.dates"
+local json = require "esxd.json"
+
+local _M = {}
+local null = json.null
+
+-- Load explicit "properties" into the flat types table.
+function _M.load(types, props, prefix)
+  if type(props) ~= "table" then return end
+  for name, def in pairs(props) do
+    if type(def) == "table" then
+      local path = prefix and (prefix .. "." .. name) or name
+      if def.properties then
+        types[path] = def.type or "object"
+        _M.load(types, def.properties, path)
+      elseif type(def.type) == "string" then
+        types[path] = def.type
+        if type(def.fields) == "table" then
+          for sub, sdef in pairs(def.fields) do
+            if type(sdef) == "table" and type(sdef.type) == "string" then types[path .. "." .. sub] = sdef.type end
+          end
+        end
+      end
+    end
+  end
+end
+
+local function infer(v)
+  local t = type(v)
+  if t == "boolean" then return "boolean" end
+  if t == "number" then return (math.floor(v) == v) and "long" or "float" end
+  if t == "string" then return dates.looks_like_date(v) and dates.parse(v) and "date" or "text" end
+  return nil
+end
+
+-- Record types of fields first seen in this document.
+local function learn(types, obj, prefix)
+  for k, v in pairs(obj) do
+    if type(k) == "string" then
+      local path = prefix and (prefix .. "." .. k) or k
+      if type(v) == "table" and v ~= null then
+        if #v > 0 or next(v) == nil then
+          for _, e in ipairs(v) do
+            if type(e) == "table" then
+              if types[path] == nil then types[path] = "object" end
+              learn(types, e, path)
+            elseif types[path] == nil then
+              local ty = infer(e)
+              if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
+            end
+          end
+        else
+          if types[path] == nil then types[path] = "object" end
+          learn(types, v, path)
+        end
+      elseif v ~= null and types[path] == nil then
+        local ty = infer(v)
+        if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
+      end
+    end
+  end
+end
+_M.learn = learn
+
+local NUMERIC = { long = true, integer = true, short = true, byte = true, double = true, float = true,
+  half_float = true, scaled_float = true, unsigned_long = true }
+_M.NUMERIC = NUMERIC
+
+-- Validate a document against explicit/learned numeric, date and boolean types.
+-- Returns nil or an error description {field=, type=, value=}.
+local function check(types, obj, prefix)
+  for k, v in pairs(obj) do
+    if type(k) == "string" then
+      local path = prefix and (prefix .. "." .. k) or k
+      local ty = types[path]
+      local vals = (type(v) == "table" and v ~= null and #v > 0) and v or { v }
+      for _, e in ipairs(vals) do
+        if type(e) == "table" and e ~= null then
+          if next(e) ~= nil and #e == 0 then
+            if ty and ty ~= "object" and ty ~= "nested" and ty ~= "flattened" then
+              return { field = path, type = ty, value = e, object = true }
+            end
+            local bad = check(types, e, path)
+            if bad then return bad end
+          end
+        elseif e ~= null and ty then
+          if NUMERIC[ty] and not (type(e) == "number" or (type(e) == "string" and tonumber(e))) then
+            return { field = path, type = ty, value = e }
+          elseif ty == "date" and not dates.parse(e) then
+            return { field = path, type = ty, value = e }
+          elseif ty == "boolean" and not (type(e) == "boolean" or e == "true" or e == "false" or e == "") then
+            return { field = path, type = ty, value = e }
+          end
+        end
+      end
+    end
+  end
+end
+_M.check = check
+
+-- All values at a dotted path (arrays flattened). "x.keyword" falls back to "x".
+local function collect(node, parts, i, out)
+  if node == nil or node == null then return end
+  if type(node) == "table" and #node > 0 then
+    for _, e in ipairs(node) do collect(e, parts, i, out) end
+    return
+  end
+  if i > #parts then
+    if node ~= null then out[#out + 1] = node end
+    return
+  end
+  if type(node) ~= "table" then return end
+  -- try the longest dotted key first (documents may contain literal "a.b" keys)
+  for j = #parts, i, -1 do
+    local key = table.concat(parts, ".", i, j)
+    local child = node[key]
+    if child ~= nil then collect(child, parts, j + 1, out) end
+  end
+end
+
+local split_cache = setmetatable({}, { __mode = "k" })
+local function split(path)
+  local parts = {}
+  for p in path:gmatch("[^%.]+") do parts[#parts + 1] = p end
+  return parts
+end
+
+function _M.values(source, path)
+  local out = {}
+  collect(source, split(path), 1, out)
+  if #out == 0 and path:sub(-8) == ".keyword" then
+    collect(source, split(path:sub(1, -9)), 1, out)
+  end
+  return out
+end
+
+-- Field type of a path in an index ("keyword" for x.keyword of dynamic text fields).
+function _M.type_of(types, path)
+  local t = types[path]
+  if t then return t end
+  if path:sub(-8) == ".keyword" and types[path:sub(1, -9)] == "text" then return "keyword" end
+  return nil
+end
+
+-- ES standard analyzer, approximately: lowercase, split on non-alphanumeric (UTF-8 bytes kept).
+function _M.tokens(s)
+  local out = {}
+  s = tostring(s):lower()
+  for tok in s:gmatch("[%w\128-\255_]+") do out[#out + 1] = tok end
+  return out
+end
+
+return _M

@@ -1,0 +1,80 @@
+-- esxd.names: index name validation and index-expression resolution
+-- ("a,b", "events-*", "_all", "*", "-excluded") following Elasticsearch's rules.
+local errors = require "esxd.errors"
+
+local _M = {}
+
+local BAD_CHARS = { "\\", "/", "*", "?", '"', "<", ">", "|", " ", ",", "#", ":" }
+
+-- Returns nil if valid, else an invalid_index_name_exception error value.
+function _M.validate(name)
+  local function bad(why)
+    return errors.new(400, "invalid_index_name_exception", "Invalid index name [" .. name .. "], " .. why,
+      { "index_uuid", "_na_", "index", name })
+  end
+  if name == "" then return bad("must not be empty") end
+  for _, c in ipairs(BAD_CHARS) do
+    if name:find(c, 1, true) then
+      if c == "#" then return bad("must not contain '#'") end
+      if c == ":" then return bad("must not contain ':'") end
+      return bad('must not contain the following characters [\'\\\\\', \'/\', \'*\', \'?\', \'"\', \'<\', \'>\', \'|\', \' \', \',\']')
+    end
+  end
+  local first = name:sub(1, 1)
+  if first == "_" or first == "-" or first == "+" then return bad("must not start with '_', '-', or '+'") end
+  if name ~= name:lower() then return bad("must be lowercase") end
+  if name == "." or name == ".." then return bad("must not be '.' or '..'") end
+  if #name > 255 then return bad("index name is too long, (" .. #name .. " > 255)") end
+  return nil
+end
+
+local function glob_to_pattern(g)
+  return "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$"
+end
+_M.glob_to_pattern = glob_to_pattern
+
+-- Resolve an index expression against the existing names (a sorted list).
+-- opts.ignore_unavailable: drop missing concrete names instead of failing.
+-- opts.allow_no_indices (default true): a wildcard matching nothing is fine.
+-- Returns list of names, or nil, error.
+function _M.resolve(expr, existing, opts)
+  opts = opts or {}
+  if expr == nil or expr == "" or expr == "_all" or expr == "*" then
+    local out = {}
+    for _, n in ipairs(existing) do
+      if n:sub(1, 1) ~= "." then out[#out + 1] = n end
+    end
+    return out
+  end
+  local set, out = {}, {}
+  local exists = {}
+  for _, n in ipairs(existing) do exists[n] = true end
+  local i = 0
+  for part in (expr .. ","):gmatch("([^,]*),") do
+    i = i + 1
+    if part == "" then goto continue end
+    local negate = false
+    if part:sub(1, 1) == "-" and i > 1 then negate = true; part = part:sub(2) end
+    if part == "_all" then part = "*" end
+    if part:find("*", 1, true) then
+      local pat = glob_to_pattern(part)
+      for _, n in ipairs(existing) do
+        if n:match(pat) and (part:sub(1, 1) == "." or n:sub(1, 1) ~= ".") then
+          if negate then set[n] = nil elseif not set[n] then set[n] = true; out[#out + 1] = n end
+        end
+      end
+    elseif negate then
+      set[part] = nil
+    elseif exists[part] then
+      if not set[part] then set[part] = true; out[#out + 1] = part end
+    elseif not opts.ignore_unavailable then
+      return nil, errors.index_not_found(part)
+    end
+    ::continue::
+  end
+  local final = {}
+  for _, n in ipairs(out) do if set[n] then final[#final + 1] = n end end
+  return final
+end
+
+return _M

@@ -1,0 +1,345 @@
+-- esxd.query: the query DSL subset. compile(query, types) turns a query object into a
+-- function(rec) -> matched(bool), score(number). Scores are simple: 1.0 per matching
+-- filter-like query, the number of matched tokens for match, sums for bool (see README).
+-- Malformed queries raise ES-shaped errors (parsing_exception etc.).
+local errors = require "esxd.errors"
+local mapping = require "esxd.mapping"
+local dates = require "esxd.dates"
+local names = require "esxd.names"
+local json = require "esxd.json"
+
+local _M = {}
+local null = json.null
+local values = mapping.values
+
+local function perr(reason) errors.raise(400, "parsing_exception", reason) end
+
+local function is_obj(t) return type(t) == "table" and t ~= null and (next(t) == nil or #t == 0) end
+
+-- single "field": value-or-object entry of a leaf query (ignoring known options)
+local function field_entry(qname, body)
+  if not is_obj(body) then perr("[" .. qname .. "] query malformed, no start_object after query name") end
+  local field, val
+  for k, v in pairs(body) do
+    if k ~= "boost" and k ~= "_name" then
+      if field then perr("[" .. qname .. "] query doesn't support multiple fields, found [" .. field .. "] and [" .. k .. "]") end
+      field, val = k, v
+    end
+  end
+  if not field then perr("[" .. qname .. "] query malformed, no field") end
+  return field, val
+end
+
+-- comparable form of a document value for a field type
+local function norm(ty, v)
+  if ty == "date" then return dates.parse(v) end
+  if ty and mapping.NUMERIC[ty] then return tonumber(v) end
+  if ty == "boolean" then
+    if v == true or v == "true" then return true end
+    if v == false or v == "false" then return false end
+    return nil
+  end
+  if type(v) == "number" then return v end
+  if type(v) == "boolean" then return tostring(v) end
+  return v
+end
+
+local function term_matches(ty, docval, qval, ci)
+  if ty == "text" then
+    local q = tostring(qval)
+    for _, tok in ipairs(mapping.tokens(docval)) do
+      if tok == q or (ci and tok == q:lower()) then return true end
+    end
+    return false
+  end
+  local a, b = norm(ty, docval), norm(ty, qval)
+  if a == nil or b == nil then
+    if ty == nil and type(docval) ~= type(qval) then
+      return tostring(docval) == tostring(qval)
+    end
+    return false
+  end
+  if ci and type(a) == "string" and type(b) == "string" then return a:lower() == b:lower() end
+  if type(a) ~= type(b) then return tostring(a) == tostring(b) end
+  return a == b
+end
+
+local compile
+
+local function compile_list(v, types, what)
+  if v == nil then return {} end
+  if is_obj(v) then return { compile(v, types) } end
+  if type(v) ~= "table" then perr("[bool] query does not support [" .. what .. "]") end
+  local out = {}
+  for _, q in ipairs(v) do out[#out + 1] = compile(q, types) end
+  return out
+end
+
+local function msm(spec, n)
+  if spec == nil then return nil end
+  if type(spec) == "number" then
+    if spec < 0 then return math.max(0, n + spec) end
+    return spec
+  end
+  local s = tostring(spec)
+  local pct = s:match("^(%-?%d+)%%$")
+  if pct then
+    local p = tonumber(pct)
+    local c = math.floor(n * math.abs(p) / 100)
+    if p < 0 then return n - c end
+    return c
+  end
+  local num = tonumber(s)
+  if num then return num < 0 and math.max(0, n + num) or num end
+  perr("[bool] failed to parse minimum_should_match [" .. s .. "]")
+end
+
+local builders = {}
+
+builders.match_all = function() return function() return true, 1.0 end end
+builders.match_none = function() return function() return false, 0 end end
+
+builders.term = function(body, types)
+  local field, v = field_entry("term", body)
+  local ci = false
+  if is_obj(v) then
+    ci = v.case_insensitive == true
+    if v.value == nil then perr("[term] query does not support [" .. field .. "]") end
+    v = v.value
+  end
+  if type(v) == "table" then perr("[term] query does not support array of values") end
+  local ty = mapping.type_of(types, field)
+  return function(rec)
+    for _, dv in ipairs(values(rec.source, field)) do
+      if term_matches(ty, dv, v, ci) then return true, 1.0 end
+    end
+    return false, 0
+  end
+end
+
+builders.terms = function(body, types)
+  local field, list = field_entry("terms", body)
+  if type(list) ~= "table" or is_obj(list) and next(list) ~= nil then
+    perr("[terms] query does not support [" .. field .. "]")
+  end
+  local ty = mapping.type_of(types, field)
+  return function(rec)
+    for _, dv in ipairs(values(rec.source, field)) do
+      for _, q in ipairs(list) do
+        if term_matches(ty, dv, q) then return true, 1.0 end
+      end
+    end
+    return false, 0
+  end
+end
+
+builders.ids = function(body)
+  if not is_obj(body) then perr("[ids] query malformed, no start_object after query name") end
+  local set = {}
+  for _, id in ipairs(body.values or {}) do set[tostring(id)] = true end
+  return function(rec) if set[rec.id] then return true, 1.0 end return false, 0 end
+end
+
+builders.exists = function(body)
+  if not is_obj(body) or type(body.field) ~= "string" then perr("[exists] must be provided with a [field]") end
+  local field = body.field
+  return function(rec)
+    if #values(rec.source, field) > 0 then return true, 1.0 end
+    return false, 0
+  end
+end
+
+builders.prefix = function(body, types)
+  local field, v = field_entry("prefix", body)
+  local ci = false
+  if is_obj(v) then ci = v.case_insensitive == true; v = v.value end
+  v = tostring(v)
+  local ty = mapping.type_of(types, field)
+  return function(rec)
+    for _, dv in ipairs(values(rec.source, field)) do
+      local cands = ty == "text" and mapping.tokens(dv) or { tostring(dv) }
+      for _, c in ipairs(cands) do
+        if ci then c = c:lower() end
+        if c:sub(1, #v) == (ci and v:lower() or v) then return true, 1.0 end
+      end
+    end
+    return false, 0
+  end
+end
+
+builders.wildcard = function(body, types)
+  local field, v = field_entry("wildcard", body)
+  if is_obj(v) then v = v.value or v.wildcard end
+  local pat = "^" .. tostring(v):gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+  local ty = mapping.type_of(types, field)
+  return function(rec)
+    for _, dv in ipairs(values(rec.source, field)) do
+      local cands = ty == "text" and mapping.tokens(dv) or { tostring(dv) }
+      for _, c in ipairs(cands) do if c:match(pat) then return true, 1.0 end end
+    end
+    return false, 0
+  end
+end
+
+local RANGE_KEYS = { gt = true, gte = true, lt = true, lte = true, format = true, time_zone = true,
+  boost = true, relation = true, from = true, to = true, include_lower = true, include_upper = true }
+
+builders.range = function(body, types)
+  local field, spec = field_entry("range", body)
+  if not is_obj(spec) then perr("[range] query malformed, no start_object after query name") end
+  for k in pairs(spec) do
+    if not RANGE_KEYS[k] then perr("[range] query does not support [" .. k .. "]") end
+  end
+  local ty = mapping.type_of(types, field)
+  local is_date = ty == "date"
+  local function conv(x)
+    if x == nil or x == null then return nil end
+    if is_date then
+      local ms = dates.parse(x)
+      if x == "now" then ms = math.floor(ngx.now() * 1000) end
+      if not ms then
+        errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(x) .. "] with format [strict_date_optional_time||epoch_millis]")
+      end
+      return ms
+    end
+    if ty and mapping.NUMERIC[ty] then
+      local n = tonumber(x)
+      if not n then errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(x) .. "\"") end
+      return n
+    end
+    if ty == nil and type(x) == "number" then return x end
+    return tostring(x)
+  end
+  local gt, gte, lt, lte = conv(spec.gt), conv(spec.gte), conv(spec.lt), conv(spec.lte)
+  if spec.from ~= nil then if spec.include_lower == false then gt = conv(spec.from) else gte = conv(spec.from) end end
+  if spec.to ~= nil then if spec.include_upper == false then lt = conv(spec.to) else lte = conv(spec.to) end end
+  return function(rec)
+    for _, dv in ipairs(values(rec.source, field)) do
+      local x
+      if is_date then x = dates.parse(dv)
+      elseif type(gt or gte or lt or lte) == "number" then x = tonumber(dv)
+      else x = tostring(dv) end
+      if x ~= nil and type(x) == type(gt or gte or lt or lte or x)
+        and (gt == nil or x > gt) and (gte == nil or x >= gte)
+        and (lt == nil or x < lt) and (lte == nil or x <= lte) then
+        return true, 1.0
+      end
+    end
+    return false, 0
+  end
+end
+
+builders.match = function(body, types)
+  local field, v = field_entry("match", body)
+  local op = "or"
+  local min_match
+  if is_obj(v) then
+    if v.query == nil then perr("[match] requires query value") end
+    op = tostring(v.operator or "or"):lower()
+    if op ~= "or" and op ~= "and" then errors.raise(400, "illegal_argument_exception", "No enum constant org.elasticsearch.index.query.Operator." .. op:upper()) end
+    min_match = v.minimum_should_match
+    v = v.query
+  end
+  local ty = mapping.type_of(types, field)
+  if ty ~= "text" and ty ~= nil then
+    -- keyword / numeric / date / boolean: the query is not tokenised
+    return function(rec)
+      for _, dv in ipairs(values(rec.source, field)) do
+        if term_matches(ty, dv, v) then return true, 1.0 end
+      end
+      return false, 0
+    end
+  end
+  local qtoks = mapping.tokens(type(v) == "boolean" and tostring(v) or v)
+  local need = op == "and" and #qtoks or (msm(min_match, #qtoks) or 1)
+  return function(rec)
+    if #qtoks == 0 then return false, 0 end
+    local have = {}
+    for _, dv in ipairs(values(rec.source, field)) do
+      for _, tok in ipairs(mapping.tokens(dv)) do have[tok] = true end
+    end
+    local n = 0
+    for _, q in ipairs(qtoks) do if have[q] then n = n + 1 end end
+    if n >= need and n > 0 then return true, n * 1.0 end
+    return false, 0
+  end
+end
+
+builders.bool = function(body, types)
+  if not is_obj(body) then perr("[bool] query malformed, no start_object after query name") end
+  for k in pairs(body) do
+    if k ~= "must" and k ~= "filter" and k ~= "should" and k ~= "must_not" and k ~= "minimum_should_match"
+      and k ~= "boost" and k ~= "_name" and k ~= "adjust_pure_negative" then
+      perr("[bool] query does not support [" .. k .. "]")
+    end
+  end
+  local must = compile_list(body.must, types, "must")
+  local filter = compile_list(body.filter, types, "filter")
+  local should = compile_list(body.should, types, "should")
+  local must_not = compile_list(body.must_not, types, "must_not")
+  local need = msm(body.minimum_should_match, #should)
+  if need == nil then need = (#must == 0 and #filter == 0) and (#should > 0 and 1 or 0) or 0 end
+  local scoring = #must > 0 or #should > 0
+  return function(rec)
+    local score = 0
+    for _, q in ipairs(must) do
+      local ok, s = q(rec)
+      if not ok then return false, 0 end
+      score = score + s
+    end
+    for _, q in ipairs(filter) do if not q(rec) then return false, 0 end end
+    for _, q in ipairs(must_not) do if q(rec) then return false, 0 end end
+    local n = 0
+    for _, q in ipairs(should) do
+      local ok, s = q(rec)
+      if ok then n = n + 1; score = score + s end
+    end
+    if n < need then return false, 0 end
+    if not scoring then return true, 0.0 end
+    return true, score
+  end
+end
+
+builders.constant_score = function(body, types)
+  if not is_obj(body) or body.filter == nil then perr("[constant_score] requires a 'filter' element") end
+  local f = compile(body.filter, types)
+  local boost = tonumber(body.boost) or 1.0
+  return function(rec) if f(rec) then return true, boost end return false, 0 end
+end
+
+-- internal: free-text ?q= (no field) matches any token of any string value
+builders._esxd_q = function(body)
+  local qt = {}
+  for _, t in ipairs(mapping.tokens(body.query)) do qt[t] = true end
+  local function walk(node)
+    if type(node) == "table" then
+      for _, v in pairs(node) do if walk(v) then return true end end
+    elseif node ~= nil and node ~= null then
+      for _, t in ipairs(mapping.tokens(node)) do if qt[t] then return true end end
+    end
+    return false
+  end
+  return function(rec) if walk(rec.source) then return true, 1.0 end return false, 0 end
+end
+
+compile = function(q, types)
+  if not is_obj(q) then perr("query malformed, must start with start_object") end
+  local name, body
+  for k, v in pairs(q) do
+    if name then perr("[" .. name .. "] malformed query, expected [END_OBJECT] but found [FIELD_NAME]") end
+    name, body = k, v
+  end
+  if not name then return builders.match_all() end
+  local b = builders[name]
+  if not b then
+    errors.raise(400, "parsing_exception", "unknown query [" .. name .. "]", nil,
+      { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. name .. "]" } })
+  end
+  return b(body, types)
+end
+
+_M.compile = compile
+_M.is_obj = is_obj
+_M.glob = names.glob_to_pattern
+
+return _M

@@ -1,0 +1,71 @@
+-- esxd.router: maps (method, path segments) to handlers, with ES's answers for unknown
+-- paths (400 "no handler found") and wrong methods (405 with Allow).
+local api_cluster = require "esxd.api_cluster"
+local api_indices = require "esxd.api_indices"
+local api_docs = require "esxd.api_docs"
+local api_search = require "esxd.api_search"
+local errors = require "esxd.errors"
+
+local _M = {}
+
+local routes = {
+  { {}, { GET = api_cluster.info, HEAD = api_cluster.ping } },
+  { { "_cluster", "health" }, { GET = api_cluster.health } },
+  { { "_cluster", "health", ":index" }, { GET = api_cluster.health } },
+  { { "_bulk" }, { POST = api_search.bulk, PUT = api_search.bulk } },
+  { { "_search" }, { GET = api_search.search, POST = api_search.search } },
+  { { "_count" }, { GET = api_search.count, POST = api_search.count } },
+  { { "_msearch" }, { GET = api_search.msearch, POST = api_search.msearch } },
+  { { "_refresh" }, { GET = api_indices.refresh, POST = api_indices.refresh } },
+  { { ":index", "_bulk" }, { POST = api_search.bulk, PUT = api_search.bulk } },
+  { { ":index", "_search" }, { GET = api_search.search, POST = api_search.search } },
+  { { ":index", "_count" }, { GET = api_search.count, POST = api_search.count } },
+  { { ":index", "_msearch" }, { GET = api_search.msearch, POST = api_search.msearch } },
+  { { ":index", "_refresh" }, { GET = api_indices.refresh, POST = api_indices.refresh } },
+  { { ":index", "_doc" }, { POST = api_docs.index } },
+  { { ":index", "_doc", ":id" }, { PUT = api_docs.index, POST = api_docs.index, GET = api_docs.get,
+    HEAD = api_docs.exists, DELETE = api_docs.delete } },
+  { { ":index", "_create", ":id" }, { PUT = api_docs.create, POST = api_docs.create } },
+  { { ":index", "_update", ":id" }, { POST = api_docs.update } },
+  { { ":index", "_source", ":id" }, { GET = api_docs.source, HEAD = api_docs.exists } },
+  { { ":index" }, { PUT = api_indices.create, DELETE = api_indices.delete, HEAD = api_indices.exists,
+    GET = api_indices.get } },
+}
+
+local function match(pattern, segs)
+  if #pattern ~= #segs then return nil end
+  local vars = {}
+  for i, p in ipairs(pattern) do
+    local s = segs[i]
+    if p:sub(1, 1) == ":" then
+      if p == ":index" and s:sub(1, 1) == "_" and s ~= "_all" then return nil end
+      vars[p:sub(2)] = s
+    elseif p ~= s then
+      return nil
+    end
+  end
+  return vars
+end
+
+-- Returns handler, vars; or nil, status, body-table, headers for routing failures.
+function _M.find(method, segs, raw_path)
+  local allowed
+  for _, r in ipairs(routes) do
+    local vars = match(r[1], segs)
+    if vars then
+      local h = r[2][method]
+      if h then return h, vars end
+      allowed = allowed or {}
+      for m in pairs(r[2]) do allowed[#allowed + 1] = m end
+    end
+  end
+  if allowed then
+    table.sort(allowed)
+    return nil, 405, { error = "Incorrect HTTP method for uri [" .. raw_path .. "] and method [" .. method ..
+      "], allowed: [" .. table.concat(allowed, ", ") .. "]", status = 405 }, { Allow = table.concat(allowed, ",") }
+  end
+  return nil, 400, { error = "no handler found for uri [" .. raw_path .. "] and method [" .. method .. "]" }
+end
+
+_M.errors = errors
+return _M

@@ -1,0 +1,307 @@
+-- esxd.search: _search and _count execution over one or more indices: index resolution,
+-- query matching against the refreshed (visible) documents, sorting, paging, total hits
+-- tracking, _source filtering and aggregations.
+local json = require "esxd.json"
+local errors = require "esxd.errors"
+local store = require "esxd.store"
+local names = require "esxd.names"
+local query = require "esxd.query"
+local aggs = require "esxd.aggs"
+local mapping = require "esxd.mapping"
+local dates = require "esxd.dates"
+local source_filter = require "esxd.source_filter"
+
+local _M = {}
+local null = json.null
+local MAX_WINDOW = 10000
+
+local function is_obj(t) return type(t) == "table" and t ~= null and (next(t) == nil or #t == 0) end
+
+local function truthy(v) return v == "" or v == "true" or v == true end
+
+-- Resolve index targets. Returns list of index objects or raises.
+function _M.targets(expr, params)
+  local list, err = names.resolve(expr, store.names(), { ignore_unavailable = truthy(params.ignore_unavailable) })
+  if not list then error(err, 0) end
+  if #list == 0 and expr and expr ~= "" and expr ~= "_all" and expr ~= "*" and params.allow_no_indices == "false" then
+    error(errors.index_not_found(expr), 0)
+  end
+  local out = {}
+  for _, n in ipairs(list) do out[#out + 1] = store.get(n) end
+  return out
+end
+
+local function shards_obj(n)
+  return json.obj("total", n, "successful", n, "skipped", 0, "failed", 0)
+end
+_M.shards_obj = shards_obj
+
+local KNOWN = { query = true, from = true, size = true, sort = true, _source = true, track_total_hits = true,
+  aggs = true, aggregations = true, timeout = true, track_scores = true, version = true, seq_no_primary_term = true,
+  stored_fields = true, explain = true, min_score = true, post_filter = true, terminate_after = true,
+  profile = true, docvalue_fields = true, fields = true, highlight = true, search_after = true,
+  collapse = true, runtime_mappings = true, indices_boost = true, pit = true, suggest = true, rescore = true,
+  script_fields = true, stats = true }
+_M.KNOWN = KNOWN
+
+local function json_kind(v)
+  if is_obj(v) then return "START_OBJECT" end
+  if type(v) == "table" then return "START_ARRAY" end
+  if type(v) == "number" then return "VALUE_NUMBER" end
+  if type(v) == "boolean" then return "VALUE_BOOLEAN" end
+  if v == null then return "VALUE_NULL" end
+  return "VALUE_STRING"
+end
+_M.json_kind = json_kind
+
+local function int_param(name, v, default)
+  if v == nil or v == null then return default end
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then
+    errors.raise(400, "illegal_argument_exception", "Failed to parse int parameter [" .. name .. "] with value [" .. tostring(v) .. "]")
+  end
+  return n
+end
+
+-- Build the list of sort clauses: {field=, dir=, missing=}
+local function parse_sort(spec)
+  if spec == nil or spec == null then return nil end
+  local items = {}
+  if type(spec) == "string" then
+    for part in spec:gmatch("[^,]+") do
+      local f, d = part:match("^([^:]+):?(.*)$")
+      items[#items + 1] = { field = f, dir = d ~= "" and d or nil }
+    end
+  else
+    local list = is_obj(spec) and { spec } or spec
+    for _, s in ipairs(list) do
+      if type(s) == "string" then items[#items + 1] = { field = s }
+      elseif is_obj(s) then
+        for f, o in pairs(s) do
+          if type(o) == "string" then items[#items + 1] = { field = f, dir = o }
+          elseif is_obj(o) then items[#items + 1] = { field = f, dir = o.order, missing = o.missing }
+          else errors.raise(400, "parsing_exception", "[" .. f .. "] failed to parse field [sort]") end
+        end
+      else
+        errors.raise(400, "parsing_exception", "[sort] unexpected token")
+      end
+    end
+  end
+  for _, it in ipairs(items) do
+    if it.dir ~= nil then
+      it.dir = tostring(it.dir):lower()
+      if it.dir ~= "asc" and it.dir ~= "desc" then
+        errors.raise(400, "illegal_argument_exception", "Unknown SortOrder [" .. it.dir .. "]")
+      end
+    else
+      it.dir = (it.field == "_score") and "desc" or "asc"
+    end
+  end
+  return items
+end
+
+local function sort_value(hit, it)
+  if it.field == "_score" then return hit.score end
+  if it.field == "_doc" then return hit.order end
+  local ty = hit.types and mapping.type_of(hit.types, it.field)
+  if ty == "text" then
+    error(errors.search_phase(hit.index, errors.new(400, "illegal_argument_exception",
+      "Fielddata is disabled on [" .. it.field .. "] in [" .. hit.index .. "]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. it.field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
+  end
+  local vals = mapping.values(hit.rec.source, it.field)
+  local best
+  for _, v in ipairs(vals) do
+    local x = v
+    if ty == "date" then x = dates.parse(v)
+    elseif ty and mapping.NUMERIC[ty] then x = tonumber(v)
+    elseif type(v) == "boolean" then x = v and 1 or 0 end
+    if x ~= nil and type(x) ~= "table" then
+      if best == nil or (type(best) == type(x) and ((it.dir == "asc" and x < best) or (it.dir == "desc" and x > best))) then best = x end
+    end
+  end
+  return best
+end
+
+local function total_hits(n, tth, as_int)
+  if tth == false then
+    if as_int then return -1 end
+    return nil
+  end
+  if tth == true or tth == -1 then
+    if as_int then return n end
+    return json.obj("value", n, "relation", "eq")
+  end
+  local limit = tth
+  if n > limit then return json.obj("value", limit, "relation", "gte") end
+  if as_int then return n end
+  return json.obj("value", n, "relation", "eq")
+end
+
+-- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
+function _M.search(expr, params, body, started)
+  body = body or {}
+  if not is_obj(body) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(body) .. " in [body].") end
+  for k, v in pairs(body) do
+    if not KNOWN[k] then
+      errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(v) .. " in [" .. k .. "].")
+    end
+  end
+  local from = int_param("from", params.from or body.from, 0)
+  local size = int_param("size", params.size or body.size, 10)
+  if from < 0 then errors.raise(400, "illegal_argument_exception", "[from] parameter cannot be negative but was [" .. from .. "]") end
+  if size < 0 then errors.raise(400, "illegal_argument_exception", "[size] parameter cannot be negative, found [" .. size .. "]") end
+  local as_int = truthy(params.rest_total_hits_as_int)
+  local tth = params.track_total_hits
+  if tth == nil then tth = body.track_total_hits end
+  if tth == "true" then tth = true elseif tth == "false" then tth = false end
+  if tth == nil then tth = as_int and true or MAX_WINDOW end
+  if type(tth) ~= "boolean" then
+    local n = tonumber(tth)
+    if not n then errors.raise(400, "illegal_argument_exception", "Failed to parse int parameter [track_total_hits] with value [" .. tostring(tth) .. "]") end
+    if n < -1 then errors.raise(400, "illegal_argument_exception", "[track_total_hits] parameter must be positive or equals to -1, got " .. n) end
+    tth = n
+    if as_int and n ~= -1 then
+      errors.raise(400, "illegal_argument_exception", "[rest_total_hits_as_int] cannot be used if the tracking of total hits is not accurate, got " .. n)
+    end
+  end
+  local sorts = parse_sort(params.sort or body.sort)
+  local srcf = source_filter.parse(params._source ~= nil and params._source or body._source,
+    params._source_includes, params._source_excludes)
+  local agg_spec = body.aggs or body.aggregations
+  if agg_spec ~= nil and not is_obj(agg_spec) then
+    errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [aggregations], but got a [" .. json_kind(agg_spec) .. "]")
+  end
+  local idxs = _M.targets(expr, params)
+  local q = body.query
+  if params.q and q == nil then q = _M.q_to_query(params.q) end
+  if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "[_na] query malformed, must start with start_object") end
+  local post = body.post_filter
+  local min_score = tonumber(body.min_score)
+
+  local hits, all_docs = {}, {}
+  local agg_types = {}
+  local order = 0
+  for _, idx in ipairs(idxs) do
+    local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types)
+    if not okq then
+      local e = matcher
+      if errors.is(e) and e.type ~= "parsing_exception" and e.type ~= "x_content_parse_exception" then
+        error(errors.search_phase(idx.name, e), 0)
+      end
+      error(e, 0)
+    end
+    local pf = post and query.compile(post, idx.types)
+    for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
+    for _, rec in ipairs(idx.visible_list) do
+      local ok, score = matcher(rec)
+      if ok and (not min_score or score >= min_score) then
+        all_docs[#all_docs + 1] = rec
+        if not pf or pf(rec) then
+          order = order + 1
+          hits[#hits + 1] = { rec = rec, score = score, index = idx.name, order = order, types = idx.types }
+        end
+      end
+    end
+  end
+  if from + size > MAX_WINDOW then
+    error(errors.search_phase(idxs[1] and idxs[1].name, errors.new(400, "illegal_argument_exception",
+      ("Result window is too large, from + size must be less than or equal to: [%d] but was [%d]. See the scroll api for a more efficient way to request large data sets. This limit can be set by changing the [index.max_result_window] index level setting.")
+        :format(MAX_WINDOW, from + size))), 0)
+  end
+
+  -- sorting
+  local by_score = sorts == nil
+  if sorts then
+    for _, it in ipairs(sorts) do
+      for _, h in ipairs(hits) do
+        h.sv = h.sv or {}
+        h.sv[#h.sv + 1] = sort_value(h, it)
+      end
+    end
+    table.sort(hits, function(a, b)
+      for i, it in ipairs(sorts) do
+        local x, y = a.sv[i], b.sv[i]
+        if x ~= y then
+          if x == nil then return it.missing == "_first" end
+          if y == nil then return it.missing ~= "_first" end
+          if type(x) ~= type(y) then x, y = tostring(x), tostring(y) end
+          if it.dir == "asc" then return x < y else return x > y end
+        end
+      end
+      return a.order < b.order
+    end)
+    for _, it in ipairs(sorts) do if it.field == "_score" then by_score = true end end
+  else
+    table.sort(hits, function(a, b)
+      if a.score ~= b.score then return a.score > b.score end
+      return a.order < b.order
+    end)
+  end
+  local track_scores = by_score or body.track_scores == true
+
+  local out_hits = json.array()
+  local max_score
+  if track_scores then
+    for _, h in ipairs(hits) do if max_score == nil or h.score > max_score then max_score = h.score end end
+  end
+  for i = from + 1, math.min(#hits, from + size) do
+    local h = hits[i]
+    local hit = json.obj("_index", h.index, "_id", h.rec.id,
+      "_version", (body.version == true or params.version == "true") and h.rec.version or nil,
+      "_seq_no", body.seq_no_primary_term == true and h.rec.seq_no or nil,
+      "_primary_term", body.seq_no_primary_term == true and 1 or nil,
+      "_score", track_scores and json.float(h.score) or null)
+    if srcf ~= false then json.set(hit, "_source", source_filter.apply(srcf, h.rec)) end
+    if sorts then
+      local sv = json.array()
+      for k, it in ipairs(sorts) do
+        local v = h.sv[k]
+        if it.field == "_score" then v = json.float(v) end
+        sv[k] = v == nil and null or v
+      end
+      json.set(hit, "sort", sv)
+    end
+    out_hits[#out_hits + 1] = hit
+  end
+  local hits_obj = json.obj("total", total_hits(#hits, tth, as_int),
+    "max_score", (max_score ~= nil and #hits > 0) and json.float(max_score) or null, "hits", out_hits)
+  local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
+  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(#idxs), "hits", hits_obj)
+  if agg_spec then
+    json.set(res, "aggregations", aggs.run(agg_spec, all_docs, agg_types))
+  end
+  return 200, res
+end
+
+-- ?q= support: "field:value", "*", or free text matched against every field's tokens.
+function _M.q_to_query(q)
+  if q == "*" or q == "*:*" then return { match_all = {} } end
+  local f, v = q:match("^([%w_%.%-]+):(.+)$")
+  if f then
+    v = v:gsub('^"(.*)"$', "%1")
+    return { match = { [f] = v } }
+  end
+  return { _esxd_q = { query = q } }
+end
+
+-- _count
+function _M.count(expr, params, body)
+  body = body or {}
+  if not is_obj(body) then errors.raise(400, "parsing_exception", "request body must be an object") end
+  for k, v in pairs(body) do
+    if k ~= "query" then errors.raise(400, "parsing_exception", "request does not support [" .. k .. "]") end
+  end
+  local idxs = _M.targets(expr, params)
+  local q = body.query
+  if params.q and q == nil then q = _M.q_to_query(params.q) end
+  local n = 0
+  for _, idx in ipairs(idxs) do
+    local matcher = query.compile(q or { match_all = {} }, idx.types)
+    for _, rec in ipairs(idx.visible_list) do
+      if matcher(rec) then n = n + 1 end
+    end
+  end
+  return 200, json.obj("count", n, "_shards", shards_obj(#idxs))
+end
+
+return _M

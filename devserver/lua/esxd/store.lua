@@ -1,0 +1,282 @@
+-- esxd.store: the in-memory indices and documents, near-real-time visibility (a document
+-- becomes searchable on refresh), sequence numbers and versions, and the write operations
+-- (index / create / update / delete) shared by the document APIs and _bulk.
+local json = require "esxd.json"
+local errors = require "esxd.errors"
+local names = require "esxd.names"
+local mapping = require "esxd.mapping"
+
+local _M = {}
+local null = json.null
+
+local indices = {}          -- name -> index
+local id_counter = 0
+
+local function now_ms() return math.floor(ngx.now() * 1000) end
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+local function b64url(bytes)
+  local out = {}
+  for i = 1, #bytes, 3 do
+    local a, b, c = bytes:byte(i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    for k = 3, 0, -1 do
+      local idx = math.floor(n / 64 ^ k) % 64
+      out[#out + 1] = B64:sub(idx + 1, idx + 1)
+    end
+  end
+  return table.concat(out)
+end
+
+-- 20-character URL-safe id (15 bytes: time, counter, randomness), like ES's auto ids.
+function _M.new_id()
+  id_counter = (id_counter + 1) % 16777216
+  local t = now_ms()
+  local bytes = {}
+  for i = 5, 0, -1 do bytes[#bytes + 1] = string.char(math.floor(t / 256 ^ i) % 256) end
+  bytes[#bytes + 1] = string.char(math.floor(id_counter / 65536) % 256, math.floor(id_counter / 256) % 256, id_counter % 256)
+  for _ = 1, 6 do bytes[#bytes + 1] = string.char(math.random(0, 255)) end
+  return b64url(table.concat(bytes))
+end
+
+local function uuid()
+  local s = {}
+  for _ = 1, 16 do s[#s + 1] = string.char(math.random(0, 255)) end
+  return b64url(table.concat(s) .. "\0\0"):sub(1, 22)
+end
+_M.uuid = uuid
+
+function _M.names()
+  local out = {}
+  for n in pairs(indices) do out[#out + 1] = n end
+  table.sort(out)
+  return out
+end
+
+function _M.get(name) return indices[name] end
+
+-- Create an index. body: decoded create body (settings/mappings) or nil.
+function _M.create(name, body)
+  local bad = names.validate(name)
+  if bad then return nil, bad end
+  if indices[name] then
+    return nil, errors.new(400, "resource_already_exists_exception",
+      "index [" .. name .. "/" .. indices[name].uuid .. "] already exists",
+      { "index_uuid", indices[name].uuid, "index", name })
+  end
+  local idx = { name = name, uuid = uuid(), created = now_ms(), types = {}, docs = {}, count = 0,
+    visible = {}, visible_list = {}, dirty = false, seq_no = -1, tombstones = {},
+    settings = type(body) == "table" and body.settings or nil, mappings = nil }
+  if type(body) == "table" and type(body.mappings) == "table" then
+    idx.mappings = body.mappings
+    mapping.load(idx.types, body.mappings.properties)
+  end
+  indices[name] = idx
+  return idx
+end
+
+function _M.delete(name) indices[name] = nil end
+
+function _M.drop_all() indices = {} end
+
+-- Make the current documents visible to search.
+function _M.refresh(idx)
+  if not idx.dirty then return end
+  local list = {}
+  local vis = {}
+  for id, rec in pairs(idx.docs) do list[#list + 1] = rec; vis[id] = rec end
+  table.sort(list, function(a, b) return a.seq_no < b.seq_no end)
+  idx.visible, idx.visible_list, idx.dirty = vis, list, false
+end
+
+function _M.refresh_all()
+  for _, idx in pairs(indices) do _M.refresh(idx) end
+end
+
+local function ensure_index(name)
+  local idx = indices[name]
+  if idx then return idx end
+  return _M.create(name, nil)
+end
+_M.ensure_index = ensure_index
+
+local function shards(n) return json.obj("total", n or 2, "successful", n == 0 and 0 or 1, "failed", 0) end
+_M.shards = shards
+
+local function result(idx, id, rec_version, seq_no, res, forced)
+  return json.obj("_index", idx.name, "_id", id, "_version", rec_version, "result", res,
+    "forced_refresh", forced or nil,
+    "_shards", shards(res == "noop" and 0 or 2), "_seq_no", seq_no, "_primary_term", 1)
+end
+
+local function conflict(idx, id, reason)
+  return errors.new(409, "version_conflict_engine_exception", "[" .. id .. "]: " .. reason,
+    { "index_uuid", idx.uuid, "shard", "0", "index", idx.name })
+end
+
+local function check_cas(idx, id, cur, opts)
+  if opts.if_seq_no == nil and opts.if_primary_term == nil then return nil end
+  local want_seq, want_term = tonumber(opts.if_seq_no), tonumber(opts.if_primary_term)
+  if want_seq == nil or want_term == nil then
+    return errors.new(400, "action_request_validation_exception",
+      "Validation Failed: 1: ifSeqNo is set, but primary term is [0];")
+  end
+  if not cur then
+    return conflict(idx, id, ("version conflict, required seqNo [%d], primary term [%d]. but no document was found"):format(want_seq, want_term))
+  end
+  if cur.seq_no ~= want_seq or want_term ~= 1 then
+    return conflict(idx, id, ("version conflict, required seqNo [%d], primary term [%d]. current document has seqNo [%d] and primary term [1]"):format(want_seq, want_term, cur.seq_no))
+  end
+end
+
+local function doc_parse_error(id, bad)
+  local preview = type(bad.value) == "table" and "{...}" or tostring(bad.value)
+  if bad.object then
+    return errors.new(400, "document_parsing_exception",
+      ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
+        :format(bad.field, bad.type, id, preview))
+  end
+  return errors.new(400, "document_parsing_exception",
+    ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
+      :format(bad.field, bad.type, id, preview))
+end
+
+local function put(idx, id, source, raw, cur, opts)
+  local bad = mapping.check(idx.types, source)
+  if bad then return nil, doc_parse_error(id, bad) end
+  mapping.learn(idx.types, source)
+  idx.seq_no = idx.seq_no + 1
+  local version = cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1
+  local rec = { id = id, source = source, raw = raw, version = version, seq_no = idx.seq_no }
+  if not cur then idx.count = idx.count + 1 end
+  idx.docs[id] = rec
+  idx.tombstones[id] = nil
+  idx.dirty = true
+  if opts.refresh then _M.refresh(idx) end
+  return rec
+end
+
+local function check_id(id)
+  if id == "" then return errors.illegal_argument("if _id is specified it must not be empty") end
+  if id and #id > 512 then
+    return errors.new(400, "action_request_validation_exception",
+      ("Validation Failed: 1: id [%s] is too long, must be no longer than 512 bytes but was: %d;"):format(id, #id))
+  end
+end
+
+-- Index (or create) a document. source: decoded table; raw: its JSON text.
+-- opts: op_type ("index"|"create"), if_seq_no, if_primary_term, refresh (bool).
+-- Returns status, result-object or nil, error.
+function _M.index(name, id, source, raw, opts)
+  opts = opts or {}
+  local bad_id = check_id(id)
+  if bad_id then return nil, bad_id end
+  if type(source) ~= "table" or (#source > 0) then
+    return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: root must be an object",
+      nil, { caused_by = { type = "not_x_content_exception", reason = "Compressor detection can only be called on some xcontent bytes or compressed xcontent bytes" } })
+  end
+  local idx, err = ensure_index(name)
+  if not idx then return nil, err end
+  if id == nil then id = _M.new_id() end
+  local cur = idx.docs[id]
+  if opts.op_type == "create" and cur then
+    return nil, conflict(idx, id, ("version conflict, document already exists (current version [%d])"):format(cur.version))
+  end
+  local cas = check_cas(idx, id, cur, opts)
+  if cas then return nil, cas end
+  local rec, perr = put(idx, id, source, raw, cur, opts)
+  if not rec then return nil, perr end
+  return cur and 200 or 201, result(idx, id, rec.version, rec.seq_no, cur and "updated" or "created", opts.refresh)
+end
+
+function _M.delete_doc(name, id, opts)
+  opts = opts or {}
+  local idx = indices[name]
+  if not idx then return nil, errors.index_not_found(name) end
+  local cur = idx.docs[id]
+  local cas = check_cas(idx, id, cur, opts)
+  if cas then return nil, cas end
+  idx.seq_no = idx.seq_no + 1
+  if not cur then
+    local v = (idx.tombstones[id] or 0) + 1
+    idx.tombstones[id] = v
+    return 404, result(idx, id, v, idx.seq_no, "not_found", opts.refresh)
+  end
+  idx.docs[id] = nil
+  idx.count = idx.count - 1
+  idx.tombstones[id] = cur.version + 1
+  idx.dirty = true
+  if opts.refresh then _M.refresh(idx) end
+  return 200, result(idx, id, cur.version + 1, idx.seq_no, "deleted", opts.refresh)
+end
+
+local function deep_equal(a, b)
+  if a == b then return true end
+  if type(a) ~= "table" or type(b) ~= "table" then return false end
+  for k, v in pairs(a) do if not deep_equal(v, b[k]) then return false end end
+  for k in pairs(b) do if a[k] == nil then return false end end
+  return true
+end
+
+local function is_object(t) return type(t) == "table" and t ~= null and (next(t) == nil or #t == 0) end
+
+local function merge(dst, src)
+  for k, v in pairs(src) do
+    if is_object(v) and is_object(dst[k]) and next(v) ~= nil then merge(dst[k], v)
+    else dst[k] = v end
+  end
+end
+
+local function copy(t)
+  if type(t) ~= "table" or t == null then return t end
+  local c = {}
+  for k, v in pairs(t) do c[k] = copy(v) end
+  return c
+end
+
+-- Partial update. body: decoded update body {doc=, doc_as_upsert=, upsert=, detect_noop=}.
+function _M.update(name, id, body, opts)
+  opts = opts or {}
+  if type(body) ~= "table" then return nil, errors.x_content_parse("[1:1] update request body must be an object") end
+  if body.script ~= nil then
+    return nil, errors.illegal_argument("esxd does not support scripts in update requests")
+  end
+  for k in pairs(body) do
+    if k ~= "doc" and k ~= "doc_as_upsert" and k ~= "upsert" and k ~= "detect_noop" and k ~= "_source" and k ~= "scripted_upsert" then
+      return nil, errors.x_content_parse("[1:2] [UpdateRequest] unknown field [" .. tostring(k) .. "]")
+    end
+  end
+  if body.doc == nil then
+    return nil, errors.validation({ "script or doc is missing" })
+  end
+  if not is_object(body.doc) then
+    return nil, errors.x_content_parse("[1:8] [UpdateRequest] doc doesn't support values of type: VALUE_" .. type(body.doc):upper())
+  end
+  local bad_id = check_id(id)
+  if bad_id then return nil, bad_id end
+  local idx = indices[name]
+  local cur = idx and idx.docs[id]
+  if not cur then
+    if body.doc_as_upsert == true or body.upsert ~= nil then
+      local src = body.doc_as_upsert == true and body.doc or body.upsert
+      if not is_object(src) then return nil, errors.x_content_parse("[1:1] upsert must be an object") end
+      local st, res = _M.index(name, id, src, json.encode(src), { refresh = opts.refresh, op_type = "create" })
+      return st, res
+    end
+    if not idx then return nil, errors.index_not_found(name) end
+    return nil, errors.new(404, "document_missing_exception", "[" .. id .. "]: document missing",
+      { "index_uuid", idx.uuid, "shard", "0", "index", name })
+  end
+  local cas = check_cas(idx, id, cur, opts)
+  if cas then return nil, cas end
+  local merged = copy(cur.source)
+  merge(merged, body.doc)
+  if body.detect_noop ~= false and deep_equal(merged, cur.source) then
+    return 200, result(idx, id, cur.version, cur.seq_no, "noop")
+  end
+  local rec, perr = put(idx, id, merged, json.encode(merged), cur, opts)
+  if not rec then return nil, perr end
+  return 200, result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh)
+end
+
+return _M
