@@ -6,6 +6,7 @@
  * state: everything lives in userdata, the registry, or the C core objects they point to.
  */
 #include "compat.h"
+#include "lcache.h"
 #include "lerror.h"
 #include "version.h"
 
@@ -20,6 +21,7 @@ int luaopen_esx_core(lua_State *L)
 {
     esx_lerror_open(L);
     luaL_newlib(L, core_functions);
+    esx_lcache_open(L);
     lua_pushliteral(L, ESX_VERSION);
     lua_setfield(L, -2, "version");
 #if ESX_LUA51

@@ -12,6 +12,9 @@ local _M = {
   _VERSION = "esx " .. core.version,
 }
 
+--- esx.cache(opts) -> a two-tier article cache (lua/esx/cache.lua, docs/cache.md).
+function _M.cache(opts) return require("esx.cache").new(opts) end
+
 --- esx.metrics() -> Prometheus text exposition of every live object's counters.
 function _M.metrics()
   return registry.metrics(core.version, core.flavour)

@@ -1,0 +1,426 @@
+--- esx.cache: the two-tier article cache (seed 002).
+--
+-- Tier 1 holds the first `max_pages` pages of the article list (global data, one copy for all
+-- users); tier 2 holds, per article, the set of ids of the users who read it as a Roaring
+-- bitmap in C.  `read_articles(user_id, page_no)` composes them: the page's articles, each a
+-- copy with `read` set, all flags computed in one call into C.
+--
+-- The C core (src/cache.c, bound by src/lcache.c) owns the byte budget, the LRU order, TTLs,
+-- the change log and the shared-memory state.  This file owns the control flow that calls the
+-- loaders: it must be Lua, because loaders may yield (cosockets, esx.nginx.wait) and LuaJIT
+-- cannot yield across a C function.
+--
+-- Single flight.  Concurrent misses for one key call the loader once:
+--   * in one Lua state, the first caller registers an in-flight record and loads; later
+--     callers wait on the record with `opts.wait` (default: ngx.sleep with a growing step in
+--     nginx, coroutine.yield() in a plain-Lua coroutine) until it is done, then share its
+--     result.  A caller that cannot wait (the main thread of plain Lua, a non-yieldable nginx
+--     phase) or that waited `lock_timeout` ms loads by itself.
+--   * with shared = true, the first caller of a process also takes a lock slot in shared
+--     memory; other processes wait for it and receive the result through the slot's hand-off
+--     buffer.  A lock held past `lock_timeout`, or by a dead process, is taken over.
+
+local core = require "esx.core"
+local options = require "esx.options"
+local registry = require "esx.registry"
+
+local type, pcall, error, setmetatable, tostring, ipairs =
+  type, pcall, error, setmetatable, tostring, ipairs
+local floor, min = math.floor, math.min
+local co_yield, co_isyieldable = coroutine.yield, coroutine.isyieldable
+local make_error, core_clock = core.error, core.cache_clock
+
+local ngx = rawget(_G, "ngx")
+
+local PAGE, READERS = 1, 2
+local OP_MARK, OP_INV_ARTICLE, OP_INV_PAGES = 1, 2, 3
+local MAX_SAFE = 9007199254740991
+
+local _M = {}
+
+local Cache = {}
+Cache.__index = Cache
+
+local Tx = {}
+Tx.__index = Tx
+
+local schema = {
+  load_page = { type = "function", required = true },
+  load_readers = { type = "function", required = true },
+  page_ttl = { type = "number", default = 5000, min = 0 },
+  max_pages = { type = "integer", default = 10, min = 0, max = 100000 },
+  readers_ttl = { type = "number", default = 600000, min = 0 },
+  max_bytes = { type = "integer", default = 67108864, min = 0 },
+  shared = { type = "boolean", default = false },
+  lock_timeout = { type = "number", default = 5000, min = 0 },
+  clock = { type = "function" },
+  wait = { type = "function" },
+  name = { type = "string", nonempty = true },
+}
+
+-- ---- private helpers ----------------------------------------------------------------------
+
+local function is_id(v)
+  return type(v) == "number" and v >= 0 and v <= MAX_SAFE and v == floor(v)
+end
+
+local function check_id(v, n, fname, what)
+  if not is_id(v) then
+    local got = type(v) == "number" and "number out of range or not an integer" or type(v)
+    error("bad argument #" .. n .. " to '" .. fname .. "' (" .. what ..
+      " must be an integer in [0, 2^53), got " .. got .. ")", 3)
+  end
+end
+
+local function check_page_no(v, fname)
+  if type(v) ~= "number" or v < 1 or v > MAX_SAFE or v ~= floor(v) then
+    error("bad argument #2 to '" .. fname .. "' (page_no must be an integer >= 1, got " ..
+      (type(v) == "number" and tostring(v) or type(v)) .. ")", 3)
+  end
+end
+
+local function closed_error()
+  return nil, make_error("closed", "the cache is closed")
+end
+
+local function default_clock()
+  if ngx and ngx.now then
+    return function() return ngx.now() * 1000 end
+  end
+  return core_clock
+end
+
+-- wait(attempt) pauses the current light thread / coroutine; false when it cannot.
+local function default_wait()
+  if ngx and ngx.sleep then
+    return function(attempt)
+      return (pcall(ngx.sleep, min(0.001 * 2 ^ attempt, 0.01)))
+    end
+  end
+  return function()
+    if co_isyieldable() then
+      co_yield()
+      return true
+    end
+    return false
+  end
+end
+
+-- Runs load(self, key) once for concurrent callers of one key in this Lua state; returns the
+-- in-flight record {value=, err=} every caller shares.
+local function single_flight(self, flights, key, load)
+  local rec = flights[key]
+  if rec then
+    self._counters.waits = self._counters.waits + 1
+    local deadline = core_clock() + self._lock_timeout
+    local attempt = 0
+    while not rec.done do
+      if core_clock() > deadline or not self._wait(attempt) then break end
+      attempt = attempt + 1
+    end
+    if rec.done then return rec end
+    -- could not wait (or waited too long): load by ourselves, uncoordinated
+  end
+  rec = { done = false }
+  flights[key] = rec
+  local ok, value, err = pcall(load, self, key)
+  if flights[key] == rec then flights[key] = nil end
+  if not ok then
+    value, err = nil, make_error("load", "loader failed: " .. tostring(value))
+  end
+  rec.value, rec.err, rec.done = value, err, true
+  return rec
+end
+
+-- Waits for another process loading (kind, key) in shared mode.  Returns
+--   "acquired", ticket   -- we load and must publish or release
+--   "done", value        -- another process's result, installed locally
+--   "none"               -- load without coordination
+local function shared_lock(self, kind, key)
+  local cc = self._cc
+  local deadline = core_clock() + self._lock_timeout
+  while true do
+    local st, ticket = cc:lock(kind, key, self._lock_timeout)
+    if st ~= "busy" then return st, ticket end
+    local attempt = 0
+    while true do
+      if core_clock() > deadline or not self._wait(attempt) then return "none" end
+      attempt = attempt + 1
+      local s, value = cc:poll(kind, key, ticket, self._clock())
+      if s == "done" then return "done", value end
+      if s == "gone" then break end -- the holder failed or died: try to take the lock
+    end
+  end
+end
+
+local function call_loader(fn, arg)
+  local ok, value, err = pcall(fn, arg)
+  if not ok then
+    return nil, make_error("load", "loader failed: " .. tostring(value))
+  end
+  if value == nil or value == false then
+    return nil, make_error("load", "loader returned no data" ..
+      (err ~= nil and (": " .. tostring(err)) or ""))
+  end
+  return value
+end
+
+local function load_page(self, page_no)
+  local cc, ticket = self._cc, nil
+  if self._shared then
+    local st, v = shared_lock(self, PAGE, page_no)
+    if st == "done" then return v end
+    if st == "acquired" then ticket = v end
+  end
+  local start = cc:seq()
+  local counters = self._counters
+  counters.page_loads = counters.page_loads + 1
+  local list, err = call_loader(self._load_page, page_no)
+  if not list then
+    counters.load_errors = counters.load_errors + 1
+    if ticket then cc:unlock(PAGE, page_no, ticket) end
+    return nil, err
+  end
+  if self._cc == nil then return list end -- closed while loading
+  local cached, why = cc:page_put(page_no, list, self._clock(), start, ticket)
+  if cached == nil then
+    counters.load_errors = counters.load_errors + 1
+    return nil, make_error("load", "bad data from load_page: " .. why)
+  end
+  return list
+end
+
+-- Returns the id list (loaded here) or true (another process's result, cached locally).
+local function load_readers(self, article)
+  local cc, ticket = self._cc, nil
+  if self._shared then
+    local st, v = shared_lock(self, READERS, article)
+    if st == "done" and v then return true end
+    if st == "acquired" then ticket = v end
+  end
+  local start = cc:seq()
+  local counters = self._counters
+  counters.readers_loads = counters.readers_loads + 1
+  local list, err = call_loader(self._load_readers, article)
+  if not list then
+    counters.load_errors = counters.load_errors + 1
+    if ticket then cc:unlock(READERS, article, ticket) end
+    return nil, err
+  end
+  if self._cc == nil then return list end
+  local cached, why = cc:readers_put(article, list, self._clock(), start, ticket)
+  if cached == nil then
+    counters.load_errors = counters.load_errors + 1
+    return nil, make_error("load", "bad data from load_readers: " .. why)
+  end
+  return list
+end
+
+local function get_page(self, page_no)
+  local page = self._cc:page_get(page_no, self._clock())
+  if page then return page end
+  local rec = single_flight(self, self._page_flights, page_no, load_page)
+  if rec.err then return nil, rec.err end
+  return rec.value
+end
+
+-- The read flag of (article, user), loading the reader set when needed.
+-- `counted`: the caller already counted this lookup's miss.
+local function read_flag(self, article, user, counted)
+  local cc = self._cc
+  local v = cc:has_read(article, user, self._clock(), counted)
+  if v ~= nil then return v end
+  local rec = single_flight(self, self._readers_flights, article, load_readers)
+  if rec.err then return nil, rec.err end
+  if self._cc == nil then return closed_error() end
+  v = cc:has_read(article, user, self._clock(), true)
+  if v ~= nil then return v end
+  local list = rec.value
+  if type(list) ~= "table" then
+    -- another process's result could not be cached here: load it ourselves
+    local err
+    list, err = load_readers(self, article)
+    if not list then return nil, err end
+    if type(list) ~= "table" then return false end
+  end
+  for _, id in ipairs(list) do -- not cacheable (larger than max_bytes): answer from the list
+    if id == user then return true end
+  end
+  return false
+end
+
+-- ---- the public API ---------------------------------------------------------------------
+
+--- esx.cache(opts) -> cache.  Raises on a bad option.
+function _M.new(opts)
+  local o = options.check("esx.cache", schema, opts, 3)
+  local pages = {}
+  local cc = core.cache_new({
+    max_bytes = o.max_bytes, page_ttl = o.page_ttl, readers_ttl = o.readers_ttl,
+    max_pages = o.max_pages, shared = o.shared,
+  }, pages)
+  local self = setmetatable({
+    _cc = cc,
+    _pages = pages, -- page_no -> list; entries dropped by the core are removed from C
+    _load_page = o.load_page,
+    _load_readers = o.load_readers,
+    _shared = o.shared,
+    _lock_timeout = o.lock_timeout,
+    _clock = o.clock or default_clock(),
+    _wait = o.wait or default_wait(),
+    _page_flights = {},
+    _readers_flights = {},
+    _counters = { page_loads = 0, readers_loads = 0, load_errors = 0, waits = 0 },
+  }, Cache)
+  self.name = registry.add(self, "cache", o.name, function() return self:stats() end)
+  return self
+end
+
+--- cache:read_articles(user_id, page_no) -> list of article copies with `read`, or nil, err
+function Cache:read_articles(user_id, page_no)
+  check_id(user_id, 1, "read_articles", "user_id")
+  check_page_no(page_no, "read_articles")
+  local cc = self._cc
+  if not cc then return closed_error() end
+  if self._shared then cc:sync() end
+  local page, err = get_page(self, page_no)
+  if not page then return nil, err end
+  if not self._cc then return closed_error() end
+  local res, missing = cc:read_flags(page, user_id, self._clock())
+  if missing then
+    for _, i in ipairs(missing) do
+      local flag, ferr = read_flag(self, page[i].id, user_id, true)
+      if flag == nil then return nil, ferr end
+      res[i].read = flag
+    end
+  end
+  return res
+end
+
+--- cache:has_read(article_id, user_id) -> boolean, or nil, err
+function Cache:has_read(article_id, user_id)
+  check_id(article_id, 1, "has_read", "article_id")
+  check_id(user_id, 2, "has_read", "user_id")
+  local cc = self._cc
+  if not cc then return closed_error() end
+  if self._shared then cc:sync() end
+  return read_flag(self, article_id, user_id)
+end
+
+--- cache:mark_read(article_id, user_id) -> true: adds the user to a cached set in place.
+function Cache:mark_read(article_id, user_id)
+  check_id(article_id, 1, "mark_read", "article_id")
+  check_id(user_id, 2, "mark_read", "user_id")
+  local cc = self._cc
+  if not cc then return closed_error() end
+  cc:apply({ OP_MARK, article_id, user_id })
+  return true
+end
+
+--- cache:invalidate_article(article_id) -> true: drops the article's reader set.
+function Cache:invalidate_article(article_id)
+  check_id(article_id, 1, "invalidate_article", "article_id")
+  local cc = self._cc
+  if not cc then return closed_error() end
+  cc:apply({ OP_INV_ARTICLE, article_id, 0 })
+  return true
+end
+
+--- cache:invalidate_pages() -> true: drops tier 1 (an article was added or removed).
+function Cache:invalidate_pages()
+  local cc = self._cc
+  if not cc then return closed_error() end
+  cc:apply({ OP_INV_PAGES, 0, 0 })
+  return true
+end
+
+--- cache:transaction() -> tx collecting mark_read / invalidate_* until commit or rollback.
+function Cache:transaction()
+  if not self._cc then return closed_error() end
+  return setmetatable({ _cache = self, _ops = {}, _done = false }, Tx)
+end
+
+--- cache:stats() -> counters table, or nil, err when closed.
+function Cache:stats()
+  local cc = self._cc
+  if not cc then return closed_error() end
+  local s = cc:stats()
+  local c = self._counters
+  s.pages.loads = c.page_loads
+  s.readers.loads = c.readers_loads
+  s.load_errors = c.load_errors
+  s.waits = c.waits
+  s.shared = self._shared
+  return s
+end
+
+--- cache:close() -> true; frees everything.  Later calls return nil, {kind="closed"}.
+function Cache:close()
+  local cc = self._cc
+  if cc then
+    self._cc = nil
+    cc:close()
+    registry.remove(self)
+  end
+  return true
+end
+
+function Cache:__tostring()
+  return "esx.cache: " .. tostring(self.name) .. (self._cc and "" or " (closed)")
+end
+
+-- ---- transactions -------------------------------------------------------------------------
+
+local function tx_add(tx, fname, op, a, b)
+  if tx._done then
+    error("bad call to '" .. fname .. "' (the transaction is already " .. tx._done .. ")", 3)
+  end
+  local ops = tx._ops
+  local n = #ops
+  ops[n + 1], ops[n + 2], ops[n + 3] = op, a, b
+  return true
+end
+
+function Tx:mark_read(article_id, user_id)
+  check_id(article_id, 1, "mark_read", "article_id")
+  check_id(user_id, 2, "mark_read", "user_id")
+  return tx_add(self, "mark_read", OP_MARK, article_id, user_id)
+end
+
+function Tx:invalidate_article(article_id)
+  check_id(article_id, 1, "invalidate_article", "article_id")
+  return tx_add(self, "invalidate_article", OP_INV_ARTICLE, article_id, 0)
+end
+
+function Tx:invalidate_pages()
+  return tx_add(self, "invalidate_pages", OP_INV_PAGES, 0, 0)
+end
+
+--- tx:commit() -> true: applies the collected changes in order, as one batch.
+function Tx:commit()
+  if self._done then
+    error("bad call to 'commit' (the transaction is already " .. self._done .. ")", 2)
+  end
+  self._done = "committed"
+  local cc = self._cache._cc
+  if not cc then return closed_error() end
+  if #self._ops > 0 then cc:apply(self._ops) end
+  self._ops = nil
+  return true
+end
+
+--- tx:rollback() -> true: drops the collected changes.
+function Tx:rollback()
+  if self._done then
+    error("bad call to 'rollback' (the transaction is already " .. self._done .. ")", 2)
+  end
+  self._done = "rolled back"
+  self._ops = nil
+  return true
+end
+
+setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
+
+_M.Cache = Cache
+
+return _M

@@ -1,0 +1,149 @@
+/*
+ * cache.h -- the C core of esx.cache: entries, LRU, byte accounting, TTLs, the change log
+ * and (with shared = true) the cross-process state.  No Lua state inside.
+ *
+ * Two kinds of entry share one LRU list and one byte budget (max_bytes):
+ *   - ESX_CACHE_PAGE: a tier 1 page.  The page's data (a Lua table) lives in the binding;
+ *     the core holds its key, its measured size, its expiry and its LRU position.  Pages that
+ *     the core drops (eviction, expiry, invalidation) are queued so the binding can release
+ *     the Lua data (esx_cache_removed_pages).
+ *   - ESX_CACHE_READERS: a tier 2 reader set (esx_rset), owned by the core.
+ *
+ * Every change (mark_read, invalidate_article, invalidate_pages) is appended to a change log:
+ * a ring of ESX_CACHE_LOG entries numbered by a sequence.  A load records the sequence when
+ * it starts; its result is inserted only if the ring still covers that sequence and no
+ * invalidation of the same key happened since (marks since then are replayed onto it).  So a
+ * slow load, or a commit, can never put back data older than an invalidation.
+ *
+ * With shared = true the ring, the sequence and a table of single-flight lock slots (each
+ * with a hand-off buffer for the loaded result) live in one MAP_SHARED anonymous mapping made
+ * before fork (nginx: init_by_lua).  Each process keeps its own tiers and the sequence it has
+ * applied; esx_cache_sync() applies what other processes logged, or drops the local tiers
+ * when the process has fallen more than the ring behind.  A process-shared robust mutex
+ * guards the ring and the slots; the head sequence is published last, so a reader sees a
+ * batch (a transaction commit) entirely or not at all.
+ *
+ * Times passed in (`now`) are the cache's clock in milliseconds (injectable in Lua); lock
+ * deadlines use CLOCK_MONOTONIC, which all processes share.
+ */
+#ifndef ESX_CACHE_H
+#define ESX_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache_rset.h"
+
+#define ESX_CACHE_PAGE 1
+#define ESX_CACHE_READERS 2
+
+#define ESX_CACHE_LOG 4096             /* change-log ring entries */
+#define ESX_CACHE_SLOTS 64             /* shared single-flight lock slots */
+#define ESX_CACHE_SLOT_BYTES (512 * 1024) /* hand-off buffer per slot */
+
+/* Change-log operations. */
+#define ESX_CACHE_OP_MARK 1            /* a = article, b = user */
+#define ESX_CACHE_OP_INV_ARTICLE 2     /* a = article */
+#define ESX_CACHE_OP_INV_PAGES 3
+
+typedef struct {
+    uint32_t op;
+    uint64_t a, b;
+} esx_cache_op;
+
+typedef struct {
+    size_t max_bytes;
+    double page_ttl, readers_ttl; /* ms */
+    uint64_t max_pages;           /* pages 1..max_pages are cached */
+    int shared;
+} esx_cache_config;
+
+typedef struct {
+    uint64_t hits, misses, entries, bytes, evictions, expirations;
+} esx_cache_tier_stats;
+
+typedef struct {
+    esx_cache_tier_stats pages, readers;
+    uint64_t bytes, evictions, seq, applied, resets, log_bytes;
+} esx_cache_stats;
+
+typedef struct esx_cache esx_cache;
+
+/* Creates a cache.  Returns NULL on failure with a message in err (errlen bytes, always
+ * NUL-terminated).  The caller owns the cache (esx_cache_free). */
+esx_cache *esx_cache_new(const esx_cache_config *cfg, char *err, size_t errlen);
+
+/* Frees every entry and unmaps this process's view of the shared region.  NULL is allowed. */
+void esx_cache_free(esx_cache *c);
+
+/* Applies changes other processes logged (shared mode; a no-op otherwise).  Drops the local
+ * tiers when this process has fallen behind the ring.  Never fails. */
+void esx_cache_sync(esx_cache *c);
+
+/* The current change sequence: record it before calling a loader. */
+uint64_t esx_cache_seq(esx_cache *c);
+
+/* 1 if page_no is cached and fresh at now (and marks it recently used; counts a hit), else 0
+ * (counts a miss; an expired page is dropped). */
+int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now);
+
+/* Records page_no as cached with the given measured size, if page_no <= max_pages, the page
+ * fits in max_bytes and no invalidate_pages happened since start_seq.  Evicts LRU entries to
+ * make room.  Returns 1 if cached, 0 if not, -1 when out of memory (not cached). */
+int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
+                       uint64_t start_seq);
+
+/* The reader set of article if cached and fresh at now (marked recently used; a hit), else
+ * NULL (a miss).  The set stays owned by the cache and is valid until the next call that
+ * modifies it. */
+const esx_rset *esx_cache_readers_get(esx_cache *c, uint64_t article, double now);
+
+/* Like readers_get but counts nothing and does not touch the LRU order. */
+const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double now);
+
+/* Inserts the loaded set of article, replaying marks logged since start_seq onto it.
+ * Returns 1 when the cache took ownership of set; 0 when it did not cache it (too large,
+ * invalidated since start_seq, or the log no longer covers start_seq) and -1 when out of
+ * memory -- in both of those cases the caller still owns set. */
+int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
+                          uint64_t start_seq);
+
+/* Logs the n operations as one batch (visible to other processes at once) and applies them
+ * to the local tiers in order.  Returns 0, or -1 when a set could not grow for lack of
+ * memory (that set is dropped instead, so nothing stale is served). */
+int esx_cache_apply(esx_cache *c, const esx_cache_op *ops, size_t n);
+
+/* Copies up to max page numbers dropped since the last call into out; returns how many.
+ * The binding calls it after every operation (at most max_pages can be pending). */
+size_t esx_cache_removed_pages(esx_cache *c, uint64_t *out, size_t max);
+
+/* Fills *out.  Never fails. */
+void esx_cache_get_stats(esx_cache *c, esx_cache_stats *out);
+
+/* Shared single-flight locks (shared mode only; otherwise ESX_LOCK_NONE).
+ * esx_cache_lock: ESX_LOCK_ACQUIRED (the caller loads and must call esx_cache_unlock with
+ * *ticket), ESX_LOCK_BUSY (another process loads; poll with *ticket), ESX_LOCK_NONE (no slot:
+ * load without coordination).  A lock held past timeout_ms, or by a dead process, is taken
+ * over. */
+#define ESX_LOCK_NONE 0
+#define ESX_LOCK_ACQUIRED 1
+#define ESX_LOCK_BUSY 2
+#define ESX_LOCK_DONE 3 /* poll: the holder published a result */
+#define ESX_LOCK_GONE 4 /* poll: the holder finished without a result, or the slot moved on */
+int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, uint64_t *ticket);
+
+/* Releases the lock; publishes data (len bytes, may be NULL) as the result with the load's
+ * start_seq when it fits the hand-off buffer.  Returns 1 if published, 0 if not. */
+int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
+                     size_t len, uint64_t start_seq);
+
+/* Polls a lock seen busy.  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that
+ * the caller frees, *len its size and *start_seq the holder's load start.  If the copy
+ * cannot be allocated, returns ESX_LOCK_GONE. */
+int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, void **data,
+                        size_t *len, uint64_t *start_seq);
+
+/* Milliseconds of CLOCK_MONOTONIC: the default clock outside nginx. */
+double esx_cache_now_ms(void);
+
+#endif

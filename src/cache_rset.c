@@ -1,0 +1,248 @@
+/*
+ * cache_rset.c -- reader-id sets below 2^53 as Roaring bitmaps keyed by the high bits
+ * (see cache_rset.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <roaring/roaring.h>
+
+#include "cache_rset.h"
+
+struct esx_rset_part {
+    uint32_t high;
+    roaring_bitmap_t *bm;
+};
+
+struct esx_rset {
+    uint32_t n;                  /* parts in use */
+    uint32_t cap;                /* capacity of parts (1 = the inline part) */
+    struct esx_rset_part *parts; /* == &one when cap == 1 */
+    struct esx_rset_part one;
+};
+
+esx_rset *esx_rset_new(void)
+{
+    esx_rset *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->cap = 1;
+    s->parts = &s->one;
+    return s;
+}
+
+void esx_rset_free(esx_rset *s)
+{
+    if (s == NULL)
+        return;
+    for (uint32_t i = 0; i < s->n; i++)
+        roaring_bitmap_free(s->parts[i].bm);
+    if (s->parts != &s->one)
+        free(s->parts);
+    free(s);
+}
+
+/* Index of the part with high key h, or -(insertion point) - 1. */
+static long find_part(const esx_rset *s, uint32_t h)
+{
+    if (s->n == 1)
+        return s->parts[0].high == h ? 0 : (s->parts[0].high < h ? -2 : -1);
+    long lo = 0, hi = (long)s->n - 1;
+    while (lo <= hi) {
+        long mid = (lo + hi) / 2;
+        uint32_t k = s->parts[mid].high;
+        if (k == h)
+            return mid;
+        if (k < h)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -lo - 1;
+}
+
+/* Inserts bm as the part of high key h at position at; 0, or -1 when out of memory. */
+static int insert_part(esx_rset *s, size_t at, uint32_t h, roaring_bitmap_t *bm)
+{
+    if (s->n == s->cap) {
+        uint32_t ncap = s->cap * 2;
+        struct esx_rset_part *np = malloc(ncap * sizeof *np);
+        if (np == NULL)
+            return -1;
+        memcpy(np, s->parts, s->n * sizeof *np);
+        if (s->parts != &s->one)
+            free(s->parts);
+        s->parts = np;
+        s->cap = ncap;
+    }
+    memmove(&s->parts[at + 1], &s->parts[at], (s->n - at) * sizeof *s->parts);
+    s->parts[at].high = h;
+    s->parts[at].bm = bm;
+    s->n++;
+    return 0;
+}
+
+/* The bitmap of high key h, created when missing; NULL when out of memory. */
+static roaring_bitmap_t *part_for(esx_rset *s, uint32_t h)
+{
+    long i = find_part(s, h);
+    if (i >= 0)
+        return s->parts[i].bm;
+    roaring_bitmap_t *bm = roaring_bitmap_create();
+    if (bm == NULL)
+        return NULL;
+    if (insert_part(s, (size_t)(-i - 1), h, bm) != 0) {
+        roaring_bitmap_free(bm);
+        return NULL;
+    }
+    return bm;
+}
+
+int esx_rset_add(esx_rset *s, uint64_t id)
+{
+    roaring_bitmap_t *bm = part_for(s, (uint32_t)(id >> 32));
+    if (bm == NULL)
+        return -1;
+    return roaring_bitmap_add_checked(bm, (uint32_t)id) ? 1 : 0;
+}
+
+int esx_rset_add_many32(esx_rset *s, const uint32_t *ids, size_t n)
+{
+    if (n == 0)
+        return 0;
+    roaring_bitmap_t *bm = part_for(s, 0);
+    if (bm == NULL)
+        return -1;
+    roaring_bitmap_add_many(bm, n, ids);
+    return 0;
+}
+
+int esx_rset_contains(const esx_rset *s, uint64_t id)
+{
+    uint32_t h = (uint32_t)(id >> 32);
+    if (s->n == 1) /* the common case: one part, no search */
+        return s->parts[0].high == h && roaring_bitmap_contains(s->parts[0].bm, (uint32_t)id);
+    long i = find_part(s, h);
+    return i >= 0 && roaring_bitmap_contains(s->parts[i].bm, (uint32_t)id);
+}
+
+uint64_t esx_rset_cardinality(const esx_rset *s)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < s->n; i++)
+        n += roaring_bitmap_get_cardinality(s->parts[i].bm);
+    return n;
+}
+
+/* Memory of one bitmap: statistics for the payloads, plus slack, structs and vectors. */
+static size_t bitmap_bytes(const roaring_bitmap_t *bm)
+{
+    roaring_statistics_t st;
+    roaring_bitmap_statistics(bm, &st);
+    size_t bytes = sizeof(roaring_bitmap_t) + (size_t)st.n_bytes_array_containers +
+                   (size_t)st.n_bytes_run_containers + (size_t)st.n_bytes_bitset_containers;
+    const roaring_array_t *ra = &bm->high_low_container;
+    bytes += (size_t)ra->allocation_size * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t));
+    for (int32_t i = 0; i < ra->size; i++) {
+        const void *c = ra->containers[i];
+        switch (ra->typecodes[i]) {
+        case ARRAY_CONTAINER_TYPE_CODE: {
+            const array_container_t *a = c;
+            bytes += sizeof *a + (size_t)(a->capacity - a->cardinality) * sizeof(uint16_t);
+            break;
+        }
+        case RUN_CONTAINER_TYPE_CODE: {
+            const run_container_t *r = c;
+            /* statistics counts n_runs * 4 + 2 (the serialised run count) */
+            bytes += sizeof *r + (size_t)(r->capacity - r->n_runs) * sizeof(rle16_t);
+            break;
+        }
+        default:
+            bytes += sizeof(bitset_container_t);
+            break;
+        }
+    }
+    return bytes;
+}
+
+size_t esx_rset_bytes(const esx_rset *s)
+{
+    size_t bytes = sizeof *s;
+    if (s->parts != &s->one)
+        bytes += s->cap * sizeof *s->parts;
+    for (uint32_t i = 0; i < s->n; i++)
+        bytes += bitmap_bytes(s->parts[i].bm);
+    return bytes;
+}
+
+void esx_rset_optimize(esx_rset *s)
+{
+    for (uint32_t i = 0; i < s->n; i++) {
+        roaring_bitmap_run_optimize(s->parts[i].bm); /* converts only where runs are smaller */
+        roaring_bitmap_shrink_to_fit(s->parts[i].bm);
+    }
+}
+
+/* Layout: u32 nparts, then per part: u32 high, u32 len, len bytes (portable format). */
+size_t esx_rset_serialized_size(const esx_rset *s)
+{
+    size_t n = 4;
+    for (uint32_t i = 0; i < s->n; i++)
+        n += 8 + roaring_bitmap_portable_size_in_bytes(s->parts[i].bm);
+    return n;
+}
+
+size_t esx_rset_serialize(const esx_rset *s, char *buf, size_t cap)
+{
+    if (esx_rset_serialized_size(s) > cap)
+        return 0;
+    size_t off = 0;
+    uint32_t n = s->n;
+    memcpy(buf + off, &n, 4);
+    off += 4;
+    for (uint32_t i = 0; i < s->n; i++) {
+        uint32_t len = (uint32_t)roaring_bitmap_portable_size_in_bytes(s->parts[i].bm);
+        memcpy(buf + off, &s->parts[i].high, 4);
+        memcpy(buf + off + 4, &len, 4);
+        off += 8;
+        off += roaring_bitmap_portable_serialize(s->parts[i].bm, buf + off);
+    }
+    return off;
+}
+
+esx_rset *esx_rset_deserialize(const char *buf, size_t len)
+{
+    if (len < 4)
+        return NULL;
+    uint32_t n;
+    memcpy(&n, buf, 4);
+    size_t off = 4;
+    esx_rset *s = esx_rset_new();
+    if (s == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t high, plen;
+        if (len - off < 8)
+            goto bad;
+        memcpy(&high, buf + off, 4);
+        memcpy(&plen, buf + off + 4, 4);
+        off += 8;
+        if (plen > len - off || high > (uint32_t)(ESX_RSET_MAX_ID >> 32))
+            goto bad;
+        if (s->n > 0 && s->parts[s->n - 1].high >= high)
+            goto bad; /* parts are written in increasing order */
+        roaring_bitmap_t *bm = roaring_bitmap_portable_deserialize_safe(buf + off, plen);
+        if (bm == NULL)
+            goto bad;
+        if (insert_part(s, s->n, high, bm) != 0) {
+            roaring_bitmap_free(bm);
+            goto bad;
+        }
+        off += plen;
+    }
+    esx_rset_optimize(s);
+    return s;
+bad:
+    esx_rset_free(s);
+    return NULL;
+}

@@ -1,0 +1,762 @@
+/*
+ * lcache.c -- the "esx.cache" userdata: a thin binding of the C core (cache.h).
+ *
+ * The userdata holds a pointer to the core and a registry reference to the Lua table of
+ * cached pages (page_no -> list of articles); after every operation the pages the core
+ * dropped are removed from that table, so the Lua data never outlives its budget.
+ *
+ * Page size, used for max_bytes, is measured deterministically when a page is stored: each
+ * table costs TABLE_BYTES plus SLOT_BYTES per key, each string its length plus STRING_BYTES,
+ * numbers and booleans live in their slots (see docs/cache.md).
+ *
+ * Caller mistakes (wrong types) raise; lua/esx/cache.lua checks the public arguments first,
+ * so these checks only guard against misuse of esx.core directly.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "lcache.h"
+#include "lerror.h"
+
+#define CACHE_MT "esx.cache"
+
+#define TABLE_BYTES 56
+#define SLOT_BYTES 40
+#define STRING_BYTES 24
+#define MAX_DEPTH 16
+
+typedef struct {
+    esx_cache *core;
+    int pages_ref;
+    int shared;
+} lcache;
+
+static lcache *check_open(lua_State *L)
+{
+    lcache *lc = luaL_checkudata(L, 1, CACHE_MT);
+    if (lc->core == NULL)
+        luaL_error(L, "esx.cache: the cache is closed");
+    return lc;
+}
+
+static uint64_t check_id(lua_State *L, int i)
+{
+    if (!esx_isinteger(L, i))
+        luaL_argerror(L, i, "integer expected");
+    long long v = esx_tointeger(L, i);
+    if (v < 0 || v > ESX_MAX_SAFE_INTEGER)
+        luaL_argerror(L, i, "must be an integer in [0, 2^53)");
+    return (uint64_t)v;
+}
+
+/* Removes from the pages table the pages the core dropped. */
+static void drain(lua_State *L, lcache *lc)
+{
+    uint64_t pages[64];
+    size_t n;
+    int got_table = 0;
+    while ((n = esx_cache_removed_pages(lc->core, pages, 64)) > 0) {
+        if (!got_table) {
+            lua_rawgeti(L, LUA_REGISTRYINDEX, lc->pages_ref);
+            got_table = 1;
+        }
+        for (size_t i = 0; i < n; i++) {
+            lua_pushnil(L);
+            lua_rawseti(L, -2, (int)pages[i]);
+        }
+    }
+    if (got_table)
+        lua_pop(L, 1);
+}
+
+/* ---- page measuring and (shared mode) serialisation ------------------------------------ */
+
+typedef struct {
+    char *buf;
+    size_t len, cap, limit;
+    int failed; /* over the limit, unsupported value, or out of memory */
+} sbuf;
+
+static void sb_put(sbuf *b, const void *p, size_t n)
+{
+    if (b->failed)
+        return;
+    if (n > b->limit - b->len) {
+        b->failed = 1;
+        return;
+    }
+    if (b->len + n > b->cap) {
+        size_t ncap = b->cap ? b->cap * 2 : 4096;
+        while (ncap < b->len + n)
+            ncap *= 2;
+        if (ncap > b->limit)
+            ncap = b->limit;
+        char *nb = realloc(b->buf, ncap);
+        if (nb == NULL) {
+            b->failed = 1;
+            return;
+        }
+        b->buf = nb;
+        b->cap = ncap;
+    }
+    memcpy(b->buf + b->len, p, n);
+    b->len += n;
+}
+
+static void sb_tag(sbuf *b, char t)
+{
+    sb_put(b, &t, 1);
+}
+
+/* Measures the value at idx (bytes it holds) and, when b is given, serialises it.  Tables
+ * nested deeper than MAX_DEPTH make the serialisation fail (they are still measured). */
+static size_t walk(lua_State *L, int idx, sbuf *b, int depth)
+{
+    idx = lua_absindex(L, idx);
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+        size_t len;
+        const char *s = lua_tolstring(L, idx, &len);
+        if (b) {
+            uint32_t n = (uint32_t)len;
+            sb_tag(b, 's');
+            sb_put(b, &n, 4);
+            sb_put(b, s, len);
+        }
+        return len + STRING_BYTES;
+    }
+    case LUA_TNUMBER:
+        if (b) {
+            if (esx_isinteger(L, idx)) {
+                long long v = esx_tointeger(L, idx);
+                sb_tag(b, 'i');
+                sb_put(b, &v, 8);
+            } else {
+                double d = (double)lua_tonumber(L, idx);
+                sb_tag(b, 'd');
+                sb_put(b, &d, 8);
+            }
+        }
+        return 0;
+    case LUA_TBOOLEAN:
+        if (b)
+            sb_tag(b, lua_toboolean(L, idx) ? 'T' : 'F');
+        return 0;
+    case LUA_TTABLE: {
+        size_t bytes = TABLE_BYTES;
+        if (depth >= MAX_DEPTH) {
+            if (b)
+                b->failed = 1;
+            return bytes;
+        }
+        luaL_checkstack(L, 3, "esx.cache: page too deep");
+        size_t count_at = 0;
+        uint32_t count = 0;
+        if (b) {
+            sb_tag(b, 't');
+            count_at = b->len;
+            sb_put(b, &count, 4);
+        }
+        lua_pushnil(L);
+        while (lua_next(L, idx) != 0) {
+            bytes += SLOT_BYTES + walk(L, -2, b, depth + 1) + walk(L, -1, b, depth + 1);
+            count++;
+            lua_pop(L, 1);
+        }
+        if (b && !b->failed)
+            memcpy(b->buf + count_at, &count, 4);
+        return bytes;
+    }
+    default:
+        /* functions, userdata (e.g. cjson.null): counted as a slot, not serialisable */
+        if (b)
+            b->failed = 1;
+        return 0;
+    }
+}
+
+/* Pushes the value serialised at *p (end e); returns 0, or -1 on malformed input. */
+static int unwalk(lua_State *L, const char **p, const char *e, int depth)
+{
+    if (*p >= e || depth > MAX_DEPTH || !lua_checkstack(L, 4))
+        return -1;
+    char t = *(*p)++;
+    switch (t) {
+    case 's': {
+        uint32_t n;
+        if (e - *p < 4)
+            return -1;
+        memcpy(&n, *p, 4);
+        *p += 4;
+        if ((size_t)(e - *p) < n)
+            return -1;
+        lua_pushlstring(L, *p, n);
+        *p += n;
+        return 0;
+    }
+    case 'i': {
+        long long v;
+        if (e - *p < 8)
+            return -1;
+        memcpy(&v, *p, 8);
+        *p += 8;
+        esx_pushinteger(L, v);
+        return 0;
+    }
+    case 'd': {
+        double d;
+        if (e - *p < 8)
+            return -1;
+        memcpy(&d, *p, 8);
+        *p += 8;
+        lua_pushnumber(L, (lua_Number)d);
+        return 0;
+    }
+    case 'T':
+    case 'F':
+        lua_pushboolean(L, t == 'T');
+        return 0;
+    case 't': {
+        uint32_t n;
+        if (e - *p < 4)
+            return -1;
+        memcpy(&n, *p, 4);
+        *p += 4;
+        if (n > (size_t)(e - *p))
+            return -1; /* each pair takes at least two bytes */
+        lua_createtable(L, 0, 0);
+        for (uint32_t i = 0; i < n; i++) {
+            if (unwalk(L, p, e, depth + 1) != 0 || unwalk(L, p, e, depth + 1) != 0)
+                return -1;
+            if (lua_isnil(L, -2) || (lua_type(L, -2) == LUA_TNUMBER &&
+                                     lua_tonumber(L, -2) != lua_tonumber(L, -2)))
+                return -1;
+            lua_rawset(L, -3);
+        }
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* Checks that the value at idx is a list of article tables with integer ids; pushes nothing.
+ * Returns NULL or a static message naming what is wrong. */
+static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
+{
+    if (!lua_istable(L, idx))
+        return "load_page did not return a table";
+    size_t n = lua_rawlen(L, idx);
+    for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, (int)i);
+        if (!lua_istable(L, -1)) {
+            snprintf(msg, msglen, "article %zu is a %s, not a table", i, luaL_typename(L, -1));
+            lua_pop(L, 1);
+            return msg;
+        }
+        lua_getfield(L, -1, "id");
+        int ok = esx_isinteger(L, -1) && esx_tointeger(L, -1) >= 0 &&
+                 esx_tointeger(L, -1) <= ESX_MAX_SAFE_INTEGER;
+        lua_pop(L, 2);
+        if (!ok) {
+            snprintf(msg, msglen, "article %zu has no integer id in [0, 2^53)", i);
+            return msg;
+        }
+    }
+    return NULL;
+}
+
+/* ---- methods ---------------------------------------------------------------------------- */
+
+/* ud:sync() -- applies other processes' changes. */
+static int l_sync(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    esx_cache_sync(lc->core);
+    drain(L, lc);
+    return 0;
+}
+
+/* ud:seq() -> the change sequence to record before a load. */
+static int l_seq(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    esx_pushinteger(L, (long long)esx_cache_seq(lc->core));
+    return 1;
+}
+
+/* ud:page_get(page_no, now) -> page list, or nil on a miss. */
+static int l_page_get(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    uint64_t page_no = check_id(L, 2);
+    double now = luaL_checknumber(L, 3);
+    int hit = esx_cache_page_get(lc->core, page_no, now);
+    drain(L, lc);
+    if (!hit)
+        return 0;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lc->pages_ref);
+    lua_rawgeti(L, -1, (int)page_no);
+    return 1;
+}
+
+/* Stores a validated page list at idx: returns 1 if cached. */
+static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double now,
+                    uint64_t start_seq)
+{
+    size_t bytes = walk(L, idx, NULL, 0);
+    int rc = esx_cache_page_put(lc->core, page_no, bytes, now, start_seq);
+    drain(L, lc);
+    if (rc == 1) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, lc->pages_ref);
+        lua_pushvalue(L, idx);
+        lua_rawseti(L, -2, (int)page_no);
+        lua_pop(L, 1);
+    }
+    return rc == 1;
+}
+
+/* ud:page_put(page_no, list, now, start_seq [, ticket]) -> cached, or nil, message when the
+ * list is not a page.  With a ticket (shared mode) the lock is released and the page
+ * published to waiting processes. */
+static int l_page_put(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    uint64_t page_no = check_id(L, 2);
+    double now = luaL_checknumber(L, 4);
+    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 5);
+    int has_ticket = !lua_isnoneornil(L, 6);
+    uint64_t ticket = has_ticket ? (uint64_t)luaL_checknumber(L, 6) : 0;
+    char msg[128];
+    const char *bad = check_page(L, 3, msg, sizeof msg);
+    if (has_ticket) {
+        sbuf b = {NULL, 0, 0, ESX_CACHE_SLOT_BYTES, 0};
+        if (bad == NULL)
+            walk(L, 3, &b, 0);
+        int ok = bad == NULL && !b.failed;
+        esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b.buf : NULL,
+                         ok ? b.len : 0, start_seq);
+        free(b.buf);
+    }
+    if (bad != NULL) {
+        lua_pushnil(L);
+        lua_pushstring(L, bad);
+        return 2;
+    }
+    lua_pushboolean(L, put_page(L, lc, page_no, 3, now, start_seq));
+    return 1;
+}
+
+/* Builds a reader set from the list at idx.  Returns the set (owned by the caller), or NULL
+ * with a message in msg (bad data, or out of memory when *oom is set). */
+static esx_rset *build_set(lua_State *L, int idx, char *msg, size_t msglen, int *oom)
+{
+    *oom = 0;
+    if (!lua_istable(L, idx)) {
+        snprintf(msg, msglen, "load_readers did not return a table");
+        return NULL;
+    }
+    size_t n = lua_rawlen(L, idx);
+    esx_rset *s = esx_rset_new();
+    uint32_t chunk[1024];
+    size_t k = 0;
+    if (s == NULL)
+        goto oom;
+    for (size_t i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, (int)i);
+        int ok = esx_isinteger(L, -1);
+        long long v = ok ? esx_tointeger(L, -1) : -1;
+        lua_pop(L, 1);
+        if (!ok || v < 0 || v > ESX_MAX_SAFE_INTEGER) {
+            snprintf(msg, msglen, "reader %zu is not an integer in [0, 2^53)", i);
+            esx_rset_free(s);
+            return NULL;
+        }
+        if ((uint64_t)v <= UINT32_MAX) { /* the dense 32-bit fast path, in chunks */
+            chunk[k++] = (uint32_t)v;
+            if (k == sizeof chunk / sizeof chunk[0]) {
+                if (esx_rset_add_many32(s, chunk, k) != 0)
+                    goto oom;
+                k = 0;
+            }
+        } else if (esx_rset_add(s, (uint64_t)v) < 0) {
+            goto oom;
+        }
+    }
+    if (esx_rset_add_many32(s, chunk, k) != 0)
+        goto oom;
+    return s;
+oom:
+    esx_rset_free(s);
+    *oom = 1;
+    snprintf(msg, msglen, "out of memory building the reader set");
+    return NULL;
+}
+
+/* ud:readers_put(article, list, now, start_seq [, ticket]) -> cached, or nil, message. */
+static int l_readers_put(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    uint64_t article = check_id(L, 2);
+    double now = luaL_checknumber(L, 4);
+    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 5);
+    int has_ticket = !lua_isnoneornil(L, 6);
+    uint64_t ticket = has_ticket ? (uint64_t)luaL_checknumber(L, 6) : 0;
+    char msg[128];
+    int oom;
+    esx_rset *s = build_set(L, 3, msg, sizeof msg, &oom);
+    if (has_ticket) {
+        char *buf = NULL;
+        size_t len = 0;
+        if (s != NULL) {
+            esx_rset_optimize(s);
+            size_t need = esx_rset_serialized_size(s);
+            if (need <= ESX_CACHE_SLOT_BYTES && (buf = malloc(need)) != NULL)
+                len = esx_rset_serialize(s, buf, need);
+        }
+        esx_cache_unlock(lc->core, ESX_CACHE_READERS, article, ticket, len ? buf : NULL, len,
+                         start_seq);
+        free(buf);
+    }
+    if (s == NULL) {
+        lua_pushnil(L);
+        lua_pushstring(L, msg);
+        return 2;
+    }
+    int rc = esx_cache_readers_put(lc->core, article, s, now, start_seq);
+    if (rc != 1)
+        esx_rset_free(s);
+    drain(L, lc);
+    lua_pushboolean(L, rc == 1);
+    return 1;
+}
+
+/* ud:has_read(article, user, now [, peek]) -> true|false, or nil when the set is not cached.
+ * With peek, the lookup counts neither a hit nor a miss. */
+static int l_has_read(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    uint64_t article = check_id(L, 2);
+    uint64_t user = check_id(L, 3);
+    double now = luaL_checknumber(L, 4);
+    const esx_rset *s = lua_toboolean(L, 5) ? esx_cache_readers_peek(lc->core, article, now)
+                                            : esx_cache_readers_get(lc->core, article, now);
+    drain(L, lc);
+    if (s == NULL)
+        return 0;
+    lua_pushboolean(L, esx_rset_contains(s, user));
+    return 1;
+}
+
+/* ud:read_flags(list, user, now) -> copies, missing
+ * copies: a copy of every article of list with read = true|false for user; missing: nil, or
+ * the list of positions whose reader set is not cached (their read is false for now). */
+static int l_read_flags(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    uint64_t user = check_id(L, 3);
+    double now = luaL_checknumber(L, 4);
+    int n = (int)lua_rawlen(L, 2);
+    lua_settop(L, 4);
+    lua_createtable(L, n, 0); /* 5: copies */
+    lua_pushnil(L);           /* 6: missing positions, created on the first miss */
+    int nmissing = 0;
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);     /* 7: article */
+        lua_createtable(L, 0, 8); /* 8: copy */
+        if (lua_istable(L, 7)) {
+            lua_pushnil(L);
+            while (lua_next(L, 7) != 0) {
+                lua_pushvalue(L, -2);
+                lua_insert(L, -2);
+                lua_rawset(L, 8);
+            }
+            lua_getfield(L, 7, "id");
+        } else {
+            lua_pushnil(L);
+        }
+        const esx_rset *s = NULL;
+        if (esx_isinteger(L, -1)) {
+            long long id = esx_tointeger(L, -1);
+            if (id >= 0 && id <= ESX_MAX_SAFE_INTEGER)
+                s = esx_cache_readers_get(lc->core, (uint64_t)id, now);
+        }
+        lua_pop(L, 1);
+        int read = 0;
+        if (s != NULL) {
+            read = esx_rset_contains(s, user);
+        } else {
+            if (nmissing == 0) {
+                lua_createtable(L, 4, 0);
+                lua_replace(L, 6);
+            }
+            lua_pushinteger(L, i);
+            lua_rawseti(L, 6, ++nmissing);
+        }
+        lua_pushboolean(L, read);
+        lua_setfield(L, 8, "read");
+        lua_rawseti(L, 5, i); /* pops the copy */
+        lua_pop(L, 1);        /* the article */
+    }
+    drain(L, lc);
+    return 2;
+}
+
+/* ud:lock(kind, key, timeout_ms) -> "acquired"|"busy"|"none", ticket */
+static int l_lock(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    int kind = (int)luaL_checkinteger(L, 2);
+    uint64_t key = check_id(L, 3);
+    double timeout = luaL_checknumber(L, 4);
+    uint64_t ticket = 0;
+    int rc = esx_cache_lock(lc->core, kind, key, timeout, &ticket);
+    lua_pushstring(L, rc == ESX_LOCK_ACQUIRED ? "acquired" : rc == ESX_LOCK_BUSY ? "busy" : "none");
+    esx_pushinteger(L, (long long)ticket);
+    return 2;
+}
+
+/* ud:unlock(kind, key, ticket) -- releases without publishing (the load failed). */
+static int l_unlock(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    int kind = (int)luaL_checkinteger(L, 2);
+    uint64_t key = check_id(L, 3);
+    uint64_t ticket = (uint64_t)luaL_checknumber(L, 4);
+    esx_cache_unlock(lc->core, kind, key, ticket, NULL, 0, 0);
+    return 0;
+}
+
+/* ud:poll(kind, key, ticket, now) -> "busy" | "gone" | "done", value
+ * On "done" the published result is installed locally: value is the page list (pages) or
+ * whether the set could be cached (readers). */
+static int l_poll(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    int kind = (int)luaL_checkinteger(L, 2);
+    uint64_t key = check_id(L, 3);
+    uint64_t ticket = (uint64_t)luaL_checknumber(L, 4);
+    double now = luaL_checknumber(L, 5);
+    void *data = NULL;
+    size_t len = 0;
+    uint64_t start_seq = 0;
+    int rc = esx_cache_lock_poll(lc->core, kind, key, ticket, &data, &len, &start_seq);
+    if (rc == ESX_LOCK_BUSY) {
+        lua_pushliteral(L, "busy");
+        return 1;
+    }
+    if (rc != ESX_LOCK_DONE) {
+        lua_pushliteral(L, "gone");
+        return 1;
+    }
+    if (kind == ESX_CACHE_PAGE) {
+        const char *p = data;
+        int top = lua_gettop(L);
+        if (unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
+            !lua_istable(L, -1)) {
+            free(data);
+            lua_settop(L, top);
+            lua_pushliteral(L, "gone");
+            return 1;
+        }
+        free(data);
+        char msg[128];
+        if (check_page(L, -1, msg, sizeof msg) != NULL) {
+            lua_settop(L, top);
+            lua_pushliteral(L, "gone");
+            return 1;
+        }
+        put_page(L, lc, key, lua_gettop(L), now, start_seq);
+        lua_pushliteral(L, "done");
+        lua_insert(L, -2);
+        return 2;
+    }
+    esx_rset *s = esx_rset_deserialize(data, len);
+    free(data);
+    if (s == NULL) {
+        lua_pushliteral(L, "gone");
+        return 1;
+    }
+    int put = esx_cache_readers_put(lc->core, key, s, now, start_seq);
+    if (put != 1)
+        esx_rset_free(s);
+    drain(L, lc);
+    lua_pushliteral(L, "done");
+    lua_pushboolean(L, put == 1);
+    return 2;
+}
+
+/* ud:apply{op1, a1, b1, op2, a2, b2, ...} -- logs and applies a batch of changes. */
+static int l_apply(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    size_t n = lua_rawlen(L, 2) / 3;
+    esx_cache_op one[8];
+    esx_cache_op *ops = one;
+    if (n > 8) {
+        ops = lua_newuserdata(L, n * sizeof *ops); /* raises on out of memory */
+    }
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, (int)(3 * i + 1));
+        lua_rawgeti(L, 2, (int)(3 * i + 2));
+        lua_rawgeti(L, 2, (int)(3 * i + 3));
+        ops[i].op = (uint32_t)lua_tointeger(L, -3);
+        ops[i].a = (uint64_t)lua_tonumber(L, -2);
+        ops[i].b = (uint64_t)lua_tonumber(L, -1);
+        lua_pop(L, 3);
+    }
+    esx_cache_apply(lc->core, ops, n);
+    drain(L, lc);
+    return 0;
+}
+
+static void set_counter(lua_State *L, const char *name, uint64_t v)
+{
+    esx_pushinteger(L, (long long)v);
+    lua_setfield(L, -2, name);
+}
+
+static void push_tier(lua_State *L, const esx_cache_tier_stats *t)
+{
+    lua_createtable(L, 0, 8);
+    set_counter(L, "hits", t->hits);
+    set_counter(L, "misses", t->misses);
+    set_counter(L, "entries", t->entries);
+    set_counter(L, "bytes", t->bytes);
+    set_counter(L, "evictions", t->evictions);
+    set_counter(L, "expirations", t->expirations);
+}
+
+/* ud:stats() -> {pages = {...}, readers = {...}, bytes, evictions, seq, applied, resets} */
+static int l_stats(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    esx_cache_stats st;
+    esx_cache_get_stats(lc->core, &st);
+    lua_createtable(L, 0, 8);
+    push_tier(L, &st.pages);
+    lua_setfield(L, -2, "pages");
+    push_tier(L, &st.readers);
+    lua_setfield(L, -2, "readers");
+    set_counter(L, "bytes", st.bytes);
+    set_counter(L, "evictions", st.evictions);
+    set_counter(L, "seq", st.seq);
+    set_counter(L, "applied", st.applied);
+    set_counter(L, "resets", st.resets);
+    set_counter(L, "log_bytes", st.log_bytes);
+    return 1;
+}
+
+static void release(lua_State *L, lcache *lc)
+{
+    if (lc->core != NULL) {
+        esx_cache_free(lc->core);
+        lc->core = NULL;
+    }
+    if (lc->pages_ref != LUA_NOREF) {
+        luaL_unref(L, LUA_REGISTRYINDEX, lc->pages_ref);
+        lc->pages_ref = LUA_NOREF;
+    }
+}
+
+/* ud:close() -- frees the core now; idempotent. */
+static int l_close(lua_State *L)
+{
+    lcache *lc = luaL_checkudata(L, 1, CACHE_MT);
+    release(L, lc);
+    return 0;
+}
+
+static int l_gc(lua_State *L)
+{
+    lcache *lc = luaL_checkudata(L, 1, CACHE_MT);
+    release(L, lc);
+    return 0;
+}
+
+static int l_tostring(lua_State *L)
+{
+    lcache *lc = luaL_checkudata(L, 1, CACHE_MT);
+    lua_pushfstring(L, "esx.cache: %p%s", (void *)lc, lc->core ? "" : " (closed)");
+    return 1;
+}
+
+static int getnum(lua_State *L, int t, const char *name, lua_Number *out)
+{
+    lua_getfield(L, t, name);
+    int ok = lua_type(L, -1) == LUA_TNUMBER;
+    if (ok)
+        *out = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    return ok;
+}
+
+/* core.cache_new(cfg, pages) -> ud; raises when the core cannot be created (no memory).
+ * cfg = {max_bytes=, page_ttl=, readers_ttl=, max_pages=, shared=}, already validated by
+ * lua/esx/cache.lua; pages is the Lua table that will hold cached pages. */
+static int l_new(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Number max_bytes = 0, page_ttl = 0, readers_ttl = 0, max_pages = 0;
+    if (!getnum(L, 1, "max_bytes", &max_bytes) || !getnum(L, 1, "page_ttl", &page_ttl) ||
+        !getnum(L, 1, "readers_ttl", &readers_ttl) || !getnum(L, 1, "max_pages", &max_pages))
+        luaL_argerror(L, 1, "max_bytes, page_ttl, readers_ttl and max_pages are required");
+    if (max_bytes < 0 || max_pages < 0 || max_pages > 1e6)
+        luaL_argerror(L, 1, "out of range");
+    lua_getfield(L, 1, "shared");
+    int shared = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    esx_cache_config cfg = {(size_t)max_bytes, (double)page_ttl, (double)readers_ttl,
+                            (uint64_t)max_pages, shared};
+    lcache *lc = lua_newuserdata(L, sizeof *lc);
+    lc->core = NULL;
+    lc->pages_ref = LUA_NOREF;
+    lc->shared = shared;
+    char err[160];
+    lc->core = esx_cache_new(&cfg, err, sizeof err);
+    if (lc->core == NULL)
+        return luaL_error(L, "esx.cache: %s", err);
+    lua_pushvalue(L, 2);
+    lc->pages_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* (leaks the core only if this raises) */
+    luaL_setmetatable(L, CACHE_MT); /* __gc only once the core exists */
+    return 1;
+}
+
+/* core.cache_clock() -> CLOCK_MONOTONIC in milliseconds. */
+static int l_clock(lua_State *L)
+{
+    lua_pushnumber(L, (lua_Number)esx_cache_now_ms());
+    return 1;
+}
+
+static const luaL_Reg methods[] = {
+    {"sync", l_sync},           {"seq", l_seq},         {"page_get", l_page_get},
+    {"page_put", l_page_put},   {"readers_put", l_readers_put},
+    {"has_read", l_has_read},   {"read_flags", l_read_flags},
+    {"lock", l_lock},           {"unlock", l_unlock},   {"poll", l_poll},
+    {"apply", l_apply},         {"stats", l_stats},     {"close", l_close},
+    {NULL, NULL},
+};
+
+void esx_lcache_open(lua_State *L)
+{
+    if (luaL_newmetatable(L, CACHE_MT)) {
+        lua_pushcfunction(L, l_gc);
+        lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, l_tostring);
+        lua_setfield(L, -2, "__tostring");
+        lua_pushliteral(L, CACHE_MT);
+        lua_setfield(L, -2, "__name");
+        luaL_newlib(L, methods);
+        lua_setfield(L, -2, "__index");
+    }
+    lua_pop(L, 1);
+    lua_pushcfunction(L, l_new);
+    lua_setfield(L, -2, "cache_new");
+    lua_pushcfunction(L, l_clock);
+    lua_setfield(L, -2, "cache_clock");
+}
