@@ -5,6 +5,7 @@ local json = require "esxd.json"
 
 local _M = {}
 local ERR = {}
+local unpack = table.unpack or unpack
 
 -- cause: {type=, reason=, fields = ordered list {k, v, k, v}, caused_by = cause, root = list}
 local function cause_obj(c)
@@ -13,7 +14,7 @@ local function cause_obj(c)
   if c.caused_by then
     args[#args + 1] = "caused_by"; args[#args + 1] = cause_obj(c.caused_by)
   end
-  return json.obj(table.unpack and table.unpack(args) or unpack(args))
+  return json.obj(unpack(args))
 end
 
 -- errors.new(status, type, reason, fields?, opts?) -> error value.

@@ -14,17 +14,17 @@ function _M.validate(name)
   end
   if name == "" then return bad("must not be empty") end
   for _, c in ipairs(BAD_CHARS) do
-    if name:find(c, 1, true) then
-      if c == "#" then return bad("must not contain '#'") end
-      if c == ":" then return bad("must not contain ':'") end
-      return bad('must not contain the following characters [\'\\\\\', \'/\', \'*\', \'?\', \'"\', \'<\', \'>\', \'|\', \' \', \',\']')
+    if name:find(c, 1, true) and c ~= "#" and c ~= ":" then
+      return bad('must not contain the following characters [ , ", *, \\, <, |, ,, >, /, ?]')
     end
   end
+  if name:find("#", 1, true) then return bad("must not contain '#'") end
+  if name:find(":", 1, true) then return bad("must not contain ':'") end
   local first = name:sub(1, 1)
   if first == "_" or first == "-" or first == "+" then return bad("must not start with '_', '-', or '+'") end
-  if name ~= name:lower() then return bad("must be lowercase") end
-  if name == "." or name == ".." then return bad("must not be '.' or '..'") end
   if #name > 255 then return bad("index name is too long, (" .. #name .. " > 255)") end
+  if name == "." or name == ".." then return bad("must not be '.' or '..'") end
+  if name ~= name:lower() then return bad("must be lowercase") end
   return nil
 end
 

@@ -28,6 +28,7 @@ local routes = {
   { { ":index", "_create", ":id" }, { PUT = api_docs.create, POST = api_docs.create } },
   { { ":index", "_update", ":id" }, { POST = api_docs.update } },
   { { ":index", "_source", ":id" }, { GET = api_docs.source, HEAD = api_docs.exists } },
+  { { ":new" }, { PUT = api_indices.create } },
   { { ":index" }, { PUT = api_indices.create, DELETE = api_indices.delete, HEAD = api_indices.exists,
     GET = api_indices.get } },
 }
@@ -39,6 +40,7 @@ local function match(pattern, segs)
     local s = segs[i]
     if p:sub(1, 1) == ":" then
       if p == ":index" and s:sub(1, 1) == "_" and s ~= "_all" then return nil end
+      if p == ":new" then p = ":index" end
       vars[p:sub(2)] = s
     elseif p ~= s then
       return nil
@@ -51,7 +53,7 @@ end
 function _M.find(method, segs, raw_path)
   local allowed
   for _, r in ipairs(routes) do
-    local vars = match(r[1], segs)
+    local vars = (r[1][1] ~= ":new" or allowed == nil) and match(r[1], segs)
     if vars then
       local h = r[2][method]
       if h then return h, vars end

@@ -97,7 +97,7 @@ function _M.handle()
   if path == "/_esx" or path:sub(1, 6) == "/_esx/" then
     return control.handle(method, path, args)
   end
-  local headers = ngx.req.get_headers(200, true)
+  local headers = ngx.req.get_headers(200)
   local entry = inspect.record(method, path, query, headers)
   local fault = faults.match(method, path)
   if fault and fault.empty_reply then
@@ -171,7 +171,7 @@ function _M.too_large()
   local request_uri = ngx.var.request_uri or "/"
   local path = request_uri:match("^[^?]*")
   if not (path == "/_esx" or path:sub(1, 6) == "/_esx/") then
-    local entry = inspect.record(ngx.req.get_method(), path, request_uri:match("%?(.*)$") or "", ngx.req.get_headers(200, true))
+    local entry = inspect.record(ngx.req.get_method(), path, request_uri:match("%?(.*)$") or "", ngx.req.get_headers(200))
     entry.status = 413
     entry.body_wire_bytes = tonumber(ngx.var.http_content_length) or 0
   end
