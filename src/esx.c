@@ -7,6 +7,7 @@
  */
 #include "compat.h"
 #include "lcache.h"
+#include "lclient.h"
 #include "lerror.h"
 #include "version.h"
 
@@ -21,6 +22,7 @@ int luaopen_esx_core(lua_State *L)
 {
     esx_lerror_open(L);
     luaL_newlib(L, core_functions);
+    esx_lclient_open(L);
     esx_lcache_open(L);
     lua_pushliteral(L, ESX_VERSION);
     lua_setfield(L, -2, "version");

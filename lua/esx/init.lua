@@ -12,8 +12,20 @@ local _M = {
   _VERSION = "esx " .. core.version,
 }
 
---- esx.cache(opts) -> a two-tier article cache (lua/esx/cache.lua, docs/cache.md).
-function _M.cache(opts) return require("esx.cache").new(opts) end
+-- The constructors, loaded on first use: esx.client (lua/esx/client.lua, docs/client.md),
+-- esx.cache (lua/esx/cache.lua, docs/cache.md), esx.collector (lua/esx/collector.lua).
+-- Each is the module's own `new`, so option errors point at the caller's line.
+local constructors = { client = "esx.client", cache = "esx.cache", collector = "esx.collector" }
+
+setmetatable(_M, {
+  __index = function(t, name)
+    local module = constructors[name]
+    if not module then return nil end
+    local new = require(module).new
+    rawset(t, name, new)
+    return new
+  end,
+})
 
 --- esx.metrics() -> Prometheus text exposition of every live object's counters.
 function _M.metrics()

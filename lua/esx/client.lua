@@ -1,0 +1,429 @@
+--- esx.client: the Elasticsearch client pool.
+--
+-- The pool, the I/O thread, retries, timeouts and compression live in the C core
+-- (src/engine.c); this module checks options, encodes and decodes JSON, turns HTTP error
+-- statuses into error objects and offers the Elasticsearch methods.  In nginx, calls made
+-- from a phase that can yield wait through esx.nginx (the worker keeps serving); elsewhere
+-- they block the calling thread.
+
+local core = require "esx.core"
+local options = require "esx.options"
+local registry = require "esx.registry"
+local cjson = require "cjson.safe"
+
+local type, pairs, ipairs, tostring, tonumber, setmetatable, error, select =
+  type, pairs, ipairs, tostring, tonumber, setmetatable, error, select
+local concat, format, byte, gsub = table.concat, string.format, string.byte, string.gsub
+local new_error = core.error
+
+local _M = {}
+
+local MAX_SAFE = options.MAX_SAFE_INTEGER
+
+local function ms(default) return { type = "integer", min = 0, max = MAX_SAFE, default = default } end
+
+local function check_hosts(v)
+  local list
+  if type(v) == "string" then
+    list = {}
+    for h in v:gmatch("[^,%s]+") do list[#list + 1] = h end
+  elseif type(v) == "table" then
+    list = {}
+    for i, h in ipairs(v) do
+      if type(h) ~= "string" then return nil, "entry " .. i .. " is not a string" end
+      list[i] = h
+    end
+  else
+    return nil, "string or table expected, got " .. type(v)
+  end
+  if #list == 0 then return nil, "no node URL given" end
+  if #list > 64 then return nil, "at most 64 nodes" end
+  for _, h in ipairs(list) do
+    local ok, why = core.check_node_url(h)
+    if not ok then return nil, why end
+  end
+  return list
+end
+
+local function check_statuses(v)
+  if #v > 16 then return nil, "at most 16 statuses" end
+  for i, s in pairs(v) do
+    if type(i) ~= "number" or not options.is_integer(s) or s < 100 or s > 599 then
+      return nil, "list of HTTP statuses (100-599) expected"
+    end
+  end
+  return v
+end
+
+local function check_headers(v)
+  local n = 0
+  for k, val in pairs(v) do
+    n = n + 1
+    if type(k) ~= "string" or not k:match("^[!#$%%&'*+.^_`|~%w-]+$") then
+      return nil, "header names must be HTTP tokens"
+    end
+    if type(val) ~= "string" or val:find("[%z\r\n]") then
+      return nil, "header '" .. k .. "' must be a string without CR, LF or NUL"
+    end
+  end
+  if n > 32 then return nil, "at most 32 headers" end
+  return v
+end
+
+local function no_crlf(v)
+  if v:find("[%z\r\n]") then return nil, "must not contain CR, LF or NUL" end
+  return v
+end
+
+_M.schema = {
+  hosts = { type = "any", check = check_hosts,
+            default = function() return { "http://127.0.0.1:9200" } end },
+  username = { type = "string", check = no_crlf },
+  password = { type = "string", check = no_crlf },
+  api_key = { type = "string", nonempty = true, check = no_crlf },
+  connect_timeout = ms(1000),
+  socket_timeout = ms(30000),
+  pool_timeout = ms(1000),
+  request_timeout = ms(nil),
+  max_per_route = { type = "integer", min = 1, max = 1024, default = 10 },
+  max_total = { type = "integer", min = 1, max = 1024, default = 30 },
+  compression = { type = "boolean", default = false },
+  compression_min_bytes = { type = "integer", min = 0, max = MAX_SAFE, default = 0 },
+  compression_level = { type = "integer", min = 1, max = 9, default = 1 },
+  max_response_bytes = { type = "integer", min = 1024, max = 2 ^ 40, default = 100 * 1024 * 1024 },
+  max_retries = { type = "integer", min = 0, max = 100, default = 3 },
+  retry_on_status = { type = "table", check = check_statuses,
+                      default = function() return { 502, 503, 504 } end },
+  dead_backoff_min = ms(60000),
+  dead_backoff_max = ms(1800000),
+  resurrect = { type = "boolean", default = true },
+  tls_verify = { type = "boolean", default = true },
+  ca_file = { type = "string", nonempty = true },
+  headers = { type = "table", check = check_headers },
+  name = { type = "string", nonempty = true },
+}
+
+local Client = {}
+Client.__index = Client
+_M.Client = Client
+
+local Pending = {}
+Pending.__index = Pending
+
+--- esx.client(opts) -> client.  Raises on a bad option; returns nil, err when the engine
+-- cannot start.
+function _M.new(opts)
+  local o = options.check("esx.client", _M.schema, opts, 3)
+  if o.password and not o.username then
+    error("esx.client: bad option 'password' (given without 'username')", 2)
+  end
+  if o.api_key and o.username then
+    error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
+  end
+  if o.dead_backoff_max < o.dead_backoff_min then
+    error("esx.client: bad option 'dead_backoff_max' (must be >= dead_backoff_min)", 2)
+  end
+  local c, err = core.client_new(o)
+  if not c then return nil, err end
+  local self = setmetatable({ c = c, opts = o, http_failures = { http = 0, not_found = 0, json = 0 } }, Client)
+  self.name = registry.add(self, "client", o.name, function() return self:stats() end)
+  return self
+end
+
+-- Nginx: the phases in which a request handler may yield on a cosocket.
+local yieldable_phase = { rewrite = true, access = true, content = true, timer = true,
+                          ssl_cert = true, ssl_session_fetch = true }
+
+local function can_yield()
+  local ngx = rawget(_G, "ngx")
+  if not ngx or not ngx.get_phase then return false end
+  return yieldable_phase[ngx.get_phase()] == true
+end
+
+-- Waits for a pending request without blocking nginx when possible.
+local function await(p, timeout)
+  if can_yield() then
+    return require("esx.nginx").wait(p, timeout)
+  end
+  return p:wait(timeout)
+end
+
+local function error_summary(body)
+  local doc = cjson.decode(body or "")
+  if type(doc) == "table" and type(doc.error) == "table" then
+    local e = doc.error
+    return tostring(e.type) .. ": " .. tostring(e.reason)
+  elseif type(doc) == "table" and type(doc.error) == "string" then
+    return doc.error
+  end
+  return nil
+end
+
+-- Turns a raw response into res or nil, err per ok_status.
+local function check_status(self, res, method, path, ok_status)
+  local status = res.status
+  if status >= 200 and status < 300 then return res end
+  if ok_status then
+    for _, s in ipairs(ok_status) do
+      if s == status then return res end
+    end
+  end
+  local kind = status == 404 and "not_found" or "http"
+  self.http_failures[kind] = self.http_failures[kind] + 1
+  local summary = error_summary(res.body)
+  return nil, new_error(kind, format("%s %s: HTTP %d%s", method, path, status,
+    summary and (" " .. summary) or ""), { status = status, body = res.body, node = res.node,
+    headers = res.headers })
+end
+
+function Pending:ready()
+  return self.p:ready()
+end
+
+--- pending:wait([timeout_ms]) -> true when done, false when timeout_ms passed first.
+function Pending:wait(timeout)
+  return self.p:wait(timeout)
+end
+
+--- pending:result() -> res | nil, err.  Before the request is done: nil, nil.
+function Pending:result()
+  local res, err = self.p:result()
+  if not res then return nil, err end
+  return check_status(self.client, res, self.method, self.path, self.ok_status)
+end
+
+Pending.id = function(self) return self.p:id() end
+Pending.waiter_path = function(self) return self.p:waiter_path() end
+
+local send_opts = { ok_status = true, retries = true, timeout = true, headers = true,
+                    content_type = true }
+
+local function encode_body(body)
+  if body == nil or type(body) == "string" then return body end
+  if type(body) == "table" then
+    local s, err = cjson.encode(body)
+    if not s then return nil, err end
+    return s
+  end
+  error("bad argument #3 (body must be a string or a table, got " .. type(body) .. ")", 4)
+end
+
+local function header_lines(h)
+  if not h then return nil end
+  local lines = {}
+  for k, v in pairs(h) do lines[#lines + 1] = k .. ": " .. v end
+  return lines
+end
+
+--- c:send(method, path, body?, opts?) -> pending | nil, err  (asynchronous)
+-- opts: ok_status = {404, ...}, retries = n | false, timeout = ms, headers = {name = value},
+-- content_type = "...".
+function Client:send(method, path, body, opts)
+  if type(method) ~= "string" then error("bad argument #1 to 'send' (string expected)", 2) end
+  if type(path) ~= "string" then error("bad argument #2 to 'send' (string expected)", 2) end
+  if opts ~= nil then
+    if type(opts) ~= "table" then error("bad argument #4 to 'send' (table expected)", 2) end
+    for k in pairs(opts) do
+      if not send_opts[k] then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
+    end
+  else
+    opts = {}
+  end
+  local encoded, err = encode_body(body)
+  if body ~= nil and not encoded then
+    return nil, new_error("decode", "cannot encode the body as JSON: " .. tostring(err))
+  end
+  local retries = opts.retries
+  if retries == false then retries = 0 elseif retries == true then retries = nil end
+  local p, serr = self.c:send(method:upper(), path, encoded, opts.content_type,
+    header_lines(opts.headers), retries, opts.timeout)
+  if not p then return nil, serr end
+  return setmetatable({ p = p, client = self, method = method:upper(), path = path,
+                        ok_status = opts.ok_status }, Pending)
+end
+
+--- c:request(method, path, body?, opts?) -> res = {status, headers, body} | nil, err
+function Client:request(method, path, body, opts)
+  local p, err = self:send(method, path, body, opts)
+  if not p then return nil, err end
+  await(p, opts and opts.wait_timeout)
+  return p:result()
+end
+
+local function decode(self, res, err)
+  if not res then return nil, err end
+  if res.body == "" then return {} end
+  local doc, derr = cjson.decode(res.body)
+  if doc == nil then
+    self.http_failures.json = self.http_failures.json + 1
+    return nil, new_error("decode", "response is not valid JSON: " .. tostring(derr),
+      { status = res.status, body = res.body, node = res.node })
+  end
+  return doc
+end
+
+local function call(self, method, path, body, opts)
+  local res, err = self:request(method, path, body, opts)
+  return decode(self, res, err)
+end
+
+-- Elasticsearch index names: lowercase, not "." or "..", no \ / * ? " < > | space , #,
+-- not starting with - _ +, at most 255 bytes.  Wildcards and lists are allowed where
+-- ES allows them (search, count, refresh).
+local function check_index(index, argn, fname, allow_multi)
+  if type(index) == "table" and allow_multi then
+    local parts = {}
+    for i, v in ipairs(index) do parts[i] = check_index(v, argn, fname, true) end
+    if #parts == 0 then error(format("bad argument #%d to '%s' (empty index list)", argn, fname), 3) end
+    return concat(parts, ",")
+  end
+  if type(index) ~= "string" then
+    error(format("bad argument #%d to '%s' (index name expected, got %s)", argn, fname, type(index)), 3)
+  end
+  local bad = index == "" or index == "." or index == ".." or #index > 255 or
+    index:find('[\\/?"<>| ,#%c%u]') or index:find("^[-_+]")
+  if bad and allow_multi then
+    bad = index == "" or index:find('[\\/?"<>| #%c%u]') or index:find("^[-+]") and not index:find("^%-[%w*]")
+  end
+  if not allow_multi and index:find("*", 1, true) then bad = true end
+  if bad then
+    error(format("bad argument #%d to '%s' (invalid index name %q)", argn, fname, index), 3)
+  end
+  return index
+end
+_M.check_index = check_index
+
+local function escape_id(id, argn, fname)
+  local t = type(id)
+  if t == "number" then id = format("%.17g", id)
+  elseif t ~= "string" or id == "" then
+    error(format("bad argument #%d to '%s' (document id expected)", argn, fname), 3)
+  end
+  if #id > 512 then error(format("bad argument #%d to '%s' (id longer than 512 bytes)", argn, fname), 3) end
+  return (gsub(id, "[^%w%-%._~]", function(c) return format("%%%02X", byte(c)) end))
+end
+
+local function search_path(index, endpoint, fname)
+  if index == nil then return "/" .. endpoint end
+  return "/" .. check_index(index, 1, fname, true) .. "/" .. endpoint
+end
+
+--- c:search(index, query) -> decoded response | nil, err
+function Client:search(index, query, opts)
+  return call(self, "POST", search_path(index, "_search", "search"), query or {}, opts)
+end
+
+--- c:count(index, query) -> count, decoded response | nil, err
+function Client:count(index, query, opts)
+  local doc, err = call(self, "POST", search_path(index, "_count", "count"), query or {}, opts)
+  if not doc then return nil, err end
+  return doc.count, doc
+end
+
+--- c:index(index, doc, id?) -> decoded response | nil, err
+function Client:index(index, doc, id, opts)
+  local name = check_index(index, 1, "index")
+  if type(doc) ~= "table" and type(doc) ~= "string" then
+    error("bad argument #2 to 'index' (document table or JSON string expected)", 2)
+  end
+  if id == nil then return call(self, "POST", "/" .. name .. "/_doc", doc, opts) end
+  return call(self, "PUT", "/" .. name .. "/_doc/" .. escape_id(id, 3, "index"), doc, opts)
+end
+
+--- c:get(index, id) -> decoded document | nil, err (kind "not_found" on 404)
+function Client:get(index, id, opts)
+  return call(self, "GET", "/" .. check_index(index, 1, "get") .. "/_doc/" .. escape_id(id, 2, "get"), nil, opts)
+end
+
+--- c:delete(index, id) -> decoded response | nil, err (kind "not_found" on 404)
+function Client:delete(index, id, opts)
+  return call(self, "DELETE", "/" .. check_index(index, 1, "delete") .. "/_doc/" .. escape_id(id, 2, "delete"), nil, opts)
+end
+
+--- c:refresh(index?) -> decoded response | nil, err
+function Client:refresh(index, opts)
+  return call(self, "POST", search_path(index, "_refresh", "refresh"), nil, opts)
+end
+
+--- c:health() -> decoded cluster health | nil, err
+function Client:health(opts)
+  return call(self, "GET", "/_cluster/health", nil, opts)
+end
+
+--- c:info() -> decoded root info | nil, err
+function Client:info(opts)
+  return call(self, "GET", "/", nil, opts)
+end
+
+local function encode_line(t)
+  local s = cjson.encode(t)
+  if not s then error("bulk: cannot encode an operation as JSON", 4) end
+  return s
+end
+
+local bulk_actions = { index = true, create = true, update = true, delete = true }
+
+--- Builds an NDJSON bulk body from a list of {action, meta, doc}.
+function _M.bulk_body(ops)
+  if type(ops) == "string" then
+    if ops:sub(-1) ~= "\n" then ops = ops .. "\n" end
+    return ops
+  end
+  if type(ops) ~= "table" then error("bad argument #1 to 'bulk' (NDJSON string or list expected)", 3) end
+  local lines = {}
+  for i, op in ipairs(ops) do
+    local action, meta, doc = op[1], op[2], op[3]
+    if not bulk_actions[action] then
+      error(format("bad argument #1 to 'bulk' (operation %d: unknown action %s)", i, tostring(action)), 3)
+    end
+    if type(meta) ~= "table" then
+      error(format("bad argument #1 to 'bulk' (operation %d: metadata table expected)", i), 3)
+    end
+    if meta._index then check_index(meta._index, 1, "bulk") end
+    lines[#lines + 1] = encode_line({ [action] = meta })
+    if action ~= "delete" then
+      if doc == nil then
+        error(format("bad argument #1 to 'bulk' (operation %d: %s needs a document)", i, action), 3)
+      end
+      lines[#lines + 1] = type(doc) == "string" and doc or encode_line(doc)
+    end
+  end
+  if #lines == 0 then error("bad argument #1 to 'bulk' (no operations)", 3) end
+  return concat(lines, "\n") .. "\n"
+end
+
+--- c:bulk(ops, opts?) -> {took=, errors=bool, items={...}} | nil, err
+function Client:bulk(ops, opts)
+  local body = _M.bulk_body(ops)
+  local o = { content_type = "application/x-ndjson" }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local path = "/_bulk"
+  if o.index then path = "/" .. check_index(o.index, 2, "bulk") .. "/_bulk"; o.index = nil end
+  if o.refresh then path = path .. "?refresh=" .. tostring(o.refresh); o.refresh = nil end
+  return call(self, "POST", path, body, o)
+end
+
+--- c:stats() -> counters, pool state, bytes and nodes
+function Client:stats()
+  local s, err = self.c:stats()
+  if not s then return nil, err end
+  for k, v in pairs(self.http_failures) do s.failures[k] = v end
+  return s
+end
+
+--- c:close() -- stops the engine; unfinished requests fail with kind "closed".
+function Client:close()
+  self.c:close()
+  registry.remove(self)
+end
+
+function Client:__tostring()
+  return "esx.client: " .. (self.name or "?")
+end
+
+-- Test hook: the I/O thread dies as if it had crashed; the next call rebuilds it.
+function Client:_kill_io_thread()
+  self.c:debug_kill_io_thread()
+end
+
+return _M

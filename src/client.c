@@ -1,0 +1,222 @@
+/*
+ * client.c -- settings, request preparation and self-healing (see client.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client.h"
+#include "clock.h"
+#include "version.h"
+
+#define WAIT_SLICE_MS 100
+
+static void global_init(void)
+{
+    static atomic_int done;
+    if (!atomic_exchange(&done, 1))
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+esx_client *esx_client_new(esx_config *cfg, char *why)
+{
+    global_init();
+    esx_client *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        esx_config_free(cfg);
+        snprintf(why, 256, "out of memory");
+        return NULL;
+    }
+    c->cfg = *cfg;
+    c->engine = esx_engine_new(&c->cfg, NULL, why);
+    if (c->engine == NULL) {
+        esx_config_free(&c->cfg);
+        free(c);
+        return NULL;
+    }
+    c->fork_gen = esx_engine_generation(c->engine);
+    atomic_init(&c->refs, 1);
+    return c;
+}
+
+void esx_client_ref(esx_client *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void esx_client_close(esx_client *c)
+{
+    if (c->closed)
+        return;
+    c->closed = 1;
+    if (c->engine == NULL)
+        return;
+    if (esx_engine_ours(c->engine))
+        esx_engine_free(c->engine);
+    else
+        esx_engine_abandon(c->engine); /* the parent's: never join or free it here */
+    c->engine = NULL;
+}
+
+void esx_client_unref(esx_client *c)
+{
+    if (c == NULL || atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    esx_client_close(c);
+    esx_config_free(&c->cfg);
+    free(c);
+}
+
+int esx_client_heal(esx_client *c, char *why)
+{
+    esx_engine *old = c->engine;
+    if (c->closed || old == NULL || esx_engine_healthy(old))
+        return 0;
+    esx_engine *e = esx_engine_new(&c->cfg, old, why);
+    if (e == NULL)
+        return -1;
+    if (!esx_engine_ours(old)) {
+        /* forked: the parent's requests stay the parent's */
+        esx_engine_abandon(old);
+        c->fork_gen = esx_engine_generation(e);
+    } else {
+        esx_engine_salvage(old, e);
+    }
+    c->engine = e;
+    return 0;
+}
+
+static int append_header(struct curl_slist **list, const char *line)
+{
+    struct curl_slist *l = curl_slist_append(*list, line);
+    if (l == NULL)
+        return -1;
+    *list = l;
+    return 0;
+}
+
+esx_request *esx_client_prepare(esx_client *c, const char *method, const char *target,
+                                const char *body, size_t body_len, const char *content_type,
+                                const char *const *extra, int n_extra, int max_retries,
+                                int64_t timeout_ms, char *why)
+{
+    const esx_config *cfg = &c->cfg;
+    esx_request *req = esx_request_new(cfg->max_response_bytes);
+    if (req == NULL)
+        goto nomem;
+    snprintf(req->method, sizeof req->method, "%s", method);
+    req->target = strdup(target);
+    if (req->target == NULL)
+        goto nomem;
+    req->max_retries = max_retries < 0 ? cfg->max_retries : max_retries;
+    req->timeout_ms = timeout_ms > 0 ? timeout_ms : cfg->request_timeout;
+    if (body) {
+        req->body_raw_len = body_len;
+        if (cfg->compression && body_len > 0 && body_len >= cfg->compression_min_bytes) {
+            esx_buf out;
+            esx_buf_init(&out, (size_t)-1 / 4);
+            if (esx_gzip_compress(body, body_len, cfg->compression_level, &out) != ESX_GZIP_OK) {
+                esx_buf_free(&out);
+                goto nomem;
+            }
+            req->body = esx_buf_take(&out, &req->body_len);
+            req->body_gzip = 1;
+        } else {
+            req->body = malloc(body_len + 1);
+            if (req->body == NULL)
+                goto nomem;
+            memcpy(req->body, body, body_len);
+            req->body[body_len] = '\0';
+            req->body_len = body_len;
+        }
+    }
+    char line[640];
+    if (append_header(&req->headers, "User-Agent: esx/" ESX_VERSION) ||
+        append_header(&req->headers, "Expect:"))
+        goto nomem;
+    for (int i = 0; i < cfg->n_headers; i++)
+        if (append_header(&req->headers, cfg->headers[i]))
+            goto nomem;
+    if (cfg->api_key[0]) {
+        snprintf(line, sizeof line, "Authorization: ApiKey %s", cfg->api_key);
+        if (append_header(&req->headers, line))
+            goto nomem;
+    }
+    if (body && content_type) {
+        snprintf(line, sizeof line, "Content-Type: %s", content_type);
+        if (append_header(&req->headers, line))
+            goto nomem;
+    }
+    if (req->body_gzip && append_header(&req->headers, "Content-Encoding: gzip"))
+        goto nomem;
+    if (cfg->compression && append_header(&req->headers, "Accept-Encoding: gzip"))
+        goto nomem;
+    for (int i = 0; i < n_extra; i++)
+        if (append_header(&req->headers, extra[i]))
+            goto nomem;
+    return req;
+nomem:
+    esx_request_unref(req);
+    snprintf(why, 256, "out of memory preparing the request");
+    return NULL;
+}
+
+int esx_client_submit(esx_client *c, esx_request *req, const char **kind, char *why)
+{
+    if (c->closed) {
+        *kind = ESX_ECLOSED;
+        snprintf(why, 256, "the client is closed");
+        return -1;
+    }
+    if (esx_client_heal(c, why) != 0) {
+        *kind = ESX_EINTERNAL;
+        return -1;
+    }
+    if (esx_engine_submit(c->engine, req) != 0) {
+        *kind = ESX_ECLOSED;
+        snprintf(why, 256, "the client is closed");
+        return -1;
+    }
+    return 0;
+}
+
+/* A request submitted before a fork never completes in the child: fail it here. */
+static void fail_orphan(esx_client *c, esx_request *req)
+{
+    if (atomic_load(&req->done) || req->gen >= c->fork_gen)
+        return;
+    req->err_kind = ESX_ECLOSED;
+    snprintf(req->err_msg, sizeof req->err_msg,
+             "the request was in flight when the process forked; it belongs to the parent");
+    esx_request_complete(req);
+}
+
+int esx_client_poll(esx_client *c, esx_request *req)
+{
+    if (atomic_load(&req->done))
+        return 1;
+    char why[256];
+    esx_client_heal(c, why);
+    fail_orphan(c, req);
+    return atomic_load(&req->done);
+}
+
+int esx_client_wait(esx_client *c, esx_request *req, int64_t timeout_ms)
+{
+    int64_t until = timeout_ms >= 0 ? esx_now_ms() + timeout_ms : -1;
+    for (;;) {
+        int64_t slice = WAIT_SLICE_MS;
+        if (until >= 0) {
+            int64_t left = until - esx_now_ms();
+            if (left < slice)
+                slice = left < 0 ? 0 : left;
+        }
+        if (esx_request_wait(req, slice))
+            return 1;
+        if (esx_client_poll(c, req))
+            return 1;
+        if (until >= 0 && esx_now_ms() >= until)
+            return 0;
+    }
+}

@@ -1,0 +1,1132 @@
+/*
+ * engine.c -- the I/O thread, libcurl multi, connection slots and deadlines (see engine.h).
+ *
+ * Threading: `mu` guards the submission queue, the counters and the node states (which the
+ * Lua side reads for stats).  Everything else -- the multi handle, the easy handles, the
+ * waiting/active/back-off lists, the socket table and the waiter connections -- belongs to
+ * the I/O thread alone.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "engine.h"
+#include "retry_after.h"
+
+const char *const esx_failure_kinds[ESX_NKINDS] = {
+    ESX_EPOOL_TIMEOUT, ESX_ECONNECT_TIMEOUT, ESX_ECONNECT,  ESX_ERESET,  ESX_ESOCKET_TIMEOUT,
+    ESX_EREQUEST_TIMEOUT, ESX_EDECODE,      ESX_ENO_NODES, ESX_ECLOSED, ESX_EINTERNAL,
+};
+
+#define MAX_SOCKETS 1024
+#define MAX_SPARE_EASY 32
+#define MAX_WAITER_CONNS 4096
+#define MAX_POLL_MS 1000
+#define RETRY_AFTER_CAP_MS 30000
+#define BACKOFF_BASE_MS 100
+#define BACKOFF_CAP_MS 10000
+
+typedef struct waiter_conn {
+    int fd;
+    int len;
+    char buf[32];
+} waiter_conn;
+
+struct esx_engine {
+    const esx_config *cfg;
+    pthread_mutex_t mu;
+    pthread_t thread;
+    int thread_started;
+    atomic_int alive;
+    atomic_int stop;
+    atomic_int kill;
+    pid_t pid;
+    uint64_t generation;
+    CURLM *multi;
+
+    /* under mu */
+    esx_request *sub_head, *sub_tail;
+    esx_nodes nodes;
+    esx_stats stats;
+
+    /* I/O thread only */
+    esx_request *wait_head, *wait_tail; /* FIFO waiting for a slot */
+    esx_request *active;
+    esx_request *backoff;
+    int in_use;
+    int sockets[MAX_SOCKETS];
+    int nsockets;
+    CURL *spare[MAX_SPARE_EASY];
+    int nspare;
+    waiter_conn *conns;
+    int nconns, capconns;
+    unsigned int rng;
+
+    /* set by any thread once, read by the I/O thread */
+    atomic_int listen_fd;
+    char listen_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+static atomic_uint_fast64_t next_generation = 1;
+static atomic_uint_fast64_t next_request_id = 1;
+
+static int kind_index(const char *kind)
+{
+    for (int i = 0; i < ESX_NKINDS; i++)
+        if (strcmp(esx_failure_kinds[i], kind) == 0)
+            return i;
+    return ESX_NKINDS - 1;
+}
+
+/* ---------------------------------------------------------------- lists (I/O thread) */
+
+static void list_push(esx_request **head, esx_request *req)
+{
+    req->next = *head;
+    *head = req;
+}
+
+static void list_remove(esx_request **head, esx_request *req)
+{
+    for (esx_request **p = head; *p; p = &(*p)->next) {
+        if (*p == req) {
+            *p = req->next;
+            req->next = NULL;
+            return;
+        }
+    }
+}
+
+static void wait_append(esx_engine *e, esx_request *req)
+{
+    req->next = NULL;
+    if (e->wait_tail)
+        e->wait_tail->next = req;
+    else
+        e->wait_head = req;
+    e->wait_tail = req;
+}
+
+static void wait_prepend(esx_engine *e, esx_request *req)
+{
+    req->next = e->wait_head;
+    e->wait_head = req;
+    if (!e->wait_tail)
+        e->wait_tail = req;
+}
+
+static void wait_remove(esx_engine *e, esx_request *req, esx_request *prev)
+{
+    if (prev)
+        prev->next = req->next;
+    else
+        e->wait_head = req->next;
+    if (e->wait_tail == req)
+        e->wait_tail = prev;
+    req->next = NULL;
+}
+
+/* ---------------------------------------------------------------- completion */
+
+static void poke_watcher(esx_request *req)
+{
+    if (req->watcher_fd >= 0) {
+        ssize_t w = write(req->watcher_fd, "1", 1);
+        (void)w; /* a waiter that went away needs no wake-up */
+        close(req->watcher_fd);
+        req->watcher_fd = -1;
+    }
+}
+
+/* Ends a request: records the outcome, wakes its waiters, drops the engine's reference.
+ * kind NULL means the request ends with the HTTP response it holds. */
+static void finish(esx_engine *e, esx_request *req, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void finish(esx_engine *e, esx_request *req, const char *kind, const char *fmt, ...)
+{
+    req->state = ESX_REQ_DONE;
+    req->err_kind = kind;
+    if (kind) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(req->err_msg, sizeof req->err_msg, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_lock(&e->mu);
+    if (kind) {
+        e->stats.failures[kind_index(kind)]++;
+        if (strcmp(kind, ESX_EPOOL_TIMEOUT) == 0)
+            e->stats.pool_timeouts++;
+    } else {
+        e->stats.responses++;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (req->on_done)
+        req->on_done(req, req->on_done_ud);
+    esx_request_complete(req);
+    poke_watcher(req);
+    esx_request_unref(req);
+}
+
+/* ---------------------------------------------------------------- curl callbacks */
+
+static void abort_with(esx_request *req, const char *kind, const char *msg)
+{
+    req->abort_kind = kind;
+    snprintf(req->abort_msg, sizeof req->abort_msg, "%s", msg);
+}
+
+static size_t on_header(char *buf, size_t size, size_t n, void *ud)
+{
+    esx_request *req = ud;
+    size_t len = size * n;
+    req->last_activity = esx_now_ms();
+    if (len >= 5 && memcmp(buf, "HTTP/", 5) == 0) {
+        /* a new response (after 1xx): forget the previous headers */
+        esx_buf_reset(&req->resp_headers);
+        req->resp_gzip = 0;
+        return len;
+    }
+    size_t end = len;
+    while (end && (buf[end - 1] == '\r' || buf[end - 1] == '\n'))
+        end--;
+    const char *colon = memchr(buf, ':', end);
+    if (end == 0 || colon == NULL)
+        return len;
+    size_t nlen = (size_t)(colon - buf);
+    const char *v = colon + 1;
+    while (v < buf + end && (*v == ' ' || *v == '\t'))
+        v++;
+    size_t vlen = (size_t)(buf + end - v);
+    char name[64];
+    if (nlen == 0 || nlen >= sizeof name)
+        return len; /* no header esx reads has a name this long; skip it */
+    for (size_t i = 0; i < nlen; i++) {
+        char c = buf[i];
+        name[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+    }
+    name[nlen] = '\0';
+    if (strcmp(name, "content-encoding") == 0 && vlen >= 4 && strncasecmp(v, "gzip", 4) == 0)
+        req->resp_gzip = 1;
+    if (esx_buf_append(&req->resp_headers, name, nlen) != ESX_BUF_OK ||
+        esx_buf_append(&req->resp_headers, ": ", 2) != ESX_BUF_OK ||
+        esx_buf_append(&req->resp_headers, v, vlen) != ESX_BUF_OK ||
+        esx_buf_append(&req->resp_headers, "\n", 1) != ESX_BUF_OK) {
+        abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
+        return 0;
+    }
+    return len;
+}
+
+static size_t on_body(char *buf, size_t size, size_t n, void *ud)
+{
+    esx_request *req = ud;
+    size_t len = size * n;
+    req->last_activity = esx_now_ms();
+    req->wire_in += len;
+    int rc;
+    if (req->resp_gzip) {
+        if (!req->inflater.started && esx_inflate_init(&req->inflater) != ESX_GZIP_OK) {
+            abort_with(req, ESX_EINTERNAL, "out of memory starting gzip inflation");
+            return 0;
+        }
+        rc = esx_inflate_feed(&req->inflater, buf, len, &req->resp_body);
+        if (rc == ESX_GZIP_OK || rc == ESX_GZIP_MORE)
+            return len;
+        if (rc == ESX_GZIP_TOOBIG) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "gzip response inflates past max_response_bytes (%zu)",
+                     req->resp_body.max);
+            abort_with(req, ESX_EDECODE, msg);
+        } else if (rc == ESX_GZIP_CORRUPT) {
+            abort_with(req, ESX_EDECODE, "corrupt gzip response body");
+        } else {
+            abort_with(req, ESX_EINTERNAL, "out of memory inflating the response");
+        }
+        return 0;
+    }
+    rc = esx_buf_append(&req->resp_body, buf, len);
+    if (rc == ESX_BUF_OK)
+        return len;
+    if (rc == ESX_BUF_TOOBIG) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "response body exceeds max_response_bytes (%zu)",
+                 req->resp_body.max);
+        abort_with(req, ESX_EDECODE, msg);
+    } else {
+        abort_with(req, ESX_EINTERNAL, "out of memory reading the response");
+    }
+    return 0;
+}
+
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    esx_request *req = ud;
+    /* upload progress counts as activity for the silence watchdog */
+    if ((long long)ulnow != req->ul_seen) {
+        req->ul_seen = (long long)ulnow;
+        req->last_activity = esx_now_ms();
+    }
+    return 0;
+}
+
+static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr)
+{
+    esx_engine *e = ud;
+    if (e->nsockets >= MAX_SOCKETS)
+        return CURL_SOCKET_BAD;
+    int fd = socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
+    if (fd < 0)
+        return CURL_SOCKET_BAD;
+    e->sockets[e->nsockets++] = fd;
+    return fd;
+}
+
+static int on_close_socket(void *ud, curl_socket_t fd)
+{
+    esx_engine *e = ud;
+    for (int i = 0; i < e->nsockets; i++) {
+        if (e->sockets[i] == fd) {
+            e->sockets[i] = e->sockets[--e->nsockets];
+            break;
+        }
+    }
+    return close(fd);
+}
+
+/* ---------------------------------------------------------------- attempts */
+
+static void release_attempt(esx_engine *e, esx_request *req)
+{
+    if (req->easy) {
+        curl_multi_remove_handle(e->multi, req->easy);
+        if (e->nspare < MAX_SPARE_EASY)
+            e->spare[e->nspare++] = req->easy;
+        else
+            curl_easy_cleanup(req->easy);
+        req->easy = NULL;
+        e->in_use--;
+        if (req->node >= 0) {
+            pthread_mutex_lock(&e->mu);
+            e->nodes.v[req->node].in_flight--;
+            e->stats.received_wire += req->wire_in;
+            e->stats.received_raw += req->resp_body.len;
+            pthread_mutex_unlock(&e->mu);
+        }
+    }
+    esx_inflate_end(&req->inflater);
+}
+
+/* Clears the response of a failed attempt before the next one. */
+static void reset_response(esx_request *req)
+{
+    esx_buf_reset(&req->resp_headers);
+    esx_buf_reset(&req->resp_body);
+    esx_inflate_end(&req->inflater);
+    memset(&req->inflater, 0, sizeof req->inflater);
+    req->resp_gzip = 0;
+    req->wire_in = 0;
+    req->ul_seen = 0;
+    req->status = 0;
+    req->abort_kind = NULL;
+}
+
+static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int64_t now)
+{
+    const esx_config *cfg = e->cfg;
+    CURL *h = req->easy;
+    size_t ulen = strlen(node->url), tlen = strlen(req->target);
+    char *url = malloc(ulen + tlen + 1);
+    if (url == NULL)
+        return -1;
+    memcpy(url, node->url, ulen);
+    memcpy(url + ulen, req->target, tlen + 1);
+    CURLcode rc = curl_easy_setopt(h, CURLOPT_URL, url);
+    free(url);
+    if (rc != CURLE_OK)
+        return -1;
+    curl_easy_setopt(h, CURLOPT_PRIVATE, req);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+    if (strcmp(req->method, "HEAD") == 0) {
+        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (req->body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, req->body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
+        if (strcmp(req->method, "POST") != 0)
+            curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+    } else if (strcmp(req->method, "GET") != 0) {
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+        if (strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0) {
+            curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+            curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+        }
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, req->headers);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, req);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, req);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, req);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, e);
+    curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
+    curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, e);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (cfg->connect_timeout > 0)
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->connect_timeout);
+    /* The loop enforces every deadline itself; this is only a backstop. */
+    if (req->deadline > 0)
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(req->deadline - now + 250));
+    if (cfg->username[0]) {
+        curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
+        curl_easy_setopt(h, CURLOPT_USERNAME, cfg->username);
+        curl_easy_setopt(h, CURLOPT_PASSWORD, cfg->password);
+    }
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, cfg->tls_verify ? 1L : 0L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, cfg->tls_verify ? 2L : 0L);
+    if (cfg->ca_file[0])
+        curl_easy_setopt(h, CURLOPT_CAINFO, cfg->ca_file);
+    return 0;
+}
+
+/* Starts req on node; on failure the request is finished with "internal". */
+static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64_t now)
+{
+    esx_node *node = &e->nodes.v[node_index];
+    req->easy = e->nspare ? e->spare[--e->nspare] : curl_easy_init();
+    if (req->easy == NULL) {
+        finish(e, req, ESX_EINTERNAL, "out of memory creating a transfer");
+        return;
+    }
+    curl_easy_reset(req->easy);
+    reset_response(req);
+    if (setup_easy(e, req, node, now) != 0) {
+        curl_easy_cleanup(req->easy);
+        req->easy = NULL;
+        finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
+        return;
+    }
+    CURLMcode mc = curl_multi_add_handle(e->multi, req->easy);
+    if (mc != CURLM_OK) {
+        curl_easy_cleanup(req->easy);
+        req->easy = NULL;
+        finish(e, req, ESX_EINTERNAL, "cannot start a transfer: %s", curl_multi_strerror(mc));
+        return;
+    }
+    e->in_use++;
+    req->node = node_index;
+    req->tried |= 1ULL << node_index;
+    req->state = ESX_REQ_ACTIVE;
+    req->last_activity = now;
+    snprintf(req->node_url, sizeof req->node_url, "%s", node->url);
+    pthread_mutex_lock(&e->mu);
+    node->in_flight++;
+    node->requests++;
+    e->stats.sent_raw += req->body_raw_len;
+    e->stats.sent_wire += req->body_len;
+    pthread_mutex_unlock(&e->mu);
+    list_push(&e->active, req);
+}
+
+static int is_retry_status(const esx_config *cfg, long status)
+{
+    for (int i = 0; i < cfg->n_retry_on_status; i++)
+        if (cfg->retry_on_status[i] == status)
+            return 1;
+    return 0;
+}
+
+/* Queues another attempt after delay ms, or returns 0 when the call may not retry (out of
+ * attempts, past its deadline, or the engine is stopping). */
+static int schedule_retry(esx_engine *e, esx_request *req, int64_t now, int64_t delay)
+{
+    if (req->attempt >= req->max_retries || atomic_load(&e->stop))
+        return 0;
+    if (req->deadline > 0 && now + delay >= req->deadline)
+        return 0;
+    req->attempt++;
+    req->retries++;
+    req->node = -1;
+    req->retry_at = now + delay;
+    req->pool_deadline = req->retry_at + e->cfg->pool_timeout;
+    pthread_mutex_lock(&e->mu);
+    e->stats.retries++;
+    pthread_mutex_unlock(&e->mu);
+    if (delay > 0) {
+        req->state = ESX_REQ_BACKOFF;
+        list_push(&e->backoff, req);
+    } else {
+        req->state = ESX_REQ_QUEUED;
+        wait_prepend(e, req); /* it has waited its turn already */
+    }
+    return 1;
+}
+
+static void mark_node(esx_engine *e, int node_index, int ok, int64_t now)
+{
+    if (node_index < 0)
+        return;
+    pthread_mutex_lock(&e->mu);
+    esx_node *node = &e->nodes.v[node_index];
+    if (ok)
+        esx_node_succeeded(node);
+    else
+        esx_node_failed(node, now, e->cfg->dead_backoff_min, e->cfg->dead_backoff_max);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int64_t backoff_429(esx_engine *e, esx_request *req)
+{
+    char value[128];
+    if (esx_request_header(req, "retry-after", value, sizeof value)) {
+        int64_t ms = esx_retry_after_ms(value, strlen(value), esx_wall_ms());
+        if (ms >= 0)
+            return ms;
+    }
+    int64_t base = BACKOFF_BASE_MS;
+    for (int i = 1; i < req->n429 && base < BACKOFF_CAP_MS; i++)
+        base *= 2;
+    if (base > BACKOFF_CAP_MS)
+        base = BACKOFF_CAP_MS;
+    /* "equal jitter": half fixed, half random, so retries of many callers spread out */
+    e->rng = e->rng * 1103515245u + 12345u;
+    return base / 2 + (int64_t)((e->rng >> 8) % (unsigned)(base / 2 + 1));
+}
+
+static const char *transport_kind(CURLcode rc, CURL *h, int *node_dead, int *retryable)
+{
+    curl_off_t connect_time = 0;
+    curl_easy_getinfo(h, CURLINFO_CONNECT_TIME_T, &connect_time);
+    *node_dead = 1;
+    *retryable = 1;
+    switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+        return ESX_ECONNECT;
+    case CURLE_OPERATION_TIMEDOUT:
+        if (connect_time == 0)
+            return ESX_ECONNECT_TIMEOUT;
+        *node_dead = *retryable = 0;
+        return ESX_EREQUEST_TIMEOUT;
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_WEIRD_SERVER_REPLY:
+        return ESX_ERESET;
+    case CURLE_OUT_OF_MEMORY:
+        *node_dead = *retryable = 0;
+        return ESX_EINTERNAL;
+    default:
+        *node_dead = 0;
+        *retryable = 0;
+        return ESX_EINTERNAL;
+    }
+}
+
+/* A transfer ended (CURLMSG_DONE): finish the call or schedule its next attempt. */
+static void on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64_t now)
+{
+    CURL *h = req->easy;
+    int node_index = req->node;
+    list_remove(&e->active, req);
+    if (rc == CURLE_OK) {
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &req->status);
+        int truncated = req->resp_gzip && req->wire_in > 0 && !req->inflater.finished;
+        release_attempt(e, req);
+        if (truncated) {
+            finish(e, req, ESX_EDECODE, "truncated gzip response body");
+            return;
+        }
+        if (is_retry_status(e->cfg, req->status)) {
+            mark_node(e, node_index, 0, now);
+            if (!schedule_retry(e, req, now, 0))
+                finish(e, req, NULL, NULL);
+            return;
+        }
+        if (req->status == 429) {
+            req->n429++;
+            int64_t delay = backoff_429(e, req);
+            if (delay > RETRY_AFTER_CAP_MS || !schedule_retry(e, req, now, delay))
+                finish(e, req, NULL, NULL);
+            return;
+        }
+        mark_node(e, node_index, 1, now);
+        finish(e, req, NULL, NULL);
+        return;
+    }
+    if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
+        release_attempt(e, req);
+        finish(e, req, req->abort_kind, "%s", req->abort_msg);
+        return;
+    }
+    int node_dead, retryable;
+    const char *kind = transport_kind(rc, h, &node_dead, &retryable);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%.60s (%.180s)", curl_easy_strerror(rc), req->node_url);
+    release_attempt(e, req);
+    if (node_dead)
+        mark_node(e, node_index, 0, now);
+    if (retryable && schedule_retry(e, req, now, 0))
+        return;
+    finish(e, req, kind, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static void take_submissions(esx_engine *e, int64_t now)
+{
+    pthread_mutex_lock(&e->mu);
+    esx_request *req = e->sub_head;
+    e->sub_head = e->sub_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (req) {
+        esx_request *next = req->next;
+        req->state = ESX_REQ_QUEUED;
+        if (req->submitted_at == 0) {
+            req->submitted_at = now;
+            if (req->timeout_ms > 0)
+                req->deadline = now + req->timeout_ms;
+        }
+        req->pool_deadline = now + e->cfg->pool_timeout;
+        wait_append(e, req);
+        req = next;
+    }
+}
+
+static void start_waiting(esx_engine *e, int64_t now)
+{
+    esx_request *prev = NULL, *req = e->wait_head;
+    while (req && e->in_use < e->cfg->max_total) {
+        esx_request *next = req->next;
+        esx_node *node = NULL;
+        pthread_mutex_lock(&e->mu);
+        int pick = esx_nodes_pick(&e->nodes, now, e->cfg->max_per_route, req->tried,
+                                  e->cfg->resurrect, &node);
+        pthread_mutex_unlock(&e->mu);
+        if (pick == ESX_PICK_BUSY)
+            break; /* every eligible node is full: FIFO order is kept */
+        wait_remove(e, req, prev);
+        if (pick == ESX_PICK_NONE)
+            finish(e, req, ESX_ENO_NODES, "every node is dead and none is due for a retry");
+        else
+            start_attempt(e, req, (int)(node - e->nodes.v), now);
+        req = next;
+    }
+}
+
+static void expire(esx_engine *e, int64_t now)
+{
+    const esx_config *cfg = e->cfg;
+    esx_request *prev = NULL, *req = e->wait_head;
+    while (req) {
+        esx_request *next = req->next;
+        if (req->deadline > 0 && now >= req->deadline) {
+            wait_remove(e, req, prev);
+            finish(e, req, ESX_EREQUEST_TIMEOUT, "no answer within %lld ms",
+                   (long long)req->timeout_ms);
+        } else if (now >= req->pool_deadline) {
+            wait_remove(e, req, prev);
+            finish(e, req, ESX_EPOOL_TIMEOUT,
+                   "no free connection within pool_timeout (%lld ms); %d in use",
+                   (long long)cfg->pool_timeout, e->in_use);
+        } else {
+            prev = req;
+        }
+        req = next;
+    }
+    for (esx_request **p = &e->backoff; *p;) {
+        req = *p;
+        if (req->deadline > 0 && now >= req->deadline) {
+            *p = req->next;
+            finish(e, req, ESX_EREQUEST_TIMEOUT, "no answer within %lld ms",
+                   (long long)req->timeout_ms);
+        } else if (now >= req->retry_at) {
+            *p = req->next;
+            req->state = ESX_REQ_QUEUED;
+            wait_prepend(e, req);
+        } else {
+            p = &req->next;
+        }
+    }
+    for (esx_request **p = &e->active; *p;) {
+        req = *p;
+        int timed_out = req->deadline > 0 && now >= req->deadline;
+        int silent = cfg->socket_timeout > 0 && now - req->last_activity >= cfg->socket_timeout;
+        if (timed_out || silent) {
+            *p = req->next;
+            req->next = NULL;
+            release_attempt(e, req);
+            if (timed_out)
+                finish(e, req, ESX_EREQUEST_TIMEOUT, "no answer within %lld ms (%.180s)",
+                       (long long)req->timeout_ms, req->node_url);
+            else
+                finish(e, req, ESX_ESOCKET_TIMEOUT, "no data for %lld ms (%.180s)",
+                       (long long)cfg->socket_timeout, req->node_url);
+        } else {
+            p = &req->next;
+        }
+    }
+}
+
+static int64_t min_pos(int64_t a, int64_t b)
+{
+    if (a <= 0)
+        return b;
+    if (b <= 0)
+        return a;
+    return a < b ? a : b;
+}
+
+static int64_t next_wakeup(esx_engine *e)
+{
+    int64_t t = 0;
+    for (esx_request *r = e->wait_head; r; r = r->next)
+        t = min_pos(t, min_pos(r->deadline, r->pool_deadline));
+    for (esx_request *r = e->backoff; r; r = r->next)
+        t = min_pos(t, min_pos(r->deadline, r->retry_at));
+    for (esx_request *r = e->active; r; r = r->next) {
+        t = min_pos(t, r->deadline);
+        if (e->cfg->socket_timeout > 0)
+            t = min_pos(t, r->last_activity + e->cfg->socket_timeout);
+    }
+    /* a dead node becoming due can unblock waiting requests */
+    if (e->wait_head) {
+        pthread_mutex_lock(&e->mu);
+        for (int i = 0; i < e->nodes.n; i++)
+            if (!e->nodes.v[i].alive)
+                t = min_pos(t, e->nodes.v[i].dead_until);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return t;
+}
+
+/* ---------------------------------------------------------------- nginx waiters */
+
+static esx_request *find_live(esx_engine *e, uint64_t id)
+{
+    for (esx_request *r = e->wait_head; r; r = r->next)
+        if (r->id == id)
+            return r;
+    for (esx_request *r = e->active; r; r = r->next)
+        if (r->id == id)
+            return r;
+    for (esx_request *r = e->backoff; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static void accept_waiters(esx_engine *e)
+{
+    int lfd = atomic_load(&e->listen_fd);
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        if (e->nconns == e->capconns) {
+            int cap = e->capconns ? e->capconns * 2 : 16;
+            waiter_conn *c = cap <= MAX_WAITER_CONNS ? realloc(e->conns, (size_t)cap * sizeof *c)
+                                                     : NULL;
+            if (c == NULL) {
+                /* cannot track it: wake it at once, the waiter re-checks and retries */
+                ssize_t w = write(fd, "1", 1);
+                (void)w;
+                close(fd);
+                continue;
+            }
+            e->conns = c;
+            e->capconns = cap;
+        }
+        e->conns[e->nconns++] = (waiter_conn){.fd = fd, .len = 0};
+    }
+}
+
+static void read_waiter(esx_engine *e, int i)
+{
+    waiter_conn *c = &e->conns[i];
+    ssize_t n = read(c->fd, c->buf + c->len, sizeof c->buf - 1 - (size_t)c->len);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    int drop = n <= 0;
+    if (n > 0) {
+        c->len += (int)n;
+        c->buf[c->len] = '\0';
+        char *nl = strchr(c->buf, '\n');
+        if (nl) {
+            uint64_t id = strtoull(c->buf, NULL, 10);
+            esx_request *req = find_live(e, id);
+            if (req) {
+                if (req->watcher_fd >= 0)
+                    poke_watcher(req);
+                req->watcher_fd = c->fd;
+            } else {
+                ssize_t w = write(c->fd, "1", 1); /* done already (or unknown) */
+                (void)w;
+                close(c->fd);
+            }
+            c->fd = -1;
+        } else if (c->len >= (int)sizeof c->buf - 1) {
+            drop = 1;
+        }
+    }
+    if (drop && c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    if (c->fd < 0)
+        e->conns[i] = e->conns[--e->nconns];
+}
+
+/* ---------------------------------------------------------------- thread */
+
+static void fail_all(esx_engine *e, const char *kind, const char *msg)
+{
+    esx_request *req;
+    while ((req = e->active) != NULL) {
+        e->active = req->next;
+        release_attempt(e, req);
+        finish(e, req, kind, "%s", msg);
+    }
+    while ((req = e->wait_head) != NULL) {
+        e->wait_head = req->next;
+        finish(e, req, kind, "%s", msg);
+    }
+    e->wait_tail = NULL;
+    while ((req = e->backoff) != NULL) {
+        e->backoff = req->next;
+        finish(e, req, kind, "%s", msg);
+    }
+    pthread_mutex_lock(&e->mu);
+    req = e->sub_head;
+    e->sub_head = e->sub_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (req) {
+        esx_request *next = req->next;
+        finish(e, req, kind, "%s", msg);
+        req = next;
+    }
+}
+
+static void mark_dead(void *arg)
+{
+    esx_engine *e = arg;
+    atomic_store(&e->alive, 0);
+}
+
+static void *io_main(void *arg)
+{
+    esx_engine *e = arg;
+    pthread_cleanup_push(mark_dead, e);
+    while (!atomic_load(&e->stop)) {
+        if (atomic_load(&e->kill))
+            pthread_exit(NULL); /* test hook: die with everything in flight */
+        int64_t now = esx_now_ms();
+        take_submissions(e, now);
+        expire(e, now);
+        start_waiting(e, now);
+        int running = 0;
+        CURLMcode mc = curl_multi_perform(e->multi, &running);
+        if (mc != CURLM_OK) {
+            fail_all(e, ESX_EINTERNAL, curl_multi_strerror(mc));
+            break; /* the next call rebuilds the engine */
+        }
+        CURLMsg *msg;
+        int left;
+        int finished = 0;
+        now = esx_now_ms();
+        while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            esx_request *req = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&req);
+            CURLcode rc = msg->data.result;
+            on_transfer_done(e, req, rc, now);
+            finished = 1;
+        }
+        expire(e, now);
+        if (finished)
+            start_waiting(e, now); /* freed slots go to waiting requests at once */
+
+        long curl_ms = -1;
+        curl_multi_timeout(e->multi, &curl_ms);
+        int64_t wake = next_wakeup(e);
+        int64_t timeout = MAX_POLL_MS;
+        if (wake > 0)
+            timeout = wake - now < timeout ? (wake - now < 0 ? 0 : wake - now) : timeout;
+        if (curl_ms >= 0 && curl_ms < timeout)
+            timeout = curl_ms;
+
+        struct curl_waitfd extra[1 + 64];
+        unsigned int nextra = 0;
+        int lfd = atomic_load(&e->listen_fd);
+        if (lfd >= 0)
+            extra[nextra++] = (struct curl_waitfd){.fd = lfd, .events = CURL_WAIT_POLLIN};
+        for (int i = 0; i < e->nconns && nextra < sizeof extra / sizeof extra[0]; i++)
+            extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
+        mc = curl_multi_poll(e->multi, extra, nextra, (int)timeout, NULL);
+        if (mc != CURLM_OK && mc != CURLM_UNRECOVERABLE_POLL) {
+            fail_all(e, ESX_EINTERNAL, curl_multi_strerror(mc));
+            break;
+        }
+        if (lfd >= 0 && extra[0].revents)
+            accept_waiters(e);
+        for (int i = e->nconns - 1; i >= 0; i--)
+            read_waiter(e, i);
+    }
+    if (atomic_load(&e->stop))
+        fail_all(e, ESX_ECLOSED, "the client was closed");
+    pthread_cleanup_pop(1);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- public */
+
+esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *why)
+{
+    esx_engine *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+        snprintf(why, 256, "out of memory");
+        return NULL;
+    }
+    e->cfg = cfg;
+    e->pid = getpid();
+    e->generation = atomic_fetch_add(&next_generation, 1);
+    e->rng = (unsigned)e->generation * 2654435761u ^ (unsigned)e->pid;
+    atomic_init(&e->listen_fd, -1);
+    atomic_init(&e->alive, 0);
+    atomic_init(&e->stop, 0);
+    atomic_init(&e->kill, 0);
+    if (prev) {
+        e->nodes = prev->nodes;
+        e->stats = prev->stats;
+        e->stats.rebuilds++;
+        for (int i = 0; i < e->nodes.n; i++)
+            e->nodes.v[i].in_flight = 0;
+    } else {
+        e->nodes = cfg->nodes;
+    }
+    if (pthread_mutex_init(&e->mu, NULL) != 0) {
+        free(e);
+        snprintf(why, 256, "cannot create a mutex");
+        return NULL;
+    }
+    e->multi = curl_multi_init();
+    if (e->multi == NULL) {
+        pthread_mutex_destroy(&e->mu);
+        free(e);
+        snprintf(why, 256, "cannot create a curl multi handle");
+        return NULL;
+    }
+    curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)cfg->max_per_route);
+    curl_multi_setopt(e->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)cfg->max_total);
+    curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, (long)cfg->max_total);
+    atomic_store(&e->alive, 1);
+    if (pthread_create(&e->thread, NULL, io_main, e) != 0) {
+        curl_multi_cleanup(e->multi);
+        pthread_mutex_destroy(&e->mu);
+        free(e);
+        snprintf(why, 256, "cannot start the I/O thread");
+        return NULL;
+    }
+    e->thread_started = 1;
+    return e;
+}
+
+int esx_engine_submit(esx_engine *e, esx_request *req)
+{
+    if (atomic_load(&e->stop))
+        return -1;
+    esx_request_ref(req);
+    if (req->id == 0)
+        req->id = atomic_fetch_add(&next_request_id, 1);
+    req->gen = e->generation;
+    req->next = NULL;
+    req->state = ESX_REQ_NEW;
+    pthread_mutex_lock(&e->mu);
+    if (e->sub_tail)
+        e->sub_tail->next = req;
+    else
+        e->sub_head = req;
+    e->sub_tail = req;
+    e->stats.requests += req->retries == 0 && req->submitted_at == 0;
+    pthread_mutex_unlock(&e->mu);
+    curl_multi_wakeup(e->multi);
+    return 0;
+}
+
+int esx_engine_healthy(const esx_engine *e)
+{
+    return atomic_load(&e->alive) && e->pid == getpid();
+}
+
+int esx_engine_ours(const esx_engine *e)
+{
+    return e->pid == getpid();
+}
+
+uint64_t esx_engine_generation(const esx_engine *e)
+{
+    return e->generation;
+}
+
+static void free_rest(esx_engine *e)
+{
+    for (int i = 0; i < e->nspare; i++)
+        curl_easy_cleanup(e->spare[i]);
+    curl_multi_cleanup(e->multi);
+    for (int i = 0; i < e->nconns; i++)
+        close(e->conns[i].fd);
+    free(e->conns);
+    int lfd = atomic_load(&e->listen_fd);
+    if (lfd >= 0) {
+        close(lfd);
+        unlink(e->listen_path);
+    }
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+void esx_engine_free(esx_engine *e)
+{
+    if (e == NULL)
+        return;
+    atomic_store(&e->stop, 1);
+    curl_multi_wakeup(e->multi);
+    pthread_join(e->thread, NULL);
+    /* a thread that died early (internal failure) left work behind */
+    fail_all(e, ESX_ECLOSED, "the client was closed");
+    free_rest(e);
+}
+
+void esx_engine_salvage(esx_engine *e, esx_engine *to)
+{
+    pthread_join(e->thread, NULL);
+    esx_request *lists[4];
+    pthread_mutex_lock(&e->mu);
+    lists[0] = e->sub_head;
+    e->sub_head = e->sub_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    lists[1] = e->wait_head;
+    lists[2] = e->active;
+    lists[3] = e->backoff;
+    e->wait_head = e->wait_tail = e->active = e->backoff = NULL;
+    for (int l = 0; l < 4; l++) {
+        esx_request *req = lists[l];
+        while (req) {
+            esx_request *next = req->next;
+            if (req->easy) {
+                curl_multi_remove_handle(e->multi, req->easy);
+                curl_easy_cleanup(req->easy);
+                req->easy = NULL;
+            }
+            esx_inflate_end(&req->inflater);
+            memset(&req->inflater, 0, sizeof req->inflater);
+            req->node = -1;
+            if (l > 0)
+                req->retries++;
+            if (esx_engine_submit(to, req) != 0) {
+                finish(e, req, ESX_ECLOSED, "the client was closed");
+            } else {
+                esx_request_unref(req); /* `to` holds its own reference now */
+            }
+            req = next;
+        }
+    }
+    free_rest(e);
+}
+
+void esx_engine_abandon(esx_engine *e)
+{
+    for (int i = 0; i < e->nsockets; i++)
+        close(e->sockets[i]);
+    for (int i = 0; i < e->nconns; i++)
+        close(e->conns[i].fd);
+    int lfd = atomic_load(&e->listen_fd);
+    if (lfd >= 0)
+        close(lfd); /* the path belongs to the parent: leave it */
+}
+
+void esx_engine_stats(esx_engine *e, esx_stats *stats, esx_nodes *nodes)
+{
+    pthread_mutex_lock(&e->mu);
+    *stats = e->stats;
+    if (nodes)
+        *nodes = e->nodes;
+    int in_use = 0, waiting = 0;
+    for (int i = 0; i < e->nodes.n; i++)
+        in_use += e->nodes.v[i].in_flight;
+    for (esx_request *r = e->sub_head; r; r = r->next)
+        waiting++;
+    pthread_mutex_unlock(&e->mu);
+    /* The lists below are the I/O thread's; their lengths are read racily, for display. */
+    for (esx_request *r = e->wait_head; r && waiting < 1000000; r = r->next)
+        waiting++;
+    stats->in_use = in_use;
+    stats->waiting = waiting;
+    stats->open = e->nsockets;
+    stats->idle = e->nsockets > in_use ? e->nsockets - in_use : 0;
+}
+
+const char *esx_engine_waiter_path(esx_engine *e, char *why)
+{
+    if (atomic_load(&e->listen_fd) >= 0)
+        return e->listen_path;
+    const char *dir = getenv("TMPDIR");
+    if (dir == NULL || strlen(dir) > 60)
+        dir = "/tmp";
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/esx-%d-%llu.sock", dir,
+                     (int)getpid(), (unsigned long long)e->generation);
+    if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
+        snprintf(why, 256, "waiter socket path too long");
+        return NULL;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, 256, "cannot create the waiter socket: %s", strerror(errno));
+        return NULL;
+    }
+    unlink(addr.sun_path);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0) {
+        snprintf(why, 256, "cannot listen on %s: %s", addr.sun_path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
+    int expected = -1;
+    if (!atomic_compare_exchange_strong(&e->listen_fd, &expected, fd)) {
+        close(fd); /* another thread won; its path is the same */
+    }
+    curl_multi_wakeup(e->multi);
+    return e->listen_path;
+}
+
+void esx_engine_debug_kill(esx_engine *e)
+{
+    atomic_store(&e->kill, 1);
+    curl_multi_wakeup(e->multi);
+}

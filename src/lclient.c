@@ -1,0 +1,551 @@
+/*
+ * lclient.c -- Lua binding of the client core (see lclient.h).
+ *
+ * The userdata hold only pointers: a pending request keeps its own reference to the C
+ * client, so a request can finish (and the client be freed) in whichever order Lua's
+ * collector gets to them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "lclient.h"
+#include "lerror.h"
+
+#define CLIENT_MT "esx.client"
+#define PENDING_MT "esx.pending"
+
+typedef struct lclient {
+    esx_client *c;
+} lclient;
+
+typedef struct lpending {
+    esx_client *c;
+    esx_request *req;
+} lpending;
+
+/* ---------------------------------------------------------------- config */
+
+static int64_t field_int(lua_State *L, int t, const char *name, int64_t def)
+{
+    lua_getfield(L, t, name);
+    int64_t v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!esx_isinteger(L, -1))
+            luaL_error(L, "esx.client: option '%s' must be an integer", name);
+        v = esx_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+static int field_bool(lua_State *L, int t, const char *name, int def)
+{
+    lua_getfield(L, t, name);
+    int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static void field_str(lua_State *L, int t, const char *name, char *out, size_t outlen)
+{
+    lua_getfield(L, t, name);
+    out[0] = '\0';
+    if (!lua_isnil(L, -1)) {
+        size_t len;
+        const char *s = luaL_checklstring(L, -1, &len);
+        if (len >= outlen || strlen(s) != len)
+            luaL_error(L, "esx.client: option '%s' is too long or contains NUL", name);
+        memcpy(out, s, len + 1);
+    }
+    lua_pop(L, 1);
+}
+
+static int has_crlf(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0')
+            return 1;
+    return 0;
+}
+
+/* Reads the validated options table at t into cfg; raises on anything malformed. */
+static void read_config(lua_State *L, int t, esx_config *cfg)
+{
+    char user[256], pass[256], why[256];
+    memset(cfg, 0, sizeof *cfg);
+    lua_getfield(L, t, "hosts");
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int n = (int)lua_rawlen(L, -1);
+    if (n < 1 || n > ESX_MAX_NODES)
+        luaL_error(L, "esx.client: option 'hosts' must list 1 to %d nodes", ESX_MAX_NODES);
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, -1, i);
+        const char *url = luaL_checkstring(L, -1);
+        if (esx_node_parse(&cfg->nodes.v[i - 1], url, user, pass, why) != 0)
+            luaL_error(L, "esx.client: bad option 'hosts' (%s)", why);
+        if (user[0] && !cfg->username[0]) {
+            memcpy(cfg->username, user, sizeof user);
+            memcpy(cfg->password, pass, sizeof pass);
+        }
+        lua_pop(L, 1);
+    }
+    cfg->nodes.n = n;
+    lua_pop(L, 1);
+    if (!cfg->username[0]) {
+        field_str(L, t, "username", cfg->username, sizeof cfg->username);
+        field_str(L, t, "password", cfg->password, sizeof cfg->password);
+    }
+    field_str(L, t, "api_key", cfg->api_key, sizeof cfg->api_key);
+    if (has_crlf(cfg->api_key, strlen(cfg->api_key)))
+        luaL_error(L, "esx.client: bad option 'api_key' (contains CR or LF)");
+    field_str(L, t, "ca_file", cfg->ca_file, sizeof cfg->ca_file);
+    cfg->connect_timeout = field_int(L, t, "connect_timeout", 1000);
+    cfg->socket_timeout = field_int(L, t, "socket_timeout", 30000);
+    cfg->pool_timeout = field_int(L, t, "pool_timeout", 1000);
+    cfg->request_timeout = field_int(L, t, "request_timeout", 0);
+    cfg->max_per_route = (int)field_int(L, t, "max_per_route", 10);
+    cfg->max_total = (int)field_int(L, t, "max_total", 30);
+    cfg->compression = field_bool(L, t, "compression", 0);
+    cfg->compression_level = (int)field_int(L, t, "compression_level", 1);
+    cfg->compression_min_bytes = (size_t)field_int(L, t, "compression_min_bytes", 0);
+    cfg->max_response_bytes = (size_t)field_int(L, t, "max_response_bytes", 100 << 20);
+    cfg->max_retries = (int)field_int(L, t, "max_retries", 3);
+    cfg->dead_backoff_min = field_int(L, t, "dead_backoff_min", 60000);
+    cfg->dead_backoff_max = field_int(L, t, "dead_backoff_max", 1800000);
+    cfg->resurrect = field_bool(L, t, "resurrect", 1);
+    cfg->tls_verify = field_bool(L, t, "tls_verify", 1);
+    lua_getfield(L, t, "retry_on_status");
+    if (lua_istable(L, -1)) {
+        int k = (int)lua_rawlen(L, -1);
+        if (k > ESX_MAX_RETRY_STATUS)
+            luaL_error(L, "esx.client: option 'retry_on_status' lists more than %d statuses",
+                       ESX_MAX_RETRY_STATUS);
+        for (int i = 1; i <= k; i++) {
+            lua_rawgeti(L, -1, i);
+            cfg->retry_on_status[i - 1] = (int)luaL_checkinteger(L, -1);
+            lua_pop(L, 1);
+        }
+        cfg->n_retry_on_status = k;
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "headers");
+    if (lua_istable(L, -1)) {
+        lua_pushnil(L);
+        while (lua_next(L, -2) != 0) {
+            size_t nl, vl;
+            const char *name = lua_tolstring(L, -2, &nl);
+            const char *value = lua_tolstring(L, -1, &vl);
+            if (cfg->n_headers == ESX_MAX_HEADERS)
+                luaL_error(L, "esx.client: option 'headers' has more than %d entries",
+                           ESX_MAX_HEADERS);
+            char *line = malloc(nl + vl + 3);
+            if (line == NULL)
+                luaL_error(L, "out of memory");
+            snprintf(line, nl + vl + 3, "%s: %s", name, value);
+            cfg->headers[cfg->n_headers++] = line;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+}
+
+/* ---------------------------------------------------------------- client */
+
+static lclient *check_client(lua_State *L, int idx)
+{
+    return luaL_checkudata(L, idx, CLIENT_MT);
+}
+
+esx_client *esx_lclient_check(lua_State *L, int idx)
+{
+    return check_client(L, idx)->c;
+}
+
+/* core.client_new(opts) -> client userdata | nil, err */
+static int client_new(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lclient *u = lua_newuserdata(L, sizeof *u);
+    u->c = NULL;
+    esx_config cfg;
+    read_config(L, 1, &cfg); /* may raise: nothing is allocated outside cfg.headers yet */
+    char why[256];
+    u->c = esx_client_new(&cfg, why);
+    if (u->c == NULL)
+        return esx_lerror_fail(L, "internal", "cannot create the client: %s", why);
+    luaL_setmetatable(L, CLIENT_MT); /* __gc only once the C object exists */
+    return 1;
+}
+
+/* core.check_node_url(url) -> true | nil, reason */
+static int check_node_url(lua_State *L)
+{
+    esx_node node;
+    char user[256], pass[256], why[256];
+    if (esx_node_parse(&node, luaL_checkstring(L, 1), user, pass, why) != 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static int client_gc(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    if (u->c) {
+        esx_client_unref(u->c);
+        u->c = NULL;
+    }
+    return 0;
+}
+
+static int client_close(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    if (u->c)
+        esx_client_close(u->c);
+    return 0;
+}
+
+static int client_tostring(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    lua_pushfstring(L, "esx.client: %p", (void *)u->c);
+    return 1;
+}
+
+static int valid_method(const char *m)
+{
+    size_t n = strlen(m);
+    if (n == 0 || n > 15)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (m[i] < 'A' || m[i] > 'Z')
+            return 0;
+    return 1;
+}
+
+static int valid_target(const char *t, size_t len)
+{
+    if (len == 0 || t[0] != '/' || strlen(t) != len)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)t[i];
+        if (ch <= 0x20 || ch == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+/* client:send(method, target, body?, content_type?, headers?, max_retries?, timeout?)
+ *   -> pending | nil, err.  Caller mistakes (bad method, control characters in the target
+ *   or a header) raise. */
+static int client_send(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    const char *method = luaL_checkstring(L, 2);
+    size_t tlen, blen = 0;
+    const char *target = luaL_checklstring(L, 3, &tlen);
+    const char *body = luaL_optlstring(L, 4, NULL, &blen);
+    const char *ctype = luaL_optstring(L, 5, "application/json");
+    int max_retries = (int)luaL_optinteger(L, 7, -1);
+    int64_t timeout = (int64_t)luaL_optnumber(L, 8, 0);
+    if (!valid_method(method))
+        return luaL_argerror(L, 2, "method must be 1-15 uppercase letters");
+    if (!valid_target(target, tlen))
+        return luaL_argerror(L, 3, "path must start with '/' and contain no spaces or control characters");
+    if (has_crlf(ctype, strlen(ctype)))
+        return luaL_argerror(L, 5, "content type contains CR or LF");
+    const char *extra[ESX_MAX_HEADERS];
+    int n_extra = 0;
+    if (!lua_isnoneornil(L, 6)) {
+        luaL_checktype(L, 6, LUA_TTABLE);
+        int n = (int)lua_rawlen(L, 6);
+        if (n > ESX_MAX_HEADERS)
+            return luaL_argerror(L, 6, "too many headers");
+        for (int i = 1; i <= n; i++) {
+            lua_rawgeti(L, 6, i);
+            size_t hl;
+            const char *h = lua_tolstring(L, -1, &hl);
+            if (h == NULL || has_crlf(h, hl) || strchr(h, ':') == NULL)
+                return luaL_argerror(L, 6, "headers must be 'Name: value' strings without CR or LF");
+            extra[n_extra++] = h; /* kept alive by the table at 6 until prepare copies it */
+            lua_pop(L, 1);
+        }
+    }
+    if (u->c == NULL || u->c->closed)
+        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
+    char why[256];
+    esx_request *req = esx_client_prepare(u->c, method, target, body, blen, ctype, extra, n_extra,
+                                          max_retries, timeout, why);
+    if (req == NULL)
+        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    lpending *p = lua_newuserdata(L, sizeof *p);
+    p->c = NULL;
+    p->req = NULL;
+    const char *kind;
+    if (esx_client_submit(u->c, req, &kind, why) != 0) {
+        esx_request_unref(req);
+        return esx_lerror_fail(L, kind, "%s", why);
+    }
+    esx_client_ref(u->c);
+    p->c = u->c;
+    p->req = req;
+    luaL_setmetatable(L, PENDING_MT);
+    return 1;
+}
+
+static void push_counter(lua_State *L, const char *name, uint64_t v)
+{
+    esx_pushinteger(L, (long long)v);
+    lua_setfield(L, -2, name);
+}
+
+/* client:stats() -> table of counters, pool state, bytes and nodes */
+static int client_stats(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    if (u->c == NULL || u->c->engine == NULL)
+        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
+    char why[256];
+    esx_client_heal(u->c, why);
+    esx_stats s;
+    esx_nodes nodes;
+    esx_engine_stats(u->c->engine, &s, &nodes);
+    lua_createtable(L, 0, 8);
+    push_counter(L, "requests", s.requests);
+    push_counter(L, "responses", s.responses);
+    push_counter(L, "retries", s.retries);
+    push_counter(L, "rebuilds", s.rebuilds);
+    lua_createtable(L, 0, ESX_NKINDS);
+    for (int i = 0; i < ESX_NKINDS; i++)
+        push_counter(L, esx_failure_kinds[i], s.failures[i]);
+    lua_setfield(L, -2, "failures");
+    lua_createtable(L, 0, 5);
+    push_counter(L, "in_use", (uint64_t)s.in_use);
+    push_counter(L, "idle", (uint64_t)s.idle);
+    push_counter(L, "open", (uint64_t)s.open);
+    push_counter(L, "waiting", (uint64_t)s.waiting);
+    push_counter(L, "pool_timeouts", s.pool_timeouts);
+    lua_setfield(L, -2, "pool");
+    lua_createtable(L, 0, 4);
+    push_counter(L, "sent_raw", s.sent_raw);
+    push_counter(L, "sent_wire", s.sent_wire);
+    push_counter(L, "received_wire", s.received_wire);
+    push_counter(L, "received_raw", s.received_raw);
+    lua_setfield(L, -2, "bytes");
+    int64_t mono = esx_now_ms(), wall = esx_wall_ms();
+    lua_createtable(L, nodes.n, 0);
+    for (int i = 0; i < nodes.n; i++) {
+        const esx_node *n = &nodes.v[i];
+        lua_createtable(L, 0, 6);
+        lua_pushstring(L, n->url);
+        lua_setfield(L, -2, "url");
+        lua_pushboolean(L, n->alive);
+        lua_setfield(L, -2, "alive");
+        push_counter(L, "failures", (uint64_t)n->failures);
+        push_counter(L, "requests", n->requests);
+        push_counter(L, "in_flight", (uint64_t)n->in_flight);
+        esx_pushinteger(L, n->alive ? 0 : (long long)(wall + (n->dead_until - mono)));
+        lua_setfield(L, -2, "dead_until");
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "nodes");
+    return 1;
+}
+
+/* client:waiter_path() -> path of the unix socket nginx waiters connect to | nil, err */
+static int client_waiter_path(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    if (u->c == NULL || u->c->closed)
+        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
+    char why[256];
+    if (esx_client_heal(u->c, why) != 0)
+        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    const char *path = esx_engine_waiter_path(u->c->engine, why);
+    if (path == NULL)
+        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    lua_pushstring(L, path);
+    return 1;
+}
+
+/* client:debug_kill_io_thread() -- test hook: the I/O thread exits as if it had crashed */
+static int client_debug_kill(lua_State *L)
+{
+    lclient *u = check_client(L, 1);
+    if (u->c && u->c->engine)
+        esx_engine_debug_kill(u->c->engine);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- pending */
+
+static lpending *check_pending(lua_State *L, int idx)
+{
+    lpending *p = luaL_checkudata(L, idx, PENDING_MT);
+    if (p->req == NULL)
+        luaL_argerror(L, idx, "pending request already released");
+    return p;
+}
+
+static int pending_gc(lua_State *L)
+{
+    lpending *p = luaL_checkudata(L, 1, PENDING_MT);
+    if (p->req) {
+        esx_request_unref(p->req);
+        p->req = NULL;
+    }
+    if (p->c) {
+        esx_client_unref(p->c);
+        p->c = NULL;
+    }
+    return 0;
+}
+
+static int pending_tostring(lua_State *L)
+{
+    lpending *p = luaL_checkudata(L, 1, PENDING_MT);
+    lua_pushfstring(L, "esx.pending: %p", (void *)p->req);
+    return 1;
+}
+
+static int pending_ready(lua_State *L)
+{
+    lpending *p = check_pending(L, 1);
+    lua_pushboolean(L, esx_client_poll(p->c, p->req));
+    return 1;
+}
+
+/* pending:wait([timeout_ms]) -> true when done, false on timeout (blocks the thread) */
+static int pending_wait(lua_State *L)
+{
+    lpending *p = check_pending(L, 1);
+    lua_Number t = luaL_optnumber(L, 2, -1);
+    lua_pushboolean(L, esx_client_wait(p->c, p->req, t < 0 ? -1 : (int64_t)t));
+    return 1;
+}
+
+static int pending_id(lua_State *L)
+{
+    lpending *p = check_pending(L, 1);
+    esx_pushinteger(L, (long long)p->req->id);
+    return 1;
+}
+
+/* pending:waiter_path() -> the unix socket that pokes nginx waiters of this request */
+static int pending_waiter_path(lua_State *L)
+{
+    lpending *p = check_pending(L, 1);
+    char why[256];
+    if (p->c->closed || p->c->engine == NULL)
+        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
+    const char *path = esx_engine_waiter_path(p->c->engine, why);
+    if (path == NULL)
+        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    lua_pushstring(L, path);
+    return 1;
+}
+
+static void push_headers(lua_State *L, const esx_request *req)
+{
+    lua_createtable(L, 0, 8);
+    const char *p = req->resp_headers.data;
+    while (p && *p) {
+        const char *eol = strchr(p, '\n');
+        const char *colon = strchr(p, ':');
+        if (!eol || !colon || colon > eol)
+            break;
+        const char *v = colon + 2 <= eol ? colon + 2 : eol;
+        lua_pushlstring(L, p, (size_t)(colon - p));
+        lua_pushvalue(L, -1);
+        lua_rawget(L, -3);
+        if (lua_isstring(L, -1)) { /* repeated header: join with ", " as HTTP allows */
+            lua_pushliteral(L, ", ");
+            lua_pushlstring(L, v, (size_t)(eol - v));
+            lua_concat(L, 3);
+        } else {
+            lua_pop(L, 1);
+            lua_pushlstring(L, v, (size_t)(eol - v));
+        }
+        lua_rawset(L, -3);
+        p = eol + 1;
+    }
+}
+
+/* pending:result() -> {status=, headers=, body=, node=, retries=} | nil, err | nil (not done) */
+static int pending_result(lua_State *L)
+{
+    lpending *p = check_pending(L, 1);
+    esx_request *req = p->req;
+    if (!esx_client_poll(p->c, req))
+        return 0;
+    if (req->err_kind) {
+        esx_lerror_fail(L, req->err_kind, "%s", req->err_msg);
+        if (req->node_url[0]) {
+            lua_pushstring(L, req->node_url);
+            lua_setfield(L, -2, "node");
+        }
+        lua_pushinteger(L, req->retries);
+        lua_setfield(L, -2, "retries");
+        return 2;
+    }
+    lua_createtable(L, 0, 5);
+    lua_pushinteger(L, (lua_Integer)req->status);
+    lua_setfield(L, -2, "status");
+    push_headers(L, req);
+    lua_setfield(L, -2, "headers");
+    lua_pushlstring(L, req->resp_body.data ? req->resp_body.data : "", req->resp_body.len);
+    lua_setfield(L, -2, "body");
+    lua_pushstring(L, req->node_url);
+    lua_setfield(L, -2, "node");
+    lua_pushinteger(L, req->retries);
+    lua_setfield(L, -2, "retries");
+    return 1;
+}
+
+static const luaL_Reg client_methods[] = {
+    {"send", client_send},
+    {"stats", client_stats},
+    {"close", client_close},
+    {"waiter_path", client_waiter_path},
+    {"debug_kill_io_thread", client_debug_kill},
+    {NULL, NULL},
+};
+
+static const luaL_Reg pending_methods[] = {
+    {"ready", pending_ready},
+    {"wait", pending_wait},
+    {"result", pending_result},
+    {"id", pending_id},
+    {"waiter_path", pending_waiter_path},
+    {NULL, NULL},
+};
+
+static void new_metatable(lua_State *L, const char *name, const luaL_Reg *methods,
+                          lua_CFunction gc, lua_CFunction tostring)
+{
+    luaL_newmetatable(L, name);
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pop(L, 1);
+}
+
+void esx_lclient_open(lua_State *L)
+{
+    new_metatable(L, CLIENT_MT, client_methods, client_gc, client_tostring);
+    new_metatable(L, PENDING_MT, pending_methods, pending_gc, pending_tostring);
+    lua_pushcfunction(L, client_new);
+    lua_setfield(L, -2, "client_new");
+    lua_pushcfunction(L, check_node_url);
+    lua_setfield(L, -2, "check_node_url");
+}

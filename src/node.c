@@ -1,0 +1,146 @@
+/*
+ * node.c -- node URLs, liveness and selection (see node.h).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "node.h"
+
+int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char *why)
+{
+    memset(node, 0, sizeof *node);
+    node->alive = 1;
+    user[0] = pass[0] = '\0';
+    const char *rest;
+    if (strncasecmp(url, "http://", 7) == 0)
+        rest = url + 7;
+    else if (strncasecmp(url, "https://", 8) == 0)
+        rest = url + 8;
+    else {
+        snprintf(why, 256, "node URL must start with http:// or https://");
+        return -1;
+    }
+    for (const char *p = url; *p; p++) {
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f) {
+            snprintf(why, 256, "node URL contains a space or control character");
+            return -1;
+        }
+    }
+    size_t scheme_len = (size_t)(rest - url);
+    const char *host_end = rest + strcspn(rest, "/?#");
+    const char *at = NULL;
+    for (const char *p = rest; p < host_end; p++)
+        if (*p == '@')
+            at = p;
+    const char *host = rest;
+    if (at) {
+        const char *colon = memchr(rest, ':', (size_t)(at - rest));
+        size_t ulen = (size_t)((colon ? colon : at) - rest);
+        size_t plen = colon ? (size_t)(at - colon - 1) : 0;
+        if (ulen >= 256 || plen >= 256) {
+            snprintf(why, 256, "node URL credentials are too long");
+            return -1;
+        }
+        memcpy(user, rest, ulen);
+        user[ulen] = '\0';
+        if (colon) {
+            memcpy(pass, colon + 1, plen);
+            pass[plen] = '\0';
+        }
+        host = at + 1;
+    }
+    if (host == host_end) {
+        snprintf(why, 256, "node URL has no host");
+        return -1;
+    }
+    if (*host_end == '?' || *host_end == '#') {
+        snprintf(why, 256, "node URL must not have a query or fragment");
+        return -1;
+    }
+    /* path prefix without trailing slashes */
+    size_t path_len = strlen(host_end);
+    while (path_len && host_end[path_len - 1] == '/')
+        path_len--;
+    size_t host_len = (size_t)(host_end - host);
+    if (scheme_len + host_len + path_len + 1 > sizeof node->url) {
+        snprintf(why, 256, "node URL is too long");
+        return -1;
+    }
+    /* lowercase scheme, host as given */
+    for (size_t i = 0; i < scheme_len; i++) {
+        char c = url[i];
+        node->url[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+    }
+    memcpy(node->url + scheme_len, host, host_len);
+    memcpy(node->url + scheme_len + host_len, host_end, path_len);
+    node->url[scheme_len + host_len + path_len] = '\0';
+    return 0;
+}
+
+static int eligible(const esx_node *n, int64_t now)
+{
+    return n->alive || n->dead_until <= now;
+}
+
+int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tried,
+                   int resurrect, esx_node **out)
+{
+    int any_eligible = 0;
+    esx_node *fallback = NULL; /* eligible with a free slot, but already tried in this call */
+    for (int k = 0; k < nodes->n; k++) {
+        int i = (nodes->next + k) % nodes->n;
+        esx_node *n = &nodes->v[i];
+        if (!eligible(n, now))
+            continue;
+        any_eligible = 1;
+        if (n->in_flight >= max_per_route)
+            continue;
+        if (tried & (1ULL << i)) {
+            if (!fallback)
+                fallback = n;
+            continue;
+        }
+        nodes->next = (i + 1) % nodes->n;
+        *out = n;
+        return ESX_PICK_OK;
+    }
+    if (fallback) {
+        *out = fallback;
+        return ESX_PICK_OK;
+    }
+    if (any_eligible)
+        return ESX_PICK_BUSY;
+    /* Every node is dead and none is due: try the one due soonest. */
+    if (!resurrect)
+        return ESX_PICK_NONE;
+    esx_node *soonest = NULL;
+    for (int i = 0; i < nodes->n; i++) {
+        esx_node *n = &nodes->v[i];
+        if (!soonest || n->dead_until < soonest->dead_until)
+            soonest = n;
+    }
+    if (soonest->in_flight >= max_per_route)
+        return ESX_PICK_BUSY;
+    *out = soonest;
+    return ESX_PICK_OK;
+}
+
+void esx_node_failed(esx_node *node, int64_t now, int64_t backoff_min, int64_t backoff_max)
+{
+    node->failures++;
+    int64_t delay = backoff_min;
+    for (int i = 1; i < node->failures && delay < backoff_max; i++)
+        delay *= 2;
+    if (delay > backoff_max)
+        delay = backoff_max;
+    node->alive = 0;
+    node->dead_until = now + delay;
+}
+
+void esx_node_succeeded(esx_node *node)
+{
+    node->alive = 1;
+    node->failures = 0;
+    node->dead_until = 0;
+}

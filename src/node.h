@@ -1,0 +1,52 @@
+/*
+ * node.h -- the Elasticsearch nodes of one client: URLs, liveness and selection.
+ *
+ * Selection is round-robin over live nodes that have a free connection slot.  A node that
+ * fails to connect or answers a retryable 5xx is dead for min * 2^(failures-1) ms (capped at
+ * max); once that time has passed it is tried again, and a success makes it alive.  When every
+ * node is dead, the one due soonest is tried rather than failing outright.
+ */
+#ifndef ESX_NODE_H
+#define ESX_NODE_H
+
+#include <stdint.h>
+
+#define ESX_MAX_NODES 64
+
+typedef struct esx_node {
+    char url[512];        /* scheme://host:port[/prefix], no credentials, no trailing slash */
+    int in_flight;        /* transfers running on this node (connection slots taken) */
+    int alive;
+    int failures;         /* consecutive failures */
+    int64_t dead_until;   /* monotonic ms; meaningful when !alive */
+    uint64_t requests;    /* attempts sent to this node */
+} esx_node;
+
+typedef struct esx_nodes {
+    esx_node v[ESX_MAX_NODES];
+    int n;
+    int next;             /* round-robin cursor */
+} esx_nodes;
+
+/* Parses one node URL ("http[s]://[user:pass@]host[:port][/prefix]") into node->url (the
+ * credentials stripped) and returns 0; the credentials, if any, are copied to user/pass
+ * (each at least 256 bytes, "" when absent).  Returns -1 with a reason in why (256 bytes)
+ * when the URL is not an http(s) URL or is too long. */
+int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char *why);
+
+enum { ESX_PICK_OK = 0, ESX_PICK_BUSY = 1, ESX_PICK_NONE = 2 };
+
+/* Picks a node for an attempt.  Nodes whose index is set in `tried` are avoided when another
+ * eligible node has a free slot.  Returns ESX_PICK_OK with *out set; ESX_PICK_BUSY when the
+ * eligible nodes have no free slot (wait); ESX_PICK_NONE when every node is dead, none is due
+ * and resurrect is 0. */
+int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tried,
+                   int resurrect, esx_node **out);
+
+/* Records a failure that makes the node dead (connect errors, retryable 5xx). */
+void esx_node_failed(esx_node *node, int64_t now, int64_t backoff_min, int64_t backoff_max);
+
+/* Records a success: the node is alive again. */
+void esx_node_succeeded(esx_node *node);
+
+#endif

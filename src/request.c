@@ -1,0 +1,125 @@
+/*
+ * request.c -- request lifetime and completion (see request.h).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "request.h"
+
+#define MAX_RESPONSE_HEADERS (64 * 1024)
+
+esx_request *esx_request_new(size_t max_response)
+{
+    esx_request *req = calloc(1, sizeof *req);
+    if (req == NULL)
+        return NULL;
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        free(req);
+        return NULL;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (pthread_mutex_init(&req->mu, NULL) != 0) {
+        pthread_condattr_destroy(&ca);
+        free(req);
+        return NULL;
+    }
+    if (pthread_cond_init(&req->cv, &ca) != 0) {
+        pthread_condattr_destroy(&ca);
+        pthread_mutex_destroy(&req->mu);
+        free(req);
+        return NULL;
+    }
+    pthread_condattr_destroy(&ca);
+    esx_buf_init(&req->resp_headers, MAX_RESPONSE_HEADERS);
+    esx_buf_init(&req->resp_body, max_response);
+    req->node = -1;
+    req->watcher_fd = -1;
+    atomic_init(&req->done, 0);
+    atomic_init(&req->refs, 1);
+    return req;
+}
+
+void esx_request_ref(esx_request *req)
+{
+    atomic_fetch_add(&req->refs, 1);
+}
+
+void esx_request_unref(esx_request *req)
+{
+    if (req == NULL || atomic_fetch_sub(&req->refs, 1) != 1)
+        return;
+    free(req->target);
+    free(req->body);
+    curl_slist_free_all(req->headers);
+    esx_buf_free(&req->resp_headers);
+    esx_buf_free(&req->resp_body);
+    esx_inflate_end(&req->inflater);
+    pthread_cond_destroy(&req->cv);
+    pthread_mutex_destroy(&req->mu);
+    free(req);
+}
+
+int esx_request_wait(esx_request *req, int64_t timeout_ms)
+{
+    if (atomic_load(&req->done))
+        return 1;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    if (timeout_ms >= 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (timeout_ms % 1000) * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+    }
+    pthread_mutex_lock(&req->mu);
+    while (!atomic_load(&req->done)) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&req->cv, &req->mu);
+        } else if (pthread_cond_timedwait(&req->cv, &req->mu, &until) == ETIMEDOUT) {
+            break;
+        }
+    }
+    int done = atomic_load(&req->done);
+    pthread_mutex_unlock(&req->mu);
+    return done;
+}
+
+void esx_request_complete(esx_request *req)
+{
+    pthread_mutex_lock(&req->mu);
+    atomic_store(&req->done, 1);
+    pthread_cond_broadcast(&req->cv);
+    pthread_mutex_unlock(&req->mu);
+}
+
+const char *esx_request_header(const esx_request *req, const char *name, char *out, size_t outlen)
+{
+    if (req->resp_headers.data == NULL || outlen == 0)
+        return NULL;
+    size_t nlen = strlen(name);
+    const char *p = req->resp_headers.data;
+    while (*p) {
+        const char *eol = strchr(p, '\n');
+        size_t line = eol ? (size_t)(eol - p) : strlen(p);
+        if (line > nlen + 1 && memcmp(p, name, nlen) == 0 && p[nlen] == ':') {
+            const char *v = p + nlen + 1;
+            while (*v == ' ')
+                v++;
+            size_t vlen = (size_t)(p + line - v);
+            if (vlen >= outlen)
+                vlen = outlen - 1;
+            memcpy(out, v, vlen);
+            out[vlen] = '\0';
+            return out;
+        }
+        if (!eol)
+            break;
+        p = eol + 1;
+    }
+    return NULL;
+}

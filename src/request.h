@@ -1,0 +1,112 @@
+/*
+ * request.h -- one Elasticsearch call as the engine sees it: what to send, how long it may
+ * take, and (once done) what came back or why it failed.
+ *
+ * A request is reference counted: the caller (a Lua pending object, the collector's shipper)
+ * holds one reference and the engine another while it works on it, so either side may give
+ * up first.  Everything the caller sets is immutable after esx_engine_submit.
+ */
+#ifndef ESX_REQUEST_H
+#define ESX_REQUEST_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <curl/curl.h>
+
+#include "buf.h"
+#include "gzip.h"
+
+typedef struct esx_request esx_request;
+
+/* Called once, on the engine's I/O thread, when the request is done (success or failure).
+ * It must not block; it may take its own reference to keep the request. */
+typedef void (*esx_done_fn)(esx_request *req, void *ud);
+
+/* Failure kinds (err_kind); NULL means the call produced an HTTP response. */
+#define ESX_EPOOL_TIMEOUT "pool_timeout"
+#define ESX_ECONNECT_TIMEOUT "connect_timeout"
+#define ESX_ECONNECT "connect"
+#define ESX_ERESET "reset"
+#define ESX_ESOCKET_TIMEOUT "socket_timeout"
+#define ESX_EREQUEST_TIMEOUT "request_timeout"
+#define ESX_EDECODE "decode"
+#define ESX_ENO_NODES "no_nodes"
+#define ESX_ECLOSED "closed"
+#define ESX_EINTERNAL "internal"
+
+enum esx_req_state { ESX_REQ_NEW, ESX_REQ_QUEUED, ESX_REQ_ACTIVE, ESX_REQ_BACKOFF, ESX_REQ_DONE };
+
+struct esx_request {
+    /* --- set by the caller before submit --- */
+    char method[16];
+    char *target;               /* "/path?query", owned */
+    char *body;                 /* bytes as sent on the wire (gzip when body_gzip), owned */
+    size_t body_len;
+    size_t body_raw_len;        /* before compression */
+    int body_gzip;
+    struct curl_slist *headers; /* per-request headers, owned */
+    int max_retries;            /* attempts after the first */
+    int64_t timeout_ms;         /* whole call, retries included; 0 = none */
+    esx_done_fn on_done;
+    void *on_done_ud;
+
+    /* --- engine-private --- */
+    uint64_t id;
+    enum esx_req_state state;
+    esx_request *next;          /* in the engine's queue or active list */
+    int attempt;                /* 0 for the first try */
+    int n429;                   /* 429 answers so far (back-off exponent) */
+    uint64_t tried;             /* bit i: node i was tried in this call */
+    int node;                   /* node index of the running attempt, -1 none */
+    int64_t submitted_at, deadline, pool_deadline, retry_at, last_activity;
+    CURL *easy;
+    int resp_gzip;
+    esx_inflater inflater;
+    const char *abort_kind;     /* set by a callback that stopped the transfer */
+    char abort_msg[160];
+    size_t wire_in;             /* response body bytes received on the wire */
+    long long ul_seen;          /* upload bytes at the last progress call */
+    uint64_t gen;               /* generation of the engine it was submitted to */
+    int watcher_fd;             /* nginx waiter connection to poke when done, -1 none */
+
+    /* --- result, valid once done --- */
+    long status;
+    esx_buf resp_headers;       /* "name: value\n" lines, names lowercased */
+    esx_buf resp_body;          /* inflated body */
+    const char *err_kind;       /* NULL on an HTTP response */
+    char err_msg[256];
+    char node_url[512];         /* node of the last attempt, "" if none */
+    int retries;                /* attempts after the first that were made */
+
+    /* --- completion --- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int done;
+    atomic_int refs;
+};
+
+/* Allocates a request with one reference held by the caller.  Returns NULL when out of
+ * memory.  max_response bounds the inflated response body. */
+esx_request *esx_request_new(size_t max_response);
+
+/* Takes another reference. */
+void esx_request_ref(esx_request *req);
+
+/* Drops a reference; the last one frees the request and everything it owns. */
+void esx_request_unref(esx_request *req);
+
+/* Waits until the request is done or timeout_ms passes (timeout_ms < 0: no limit).
+ * Returns 1 when done, 0 on timeout. */
+int esx_request_wait(esx_request *req, int64_t timeout_ms);
+
+/* Marks the request done and wakes its waiters; called by the engine exactly once. */
+void esx_request_complete(esx_request *req);
+
+/* The value of response header `name` (lowercase) copied into out (NUL-terminated, truncated
+ * to outlen), or NULL when absent. */
+const char *esx_request_header(const esx_request *req, const char *name, char *out, size_t outlen);
+
+#endif
