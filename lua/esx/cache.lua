@@ -344,6 +344,7 @@ end
 function Cache:stats()
   local cc = self._cc
   if not cc then return closed_error() end
+  if self._shared then cc:sync() end
   local s = cc:stats()
   local c = self._counters
   s.pages.loads = c.page_loads
