@@ -134,7 +134,7 @@ describe("esxd", function()
         { "a%23b", "must not contain '#'", "a#b" },
         { "a%20b", [==[must not contain the following characters [ , ", *, \, <, |, ,, >, /, ?]]==], "a b" },
         { "a%3Fb", [==[must not contain the following characters [ , ", *, \, <, |, ,, >, /, ?]]==], "a?b" },
-        { "..", "must not be '.' or '..'" },
+        { ".", "must not be '.' or '..'" },
         { string.rep("a", 256), "index name is too long, (256 > 255)" },
       }
       for _, c in ipairs(cases) do
