@@ -632,6 +632,26 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "parsing_exception", "Unknown key for a VALUE_NUMBER in [bogus]."), b)
     end)
+    it("malformed request bodies are ES 400s, never 500s", function()
+      local bodies = { '{"query":"x"}', '{"query":{"term":"x"}}', '{"query":{"bool":{"must":"x"}}}', '{"sort":5}',
+        '{"sort":[5]}', '{"sort":{"n":{"order":"up"}}}', '{"size":"abc"}', '{"from":-1}', '{"size":-1}',
+        '{"track_total_hits":"x"}', '{"aggs":5}', '{"aggs":{"a":{}}}', '{"aggs":{"a":{"terms":{"field":5}}}}',
+        '{"aggs":{"a":{"terms":{"field":"n","order":"x"}}}}', '{"aggs":{"a":{"terms":{"field":"n","size":"x"}}}}',
+        '{"aggs":{"a":{"sum":{"field":"n"},"aggs":{"b":{"sum":{"field":"n"}}}}}}',
+        '{"aggs":{"a":{"date_histogram":{"field":"ts","calendar_interval":5}}}}',
+        '{"aggs":{"a":{"date_histogram":{"field":"ts"}}}}', '{"aggs":{"a":{"histogram":{"field":"n","interval":"x"}}}}',
+        '{"query":{"range":{"n":5}}}', '{"query":{"range":{"n":{"bogus":1}}}}', '{"query":{"terms":{"f":"x"}}}',
+        '{"query":{"ids":{"values":"x"}}}', '{"query":{"exists":5}}', '{"query":{"match":{}}}',
+        '{"query":{"match":{"t":{}}}}', '{"query":{"term":{"t":[1]}}}', '{"query":{"bool":{"must":[5]}}}',
+        '{"query":{"bool":{"minimum_should_match":"abc","should":[]}}}', '{"query":{"constant_score":5}}',
+        '{"query":{"term":{"a":1},"match":{"b":1}}}', '"x"', 'null', '[1]' }
+      for _, body in ipairs(bodies) do
+        local st, b = jreq("POST", "/events-a/_search", body, JSON)
+        assert.equal(400, st, body)
+        assert.equal("string", type(b.error.type), body)
+        assert.equal(400, b.status, body)
+      end
+    end)
     it("malformed JSON body is a 400", function()
       local st, b = jreq("POST", "/events-a/_search", "{nope", JSON)
       assert.equal(400, st)

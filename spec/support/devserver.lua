@@ -211,15 +211,15 @@ function _M.start(opts)
   opts = opts or {}
   local last
   for _ = 1, 5 do
-    local port = pick_port()
+    local port = opts.port or pick_port()
     local cmd = sh_quote(_M.esxd) .. " start --port " .. port
     if opts.user then cmd = cmd .. " --user " .. sh_quote(opts.user) .. " --password " .. sh_quote(opts.password or "") end
     if opts.max_body then cmd = cmd .. " --max-body " .. math.floor(opts.max_body) end
     if opts.tls then cmd = cmd .. " --tls" end
     if opts.workers then cmd = cmd .. " --workers " .. opts.workers end
     local ok, out = run(cmd)
-    if ok then
-      local url = out:match("(https?://[%d%.:]+)")
+    local url = out:match("(https?://[%d%.:]+)")
+    if ok and url then
       local srv = setmetatable({ port = port, url = url, tls = opts.tls and true or false,
         ca_file = out:match("ca_file (%S+)"), user = opts.user, password = opts.password }, Server)
       return srv

@@ -119,12 +119,26 @@ end
 
 local bucket = {}
 
+-- integer option of an aggregation, or a 400 like ES's parser gives
+local function int_opt(agg, name, v, default)
+  if v == nil then return default end
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then
+    errors.raise(400, "x_content_parse_exception", "[1:1] [" .. agg .. "] failed to parse field [" .. name .. "]")
+  end
+  return n
+end
+
 bucket.terms = function(spec, docs, types, subspec)
   local field = need_field("terms", spec)
   local ty = mapping.type_of(types, field)
   if ty == "text" then fielddata_error(field) end
-  local size = tonumber(spec.size or 10)
-  local min_doc = tonumber(spec.min_doc_count or 1)
+  local size = int_opt("terms", "size", spec.size, 10)
+  if size < 1 then bad("[size] must be greater than 0. Found [" .. size .. "] in [terms]") end
+  local min_doc = int_opt("terms", "min_doc_count", spec.min_doc_count, 1)
+  if spec.order ~= nil and type(spec.order) ~= "table" then
+    errors.raise(400, "x_content_parse_exception", "[1:1] [terms] failed to parse field [order]")
+  end
   local groups, order = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}
@@ -251,7 +265,7 @@ end
 bucket.date_histogram = function(spec, docs, types, subspec)
   local field = need_field("date_histogram", spec)
   local startf, nextf = interval_fns(spec)
-  local min_doc = tonumber(spec.min_doc_count or 0)
+  local min_doc = int_opt("date_histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}
@@ -304,7 +318,7 @@ bucket.histogram = function(spec, docs, types, subspec)
   local interval = tonumber(spec.interval)
   if not interval or interval <= 0 then bad("[interval] must be >0 for histogram aggregation [histogram]") end
   local ty = mapping.type_of(types, field)
-  local min_doc = tonumber(spec.min_doc_count or 0)
+  local min_doc = int_opt("histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}

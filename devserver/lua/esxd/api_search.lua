@@ -63,6 +63,7 @@ function _M.msearch(ctx)
     end
     i = i + 2
   end
+  ngx.update_time()
   local took = math.floor((ngx.now() - ctx.started) * 1000)
   return 200, json.obj("took", took, "responses", responses)
 end

@@ -194,6 +194,7 @@ function _M.execute(ops, params, fault, started)
       if idx then store.refresh(idx) end
     end
   end
+  ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
   return json.obj("took", took, "errors", any_error, "items", items)
 end

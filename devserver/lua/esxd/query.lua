@@ -136,6 +136,9 @@ end
 builders.ids = function(body)
   if not is_obj(body) then perr("[ids] query malformed, no start_object after query name") end
   local set = {}
+  if body.values ~= nil and (type(body.values) ~= "table" or (is_obj(body.values) and next(body.values) ~= nil)) then
+    perr("[ids] failed to parse field [values]")
+  end
   for _, id in ipairs(body.values or {}) do set[tostring(id)] = true end
   return function(rec) if set[rec.id] then return true, 1.0 end return false, 0 end
 end

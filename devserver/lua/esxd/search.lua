@@ -73,6 +73,7 @@ local function parse_sort(spec)
       items[#items + 1] = { field = f, dir = d ~= "" and d or nil }
     end
   else
+    if type(spec) ~= "table" then errors.raise(400, "parsing_exception", "[sort] unexpected token [" .. json_kind(spec) .. "]") end
     local list = is_obj(spec) and { spec } or spec
     for _, s in ipairs(list) do
       if type(s) == "string" then items[#items + 1] = { field = s }
@@ -83,7 +84,7 @@ local function parse_sort(spec)
           else errors.raise(400, "parsing_exception", "[" .. f .. "] failed to parse field [sort]") end
         end
       else
-        errors.raise(400, "parsing_exception", "[sort] unexpected token")
+        errors.raise(400, "parsing_exception", "[sort] unexpected token [" .. json_kind(s) .. "]")
       end
     end
   end
@@ -265,6 +266,7 @@ function _M.search(expr, params, body, started)
   end
   local hits_obj = json.obj("total", total_hits(#hits, tth, as_int),
     "max_score", (max_score ~= nil and #hits > 0) and json.float(max_score) or null, "hits", out_hits)
+  ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
   local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(#idxs), "hits", hits_obj)
   if agg_spec then
