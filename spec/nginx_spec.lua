@@ -1,7 +1,7 @@
 -- esx inside nginx: the module loads in a content_by_lua_block under the lua module's LuaJIT.
 local nginx = require "spec.support.nginx"
 
-describe("require 'esx' inside nginx", function()
+describe("require 'esx' inside nginx #nginx", function()
   local srv
   setup(function()
     srv = nginx.start{

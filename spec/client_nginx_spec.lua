@@ -1,0 +1,123 @@
+-- esx.client inside nginx: a client created in init_by_lua (the master) works in every
+-- forked worker, and a slow search waits without blocking the worker.
+local ds = require "spec.support.devserver"
+local nginx = require "spec.support.nginx"
+local socket = require "socket"
+local cjson = require "cjson"
+
+local es, web
+
+local function now_ms() return socket.gettime() * 1000 end
+
+-- Sends a GET on a new connection without reading the answer; returns the socket.
+local function start_get(port, path)
+  local c = assert(socket.connect("127.0.0.1", port))
+  c:settimeout(10)
+  assert(c:send("GET " .. path .. " HTTP/1.0\r\nHost: x\r\n\r\n"))
+  return c
+end
+
+local function finish_get(c)
+  local data = c:receive("*a")
+  c:close()
+  local status = tonumber(data:match("^HTTP/%d%.%d (%d+)"))
+  return status, data:match("\r\n\r\n(.*)$")
+end
+
+setup(function()
+  es = ds.start{}
+  web = nginx.start{
+    workers = 2,
+    http = ([[
+      init_by_lua_block {
+        local esx = require "esx"
+        package.loaded.test_client = assert(esx.client{ hosts = { "%s" }, socket_timeout = 5000 })
+        -- used once in the master, before the fork
+        assert(package.loaded.test_client:info())
+      }
+    ]]):format(es.url),
+    server = [[
+      location = /info {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local info, err = c:info()
+          if not info then ngx.status = 500 ngx.say(tostring(err)) return end
+          local s = c:stats()
+          ngx.say(require("cjson").encode({ pid = ngx.worker.pid(), tagline = info.tagline,
+                                            rebuilds = s.rebuilds }))
+        }
+      }
+      location = /slow {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local res, err = c:search("slow", { query = { match_all = {} } })
+          ngx.say(res and "ok" or tostring(err))
+        }
+      }
+      location = /send {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local p = assert(c:send("GET", "/_cluster/health"))
+          local res, err = require("esx.nginx").wait(p)
+          ngx.say(res and res.status or tostring(err))
+        }
+      }
+      location = /fast {
+        content_by_lua_block { ngx.say("fast ", ngx.worker.pid()) }
+      }
+    ]],
+  }
+end)
+
+teardown(function()
+  if web then web:stop() end
+  if es then es:stop() end
+end)
+
+describe("esx.client in nginx #nginx", function()
+  it("works in every worker when created in init_by_lua before the fork", function()
+    local pids = {}
+    for _ = 1, 40 do
+      local status, body = web:get("/info")
+      assert.equal(200, status, body)
+      local doc = cjson.decode(body)
+      assert.equal("You Know, for Search", doc.tagline)
+      assert.equal(1, doc.rebuilds) -- each worker built its own engine once
+      pids[doc.pid] = true
+    end
+    local n = 0
+    for _ in pairs(pids) do n = n + 1 end
+    assert.is_true(n >= 1)
+    assert.falsy(web:error_log():find("[alert]", 1, true))
+  end)
+
+  it("waits for a pending request with esx.nginx.wait", function()
+    local status, body = web:get("/send")
+    assert.equal(200, status)
+    assert.equal("200\n", body)
+  end)
+
+  it("does not stall other requests on the worker while a search is slow", function()
+    -- one worker would serve both; with two, pin by trying until /fast lands on the
+    -- worker that holds the slow search: every /fast must be quick regardless.
+    assert.equal(200, (es:request("PUT", "/slow")))
+    es:fault{ path = "/slow/_search", stall_ms = 1500, count = -1 }
+    local slows = {}
+    for i = 1, 4 do slows[i] = start_get(web.port, "/slow") end
+    socket.sleep(0.1)
+    local worst = 0
+    for _ = 1, 10 do
+      local t0 = now_ms()
+      local status = web:get("/fast")
+      assert.equal(200, status)
+      worst = math.max(worst, now_ms() - t0)
+    end
+    assert.is_true(worst < 500, "a /fast request took " .. worst .. " ms")
+    for _, c in ipairs(slows) do
+      local status, body = finish_get(c)
+      assert.equal(200, status)
+      assert.equal("ok\n", body)
+    end
+    es:clear_faults()
+  end)
+end)

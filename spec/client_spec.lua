@@ -1,0 +1,644 @@
+-- esx.client against the dev server: API, every error kind, every timeout bound, gzip on the
+-- wire, retries, dead nodes, self-healing.  Timing assertions use generous upper margins
+-- (these are shared 2-core machines); they prove a bound, not a speed.
+local esx = require "esx"
+local ds = require "spec.support.devserver"
+local socket = require "socket"
+
+local srv
+
+local function now_ms() return socket.gettime() * 1000 end
+
+local function timed(f)
+  local t0 = now_ms()
+  local a, b = f()
+  return a, b, now_ms() - t0
+end
+
+-- a loopback port nothing listens on
+local function closed_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+local function client(opts)
+  opts = opts or {}
+  if not opts.hosts then opts.hosts = { srv.url } end
+  return assert(esx.client(opts))
+end
+
+setup(function() srv = ds.start{} end)
+teardown(function() if srv then srv:stop() end end)
+before_each(function() srv:reset() end)
+
+describe("esx.client", function()
+  it("raises naming an unknown option", function()
+    assert.has_error(function() esx.client{ pool_timeuot = 5 } end,
+      "esx.client: bad option 'pool_timeuot' (unknown option)")
+  end)
+
+  it("raises naming an option of the wrong type or range", function()
+    assert.has_error(function() esx.client{ connect_timeout = "1s" } end,
+      "esx.client: bad option 'connect_timeout' (integer expected, got string)")
+    assert.has_error(function() esx.client{ max_total = 0 } end,
+      "esx.client: bad option 'max_total' (must be >= 1)")
+    assert.has_error(function() esx.client{ compression_level = 10 } end,
+      "esx.client: bad option 'compression_level' (must be <= 9)")
+  end)
+
+  it("raises on a host that is not an http(s) URL", function()
+    assert.has_error(function() esx.client{ hosts = { "ftp://x" } } end,
+      "esx.client: bad option 'hosts' (node URL must start with http:// or https://)")
+    assert.has_error(function() esx.client{ hosts = {} } end,
+      "esx.client: bad option 'hosts' (no node URL given)")
+  end)
+
+  it("accepts hosts as one comma-separated string", function()
+    local c = client{ hosts = srv.url .. ", http://127.0.0.1:1" }
+    local s = c:stats()
+    assert.equal(2, #s.nodes)
+    assert.equal(srv.url, s.nodes[1].url)
+    assert.equal("http://127.0.0.1:1", s.nodes[2].url)
+    c:close()
+  end)
+
+  it("raises on header values with CR or LF", function()
+    assert.has_error(function() esx.client{ headers = { ["X-A"] = "a\r\nB: c" } } end,
+      "esx.client: bad option 'headers' (header 'X-A' must be a string without CR, LF or NUL)")
+  end)
+
+  it("raises on a password without a username, and on api_key with a username", function()
+    assert.has_error(function() esx.client{ password = "p" } end,
+      "esx.client: bad option 'password' (given without 'username')")
+    assert.has_error(function() esx.client{ username = "u", api_key = "k" } end,
+      "esx.client: bad option 'api_key' (use either api_key or username/password)")
+  end)
+end)
+
+describe("client:request", function()
+  it("returns status, lowercase headers and body", function()
+    local c = client()
+    local res = assert(c:request("GET", "/"))
+    assert.equal(200, res.status)
+    assert.equal("Elasticsearch", res.headers["x-elastic-product"])
+    assert.truthy(res.body:find('"tagline"', 1, true))
+    assert.equal(srv.url, res.node)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'http', status, body and node on a 4xx", function()
+    local c = client()
+    local res, err = c:request("PUT", "/Bad_Index")
+    assert.is_nil(res)
+    assert.equal("http", err.kind)
+    assert.equal(400, err.status)
+    assert.equal(srv.url, err.node)
+    assert.truthy(err.body:find("invalid_index_name_exception", 1, true))
+    assert.truthy(tostring(err):find("^http: PUT /Bad_Index: HTTP 400 invalid_index_name_exception"))
+    c:close()
+  end)
+
+  it("returns the response when opts.ok_status lists the status", function()
+    local c = client()
+    local res = assert(c:request("HEAD", "/missing-index", nil, { ok_status = { 404 } }))
+    assert.equal(404, res.status)
+    c:close()
+  end)
+
+  it("raises on an unknown per-call option and on a path with spaces or CR/LF", function()
+    local c = client()
+    assert.has_error(function() c:request("GET", "/", nil, { retires = 1 }) end,
+      "bad option 'retires' to 'send' (unknown option)")
+    assert.has_error(function() c:request("GET", "/a b") end)
+    assert.has_error(function() c:request("GET", "/a\r\nX: y") end)
+    assert.has_error(function() c:request("GET", "/", nil, { headers = { ["X-A"] = "1\r\nX-B: 2" } }) end)
+    c:close()
+  end)
+
+  it("encodes a table body as JSON", function()
+    local c = client()
+    assert(c:request("PUT", "/t1/_doc/1?refresh=true", { n = 5 }))
+    local seen = srv:requests("/t1/_doc/1").requests[1]
+    assert.equal("application/json", seen.headers["content-type"])
+    assert.equal(#'{"n":5}', seen.body_bytes)
+    c:close()
+  end)
+
+  it("sends the configured headers, user agent and api key", function()
+    local c = client{ headers = { ["X-Opaque-Id"] = "job-7" }, api_key = "aWQ6a2V5" }
+    assert(c:request("GET", "/"))
+    local seen = srv:requests("/").requests[1]
+    assert.equal("job-7", seen.headers["x-opaque-id"])
+    assert.equal("ApiKey aWQ6a2V5", seen.headers["authorization"])
+    assert.truthy(seen.headers["user-agent"]:find("^esx/"))
+    c:close()
+  end)
+end)
+
+describe("client methods", function()
+  local c
+  before_each(function() c = client() end)
+  after_each(function() c:close() end)
+
+  it("index, get, refresh, search, count and delete a document", function()
+    local r = assert(c:index("books", { title = "the quick fox" }, "b1"))
+    assert.equal("created", r.result)
+    assert.equal("b1", (assert(c:get("books", "b1")))._id)
+    assert(c:refresh("books"))
+    local res = assert(c:search("books", { query = { match = { title = "fox" } } }))
+    assert.equal(1, res.hits.total.value)
+    assert.equal("b1", res.hits.hits[1]._id)
+    local n, doc = c:count("books", { query = { match_all = {} } })
+    assert.equal(1, n)
+    assert.equal(1, doc.count)
+    assert.equal("deleted", (assert(c:delete("books", "b1"))).result)
+  end)
+
+  it("index without an id lets the server choose one", function()
+    local r = assert(c:index("books", { title = "x" }))
+    assert.is_string(r._id)
+    assert.equal("created", r.result)
+  end)
+
+  it("get returns nil, err with kind 'not_found' on 404", function()
+    assert(c:index("books", { title = "x" }, "1"))
+    local doc, err = c:get("books", "nope")
+    assert.is_nil(doc)
+    assert.equal("not_found", err.kind)
+    assert.equal(404, err.status)
+  end)
+
+  it("percent-encodes document ids", function()
+    assert(c:index("books", { title = "x" }, "a/b?c d"))
+    assert.equal("a/b?c d", (assert(c:get("books", "a/b?c d")))._id)
+    assert.equal(2, srv:requests("/books/_doc/a%2Fb%3Fc%20d").counts["/books/_doc/a%2Fb%3Fc%20d"])
+  end)
+
+  it("raises on an invalid index name before sending anything", function()
+    assert.has_error(function() c:index("Books", { x = 1 }) end,
+      "bad argument #1 to 'index' (invalid index name \"Books\")")
+    assert.has_error(function() c:get("a/b", "1") end)
+    assert.has_error(function() c:search("a\r\nb", {}) end)
+    assert.same({}, srv:requests().requests)
+  end)
+
+  it("health and info answer", function()
+    assert.equal("green", (assert(c:health())).status)
+    assert.equal("You Know, for Search", (assert(c:info())).tagline)
+  end)
+
+  it("bulk takes a list of {action, meta, doc} and returns per-item results", function()
+    local res = assert(c:bulk({
+      { "index", { _index = "ev", _id = "1" }, { a = 1 } },
+      { "create", { _index = "ev", _id = "2" }, { a = 2 } },
+      { "create", { _index = "ev", _id = "1" }, { a = 3 } },
+      { "delete", { _index = "ev", _id = "9" } },
+    }))
+    assert.is_true(res.errors)
+    assert.equal(4, #res.items)
+    assert.equal(201, res.items[1].index.status)
+    assert.equal(201, res.items[2].create.status)
+    assert.equal(409, res.items[3].create.status)
+    assert.equal(404, res.items[4].delete.status)
+    local seen = srv:requests("/_bulk").requests[1]
+    assert.equal("application/x-ndjson", seen.headers["content-type"])
+  end)
+
+  it("bulk takes an NDJSON string", function()
+    local res = assert(c:bulk('{"index":{"_index":"ev","_id":"1"}}\n{"a":1}\n'))
+    assert.is_false(res.errors)
+  end)
+
+  it("bulk raises on an unknown action", function()
+    assert.has_error(function() c:bulk({ { "upsert", { _index = "x" }, {} } }) end,
+      "bad argument #1 to 'bulk' (operation 1: unknown action upsert)")
+  end)
+
+  it("search returns nil, err with kind 'decode' on a body that is not JSON", function()
+    srv:fault{ path = "/x/_search", status = 200, body = "not json {" }
+    local res, err = c:search("x", {})
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("not json {", err.body)
+  end)
+end)
+
+describe("error kinds and deadlines", function()
+  it("returns nil, err with kind 'connect' when the node refuses connections", function()
+    local port = closed_port()
+    local c = client{ hosts = { "http://127.0.0.1:" .. port }, max_retries = 0 }
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("connect", err.kind)
+    assert.equal("http://127.0.0.1:" .. port, err.node)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'connect_timeout' within connect_timeout when the listener's backlog is full", function()
+    -- a listener that never accepts, with its queue filled: further SYNs go unanswered
+    local l = assert(socket.tcp())
+    assert(l:bind("127.0.0.1", 0))
+    assert(l:listen(0))
+    local _, port = l:getsockname()
+    local fillers = {}
+    for i = 1, 4 do
+      local s = socket.tcp()
+      s:settimeout(0.2)
+      s:connect("127.0.0.1", port)
+      fillers[i] = s
+    end
+    local c = client{ hosts = { "http://127.0.0.1:" .. port }, connect_timeout = 200, max_retries = 0 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("connect_timeout", err.kind)
+    assert.is_true(ms >= 190 and ms < 1200, "took " .. ms .. " ms")
+    c:close()
+    for _, s in ipairs(fillers) do s:close() end
+    l:close()
+  end)
+
+  it("returns nil, err with kind 'socket_timeout' within socket_timeout when the server stalls", function()
+    srv:fault{ path = "/", stall_ms = 3000 }
+    local c = client{ socket_timeout = 300 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("socket_timeout", err.kind)
+    assert.is_true(ms >= 290 and ms < 1300, "took " .. ms .. " ms")
+    c:close()
+  end)
+
+  it("counts a slow drip as activity, so it is not a socket timeout", function()
+    srv:fault{ path = "/", drip = { bytes = 50, interval_ms = 100 } }
+    local c = client{ socket_timeout = 400 }
+    local res = assert(c:request("GET", "/"))
+    assert.equal(200, res.status)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'socket_timeout' when the body stalls midway", function()
+    srv:fault{ path = "/", drip = { bytes = 20, interval_ms = 2000 } }
+    local c = client{ socket_timeout = 300 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("socket_timeout", err.kind)
+    assert.is_true(ms < 1500, "took " .. ms .. " ms")
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'request_timeout' within request_timeout, retries included", function()
+    srv:fault{ path = "/", count = -1, status = 503 }
+    local c = client{ request_timeout = 400, max_retries = 100, dead_backoff_min = 1, dead_backoff_max = 1 }
+    local res, err, ms = timed(function() return c:request("GET", "/", nil, { timeout = 400 }) end)
+    assert.is_nil(res)
+    assert.is_true(err.kind == "request_timeout" or (err.kind == "http" and err.status == 503),
+      tostring(err))
+    assert.is_true(ms < 1400, "took " .. ms .. " ms")
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'request_timeout' when one attempt outlasts it", function()
+    srv:fault{ path = "/", stall_ms = 3000 }
+    local c = client{ request_timeout = 300 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("request_timeout", err.kind)
+    assert.is_true(ms >= 290 and ms < 1300, "took " .. ms .. " ms")
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'pool_timeout' when no connection slot frees up in time", function()
+    srv:fault{ path = "/", stall_ms = 1500 }
+    local c = client{ max_total = 1, pool_timeout = 200 }
+    local slow = assert(c:send("GET", "/"))
+    local res, err, ms = timed(function() return c:request("GET", "/_cluster/health") end)
+    assert.is_nil(res)
+    assert.equal("pool_timeout", err.kind)
+    assert.is_true(ms >= 190 and ms < 1200, "took " .. ms .. " ms")
+    assert.equal(1, c:stats().pool.pool_timeouts)
+    assert.is_true(slow:wait(5000))
+    assert.equal(200, (assert(slow:result())).status)
+    c:close()
+  end)
+
+  it("fails fast with 'pool_timeout' under many concurrent async requests", function()
+    srv:fault{ path = "/", stall_ms = 800, count = -1 }
+    local c = client{ max_per_route = 2, max_total = 2, pool_timeout = 100 }
+    local pendings = {}
+    for i = 1, 10 do pendings[i] = assert(c:send("GET", "/")) end
+    local kinds = {}
+    for _, p in ipairs(pendings) do
+      assert.is_true(p:wait(5000))
+      local res, err = p:result()
+      local k = res and "ok" or err.kind
+      kinds[k] = (kinds[k] or 0) + 1
+    end
+    assert.same({ ok = 2, pool_timeout = 8 }, kinds)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'decode' on a corrupt gzip body", function()
+    srv:fault{ path = "/", corrupt_gzip = true }
+    local c = client{ compression = true, max_retries = 0 }
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("corrupt gzip response body", err.message)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'decode' when a response passes max_response_bytes", function()
+    srv:fault{ path = "/", endless = true }
+    local c = client{ max_response_bytes = 64 * 1024 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("response body exceeds max_response_bytes (65536)", err.message)
+    assert.is_true(ms < 3000)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'reset' when every attempt is cut mid-response", function()
+    srv:fault{ path = "/", count = -1, reset_after_bytes = 10 }
+    local c = client{ max_retries = 2, dead_backoff_min = 1, dead_backoff_max = 1 }
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("reset", err.kind)
+    assert.equal(2, err.retries)
+    assert.equal(3, srv:requests("/").counts["/"])
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'no_nodes' when every node is dead and resurrect is off", function()
+    local c = client{ hosts = { "http://127.0.0.1:" .. closed_port() }, max_retries = 0, resurrect = false }
+    local _, err1 = c:request("GET", "/")
+    assert.equal("connect", err1.kind)
+    local _, err2 = c:request("GET", "/")
+    assert.equal("no_nodes", err2.kind)
+    c:close()
+  end)
+
+  it("returns nil, err with kind 'closed' after close", function()
+    local c = client()
+    c:close()
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("closed", err.kind)
+    local _, serr = c:stats()
+    assert.equal("closed", serr.kind)
+  end)
+
+  it("fails requests in flight with 'closed' when the client closes", function()
+    srv:fault{ path = "/", stall_ms = 2000 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    c:close()
+    assert.is_true(p:ready())
+    local res, err = p:result()
+    assert.is_nil(res)
+    assert.equal("closed", err.kind)
+  end)
+end)
+
+describe("compression", function()
+  local big = { query = { match = { text = string.rep("the same words over and over ", 200) } } }
+
+  it("gzips request bodies and accepts gzip responses, as the server sees them", function()
+    local c = client{ compression = true }
+    assert(c:request("POST", "/_search", big))
+    local seen = srv:requests("/_search").requests[1]
+    assert.equal("gzip", seen.headers["content-encoding"])
+    assert.equal("gzip", seen.headers["accept-encoding"])
+    assert.is_true(seen.body_wire_bytes < seen.body_bytes / 10)
+    local s = c:stats()
+    assert.equal(seen.body_bytes, s.bytes.sent_raw)
+    assert.equal(seen.body_wire_bytes, s.bytes.sent_wire)
+    assert.is_true(s.bytes.received_wire < s.bytes.received_raw)
+    c:close()
+  end)
+
+  it("sends bodies below compression_min_bytes as they are", function()
+    local c = client{ compression = true, compression_min_bytes = 100000 }
+    assert(c:request("POST", "/_search", big))
+    local seen = srv:requests("/_search").requests[1]
+    assert.is_nil(seen.headers["content-encoding"])
+    assert.equal(seen.body_bytes, seen.body_wire_bytes)
+    c:close()
+  end)
+
+  it("sends neither header when compression is off", function()
+    local c = client()
+    assert(c:request("POST", "/_search", big))
+    local seen = srv:requests("/_search").requests[1]
+    assert.is_nil(seen.headers["content-encoding"])
+    assert.is_nil(seen.headers["accept-encoding"])
+    c:close()
+  end)
+end)
+
+describe("retries and nodes", function()
+  it("retries a 503 and succeeds, counting the retry", function()
+    srv:fault{ path = "/", status = 503, count = 1 }
+    local c = client{ dead_backoff_min = 1, dead_backoff_max = 1 }
+    local res = assert(c:request("GET", "/"))
+    assert.equal(200, res.status)
+    assert.equal(1, res.retries)
+    assert.equal(1, c:stats().retries)
+    assert.equal(2, srv:requests("/").counts["/"])
+    c:close()
+  end)
+
+  it("does not retry when the call says retries = false", function()
+    srv:fault{ path = "/", status = 503, count = 1 }
+    local c = client()
+    local res, err = c:request("GET", "/", nil, { retries = false })
+    assert.is_nil(res)
+    assert.equal("http", err.kind)
+    assert.equal(503, err.status)
+    assert.equal(1, srv:requests("/").counts["/"])
+    c:close()
+  end)
+
+  it("honours Retry-After on a 429 and keeps the node alive", function()
+    srv:fault{ path = "/", status = 429, headers = { ["Retry-After"] = "1" } }
+    local c = client()
+    local res, _, ms = timed(function() return c:request("GET", "/") end)
+    assert.equal(200, (assert(res)).status)
+    assert.is_true(ms >= 950 and ms < 2500, "took " .. ms .. " ms")
+    assert.is_true(c:stats().nodes[1].alive)
+    c:close()
+  end)
+
+  it("backs off with jitter on a 429 without Retry-After", function()
+    srv:fault{ path = "/", status = 429, count = 2 }
+    local c = client()
+    local res, _, ms = timed(function() return c:request("GET", "/") end)
+    assert.equal(200, (assert(res)).status)
+    -- 50-100 ms, then 100-200 ms
+    assert.is_true(ms >= 140 and ms < 1500, "took " .. ms .. " ms")
+    assert.is_true(c:stats().nodes[1].alive)
+    c:close()
+  end)
+
+  it("returns the 429 when Retry-After passes the call's deadline", function()
+    srv:fault{ path = "/", status = 429, headers = { ["Retry-After"] = "5" } }
+    local c = client{ request_timeout = 1000 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal(429, err.status)
+    assert.is_true(ms < 800, "took " .. ms .. " ms")
+    c:close()
+  end)
+
+  it("marks a refusing node dead for dead_backoff_min and sends to the live one", function()
+    local dead = "http://127.0.0.1:" .. closed_port()
+    local c = client{ hosts = { dead, srv.url }, dead_backoff_min = 60000 }
+    for _ = 1, 4 do assert(c:request("GET", "/")) end
+    local s = c:stats()
+    assert.is_false(s.nodes[1].alive)
+    assert.equal(1, s.nodes[1].failures)
+    assert.equal(1, s.nodes[1].requests)
+    local wait = s.nodes[1].dead_until - os.time() * 1000
+    assert.is_true(wait > 55000 and wait <= 61000, "dead for " .. wait)
+    assert.is_true(s.nodes[2].alive)
+    assert.equal(4, s.nodes[2].requests)
+    c:close()
+  end)
+
+  it("doubles the dead time on each failure up to dead_backoff_max", function()
+    local c = client{ hosts = { "http://127.0.0.1:" .. closed_port() }, max_retries = 3,
+                      dead_backoff_min = 1000, dead_backoff_max = 4000 }
+    local _, err = c:request("GET", "/")
+    assert.equal("connect", err.kind)
+    local n = c:stats().nodes[1]
+    assert.equal(4, n.failures)
+    local wait = n.dead_until - os.time() * 1000
+    assert.is_true(wait > 2500 and wait <= 5000, "dead for " .. wait)
+    c:close()
+  end)
+
+  it("brings a node back after it restarts", function()
+    local port = srv.port
+    local c = client{ dead_backoff_min = 200, dead_backoff_max = 200, max_retries = 0 }
+    assert(c:request("GET", "/"))
+    srv:stop()
+    local _, err = c:request("GET", "/")
+    assert.is_truthy(err.kind == "connect" or err.kind == "reset", tostring(err))
+    assert.is_false(c:stats().nodes[1].alive)
+    srv = ds.start{ port = port }
+    socket.sleep(0.25)
+    assert(c:request("GET", "/"))
+    assert.is_true(c:stats().nodes[1].alive)
+    c:close()
+  end)
+end)
+
+describe("pool limits", function()
+  it("never opens more than max_per_route connections to a node", function()
+    srv:fault{ path = "/", stall_ms = 200, count = -1 }
+    local c = client{ max_per_route = 3, max_total = 30, pool_timeout = 5000 }
+    local pendings = {}
+    for i = 1, 12 do pendings[i] = assert(c:send("GET", "/")) end
+    local max_open = 0
+    while true do
+      local s = c:stats()
+      if s.pool.open > max_open then max_open = s.pool.open end
+      assert.is_true(s.pool.in_use <= 3)
+      local all = true
+      for _, p in ipairs(pendings) do if not p:ready() then all = false end end
+      if all then break end
+      socket.sleep(0.01)
+    end
+    assert.is_true(max_open <= 3, "opened " .. max_open)
+    for _, p in ipairs(pendings) do assert.equal(200, (assert(p:result())).status) end
+    c:close()
+  end)
+
+  it("reuses keep-alive connections", function()
+    local c = client()
+    for _ = 1, 5 do assert(c:request("GET", "/")) end
+    local s = c:stats()
+    assert.equal(1, s.pool.open)
+    assert.equal(1, s.pool.idle)
+    c:close()
+  end)
+end)
+
+describe("self-healing", function()
+  it("rebuilds an I/O thread that died and counts the rebuild", function()
+    local c = client()
+    assert(c:request("GET", "/"))
+    c:_kill_io_thread()
+    socket.sleep(0.05)
+    local res = assert(c:request("GET", "/"))
+    assert.equal(200, res.status)
+    assert.equal(1, c:stats().rebuilds)
+    c:close()
+  end)
+
+  it("finishes a request that was in flight when the thread died", function()
+    srv:fault{ path = "/", stall_ms = 300 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    socket.sleep(0.05)
+    c:_kill_io_thread()
+    assert.is_true(p:wait(5000))
+    assert.equal(200, (assert(p:result())).status)
+    c:close()
+  end)
+end)
+
+describe("credentials", function()
+  local secure
+  setup(function() secure = ds.start{ user = "elastic", password = "s3cret-pw" } end)
+  teardown(function() secure:stop() end)
+
+  it("authenticates with basic auth and fails with 401 without it", function()
+    local ok = client{ hosts = { secure.url }, username = "elastic", password = "s3cret-pw" }
+    assert(ok:info())
+    local bad = client{ hosts = { secure.url } }
+    local _, err = bad:info()
+    assert.equal("http", err.kind)
+    assert.equal(401, err.status)
+    ok:close()
+    bad:close()
+  end)
+
+  it("takes credentials from the URL and never shows them in stats, errors or metrics", function()
+    local url = secure.url:gsub("^http://", "http://elastic:s3cret-pw@")
+    local c = client{ hosts = { url } }
+    assert(c:info())
+    local _, err = c:request("GET", "/nope-index/_doc/1")
+    assert.equal(secure.url, c:stats().nodes[1].url)
+    assert.falsy(tostring(err):find("s3cret", 1, true))
+    assert.falsy(err.node:find("s3cret", 1, true))
+    assert.falsy(esx.metrics():find("s3cret", 1, true))
+    c:close()
+  end)
+end)
+
+local has_posix, unistd = pcall(require, "posix.unistd")
+if has_posix then
+  -- Debian's lua-posix has no Lua 5.4 build, so this runs under LuaJIT; under Lua 5.4 the
+  -- nginx spec (client made in init_by_lua, used in forked workers) covers fork.
+  describe("fork", function()
+    it("works in a child forked after the client was used", function()
+      local wait = require("posix.sys.wait")
+      local c = client()
+      assert(c:request("GET", "/"))
+      local pid = unistd.fork()
+      if pid == 0 then
+        local res = c:request("GET", "/_cluster/health")
+        local code = (res and res.status == 200 and c:stats().rebuilds == 1) and 0 or 1
+        c:close()
+        unistd._exit(code)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      assert(c:request("GET", "/"))  -- the parent's engine is untouched
+      assert.equal(0, c:stats().rebuilds)
+      c:close()
+    end)
+  end)
+end
