@@ -265,6 +265,9 @@ end
 bucket.date_histogram = function(spec, docs, types, subspec)
   local field = need_field("date_histogram", spec)
   local startf, nextf = interval_fns(spec)
+  -- ES prints key_as_string only when the field has a date format (not for long fields)
+  local fty = mapping.type_of(types, field)
+  local with_string = not (fty and mapping.NUMERIC[fty])
   local min_doc = int_opt("date_histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do
@@ -291,7 +294,7 @@ bucket.date_histogram = function(spec, docs, types, subspec)
     while k <= last do
       local g = groups[k] or {}
       if #g >= min_doc then
-        local b = json.obj("key_as_string", dates.format(k), "key", k, "doc_count", #g)
+        local b = json.obj("key_as_string", with_string and dates.format(k) or nil, "key", k, "doc_count", #g)
         buckets[#buckets + 1] = add_subs(b, subspec, g, types)
       end
       if min_doc > 0 and #g == 0 then

@@ -12,6 +12,7 @@ local auth = require "esxd.auth"
 local gzip = require "esxd.gzip"
 local store = require "esxd.store"
 local config = require "esxd.config"
+local filter_path = require "esxd.filter_path"
 
 local _M = {}
 
@@ -160,10 +161,15 @@ function _M.handle()
     for k, v in pairs(fault.headers) do hdrs[k] = v end
   end
   entry.status = status
+  local text = render(out)
+  if args.filter_path and args.filter_path ~= "" and not (fault and fault.status) then
+    local okf, filtered = pcall(filter_path.apply, args.filter_path, text)
+    if okf then text = filtered end
+  end
   local ae = headers["accept-encoding"]
   if type(ae) == "table" then ae = table.concat(ae, ",") end
   local accept_gzip = ae and ae:lower():find("gzip", 1, true) ~= nil
-  return respond.send(status, render(out), hdrs, accept_gzip, fault)
+  return respond.send(status, text, hdrs, accept_gzip, fault)
 end
 
 -- error_page 413 target: body larger than --max-body.
