@@ -564,6 +564,35 @@ describe("memory", function()
     assert.truthy(per > 1.0 and per < 1.5, per)
   end)
 
+  it("keeps a few readers scattered over 2^53 in about 8 bytes each", function()
+    math.randomseed(3)
+    local ids = {}
+    for i = 1, 1000 do ids[i] = math.random(0, 2 ^ 40) end
+    local c = esx.cache{ load_page = function() return {} end, load_readers = function() return ids end }
+    assert.is_true(c:has_read(1, ids[500]))
+    local per = c:stats().readers.bytes / #ids
+    assert.truthy(per < 9, per)
+  end)
+
+  it("answers exactly while a set grows from the array form back to bitmaps", function()
+    math.randomseed(4)
+    local ids, truth = {}, {}
+    for i = 1, 100 do ids[i] = math.random(0, 2 ^ 53 - 1) truth[ids[i]] = true end
+    local c = esx.cache{ load_page = function() return {} end, load_readers = function() return ids end }
+    c:has_read(1, 0)
+    for _ = 1, 6000 do
+      local u = math.random() < 0.5 and math.random(0, 2 ^ 53 - 1) or math.random(0, 70000)
+      truth[u] = true
+      c:mark_read(1, u)
+    end
+    for u in pairs(truth) do assert.is_true(c:has_read(1, u)) end
+    for _ = 1, 2000 do
+      local u = math.random(0, 2 ^ 53 - 1)
+      assert.equal(truth[u] == true, c:has_read(1, u))
+    end
+    assert.equal(1, c:stats().readers.loads)
+  end)
+
   it("run-optimises dense ranges", function()
     local ids = {}
     for i = 1, 100000 do ids[i] = i end

@@ -14,12 +14,22 @@ struct esx_rset_part {
     roaring_bitmap_t *bm;
 };
 
+/* A set is either a list of Roaring parts, or -- when that is smaller, typically for a few
+ * readers scattered over many high keys -- a sorted array of 64-bit ids (arr != NULL). */
 struct esx_rset {
     uint32_t n;                  /* parts in use */
     uint32_t cap;                /* capacity of parts (1 = the inline part) */
     struct esx_rset_part *parts; /* == &one when cap == 1 */
     struct esx_rset_part one;
+    uint64_t *arr;               /* array form: sorted ids, or NULL */
+    uint32_t alen, acap;
 };
+
+/* The array form is kept up to this many ids; beyond, the set goes back to Roaring parts. */
+#define ARRAY_MAX 4096
+
+static int to_parts(esx_rset *s);
+static long arr_find(const esx_rset *s, uint64_t id);
 
 esx_rset *esx_rset_new(void)
 {
@@ -35,6 +45,7 @@ void esx_rset_free(esx_rset *s)
 {
     if (s == NULL)
         return;
+    free(s->arr);
     for (uint32_t i = 0; i < s->n; i++)
         roaring_bitmap_free(s->parts[i].bm);
     if (s->parts != &s->one)
@@ -98,8 +109,52 @@ static roaring_bitmap_t *part_for(esx_rset *s, uint32_t h)
     return bm;
 }
 
+/* Array form: index of id, or -(insertion point) - 1. */
+static long arr_find(const esx_rset *s, uint64_t id)
+{
+    long lo = 0, hi = (long)s->alen - 1;
+    while (lo <= hi) {
+        long mid = (lo + hi) / 2;
+        uint64_t v = s->arr[mid];
+        if (v == id)
+            return mid;
+        if (v < id)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -lo - 1;
+}
+
+static int arr_add(esx_rset *s, uint64_t id)
+{
+    long i = arr_find(s, id);
+    if (i >= 0)
+        return 0;
+    if (s->alen >= ARRAY_MAX) {
+        if (to_parts(s) != 0)
+            return -1;
+        return esx_rset_add(s, id);
+    }
+    size_t at = (size_t)(-i - 1);
+    if (s->alen == s->acap) {
+        uint32_t ncap = s->acap + s->acap / 2 + 4;
+        uint64_t *na = realloc(s->arr, ncap * sizeof *na);
+        if (na == NULL)
+            return -1;
+        s->arr = na;
+        s->acap = ncap;
+    }
+    memmove(&s->arr[at + 1], &s->arr[at], (s->alen - at) * sizeof *s->arr);
+    s->arr[at] = id;
+    s->alen++;
+    return 1;
+}
+
 int esx_rset_add(esx_rset *s, uint64_t id)
 {
+    if (s->arr != NULL)
+        return arr_add(s, id);
     roaring_bitmap_t *bm = part_for(s, (uint32_t)(id >> 32));
     if (bm == NULL)
         return -1;
@@ -110,6 +165,8 @@ int esx_rset_add_many32(esx_rset *s, const uint32_t *ids, size_t n)
 {
     if (n == 0)
         return 0;
+    if (s->arr != NULL && to_parts(s) != 0)
+        return -1;
     roaring_bitmap_t *bm = part_for(s, 0);
     if (bm == NULL)
         return -1;
@@ -119,6 +176,8 @@ int esx_rset_add_many32(esx_rset *s, const uint32_t *ids, size_t n)
 
 int esx_rset_contains(const esx_rset *s, uint64_t id)
 {
+    if (s->arr != NULL)
+        return arr_find(s, id) >= 0;
     uint32_t h = (uint32_t)(id >> 32);
     if (s->n == 1) /* the common case: one part, no search */
         return s->parts[0].high == h && roaring_bitmap_contains(s->parts[0].bm, (uint32_t)id);
@@ -128,6 +187,8 @@ int esx_rset_contains(const esx_rset *s, uint64_t id)
 
 uint64_t esx_rset_cardinality(const esx_rset *s)
 {
+    if (s->arr != NULL)
+        return s->alen;
     uint64_t n = 0;
     for (uint32_t i = 0; i < s->n; i++)
         n += roaring_bitmap_get_cardinality(s->parts[i].bm);
@@ -168,6 +229,8 @@ static size_t bitmap_bytes(const roaring_bitmap_t *bm)
 size_t esx_rset_bytes(const esx_rset *s)
 {
     size_t bytes = sizeof *s;
+    if (s->arr != NULL)
+        return bytes + (size_t)s->acap * sizeof *s->arr;
     if (s->parts != &s->one)
         bytes += s->cap * sizeof *s->parts;
     for (uint32_t i = 0; i < s->n; i++)
@@ -175,17 +238,98 @@ size_t esx_rset_bytes(const esx_rset *s)
     return bytes;
 }
 
+/* Converts the array form back to Roaring parts; 0, or -1 when out of memory (unchanged). */
+static int to_parts(esx_rset *s)
+{
+    esx_rset tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cap = 1;
+    tmp.parts = &tmp.one;
+    for (uint32_t i = 0; i < s->alen; i++) {
+        roaring_bitmap_t *bm = part_for(&tmp, (uint32_t)(s->arr[i] >> 32));
+        if (bm == NULL) {
+            for (uint32_t k = 0; k < tmp.n; k++)
+                roaring_bitmap_free(tmp.parts[k].bm);
+            if (tmp.parts != &tmp.one)
+                free(tmp.parts);
+            return -1;
+        }
+        roaring_bitmap_add(bm, (uint32_t)s->arr[i]);
+    }
+    free(s->arr);
+    s->arr = NULL;
+    s->alen = s->acap = 0;
+    s->n = tmp.n;
+    s->cap = tmp.cap;
+    if (tmp.parts == &tmp.one) {
+        s->one = tmp.one;
+        s->parts = &s->one;
+    } else {
+        s->parts = tmp.parts;
+    }
+    return 0;
+}
+
+/* Converts Roaring parts to the array form when that is smaller (few ids, many high keys). */
+static void maybe_to_array(esx_rset *s)
+{
+    uint64_t card = esx_rset_cardinality(s);
+    if (card > ARRAY_MAX || card * sizeof(uint64_t) >= esx_rset_bytes(s) - sizeof *s)
+        return;
+    uint64_t *arr = malloc((card ? card : 1) * sizeof *arr);
+    if (arr == NULL)
+        return; /* stay as we are */
+    size_t k = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        uint64_t high = (uint64_t)s->parts[i].high << 32;
+        roaring_uint32_iterator_t *it = roaring_create_iterator(s->parts[i].bm);
+        if (it == NULL) {
+            free(arr);
+            return;
+        }
+        while (it->has_value) { /* parts are sorted by high key: arr comes out sorted */
+            arr[k++] = high | it->current_value;
+            roaring_advance_uint32_iterator(it);
+        }
+        roaring_free_uint32_iterator(it);
+    }
+    for (uint32_t i = 0; i < s->n; i++)
+        roaring_bitmap_free(s->parts[i].bm);
+    if (s->parts != &s->one)
+        free(s->parts);
+    s->parts = &s->one;
+    s->n = 0;
+    s->cap = 1;
+    s->arr = arr;
+    s->alen = s->acap = (uint32_t)card;
+}
+
 void esx_rset_optimize(esx_rset *s)
 {
+    if (s->arr != NULL) {
+        if (s->acap > s->alen) {
+            uint64_t *na = realloc(s->arr, (s->alen ? s->alen : 1) * sizeof *na);
+            if (na != NULL) {
+                s->arr = na;
+                s->acap = s->alen ? s->alen : 1;
+            }
+        }
+        return;
+    }
     for (uint32_t i = 0; i < s->n; i++) {
         roaring_bitmap_run_optimize(s->parts[i].bm); /* converts only where runs are smaller */
         roaring_bitmap_shrink_to_fit(s->parts[i].bm);
     }
+    maybe_to_array(s);
 }
 
 /* Layout: u32 nparts, then per part: u32 high, u32 len, len bytes (portable format). */
+#define ARRAY_MARK 0xFFFFFFFFu /* instead of nparts: u32 count, then count u64 ids */
+
 size_t esx_rset_serialized_size(const esx_rset *s)
 {
+    if (s->arr != NULL)
+        return 8 + (size_t)s->alen * 8;
     size_t n = 4;
     for (uint32_t i = 0; i < s->n; i++)
         n += 8 + roaring_bitmap_portable_size_in_bytes(s->parts[i].bm);
@@ -196,6 +340,13 @@ size_t esx_rset_serialize(const esx_rset *s, char *buf, size_t cap)
 {
     if (esx_rset_serialized_size(s) > cap)
         return 0;
+    if (s->arr != NULL) {
+        uint32_t mark = ARRAY_MARK, count = s->alen;
+        memcpy(buf, &mark, 4);
+        memcpy(buf + 4, &count, 4);
+        memcpy(buf + 8, s->arr, (size_t)count * 8);
+        return 8 + (size_t)count * 8;
+    }
     size_t off = 0;
     uint32_t n = s->n;
     memcpy(buf + off, &n, 4);
@@ -220,6 +371,24 @@ esx_rset *esx_rset_deserialize(const char *buf, size_t len)
     esx_rset *s = esx_rset_new();
     if (s == NULL)
         return NULL;
+    if (n == ARRAY_MARK) {
+        uint32_t count;
+        if (len < 8)
+            goto bad;
+        memcpy(&count, buf + 4, 4);
+        if (count > ARRAY_MAX || (len - 8) / 8 != count || (len - 8) % 8 != 0)
+            goto bad;
+        s->arr = malloc((count ? count : 1) * sizeof *s->arr);
+        if (s->arr == NULL)
+            goto bad;
+        memcpy(s->arr, buf + 8, (size_t)count * 8);
+        s->alen = s->acap = count ? count : 0;
+        s->acap = count ? count : 1;
+        for (uint32_t i = 0; i < count; i++)
+            if (s->arr[i] > ESX_RSET_MAX_ID || (i > 0 && s->arr[i] <= s->arr[i - 1]))
+                goto bad;
+        return s;
+    }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t high, plen;
         if (len - off < 8)
