@@ -42,8 +42,15 @@ local function check_index_name(name)
   if bad then error(bad, 0) end
 end
 
+local function check_pipeline(args)
+  if args.pipeline and args.pipeline ~= "_none" then
+    error(errors.illegal_argument("pipeline with id [" .. args.pipeline .. "] does not exist"), 0)
+  end
+end
+
 function _M.index(ctx)
   check_index_name(ctx.vars.index)
+  check_pipeline(ctx.args)
   local src = doc_body(ctx)
   local opts = write_opts(ctx)
   local id = ctx.vars.id
@@ -56,6 +63,7 @@ end
 
 function _M.create(ctx)
   check_index_name(ctx.vars.index)
+  check_pipeline(ctx.args)
   local src = doc_body(ctx)
   local opts = write_opts(ctx, "create")
   local st, res = store.index(ctx.vars.index, ctx.vars.id, src, (ctx.body:gsub("^%s+", ""):gsub("%s+$", "")), opts)

@@ -153,6 +153,9 @@ function _M.execute(ops, params, fault, started)
         err = errors.new(404, "index_not_found_exception",
           "no such index [" .. op.index .. "] and [require_alias] request flag is [true] and [" .. op.index .. "] is not an alias",
           { "index_uuid", "_na_", "index", op.index })
+      elseif (op.action == "index" or op.action == "create")
+        and (op.meta.pipeline or params.pipeline) and (op.meta.pipeline or params.pipeline) ~= "_none" then
+        err = errors.illegal_argument("pipeline with id [" .. tostring(op.meta.pipeline or params.pipeline) .. "] does not exist")
       elseif op.action == "index" or op.action == "create" then
         if op.id == "" then
           err = errors.illegal_argument("if _id is specified it must not be empty")

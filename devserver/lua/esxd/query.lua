@@ -310,19 +310,123 @@ builders.constant_score = function(body, types)
   return function(rec) if f(rec) then return true, boost end return false, 0 end
 end
 
--- internal: free-text ?q= (no field) matches any token of any string value
-builders._esxd_q = function(body)
-  local qt = {}
-  for _, t in ipairs(mapping.tokens(body.query)) do qt[t] = true end
-  local function walk(node)
-    if type(node) == "table" then
-      for _, v in pairs(node) do if walk(v) then return true end end
-    elseif node ~= nil and node ~= null then
-      for _, t in ipairs(mapping.tokens(node)) do if qt[t] then return true end end
+-- query_string (and ?q=): a small subset of Lucene syntax: whitespace-separated clauses,
+-- each "field:value" or "value" (default field, else all fields), quoted phrases matched as
+-- all their tokens, "*" / "?" wildcards (lowercased on text fields), optional +/- prefixes,
+-- combined with default_operator (OR / AND). lenient drops clauses whose value does not fit
+-- a numeric/date field.
+local function qs_clauses(text)
+  local out = {}
+  local i, n = 1, #text
+  while i <= n do
+    local c = text:sub(i, i)
+    if c:match("%s") then i = i + 1
+    else
+      local j = i
+      local inq = false
+      while j <= n do
+        local d = text:sub(j, j)
+        if d == '"' then inq = not inq
+        elseif d:match("%s") and not inq then break end
+        j = j + 1
+      end
+      out[#out + 1] = text:sub(i, j - 1)
+      i = j
     end
-    return false
   end
-  return function(rec) if walk(rec.source) then return true, 1.0 end return false, 0 end
+  return out
+end
+
+builders.query_string = function(body, types)
+  if not is_obj(body) or body.query == nil then perr("[query_string] requires 'query' element") end
+  local op = tostring(body.default_operator or "or"):lower()
+  local lenient = body.lenient == true or body.lenient == "true"
+  local df = body.default_field or body.df
+  if df == "*" then df = nil end
+  local parts = {}
+  for _, clause in ipairs(qs_clauses(tostring(body.query))) do
+    local must, must_not = false, false
+    if clause:sub(1, 1) == "+" then must = true; clause = clause:sub(2)
+    elseif clause:sub(1, 1) == "-" then must_not = true; clause = clause:sub(2) end
+    local field, value = clause:match("^([%w_%.%-%*]+):(.+)$")
+    if not field then field, value = df, clause end
+    if clause == "*" or (field and value == "*") then
+      parts[#parts + 1] = { must = must, must_not = must_not, fn = field and builders.exists({ field = field }) or builders.match_all() }
+    elseif value ~= "AND" and value ~= "OR" then
+      local fn
+      local phrase = value:match('^"(.*)"$')
+      local ty = field and mapping.type_of(types, field)
+      local skip = false
+      if field and ty and (mapping.NUMERIC[ty] or ty == "date") then
+        local ok = ty == "date" and dates.parse(value) or (ty ~= "date" and tonumber(value))
+        if not ok then
+          if lenient then skip = true
+          elseif ty == "date" then errors.raise(400, "parse_exception", "failed to parse date field [" .. value .. "] with format [strict_date_optional_time||epoch_millis]")
+          else errors.raise(400, "number_format_exception", 'For input string: "' .. value .. '"') end
+        end
+      end
+      if not skip then
+        if value:find("[%*%?]") and not phrase then
+          local v = (ty == nil or ty == "text") and value:lower() or value
+          if field then
+            fn = builders.wildcard({ [field] = v }, types)
+          else
+            local pat = "^" .. v:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+            fn = function(rec)
+              local function walk(node)
+                if type(node) == "table" then
+                  for _, x in pairs(node) do if walk(x) then return true end end
+                elseif node ~= nil and node ~= null then
+                  for _, t in ipairs(mapping.tokens(node)) do if t:match(pat) then return true end end
+                end
+                return false
+              end
+              return walk(rec.source), 1.0
+            end
+          end
+        elseif field then
+          fn = builders.match({ [field] = { query = phrase or value, operator = phrase and "and" or "or" } }, types)
+        else
+          local qt = mapping.tokens(phrase or value)
+          fn = function(rec)
+            local have = {}
+            local function walk(node)
+              if type(node) == "table" then
+                for _, x in pairs(node) do walk(x) end
+              elseif node ~= nil and node ~= null then
+                for _, t in ipairs(mapping.tokens(node)) do have[t] = true end
+              end
+            end
+            walk(rec.source)
+            local n = 0
+            for _, t in ipairs(qt) do if have[t] then n = n + 1 end end
+            if n > 0 and (not phrase or n == #qt) then return true, n * 1.0 end
+            return false, 0
+          end
+        end
+        parts[#parts + 1] = { must = must, must_not = must_not, fn = fn }
+      elseif must then
+        parts[#parts + 1] = { must = true, fn = builders.match_none() }
+      end
+    end
+  end
+  return function(rec)
+    local score, any, optional = 0, false, 0
+    for _, p in ipairs(parts) do
+      local ok, sc = p.fn(rec)
+      if p.must_not then
+        if ok then return false, 0 end
+      elseif p.must or op == "and" then
+        if not ok then return false, 0 end
+        any = true; score = score + sc
+      else
+        optional = optional + 1
+        if ok then any = true; score = score + sc end
+      end
+    end
+    if any then return true, score end
+    return false, 0
+  end
 end
 
 compile = function(q, types)

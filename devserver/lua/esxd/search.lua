@@ -174,7 +174,7 @@ function _M.search(expr, params, body, started)
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
-  if params.q and q == nil then q = _M.q_to_query(params.q) end
+  if params.q and q == nil then q = _M.q_to_query(params.q, params) end
   if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "[_na] query malformed, must start with start_object") end
   local post = body.post_filter
   local min_score = tonumber(body.min_score)
@@ -245,9 +245,21 @@ function _M.search(expr, params, body, started)
   if track_scores then
     for _, h in ipairs(hits) do if max_score == nil or h.score > max_score then max_score = h.score end end
   end
+  -- stored_fields: [] drops _source; "_none_" drops _id and _source too
+  local sf = params.stored_fields or body.stored_fields
+  local none = false
+  if sf ~= nil then
+    if type(sf) == "string" then sf = { sf } end
+    if type(sf) == "table" then
+      for _, f in ipairs(sf) do if f == "_none_" then none = true end end
+      local wants_source = false
+      for _, f in ipairs(sf) do if f == "_source" then wants_source = true end end
+      if not wants_source and body._source == nil and params._source == nil then srcf = false end
+    end
+  end
   for i = from + 1, math.min(#hits, from + size) do
     local h = hits[i]
-    local hit = json.obj("_index", h.index, "_id", h.rec.id,
+    local hit = json.obj("_index", h.index, "_id", (not none) and h.rec.id or nil,
       "_version", (body.version == true or params.version == "true") and h.rec.version or nil,
       "_seq_no", body.seq_no_primary_term == true and h.rec.seq_no or nil,
       "_primary_term", body.seq_no_primary_term == true and 1 or nil,
@@ -275,15 +287,11 @@ function _M.search(expr, params, body, started)
   return 200, res
 end
 
--- ?q= support: "field:value", "*", or free text matched against every field's tokens.
-function _M.q_to_query(q)
-  if q == "*" or q == "*:*" then return { match_all = {} } end
-  local f, v = q:match("^([%w_%.%-]+):(.+)$")
-  if f then
-    v = v:gsub('^"(.*)"$', "%1")
-    return { match = { [f] = v } }
-  end
-  return { _esxd_q = { query = q } }
+-- ?q= (with df, default_operator, lenient) becomes a query_string query.
+function _M.q_to_query(q, params)
+  params = params or {}
+  return { query_string = { query = q, default_field = params.df, default_operator = params.default_operator,
+    lenient = params.lenient == "true" or params.lenient == "" } }
 end
 
 -- _count
@@ -295,7 +303,7 @@ function _M.count(expr, params, body)
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
-  if params.q and q == nil then q = _M.q_to_query(params.q) end
+  if params.q and q == nil then q = _M.q_to_query(params.q, params) end
   local n = 0
   for _, idx in ipairs(idxs) do
     local matcher = query.compile(q or { match_all = {} }, idx.types)
