@@ -642,3 +642,55 @@ if has_posix then
     end)
   end)
 end
+
+describe("TLS", function()
+  local tls
+  setup(function() tls = ds.start{ tls = true } end)
+  teardown(function() tls:stop() end)
+
+  it("verifies certificates by default: a self-signed server fails with kind 'connect'", function()
+    local c = client{ hosts = { tls.url }, max_retries = 0 }
+    local res, err = c:info()
+    assert.is_nil(res)
+    assert.equal("connect", err.kind)
+    c:close()
+  end)
+
+  it("trusts the server with ca_file", function()
+    local c = client{ hosts = { tls.url }, ca_file = tls.ca_file }
+    assert.equal("You Know, for Search", (assert(c:info())).tagline)
+    c:close()
+  end)
+
+  it("skips verification only when tls_verify = false", function()
+    local c = client{ hosts = { tls.url }, tls_verify = false }
+    assert(c:info())
+    c:close()
+  end)
+end)
+
+describe("client:stats and esx.metrics", function()
+  it("counts requests, failures by kind and the pool", function()
+    local c = client{ max_retries = 0 }
+    assert(c:info())
+    c:get("nope", "1")
+    local s = c:stats()
+    assert.equal(2, s.requests)
+    assert.equal(1, s.failures.not_found)
+    assert.equal(0, s.failures.connect)
+    assert.same({ "idle", "in_use", "open", "pool_timeouts", "waiting" },
+      (function() local k = {} for n in pairs(s.pool) do k[#k + 1] = n end table.sort(k) return k end)())
+    c:close()
+  end)
+
+  it("exposes a live client's counters as Prometheus text", function()
+    local c = client{ name = "search" }
+    assert(c:info())
+    local text = esx.metrics()
+    assert.truthy(text:find('esx_client_requests{name="search"} 1\n', 1, true))
+    assert.truthy(text:find('esx_client_pool_in_use{name="search"} 0\n', 1, true))
+    assert.truthy(text:find('esx_client_nodes_alive{name="search",item="' .. srv.url .. '"} 1\n', 1, true))
+    c:close()
+    assert.falsy(esx.metrics():find('name="search"', 1, true))
+  end)
+end)

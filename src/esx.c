@@ -5,6 +5,9 @@
  * module `esx` (lua/esx/init.lua) is Lua and builds on it.  Nothing here keeps global
  * state: everything lives in userdata, the registry, or the C core objects they point to.
  */
+#include <time.h>
+
+#include "clock.h"
 #include "compat.h"
 #include "lcache.h"
 #include "lclient.h"
@@ -13,8 +16,30 @@
 
 __attribute__((visibility("default"))) int luaopen_esx_core(lua_State *L);
 
+/* core.sleep(ms): blocks the calling thread (plain Lua only; nginx code uses ngx.sleep). */
+static int core_sleep(lua_State *L)
+{
+    lua_Number ms = luaL_checknumber(L, 1);
+    if (ms > 0) {
+        struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+                              .tv_nsec = (long)((ms - (lua_Number)((time_t)(ms / 1000)) * 1000) * 1e6)};
+        while (nanosleep(&ts, &ts) != 0)
+            ;
+    }
+    return 0;
+}
+
+/* core.now() -> monotonic milliseconds (the clock every esx deadline uses). */
+static int core_now(lua_State *L)
+{
+    lua_pushnumber(L, (lua_Number)esx_now_ms());
+    return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"error", esx_lerror_new},
+    {"sleep", core_sleep},
+    {"now", core_now},
     {NULL, NULL},
 };
 

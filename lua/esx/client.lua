@@ -403,6 +403,11 @@ function Client:bulk(ops, opts)
   return call(self, "POST", path, body, o)
 end
 
+--- c:bulk_indexer(opts) -> a bulk indexer for big loads (see lua/esx/bulk.lua)
+function Client:bulk_indexer(opts)
+  return require("esx.bulk").new(self, opts)
+end
+
 --- c:stats() -> counters, pool state, bytes and nodes
 function Client:stats()
   local s, err = self.c:stats()

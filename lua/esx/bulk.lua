@@ -1,0 +1,251 @@
+--- esx.bulk: a bulk indexer for big loads.
+--
+--   local bi = client:bulk_indexer{ flush_bytes = 5242880, flush_count = 1000, concurrency = 2 }
+--   bi:add("index", { _index = "products", _id = "42" }, { name = "..." })
+--   local summary = bi:close()   -- {added, indexed, failed, retried, batches, dropped = {...}}
+--
+-- Buffers operations into _bulk requests (flushed by bytes and by count), keeps at most
+-- `concurrency` of them in flight, retries items that the server rejected with 429 (or a
+-- retryable 5xx) with jittered exponential back-off, splits a batch the server refused as
+-- too large (413), and reports every item it gives up on with its reason — through
+-- `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
+
+local core = require "esx.core"
+local options = require "esx.options"
+local cjson = require "cjson.safe"
+
+local type, pairs, ipairs, tostring, setmetatable, error, remove, concat, random, floor =
+  type, pairs, ipairs, tostring, setmetatable, error, table.remove, table.concat, math.random, math.floor
+
+local _M = {}
+
+_M.schema = {
+  flush_bytes = { type = "integer", min = 1, max = 2 ^ 31, default = 5 * 1024 * 1024 },
+  flush_count = { type = "integer", min = 1, max = 1000000, default = 1000 },
+  concurrency = { type = "integer", min = 1, max = 64, default = 2 },
+  max_retries = { type = "integer", min = 0, max = 100, default = 5 },
+  backoff_min = { type = "integer", min = 0, max = 3600000, default = 100 },
+  backoff_max = { type = "integer", min = 0, max = 3600000, default = 10000 },
+  on_drop = { type = "function" },
+  keep_dropped = { type = "integer", min = 0, max = 1000000, default = 10000 },
+}
+
+local retry_item_status = { [429] = true, [502] = true, [503] = true, [504] = true }
+local actions = { index = true, create = true, update = true, delete = true }
+
+local Indexer = {}
+Indexer.__index = Indexer
+
+local function now() return core.now() end
+
+local function sleep(ms)
+  if ms <= 0 then return end
+  local ngx = rawget(_G, "ngx")
+  if ngx and ngx.sleep and ngx.get_phase and ngx.get_phase() ~= "init" then
+    ngx.sleep(ms / 1000)
+  else
+    core.sleep(ms)
+  end
+end
+
+function _M.new(client, opts)
+  local o = options.check("bulk_indexer", _M.schema, opts, 4)
+  return setmetatable({
+    client = client, o = o,
+    buf = {}, buf_bytes = 0,          -- items waiting for the next batch
+    inflight = {},                    -- {pending, items}
+    delayed = {},                     -- items waiting out a back-off: {item, due}
+    counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0 },
+    dropped = {},
+  }, Indexer)
+end
+
+local function backoff(self, attempt)
+  local base = self.o.backoff_min * 2 ^ (attempt - 1)
+  if base > self.o.backoff_max then base = self.o.backoff_max end
+  return floor(base / 2 + random() * base / 2)
+end
+
+local function drop(self, item, reason)
+  self.counters.failed = self.counters.failed + 1
+  if #self.dropped < self.o.keep_dropped then
+    self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
+  end
+  if self.o.on_drop then self.o.on_drop(item, reason) end
+end
+
+local function retry_later(self, item, reason)
+  item.attempts = item.attempts + 1
+  if item.attempts > self.o.max_retries then
+    drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
+    return
+  end
+  self.counters.retried = self.counters.retried + 1
+  self.delayed[#self.delayed + 1] = { item = item, due = now() + backoff(self, item.attempts) }
+end
+
+local send_batch
+
+-- Reads a finished batch's outcome: per-item results, or a whole-request failure.
+local function settle(self, entry)
+  local items = entry.items
+  local res, err = entry.pending:result()
+  if not res then
+    if err.kind == "http" and err.status == 413 then
+      if #items == 1 then
+        drop(self, items[1], "the server refused the item as too large (413)")
+      else
+        self.counters.split = self.counters.split + 1
+        local half = floor(#items / 2)
+        local a, b = {}, {}
+        for i, it in ipairs(items) do if i <= half then a[#a + 1] = it else b[#b + 1] = it end end
+        send_batch(self, a)
+        send_batch(self, b)
+      end
+      return
+    end
+    for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
+    return
+  end
+  local doc = cjson.decode(res.body)
+  if type(doc) ~= "table" or type(doc.items) ~= "table" or #doc.items ~= #items then
+    for _, it in ipairs(items) do
+      retry_later(self, it, "bulk response does not list one result per item")
+    end
+    return
+  end
+  for i, it in ipairs(items) do
+    local _, r = next(doc.items[i])
+    local status = type(r) == "table" and r.status or 0
+    if status >= 200 and status < 300 then
+      self.counters.indexed = self.counters.indexed + 1
+    else
+      local e = type(r) == "table" and r.error
+      local reason = type(e) == "table" and (tostring(e.type) .. ": " .. tostring(e.reason))
+        or ("status " .. tostring(status))
+      if retry_item_status[status] then
+        retry_later(self, it, reason)
+      else
+        drop(self, it, reason)
+      end
+    end
+  end
+end
+
+-- Waits for the oldest batch in flight and settles it.
+local function settle_oldest(self)
+  local entry = remove(self.inflight, 1)
+  if not entry then return end
+  local p = entry.pending
+  if not p:ready() then
+    local ngx = rawget(_G, "ngx")
+    if ngx and ngx.get_phase and ({ rewrite = 1, access = 1, content = 1, timer = 1 })[ngx.get_phase()] then
+      require("esx.nginx").wait(p)
+    else
+      p:wait()
+    end
+  end
+  settle(self, entry)
+end
+
+send_batch = function(self, items)
+  while #self.inflight >= self.o.concurrency do settle_oldest(self) end
+  local lines = {}
+  for _, it in ipairs(items) do
+    lines[#lines + 1] = it.line
+  end
+  local body = concat(lines)
+  self.counters.batches = self.counters.batches + 1
+  -- the indexer retries items itself, so the transport does not repeat whole batches
+  local p, err = self.client:send("POST", "/_bulk", body,
+    { content_type = "application/x-ndjson", retries = 0 })
+  if not p then
+    for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
+    return
+  end
+  self.inflight[#self.inflight + 1] = { pending = p, items = items }
+end
+
+local function take_due(self, all)
+  local t = now()
+  local i = 1
+  while i <= #self.delayed do
+    local d = self.delayed[i]
+    if all or d.due <= t then
+      remove(self.delayed, i)
+      self.buf[#self.buf + 1] = d.item
+      self.buf_bytes = self.buf_bytes + #d.item.line
+    else
+      i = i + 1
+    end
+  end
+end
+
+--- bi:flush() -- sends what is buffered (and retries that are due) as one batch.
+function Indexer:flush()
+  take_due(self, false)
+  if #self.buf == 0 then return end
+  local items = self.buf
+  self.buf, self.buf_bytes = {}, 0
+  send_batch(self, items)
+end
+
+--- bi:add(action, meta, doc?) -- buffers one operation; may send a batch (and wait for a
+-- slot when `concurrency` batches are in flight).  Raises on a malformed operation.
+function Indexer:add(action, meta, doc)
+  if self.closed then error("bulk indexer is closed", 2) end
+  if not actions[action] then error("bad argument #1 to 'add' (unknown action " .. tostring(action) .. ")", 2) end
+  if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
+  if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
+  local head = cjson.encode({ [action] = meta })
+  local line
+  if action == "delete" then
+    line = head .. "\n"
+  else
+    if doc == nil then error("bad argument #3 to 'add' (" .. action .. " needs a document)", 2) end
+    local body = type(doc) == "string" and doc or cjson.encode(doc)
+    if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON)", 2) end
+    if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
+    line = head .. "\n" .. body .. "\n"
+  end
+  self.counters.added = self.counters.added + 1
+  self.buf[#self.buf + 1] = { action = action, meta = meta, line = line, attempts = 0 }
+  self.buf_bytes = self.buf_bytes + #line
+  if #self.buf >= self.o.flush_count or self.buf_bytes >= self.o.flush_bytes then
+    self:flush()
+  end
+  -- settle finished batches without waiting, so retries flow back early
+  while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
+end
+
+--- bi:close() -> summary: flushes, waits out retries and returns
+-- {added, indexed, failed, retried, batches, split, dropped = {{action, meta, reason}...}}.
+-- added == indexed + failed once close returns.
+function Indexer:close()
+  self:flush()
+  while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 do
+    while #self.inflight > 0 do settle_oldest(self) end
+    if #self.delayed > 0 then
+      local soonest = self.delayed[1].due
+      for _, d in ipairs(self.delayed) do if d.due < soonest then soonest = d.due end end
+      sleep(soonest - now())
+    end
+    self:flush()
+  end
+  self.closed = true
+  local s = self:stats()
+  s.dropped = self.dropped
+  return s
+end
+
+--- bi:stats() -> counters so far
+function Indexer:stats()
+  local s = {}
+  for k, v in pairs(self.counters) do s[k] = v end
+  s.buffered = #self.buf
+  s.in_flight = #self.inflight
+  s.delayed = #self.delayed
+  return s
+end
+
+return _M

@@ -1,0 +1,112 @@
+-- client:bulk_indexer: batching by count and bytes, bounded concurrency, per-item retries,
+-- 413 splitting, and every dropped item reported.
+local esx = require "esx"
+local ds = require "spec.support.devserver"
+
+local srv, c
+
+setup(function() srv = ds.start{} end)
+teardown(function() srv:stop() end)
+before_each(function()
+  srv:reset()
+  c = assert(esx.client{ hosts = { srv.url } })
+end)
+after_each(function() c:close() end)
+
+local function count(index)
+  assert(c:refresh(index))
+  return (c:count(index, { query = { match_all = {} } }))
+end
+
+describe("client:bulk_indexer", function()
+  it("raises naming an unknown option", function()
+    assert.has_error(function() c:bulk_indexer{ flush_cnt = 5 } end,
+      "bulk_indexer: bad option 'flush_cnt' (unknown option)")
+  end)
+
+  it("flushes by count and indexes everything", function()
+    local bi = c:bulk_indexer{ flush_count = 100, concurrency = 2 }
+    for i = 1, 250 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(250, s.added)
+    assert.equal(250, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(3, s.batches)
+    assert.equal(250, count("p"))
+  end)
+
+  it("flushes by bytes", function()
+    local bi = c:bulk_indexer{ flush_bytes = 2000, flush_count = 100000 }
+    for i = 1, 40 do bi:add("index", { _index = "p", _id = tostring(i) }, { pad = string.rep("x", 180) }) end
+    local s = bi:close()
+    assert.equal(40, s.indexed)
+    assert.is_true(s.batches >= 4, "batches: " .. s.batches)
+  end)
+
+  it("retries items rejected with 429 and loses none", function()
+    srv:fault{ path = "/_bulk", item_status = 429, item_count = 5, count = 1 }
+    local bi = c:bulk_indexer{ flush_count = 50, backoff_min = 10, backoff_max = 50 }
+    for i = 1, 50 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(50, s.indexed)
+    assert.equal(5, s.retried)
+    assert.equal(0, s.failed)
+    assert.equal(50, count("p"))
+  end)
+
+  it("drops items rejected for good, reporting each with its reason", function()
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 3, count = 1 }
+    local seen = {}
+    local bi = c:bulk_indexer{ flush_count = 10, on_drop = function(item, reason)
+      seen[#seen + 1] = item.meta._id .. " " .. reason
+    end }
+    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(7, s.indexed)
+    assert.equal(3, s.failed)
+    assert.equal(s.added, s.indexed + s.failed)
+    assert.equal(3, #s.dropped)
+    assert.equal("1", s.dropped[1].meta._id)
+    assert.truthy(s.dropped[1].reason:find("mapper_parsing_exception", 1, true), s.dropped[1].reason)
+    assert.equal(3, #seen)
+  end)
+
+  it("gives up on an item after max_retries and says why", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    local bi = c:bulk_indexer{ max_retries = 2, backoff_min = 1, backoff_max = 5 }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    local s = bi:close()
+    assert.equal(1, s.failed)
+    assert.truthy(s.dropped[1].reason:find("(after 2 retries)", 1, true), s.dropped[1].reason)
+    srv:clear_faults()
+  end)
+
+  it("splits a batch the server refuses as too large (413)", function()
+    srv:fault{ path = "/_bulk", status = 413, count = 1 }
+    local bi = c:bulk_indexer{ flush_count = 8 }
+    for i = 1, 8 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(8, s.indexed)
+    assert.equal(1, s.split)
+    assert.equal(3, s.batches)
+  end)
+
+  it("retries a whole batch after a transport failure", function()
+    srv:fault{ path = "/_bulk", status = 503, count = 1 }
+    local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    for i = 1, 5 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(5, s.indexed)
+    assert.equal(5, s.retried)
+  end)
+
+  it("raises on a malformed operation", function()
+    local bi = c:bulk_indexer()
+    assert.has_error(function() bi:add("upsert", { _index = "p" }, {}) end,
+      "bad argument #1 to 'add' (unknown action upsert)")
+    assert.has_error(function() bi:add("index", { _index = "p" }) end,
+      "bad argument #3 to 'add' (index needs a document)")
+    bi:close()
+    assert.has_error(function() bi:add("index", { _index = "p" }, {}) end, "bulk indexer is closed")
+  end)
+end)
