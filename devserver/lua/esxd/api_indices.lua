@@ -3,7 +3,6 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local store = require "esxd.store"
 local search = require "esxd.search"
-local names = require "esxd.names"
 
 local _M = {}
 
@@ -41,7 +40,8 @@ end
 
 function _M.delete(ctx)
   local expr = ctx.vars.index
-  if expr == "_all" or expr == "*" then
+  -- ES 8 default: action.destructive_requires_name = true
+  if expr == "_all" or expr:find("*", 1, true) then
     error(errors.illegal_argument("Wildcard expressions or all indices are not allowed"), 0)
   end
   local list = resolve_strict(expr, ctx)
@@ -79,5 +79,4 @@ function _M.refresh(ctx)
   return 200, json.obj("_shards", json.obj("total", n * 2, "successful", n, "failed", 0))
 end
 
-_M.validate_name = names.validate
 return _M

@@ -122,7 +122,6 @@ local function collect(node, parts, i, out)
   end
 end
 
-local split_cache = setmetatable({}, { __mode = "k" })
 local function split(path)
   local parts = {}
   for p in path:gmatch("[^%.]+") do parts[#parts + 1] = p end

@@ -5,7 +5,6 @@
 local errors = require "esxd.errors"
 local mapping = require "esxd.mapping"
 local dates = require "esxd.dates"
-local names = require "esxd.names"
 local json = require "esxd.json"
 
 local _M = {}
@@ -447,6 +446,5 @@ end
 
 _M.compile = compile
 _M.is_obj = is_obj
-_M.glob = names.glob_to_pattern
 
 return _M

@@ -4,7 +4,6 @@ local api_cluster = require "esxd.api_cluster"
 local api_indices = require "esxd.api_indices"
 local api_docs = require "esxd.api_docs"
 local api_search = require "esxd.api_search"
-local errors = require "esxd.errors"
 
 local _M = {}
 
@@ -69,5 +68,4 @@ function _M.find(method, segs, raw_path)
   return nil, 400, { error = "no handler found for uri [" .. raw_path .. "] and method [" .. method .. "]" }
 end
 
-_M.errors = errors
 return _M
