@@ -1223,9 +1223,7 @@ describe("esxd", function()
         if s[1] == 500 then bad[#bad + 1] = s[2] .. " " .. s[3] end
       end
       assert.same({}, bad)
-      local tmp = os.getenv("TMPDIR")
-      if tmp == nil or tmp == "" then tmp = "/tmp" end
-      local f = assert(io.open(tmp .. "/esxd-" .. srv.port .. "/error.log", "rb"))
+      local f = assert(io.open(srv.dir .. "/error.log", "rb"))
       local log = f:read("*a"); f:close()
       assert.is_nil(log:find("esxd internal error", 1, true), log)
       assert.is_nil(log:find("[error]", 1, true), log)

@@ -6,6 +6,7 @@
 --   local status, headers, body = srv:request("GET", "/", nil, { ["Accept"] = "application/json" })
 --   srv:fault{ path = "/_bulk", status = 429 } ; srv:clear_faults() ; srv:requests("/_bulk")
 --   srv:reset() ; srv:stop()
+-- srv.url, srv.port, srv.dir (runtime directory: error.log, nginx.conf, cert.pem), srv.ca_file
 local socket = require "socket"
 local cjson = require "cjson"
 
@@ -221,7 +222,12 @@ function _M.start(opts)
     local url = out:match("(https?://[%d%.:]+)")
     if ok and url then
       local srv = setmetatable({ port = port, url = url, tls = opts.tls and true or false,
-        ca_file = out:match("ca_file (%S+)"), user = opts.user, password = opts.password }, Server)
+        ca_file = out:match("ca_file (%S+)"), user = opts.user, password = opts.password,
+        dir = (function()
+          local tmp = os.getenv("TMPDIR")
+          if tmp == nil or tmp == "" then tmp = "/tmp" end
+          return (tmp:gsub("/+$", "")) .. "/esxd-" .. port
+        end)() }, Server)
       return srv
     end
     last = out
