@@ -50,6 +50,14 @@ local SERVER = [[
       ngx.say(ngx.worker.pid(), " ", table.concat(out, ","))
     }
   }
+  location = /json {
+    content_by_lua_block {
+      local json = assert(CACHE:read_articles_json(tonumber(ngx.var.arg_u), 1))
+      local out = {}
+      for _, a in ipairs(require("cjson").decode(json)) do out[#out + 1] = a.id .. "=" .. tostring(a.read) end
+      ngx.say(ngx.worker.pid(), " ", table.concat(out, ","))
+    }
+  }
   location = /mark {
     content_by_lua_block {
       local a, u = tonumber(ngx.var.arg_a), tonumber(ngx.var.arg_u)
@@ -152,6 +160,9 @@ describe("esx.cache with shared = true in nginx (2 workers)", function()
     end
     assert.equal(200, (srv:get("/add_article?a=9")))
     for _, answers in pairs(from_both(srv, "/read?u=7", 5)) do
+      for _, a in ipairs(answers) do assert.equal("9=false,1=true,2=false,3=false", a) end
+    end
+    for _, answers in pairs(from_both(srv, "/json?u=7", 3)) do
       for _, a in ipairs(answers) do assert.equal("9=false,1=true,2=false,3=false", a) end
     end
   end)

@@ -3,6 +3,8 @@ local esx = require "esx"
 local cache_mod = require "esx.cache"
 local reference = require "bench.cache.reference"
 
+local cjson = require "cjson"
+
 local MAX_SAFE = 9007199254740991
 
 -- A tiny database the loaders read: pages of articles and readers per article.
@@ -262,6 +264,78 @@ describe("cache:read_articles(user_id, page_no)", function()
       load_page = function() return { { id = 9, tags = { "a", "b" }, score = 1.5, hot = true } } end }
     local a = c:read_articles(1, 1)[1]
     assert.same({ id = 9, tags = { "a", "b" }, score = 1.5, hot = true, read = true }, a)
+  end)
+end)
+
+describe("cache:read_articles_json(user_id, page_no)", function()
+  it("returns the same list as read_articles, as JSON text", function()
+    local db = sample_db()
+    local c = new_cache(db)
+    for _, u in ipairs{ 7, 8, 2 ^ 40 + 5, 99 } do
+      for p = 1, 2 do
+        local json = c:read_articles_json(u, p)
+        assert.is_string(json)
+        assert.same(c:read_articles(u, p), cjson.decode(json))
+      end
+    end
+    assert.equal(2, db.page_loads)
+    assert.equal(4, db.readers_loads)
+  end)
+
+  it("loads the page and the missing reader sets on a miss, once", function()
+    local db = sample_db()
+    local c = new_cache(db)
+    assert.equal('[{"id":4,"title":"four","read":true}]',
+      (c:read_articles_json(MAX_SAFE, 2):gsub('{"title":"four","id":4', '{"id":4,"title":"four"')))
+    assert.same({ 1, 1 }, { db.page_loads, db.readers_loads })
+    c:read_articles_json(MAX_SAFE, 2)
+    assert.same({ 1, 1 }, { db.page_loads, db.readers_loads })
+  end)
+
+  it("encodes pages that are not cached (beyond max_pages) the same way", function()
+    local db = sample_db()
+    local c = new_cache(db, { max_pages = 1 })
+    assert.same(c:read_articles(8, 2), cjson.decode(c:read_articles_json(8, 2)))
+    assert.equal(2, db.page_loads)
+  end)
+
+  it("escapes strings and encodes nested values, replacing what JSON cannot hold by null", function()
+    local c = esx.cache{ load_readers = function() return { 1 } end,
+      load_page = function() return { { id = 1, t = 'a"b\\c\n\1', list = { 1, 2.5, true }, obj = { k = "v" },
+                                        empty = {}, f = print, nan = 0 / 0, read = "ignored" } } end }
+    local got = cjson.decode(c:read_articles_json(1, 1))
+    assert.same({ { id = 1, t = 'a"b\\c\n\1', list = { 1, 2.5, true }, obj = { k = "v" }, empty = {},
+                    f = cjson.null, nan = cjson.null, read = true } }, got)
+  end)
+
+  it("returns nil, err when a loader fails", function()
+    local db = sample_db()
+    db.fail = true
+    local c = new_cache(db)
+    local json, err = c:read_articles_json(7, 1)
+    assert.is_nil(json)
+    assert.equal("load", err.kind)
+    db.fail = false
+    c:read_articles(7, 1)
+    c:invalidate_article(2)
+    db.fail = true
+    json, err = c:read_articles_json(7, 1)
+    assert.is_nil(json)
+    assert.equal("load", err.kind)
+  end)
+
+  it("returns nil, err when the cache is closed", function()
+    local c = new_cache(sample_db())
+    c:close()
+    local json, err = c:read_articles_json(7, 1)
+    assert.is_nil(json)
+    assert.equal("closed", err.kind)
+  end)
+
+  it("raises on arguments of the wrong type", function()
+    local c = new_cache(sample_db())
+    assert.has_error(function() c:read_articles_json(7, "1") end,
+      "bad argument #2 to 'read_articles_json' (page_no must be an integer >= 1, got string)")
   end)
 end)
 
@@ -774,9 +848,17 @@ describe("model-based randomized test", function()
     for step = 1, steps do
       local r = math.random(1, 100)
       db.fail = math.random(1, 25) == 1
-      if r <= 30 then
+      if r <= 22 then
         local u, p = user(), math.random(1, 6)
         both(function(c) return c:read_articles(u, p) end)
+      elseif r <= 30 then
+        local u, p = user(), math.random(1, 6)
+        both(function(c)
+          if c == ref then return c:read_articles(u, p) end
+          local json, err = c:read_articles_json(u, p)
+          if not json then return nil, err end
+          return cjson.decode(json)
+        end)
       elseif r <= 50 then
         local a, u = math.random(1, n_articles + 2), user()
         both(function(c) return c:has_read(a, u) end)

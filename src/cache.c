@@ -22,6 +22,8 @@ struct entry {
     struct entry *prev, *next; /* LRU list: head is the most recently used */
     struct entry *hnext;       /* hash chain */
     esx_rset *set;             /* readers only */
+    void *blob;                /* pages only: the binding's rendering, or NULL */
+    size_t blob_len;
     double expires;
     size_t bytes;              /* everything this entry holds, overhead included */
     int kind;
@@ -171,6 +173,7 @@ static void remove_entry(esx_cache *c, struct entry *e)
     if (e->kind == ESX_CACHE_PAGE)
         queue_removed_page(c, e->key);
     esx_rset_free(e->set);
+    free(e->blob);
     free(e);
 }
 
@@ -223,12 +226,15 @@ static void set_bytes(esx_cache *c, struct entry *e, size_t bytes)
 
 /* Inserts a new entry (or reuses the existing one of that key) at the LRU head. */
 static struct entry *insert(esx_cache *c, int kind, uint64_t key, size_t bytes, double expires,
-                            esx_rset *set)
+                            esx_rset *set, void *blob, size_t blob_len)
 {
     struct entry *e = find(c, kind, key);
     if (e != NULL) {
         esx_rset_free(e->set);
+        free(e->blob);
         e->set = set;
+        e->blob = blob;
+        e->blob_len = blob_len;
         e->expires = expires;
         set_bytes(c, e, bytes);
         touch(c, e);
@@ -243,6 +249,8 @@ static struct entry *insert(esx_cache *c, int kind, uint64_t key, size_t bytes, 
     e->key = key;
     e->kind = kind;
     e->set = set;
+    e->blob = blob;
+    e->blob_len = blob_len;
     e->expires = expires;
     e->bytes = bytes;
     size_t b = bucket_of(c, kind, key);
@@ -394,7 +402,7 @@ static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_se
 
 /* ---- tiers ------------------------------------------------------------------------------ */
 
-int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now)
+static struct entry *fresh_page(esx_cache *c, uint64_t page_no, double now)
 {
     struct entry *e = find(c, ESX_CACHE_PAGE, page_no);
     if (e != NULL && now >= e->expires) {
@@ -404,19 +412,31 @@ int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now)
     }
     if (e == NULL) {
         c->st[ESX_CACHE_PAGE].misses++;
-        return 0;
+        return NULL;
     }
     c->st[ESX_CACHE_PAGE].hits++;
     touch(c, e);
-    return 1;
+    return e;
+}
+
+const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size_t *len)
+{
+    struct entry *e = fresh_page(c, page_no, now);
+    *len = e == NULL ? 0 : e->blob == NULL ? 1 : e->blob_len; /* see cache.h */
+    return e ? e->blob : NULL;
+}
+
+int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now)
+{
+    return fresh_page(c, page_no, now) != NULL;
 }
 
 int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
-                       uint64_t start_seq)
+                       uint64_t start_seq, void *blob, size_t blob_len)
 {
     if (page_no < 1 || page_no > c->cfg.max_pages)
         return 0;
-    bytes += ENTRY_OVERHEAD;
+    bytes += ENTRY_OVERHEAD + blob_len;
     if (bytes > c->cfg.max_bytes)
         return 0;
     rg_lock(c);
@@ -425,7 +445,8 @@ int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
     rg_unlock(c);
     if (changed != 0)
         return 0;
-    return insert(c, ESX_CACHE_PAGE, page_no, bytes, now + c->cfg.page_ttl, NULL) ? 1 : -1;
+    return insert(c, ESX_CACHE_PAGE, page_no, bytes, now + c->cfg.page_ttl, NULL, blob,
+                  blob_len) ? 1 : -1;
 }
 
 static struct entry *fresh_readers(esx_cache *c, uint64_t article, double now, int count)
@@ -472,7 +493,8 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
     size_t bytes = esx_rset_bytes(set) + ENTRY_OVERHEAD;
     if (bytes > c->cfg.max_bytes)
         return 0;
-    return insert(c, ESX_CACHE_READERS, article, bytes, now + c->cfg.readers_ttl, set) ? 1 : -1;
+    return insert(c, ESX_CACHE_READERS, article, bytes, now + c->cfg.readers_ttl, set, NULL, 0) ? 1
+                                                                                          : -1;
 }
 
 size_t esx_cache_removed_pages(esx_cache *c, uint64_t *out, size_t max)

@@ -88,10 +88,18 @@ uint64_t esx_cache_seq(esx_cache *c);
 int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now);
 
 /* Records page_no as cached with the given measured size, if page_no <= max_pages, the page
- * fits in max_bytes and no invalidate_pages happened since start_seq.  Evicts LRU entries to
- * make room.  Returns 1 if cached, 0 if not, -1 when out of memory (not cached). */
+ * fits in max_bytes and no invalidate_pages happened since start_seq.  blob (blob_len bytes,
+ * malloc'ed, may be NULL) is an opaque rendering of the page kept with it (the binding keeps
+ * the ids and pre-encoded JSON of the articles there); its length counts towards the budget.
+ * Evicts LRU entries to make room.  Returns 1 if cached (the cache then owns blob), 0 if not,
+ * -1 when out of memory (not cached); in both of those cases the caller still owns blob. */
 int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
-                       uint64_t start_seq);
+                       uint64_t start_seq, void *blob, size_t blob_len);
+
+/* Like esx_cache_page_get, but returns the page's blob (and *len) on a hit, NULL on a miss.
+ * A hit on a page stored without a blob returns NULL too, with *len = 1: callers can tell the
+ * two apart.  The blob stays owned by the cache, valid until the next modifying call. */
+const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size_t *len);
 
 /* The reader set of article if cached and fresh at now (marked recently used; a hit), else
  * NULL (a miss).  The set stays owned by the cache and is valid until the next call that

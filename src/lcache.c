@@ -30,6 +30,10 @@ typedef struct {
     esx_cache *core;
     int pages_ref;
     int shared;
+    uint64_t max_pages;
+    size_t max_bytes;
+    char *scratch; /* read_json's output and flags, reused; grows to the largest page */
+    size_t scratch_cap;
 } lcache;
 
 static lcache *check_open(lua_State *L)
@@ -241,6 +245,194 @@ static int unwalk(lua_State *L, const char **p, const char *e, int depth)
     }
 }
 
+/* ---- JSON ------------------------------------------------------------------------------
+ * A page's articles are encoded once, when the page is stored, into a blob the core keeps
+ * with the page:  u32 n | u64 ids[n] | u32 off[n + 1] | fragments.  Fragment i is article
+ * i as a JSON object without its closing brace and without any "read" key, so that
+ * read_json() answers with memcpy and one membership test per article.
+ * Encoding: strings as bytes with ", \ and control characters escaped; integers exactly;
+ * other finite numbers with %.14g (as cjson); NaN, infinities, functions, userdata (e.g.
+ * cjson.null) and tables nested deeper than MAX_DEPTH as null; a table whose keys are exactly
+ * 1..n (n > 0) as an array, any other as an object (number keys as strings, other key types
+ * skipped; {} when empty). */
+
+static void json_string(sbuf *b, const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    sb_put(b, "\"", 1);
+    size_t start = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 0x20 && ch != '"' && ch != '\\')
+            continue;
+        sb_put(b, s + start, i - start);
+        char esc[6] = {'\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15]};
+        if (ch == '"' || ch == '\\') {
+            esc[1] = (char)ch;
+            sb_put(b, esc, 2);
+        } else if (ch == '\n') {
+            sb_put(b, "\\n", 2);
+        } else {
+            sb_put(b, esc, 6);
+        }
+        start = i + 1;
+    }
+    sb_put(b, s + start, len - start);
+    sb_put(b, "\"", 1);
+}
+
+static void json_number(lua_State *L, int idx, sbuf *b)
+{
+    char num[40];
+    int n;
+    if (esx_isinteger(L, idx)) {
+        n = snprintf(num, sizeof num, "%lld", esx_tointeger(L, idx));
+    } else {
+        double d = (double)lua_tonumber(L, idx);
+        if (d != d || d > 1.7976931348623157e308 || d < -1.7976931348623157e308) {
+            sb_put(b, "null", 4);
+            return;
+        }
+        n = snprintf(num, sizeof num, "%.14g", d);
+    }
+    sb_put(b, num, (size_t)n);
+}
+
+static void json_value(lua_State *L, int idx, sbuf *b, int depth);
+
+/* Encodes the table at idx; skip_read leaves out a "read" key; open leaves the object open
+ * (no closing brace) and returns whether anything was written after the opening brace. */
+static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, int open)
+{
+    size_t n = lua_rawlen(L, idx), count = 0;
+    int array = n > 0 && !open;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        count++;
+        lua_pop(L, 1);
+    }
+    if (count != n)
+        array = 0;
+    if (array) {
+        sb_put(b, "[", 1);
+        for (size_t i = 1; i <= n; i++) {
+            if (i > 1)
+                sb_put(b, ",", 1);
+            lua_rawgeti(L, idx, (int)i);
+            json_value(L, -1, b, depth + 1);
+            lua_pop(L, 1);
+        }
+        sb_put(b, "]", 1);
+        return 1;
+    }
+    sb_put(b, "{", 1);
+    int first = 1;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        int kt = lua_type(L, -2);
+        size_t klen = 0;
+        const char *k = NULL;
+        char num[40];
+        if (kt == LUA_TSTRING) {
+            k = lua_tolstring(L, -2, &klen);
+            if (skip_read && klen == 4 && memcmp(k, "read", 4) == 0)
+                k = NULL;
+        } else if (kt == LUA_TNUMBER) {
+            sbuf kb = {num, 0, sizeof num, sizeof num, 0}; /* fits: never reallocated */
+            lua_pushvalue(L, -2);
+            json_number(L, -1, &kb);
+            lua_pop(L, 1);
+            k = num;
+            klen = kb.len;
+        }
+        if (k != NULL) {
+            if (!first)
+                sb_put(b, ",", 1);
+            first = 0;
+            json_string(b, k, klen);
+            sb_put(b, ":", 1);
+            json_value(L, -1, b, depth + 1);
+        }
+        lua_pop(L, 1);
+    }
+    if (!open)
+        sb_put(b, "}", 1);
+    return !first;
+}
+
+static void json_value(lua_State *L, int idx, sbuf *b, int depth)
+{
+    idx = lua_absindex(L, idx);
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+        size_t len;
+        const char *s = lua_tolstring(L, idx, &len);
+        json_string(b, s, len);
+        return;
+    }
+    case LUA_TNUMBER:
+        json_number(L, idx, b);
+        return;
+    case LUA_TBOOLEAN:
+        if (lua_toboolean(L, idx))
+            sb_put(b, "true", 4);
+        else
+            sb_put(b, "false", 5);
+        return;
+    case LUA_TTABLE:
+        if (depth < MAX_DEPTH && lua_checkstack(L, 4)) {
+            json_table(L, idx, b, depth, 0, 0);
+            return;
+        }
+        /* fall through */
+    default:
+        sb_put(b, "null", 4);
+        return;
+    }
+}
+
+/* Builds the blob of the page list at idx (already checked by check_page).  Returns a
+ * malloc'ed blob and its length, or NULL when out of memory or larger than limit. */
+static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
+{
+    uint32_t n = (uint32_t)lua_rawlen(L, idx);
+    size_t head = 4 + (size_t)n * 8 + ((size_t)n + 1) * 4;
+    if (head > limit)
+        return NULL;
+    sbuf b = {NULL, 0, 0, limit, 0};
+    sb_put(&b, &n, 4);
+    for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
+        lua_rawgeti(L, idx, (int)i + 1);
+        lua_getfield(L, -1, "id");
+        uint64_t id = (uint64_t)esx_tointeger(L, -1);
+        lua_pop(L, 2);
+        sb_put(&b, &id, 8);
+    }
+    size_t offs_at = b.len;
+    for (uint32_t i = 0; i <= n; i++) {
+        uint32_t zero = 0;
+        sb_put(&b, &zero, 4);
+    }
+    size_t frags_at = b.len;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t off = (uint32_t)(b.len - frags_at);
+        if (!b.failed)
+            memcpy(b.buf + offs_at + (size_t)i * 4, &off, 4);
+        lua_rawgeti(L, idx, (int)i + 1);
+        json_table(L, lua_gettop(L), &b, 1, 1, 1);
+        lua_pop(L, 1);
+    }
+    uint32_t end = (uint32_t)(b.len - frags_at);
+    if (!b.failed)
+        memcpy(b.buf + offs_at + (size_t)n * 4, &end, 4);
+    if (b.failed || b.len > UINT32_MAX) {
+        free(b.buf);
+        return NULL;
+    }
+    *blob_len = b.len;
+    return b.buf;
+}
+
 /* Checks that the value at idx is a list of article tables with integer ids; pushes nothing.
  * Returns NULL or a static message naming what is wrong. */
 static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
@@ -305,8 +497,13 @@ static int l_page_get(lua_State *L)
 static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double now,
                     uint64_t start_seq)
 {
-    size_t bytes = walk(L, idx, NULL, 0);
-    int rc = esx_cache_page_put(lc->core, page_no, bytes, now, start_seq);
+    if (page_no < 1 || page_no > lc->max_pages)
+        return 0;
+    size_t bytes = walk(L, idx, NULL, 0), blob_len = 0;
+    void *blob = page_blob(L, idx, lc->max_bytes, &blob_len);
+    int rc = esx_cache_page_put(lc->core, page_no, bytes, now, start_seq, blob, blob ? blob_len : 0);
+    if (rc != 1)
+        free(blob);
     drain(L, lc);
     if (rc == 1) {
         lua_rawgeti(L, LUA_REGISTRYINDEX, lc->pages_ref);
@@ -504,6 +701,102 @@ static int l_read_flags(lua_State *L)
     return 2;
 }
 
+/* ud:read_json(page_no, user, now) -> json
+ *   | false            the page is not cached (a miss is counted)
+ *   | nil, missing     the ids of the page's articles whose reader set is not cached
+ *   | nil              the page is cached without its JSON rendering (out of memory then)
+ * json is the page's articles as a JSON array, each object with "read":true|false added. */
+static int l_read_json(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    uint64_t page_no = check_id(L, 2);
+    uint64_t user = check_id(L, 3);
+    double now = luaL_checknumber(L, 4);
+    size_t len;
+    const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len);
+    drain(L, lc);
+    if (blob == NULL) {
+        if (len == 0)
+            lua_pushboolean(L, 0);
+        else
+            lua_pushnil(L);
+        return 1;
+    }
+    uint32_t n;
+    memcpy(&n, blob, 4);
+    const char *ids = blob + 4;
+    const char *offs = ids + (size_t)n * 8;
+    const char *frags = offs + ((size_t)n + 1) * 4;
+    uint32_t total;
+    memcpy(&total, offs + (size_t)n * 4, 4);
+    size_t need = (size_t)n * 16 + 2 + total; /* flags, [ ], fragments, commas, reads */
+    if (need > lc->scratch_cap) {
+        char *ns = realloc(lc->scratch, need);
+        if (ns == NULL)
+            return luaL_error(L, "esx.cache: out of memory");
+        lc->scratch = ns;
+        lc->scratch_cap = need;
+    }
+    unsigned char *flags = (unsigned char *)lc->scratch;
+    int nmissing = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t id;
+        memcpy(&id, ids + (size_t)i * 8, 8);
+        const esx_rset *set = esx_cache_readers_get(lc->core, id, now);
+        if (set == NULL) {
+            if (nmissing == 0) {
+                lua_pushnil(L);
+                lua_createtable(L, 4, 0);
+            }
+            esx_pushinteger(L, (long long)id);
+            lua_rawseti(L, -2, ++nmissing);
+            continue;
+        }
+        flags[i] = (unsigned char)esx_rset_contains(set, user);
+    }
+    drain(L, lc);
+    if (nmissing > 0)
+        return 2;
+    char *out = lc->scratch + n, *p = out;
+    *p++ = '[';
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, offs + (size_t)i * 4, 4);
+        memcpy(&b, offs + (size_t)i * 4 + 4, 4);
+        if (i > 0)
+            *p++ = ',';
+        memcpy(p, frags + a, b - a);
+        p += b - a;
+        if (b - a > 1)
+            *p++ = ',';
+        if (flags[i]) {
+            memcpy(p, "\"read\":true}", 12);
+            p += 12;
+        } else {
+            memcpy(p, "\"read\":false}", 13);
+            p += 13;
+        }
+    }
+    *p++ = ']';
+    lua_pushlstring(L, out, (size_t)(p - out));
+    return 1;
+}
+
+/* core.cache_json(value) -> JSON text of value (the encoding of read_json). */
+static int l_json(lua_State *L)
+{
+    luaL_checkany(L, 1);
+    sbuf b = {NULL, 0, 0, (size_t)1 << 30, 0};
+    json_value(L, 1, &b, 0);
+    if (b.failed) {
+        free(b.buf);
+        return luaL_error(L, "esx.cache: out of memory encoding JSON");
+    }
+    lua_pushlstring(L, b.buf ? b.buf : "", b.len);
+    free(b.buf);
+    return 1;
+}
+
 /* ud:lock(kind, key, timeout_ms) -> "acquired"|"busy"|"none", ticket */
 static int l_lock(lua_State *L)
 {
@@ -660,6 +953,9 @@ static void release(lua_State *L, lcache *lc)
         luaL_unref(L, LUA_REGISTRYINDEX, lc->pages_ref);
         lc->pages_ref = LUA_NOREF;
     }
+    free(lc->scratch);
+    lc->scratch = NULL;
+    lc->scratch_cap = 0;
 }
 
 /* ud:close() -- frees the core now; idempotent. */
@@ -716,6 +1012,10 @@ static int l_new(lua_State *L)
     lc->core = NULL;
     lc->pages_ref = LUA_NOREF;
     lc->shared = shared;
+    lc->max_pages = cfg.max_pages;
+    lc->max_bytes = cfg.max_bytes;
+    lc->scratch = NULL;
+    lc->scratch_cap = 0;
     char err[160];
     lc->core = esx_cache_new(&cfg, err, sizeof err);
     if (lc->core == NULL)
@@ -736,7 +1036,7 @@ static int l_clock(lua_State *L)
 static const luaL_Reg methods[] = {
     {"sync", l_sync},           {"seq", l_seq},         {"page_get", l_page_get},
     {"page_put", l_page_put},   {"readers_put", l_readers_put},
-    {"has_read", l_has_read},   {"read_flags", l_read_flags},
+    {"has_read", l_has_read},   {"read_flags", l_read_flags}, {"read_json", l_read_json},
     {"lock", l_lock},           {"unlock", l_unlock},   {"poll", l_poll},
     {"apply", l_apply},         {"stats", l_stats},     {"close", l_close},
     {NULL, NULL},
@@ -759,4 +1059,6 @@ void esx_lcache_open(lua_State *L)
     lua_setfield(L, -2, "cache_new");
     lua_pushcfunction(L, l_clock);
     lua_setfield(L, -2, "cache_clock");
+    lua_pushcfunction(L, l_json);
+    lua_setfield(L, -2, "cache_json");
 }
