@@ -12,6 +12,19 @@
 
 #define WAIT_SLICE_MS 100
 
+/* Takes the client lock.  In a forked child the lock may have been held by a thread of the
+ * parent that does not exist here: the first use in the child re-initialises it (only the
+ * forking thread exists in a new child, so nobody can hold it yet). */
+static void client_lock(esx_client *c)
+{
+    if (c->pid != getpid()) {
+        pthread_mutex_init(&c->mu, NULL);
+        c->pid = getpid();
+    }
+    pthread_mutex_lock(&c->mu);
+}
+
+
 static void global_init(void)
 {
     static atomic_int done;
@@ -37,6 +50,8 @@ esx_client *esx_client_new(esx_config *cfg, char *why)
     }
     c->fork_gen = esx_engine_generation(c->engine);
     atomic_init(&c->refs, 1);
+    pthread_mutex_init(&c->mu, NULL);
+    c->pid = getpid();
     return c;
 }
 
@@ -47,16 +62,17 @@ void esx_client_ref(esx_client *c)
 
 void esx_client_close(esx_client *c)
 {
-    if (c->closed)
-        return;
+    client_lock(c);
+    esx_engine *e = c->closed ? NULL : c->engine;
     c->closed = 1;
-    if (c->engine == NULL)
-        return;
-    if (esx_engine_ours(c->engine))
-        esx_engine_free(c->engine);
-    else
-        esx_engine_abandon(c->engine); /* the parent's: never join or free it here */
     c->engine = NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (e == NULL)
+        return;
+    if (esx_engine_ours(e))
+        esx_engine_free(e);
+    else
+        esx_engine_abandon(e); /* the parent's: never join or free it here */
 }
 
 void esx_client_unref(esx_client *c)
@@ -65,10 +81,11 @@ void esx_client_unref(esx_client *c)
         return;
     esx_client_close(c);
     esx_config_free(&c->cfg);
+    pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
-int esx_client_heal(esx_client *c, char *why)
+static int heal_locked(esx_client *c, char *why)
 {
     esx_engine *old = c->engine;
     if (c->closed || old == NULL || esx_engine_healthy(old))
@@ -85,6 +102,14 @@ int esx_client_heal(esx_client *c, char *why)
     }
     c->engine = e;
     return 0;
+}
+
+int esx_client_heal(esx_client *c, char *why)
+{
+    client_lock(c);
+    int rc = heal_locked(c, why);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 static int append_header(struct curl_slist **list, const char *line)
@@ -164,21 +189,22 @@ nomem:
 
 int esx_client_submit(esx_client *c, esx_request *req, const char **kind, char *why)
 {
-    if (c->closed) {
+    client_lock(c);
+    int rc = 0;
+    if (c->closed || c->engine == NULL) {
         *kind = ESX_ECLOSED;
         snprintf(why, 256, "the client is closed");
-        return -1;
-    }
-    if (esx_client_heal(c, why) != 0) {
+        rc = -1;
+    } else if (heal_locked(c, why) != 0) {
         *kind = ESX_EINTERNAL;
-        return -1;
-    }
-    if (esx_engine_submit(c->engine, req) != 0) {
+        rc = -1;
+    } else if (esx_engine_submit(c->engine, req) != 0) {
         *kind = ESX_ECLOSED;
         snprintf(why, 256, "the client is closed");
-        return -1;
+        rc = -1;
     }
-    return 0;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 /* A request submitted before a fork never completes in the child: fail it here. */
@@ -219,4 +245,42 @@ int esx_client_wait(esx_client *c, esx_request *req, int64_t timeout_ms)
         if (until >= 0 && esx_now_ms() >= until)
             return 0;
     }
+}
+
+int esx_client_stats(esx_client *c, esx_stats *stats, esx_nodes *nodes)
+{
+    char why[256];
+    client_lock(c);
+    int rc = -1;
+    if (!c->closed && c->engine) {
+        heal_locked(c, why);
+        esx_engine_stats(c->engine, stats, nodes);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+const char *esx_client_waiter_path(esx_client *c, char *path_out, size_t outlen, char *why)
+{
+    client_lock(c);
+    const char *path = NULL;
+    if (c->closed || c->engine == NULL)
+        snprintf(why, 256, "the client is closed");
+    else if (heal_locked(c, why) == 0)
+        path = esx_engine_waiter_path(c->engine, why);
+    if (path) {
+        snprintf(path_out, outlen, "%s", path);
+        path = path_out;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return path;
+}
+
+void esx_client_debug_kill(esx_client *c)
+{
+    client_lock(c);
+    if (!c->closed && c->engine)
+        esx_engine_debug_kill(c->engine);
+    pthread_mutex_unlock(&c->mu);
 }

@@ -5,7 +5,8 @@
  * process forked after the engine was made (nginx workers) it abandons the parent's engine
  * and builds its own; when the I/O thread has died it builds a new engine and moves the
  * unfinished requests onto it.  No state exists in which the caller must recreate a client.
- * A client is used from one thread at a time (its Lua state's); the engine does the rest.
+ * Submitting is thread-safe (a Lua state and a collector's shipper thread share a client);
+ * everything else is called from the owning Lua state's thread.
  */
 #ifndef ESX_CLIENT_H
 #define ESX_CLIENT_H
@@ -20,6 +21,8 @@ typedef struct esx_client {
     uint64_t fork_gen;   /* requests of older engine generations were the parent's */
     int closed;
     atomic_int refs;
+    pthread_mutex_t mu;  /* guards engine replacement: Lua and a collector's shipper submit */
+    pid_t pid;           /* process that initialised mu (re-initialised after a fork) */
 } esx_client;
 
 /* Creates a client from cfg, taking ownership of what cfg owns (header strings).  Returns
@@ -57,5 +60,15 @@ int esx_client_wait(esx_client *c, esx_request *req, int64_t timeout_ms);
 
 /* Non-blocking: 1 when req is done.  Heals, and fails requests orphaned by a fork. */
 int esx_client_poll(esx_client *c, esx_request *req);
+
+/* Heals, then copies the engine's counters and nodes.  Returns 0, or -1 when closed. */
+int esx_client_stats(esx_client *c, esx_stats *stats, esx_nodes *nodes);
+
+/* The waiter socket path of the current engine (see esx_engine_waiter_path), or NULL with a
+ * reason in why (256 bytes).  The path stays valid until the engine is replaced. */
+const char *esx_client_waiter_path(esx_client *c, char *path_out, size_t outlen, char *why);
+
+/* Test hook: kills the current engine's I/O thread. */
+void esx_client_debug_kill(esx_client *c);
 
 #endif

@@ -309,13 +309,10 @@ static void push_counter(lua_State *L, const char *name, uint64_t v)
 static int client_stats(lua_State *L)
 {
     lclient *u = check_client(L, 1);
-    if (u->c == NULL || u->c->engine == NULL)
-        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
-    char why[256];
-    esx_client_heal(u->c, why);
     esx_stats s;
     esx_nodes nodes;
-    esx_engine_stats(u->c->engine, &s, &nodes);
+    if (u->c == NULL || esx_client_stats(u->c, &s, &nodes) != 0)
+        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
     lua_createtable(L, 0, 8);
     push_counter(L, "requests", s.requests);
     push_counter(L, "responses", s.responses);
@@ -362,14 +359,11 @@ static int client_stats(lua_State *L)
 static int client_waiter_path(lua_State *L)
 {
     lclient *u = check_client(L, 1);
-    if (u->c == NULL || u->c->closed)
+    if (u->c == NULL)
         return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
-    char why[256];
-    if (esx_client_heal(u->c, why) != 0)
-        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
-    const char *path = esx_engine_waiter_path(u->c->engine, why);
-    if (path == NULL)
-        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    char why[256], path[128];
+    if (esx_client_waiter_path(u->c, path, sizeof path, why) == NULL)
+        return esx_lerror_fail(L, u->c->closed ? ESX_ECLOSED : ESX_EINTERNAL, "%s", why);
     lua_pushstring(L, path);
     return 1;
 }
@@ -378,8 +372,8 @@ static int client_waiter_path(lua_State *L)
 static int client_debug_kill(lua_State *L)
 {
     lclient *u = check_client(L, 1);
-    if (u->c && u->c->engine)
-        esx_engine_debug_kill(u->c->engine);
+    if (u->c)
+        esx_client_debug_kill(u->c);
     return 0;
 }
 
@@ -441,12 +435,9 @@ static int pending_id(lua_State *L)
 static int pending_waiter_path(lua_State *L)
 {
     lpending *p = check_pending(L, 1);
-    char why[256];
-    if (p->c->closed || p->c->engine == NULL)
-        return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
-    const char *path = esx_engine_waiter_path(p->c->engine, why);
-    if (path == NULL)
-        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    char why[256], path[128];
+    if (esx_client_waiter_path(p->c, path, sizeof path, why) == NULL)
+        return esx_lerror_fail(L, p->c->closed ? ESX_ECLOSED : ESX_EINTERNAL, "%s", why);
     lua_pushstring(L, path);
     return 1;
 }

@@ -1,0 +1,47 @@
+/*
+ * hll.h -- HyperLogLog distinct counting (Flajolet et al. 2007; sparse form after Heule et
+ * al. 2013; estimation with Ertl's improved raw estimator, 2017, which needs no empirical
+ * bias tables).  Precision p = 12: 4096 registers, standard error 1.04/sqrt(4096) = 1.6%.
+ *
+ * A sketch starts sparse (a sorted list of (register, rank) pairs, a few bytes per distinct
+ * value) and turns dense (4096 one-byte registers) once that is smaller.  Sketches merge by
+ * taking register maxima, so per-instance rollups add up across instances.
+ */
+#ifndef ESX_HLL_H
+#define ESX_HLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ESX_HLL_P 12
+#define ESX_HLL_M (1u << ESX_HLL_P)
+
+typedef struct esx_hll esx_hll;
+
+/* A new, empty sketch, or NULL when out of memory.  Free with esx_hll_free. */
+esx_hll *esx_hll_new(void);
+void esx_hll_free(esx_hll *h);
+
+/* Adds a value by its 64-bit hash.  Returns 0, or -1 when out of memory (the sketch is
+ * unchanged and still valid). */
+int esx_hll_add_hash(esx_hll *h, uint64_t hash);
+
+/* Merges src into dst (register maxima).  Returns 0 or -1 when out of memory. */
+int esx_hll_merge(esx_hll *dst, const esx_hll *src);
+
+/* The estimated number of distinct values added. */
+double esx_hll_estimate(const esx_hll *h);
+
+/* Bytes of memory the sketch holds (struct and registers/list). */
+size_t esx_hll_memory(const esx_hll *h);
+
+/* Serialises the sketch into out (a compact binary form, sparse or dense, versioned).
+ * Returns the number of bytes written, or the size needed when out is NULL or outlen too
+ * small (nothing written then). */
+size_t esx_hll_serialize(const esx_hll *h, unsigned char *out, size_t outlen);
+
+/* Parses a serialised sketch (untrusted bytes: every length and value is checked).
+ * Returns a new sketch, or NULL when the bytes are not a valid sketch or memory runs out. */
+esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len);
+
+#endif
