@@ -1351,6 +1351,34 @@ describe("esxd with --tls", function()
   end)
 end)
 
+describe("esxd with --keepalive-timeout", function()
+  local ksrv
+  setup(function() ksrv = ds.start({ keepalive_timeout = 200 }) end)
+  teardown(function() if ksrv then ksrv:stop() end end)
+
+  it("closes idle keep-alive connections after the timeout", function()
+    local sock = socket.tcp()
+    sock:settimeout(2)
+    assert(sock:connect("127.0.0.1", ksrv.port))
+    assert(sock:send("GET /_esx/health HTTP/1.1\r\nHost: x\r\n\r\n"))
+    local line = sock:receive("*l")
+    assert.equal("HTTP/1.1 200 OK", line)
+    local len
+    repeat
+      line = sock:receive("*l")
+      len = len or tonumber(line:match("^[Cc]ontent%-[Ll]ength:%s*(%d+)"))
+    until line == ""
+    assert(sock:receive(len))
+    local t0 = socket.gettime()
+    local data, err = sock:receive(1)
+    local dt = socket.gettime() - t0
+    sock:close()
+    assert.is_nil(data)
+    assert.equal("closed", err)
+    assert.is_true(dt >= 0.15 and dt < 1.5, "closed after " .. dt)
+  end)
+end)
+
 describe("esxd command", function()
   local function run(args)
     local h = io.popen(ds.esxd .. " " .. args .. " 2>&1; echo \"rc=$?\"")

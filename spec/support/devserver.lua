@@ -207,7 +207,8 @@ function Server:stop()
   run(sh_quote(_M.esxd) .. " stop --port " .. self.port)
 end
 
--- Start a server on a free port. opts: user, password, tls, max_body, workers.
+-- Start a server on a free port. opts: user, password, tls, max_body, workers,
+-- keepalive_timeout (ms an idle keep-alive connection stays open; default 75000).
 function _M.start(opts)
   opts = opts or {}
   local last
@@ -218,6 +219,7 @@ function _M.start(opts)
     if opts.max_body then cmd = cmd .. " --max-body " .. math.floor(opts.max_body) end
     if opts.tls then cmd = cmd .. " --tls" end
     if opts.workers then cmd = cmd .. " --workers " .. opts.workers end
+    if opts.keepalive_timeout then cmd = cmd .. " --keepalive-timeout " .. math.floor(opts.keepalive_timeout) end
     local ok, out = run(cmd)
     local url = out:match("(https?://[%d%.:]+)")
     if ok and url then
