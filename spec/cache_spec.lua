@@ -806,6 +806,92 @@ describe("single flight", function()
   end)
 end)
 
+describe("shared = true (outside nginx: one process)", function()
+  it("works like a local cache and counts the change log", function()
+    local db = sample_db()
+    local c = new_cache(db, { shared = true })
+    assert.same({ true, false, false }, flags(c:read_articles(7, 1)))
+    c:mark_read(2, 7)
+    local tx = c:transaction()
+    tx:invalidate_pages()
+    tx:mark_read(3, 7)
+    tx:commit()
+    assert.same({ true, true, true }, flags(c:read_articles(7, 1)))
+    local s = c:stats()
+    assert.is_true(s.shared)
+    assert.equal(3, s.seq)
+    assert.equal(3, s.applied)
+    assert.equal(0, s.resets)
+    c:close()
+  end)
+
+  -- Another worker is simulated by a second in-flight table: the second caller does not see
+  -- the first one's in-process record, so it meets the shared lock, waits on it, and takes
+  -- the result from the hand-off buffer.
+  it("hands a loaded reader set to a caller waiting on the shared lock", function()
+    local db = sample_db()
+    local c = new_cache(db, { shared = true })
+    local loads = 0
+    c._load_readers = function(a)
+      loads = loads + 1
+      coroutine.yield()
+      coroutine.yield()
+      return { 7, 2 ^ 40 + 1, 123456 }
+    end
+    local results = run_all{
+      function() return c:has_read(1, 7) end,
+      function()
+        c._readers_flights = {} -- "another worker"
+        return c:has_read(1, 2 ^ 40 + 1)
+      end,
+    }
+    assert.equal(1, loads)
+    assert.is_true(results[1][1])
+    assert.is_true(results[2][1])
+  end)
+
+  it("hands a loaded page to a caller waiting on the shared lock", function()
+    local db = sample_db()
+    local c = new_cache(db, { shared = true })
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      coroutine.yield()
+      return { { id = 1, title = "t", tags = { "a", 2 }, score = 0.5, ok = false } }
+    end
+    local results = run_all{
+      function() return c:read_articles(7, 1) end,
+      function()
+        c._page_flights = {}
+        return c:read_articles(8, 1)
+      end,
+    }
+    assert.equal(1, loads)
+    assert.same({ { id = 1, title = "t", tags = { "a", 2 }, score = 0.5, ok = false, read = true } },
+      results[1][1])
+    assert.same({ { id = 1, title = "t", tags = { "a", 2 }, score = 0.5, ok = false, read = true } },
+      results[2][1])
+  end)
+
+  it("lets waiters load by themselves when the holder fails", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local loads = 0
+    c._load_readers = function()
+      loads = loads + 1
+      coroutine.yield()
+      if loads == 1 then error("first load fails") end
+      return { 7 }
+    end
+    local results = run_all{
+      function() return c:has_read(1, 7) end,
+      function() c._readers_flights = {} return c:has_read(1, 7) end,
+    }
+    assert.equal(2, loads)
+    assert.equal("load", results[1][2].kind)
+    assert.is_true(results[2][1])
+  end)
+end)
+
 describe("model-based randomized test", function()
   -- Thousands of random operations against esx.cache and the plain-Lua reference model
   -- (bench/cache/reference.lua) sharing one database and one clock: every answer, every

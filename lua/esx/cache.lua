@@ -340,6 +340,7 @@ function Cache:read_articles_json(user_id, page_no)
     page, err = get_page(self, page_no)
     if not page then return nil, err end
   end
+  if not self._cc then return closed_error() end
   local res, err = compose(self, page, user_id)
   if not res then return nil, err end
   return json_encode(res)
