@@ -194,7 +194,8 @@ function _M.search(expr, params, body, started)
     local pf = post and query.compile(post, idx.types)
     for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
     for _, rec in ipairs(idx.visible_list) do
-      local ok, score = matcher(rec)
+      local ok, score = false, 0
+      if not rec.dead then ok, score = matcher(rec) end
       if ok and (not min_score or score >= min_score) then
         all_docs[#all_docs + 1] = rec
         if not pf or pf(rec) then
@@ -308,7 +309,7 @@ function _M.count(expr, params, body)
   for _, idx in ipairs(idxs) do
     local matcher = query.compile(q or { match_all = {} }, idx.types)
     for _, rec in ipairs(idx.visible_list) do
-      if matcher(rec) then n = n + 1 end
+      if not rec.dead and matcher(rec) then n = n + 1 end
     end
   end
   return 200, json.obj("count", n, "_shards", shards_obj(#idxs))

@@ -65,7 +65,7 @@ function _M.create(name, body)
       { "index_uuid", indices[name].uuid, "index", name })
   end
   local idx = { name = name, uuid = uuid(), created = now_ms(), types = {}, docs = {}, count = 0,
-    visible = {}, visible_list = {}, dirty = false, seq_no = -1, tombstones = {},
+    visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {},
     settings = type(body) == "table" and body.settings or nil, mappings = nil }
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
@@ -79,14 +79,29 @@ function _M.delete(name) indices[name] = nil end
 
 function _M.drop_all() indices = {} end
 
--- Make the current documents visible to search.
+-- Make the current documents visible to search. Incremental: only ids written since the
+-- last refresh are looked at; replaced records are marked dead in visible_list (searches
+-- skip them) and the list is compacted when more than half of it is dead.
 function _M.refresh(idx)
   if not idx.dirty then return end
-  local list = {}
-  local vis = {}
-  for id, rec in pairs(idx.docs) do list[#list + 1] = rec; vis[id] = rec end
-  table.sort(list, function(a, b) return a.seq_no < b.seq_no end)
-  idx.visible, idx.visible_list, idx.dirty = vis, list, false
+  local vis, list = idx.visible, idx.visible_list
+  local added = {}
+  for id in pairs(idx.changed) do
+    local old, new = vis[id], idx.docs[id]
+    if old ~= new then
+      if old then old.dead = true; idx.dead = idx.dead + 1 end
+      vis[id] = new
+      if new then added[#added + 1] = new end
+    end
+  end
+  table.sort(added, function(a, b) return a.seq_no < b.seq_no end)
+  for _, rec in ipairs(added) do list[#list + 1] = rec end
+  if idx.dead > 1000 and idx.dead * 2 > #list then
+    local live = {}
+    for _, rec in ipairs(list) do if not rec.dead then live[#live + 1] = rec end end
+    idx.visible_list, idx.dead = live, 0
+  end
+  idx.changed, idx.dirty = {}, false
 end
 
 function _M.refresh_all()
@@ -151,6 +166,7 @@ local function put(idx, id, source, raw, cur, opts)
   if not cur then idx.count = idx.count + 1 end
   idx.docs[id] = rec
   idx.tombstones[id] = nil
+  idx.changed[id] = true
   idx.dirty = true
   if opts.refresh then _M.refresh(idx) end
   return rec
@@ -205,6 +221,7 @@ function _M.delete_doc(name, id, opts)
   idx.docs[id] = nil
   idx.count = idx.count - 1
   idx.tombstones[id] = cur.version + 1
+  idx.changed[id] = true
   idx.dirty = true
   if opts.refresh then _M.refresh(idx) end
   return 200, result(idx, id, cur.version + 1, idx.seq_no, "deleted", opts.refresh)
