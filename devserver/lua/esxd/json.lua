@@ -59,7 +59,7 @@ _M.quote = quote
 
 local function num(x, as_float)
   if x ~= x or x == huge or x == -huge then return "null" end
-  if floor(x) == x and x > -1e15 and x < 1e15 then
+  if floor(x) == x and x > -9007199254740992 and x < 9007199254740992 then
     local s = format("%d", x)
     if as_float then s = s .. ".0" end
     return s
