@@ -12,6 +12,7 @@
 #include "lcache.h"
 #include "lclient.h"
 #include "lerror.h"
+#include "levent.h"
 #include "version.h"
 
 __attribute__((visibility("default"))) int luaopen_esx_core(lua_State *L);
@@ -49,6 +50,7 @@ int luaopen_esx_core(lua_State *L)
     luaL_newlib(L, core_functions);
     esx_lclient_open(L);
     esx_lcache_open(L);
+    esx_levent_open(L);
     lua_pushliteral(L, ESX_VERSION);
     lua_setfield(L, -2, "version");
 #if ESX_LUA51

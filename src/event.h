@@ -45,9 +45,12 @@ typedef struct esx_event_reject {
 /* Generates event ids: 20 characters of [A-Za-z0-9_-] from a per-collector random state. */
 typedef struct esx_idgen {
     uint64_t s[2];
+    long pid; /* the process that seeded it: a forked child reseeds on its next id, so
+               * nginx workers forked from one master never share an id sequence */
 } esx_idgen;
 
-/* Seeds an id generator from the kernel's randomness. */
+/* Seeds an id generator from the kernel's randomness (time and pid when there is none).
+ * Never fails. */
 void esx_idgen_init(esx_idgen *g);
 
 /* Writes a new 20-character id and a NUL into out (at least 21 bytes). */

@@ -1,0 +1,569 @@
+/*
+ * event.c -- beacon events from untrusted bodies to bulk documents (see event.h).
+ *
+ * A body is scanned once as a whole (json.c, no allocation); its events are then walked in
+ * place.  Every check that can reject an event runs before anything of it is written, so a
+ * reject leaves no partial document behind.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "event.h"
+#include "hash.h"
+#include "json.h"
+
+/* ---- ids: xorshift128+ seeded by splitmix64 from the kernel ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+void esx_idgen_init(esx_idgen *g)
+{
+    uint64_t x = esx_random_seed() ^ ((uint64_t)getpid() << 40);
+    g->s[0] = splitmix64(&x);
+    g->s[1] = splitmix64(&x);
+    if ((g->s[0] | g->s[1]) == 0)
+        g->s[1] = 1;
+    g->pid = (long)getpid();
+}
+
+static uint64_t xorshift128p(esx_idgen *g)
+{
+    uint64_t s1 = g->s[0];
+    const uint64_t s0 = g->s[1];
+    g->s[0] = s0;
+    s1 ^= s1 << 23;
+    g->s[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+    return g->s[1] + s0;
+}
+
+void esx_idgen_next(esx_idgen *g, char *out)
+{
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    if (g->pid != (long)getpid())
+        esx_idgen_init(g);
+    uint64_t a = xorshift128p(g), b = xorshift128p(g);
+    for (int i = 0; i < 10; i++) {
+        out[i] = alphabet[a & 63];
+        out[10 + i] = alphabet[b & 63];
+        a >>= 6;
+        b >>= 6;
+    }
+    out[20] = '\0';
+}
+
+/* ---- one event ---- */
+
+typedef struct ctx {
+    int64_t received_at;
+    esx_idgen *ids;
+    esx_buf *out;
+} ctx;
+
+static int ident_char(unsigned char ch, int colon)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_' || ch == '.' || ch == '-' || (colon && ch == ':');
+}
+
+/* A string field of identifier characters, 1..max bytes, copied NUL-terminated to dst. */
+static int check_ident(const esx_json_val *v, const char *name, size_t max, int colon,
+                       char *dst, char *reason)
+{
+    char tmp[129];
+    if (v->type != ESX_JSON_STRING) {
+        snprintf(reason, 96, "%s: not a string", name);
+        return 0;
+    }
+    size_t l = esx_json_str_decode(v, tmp, max);
+    if (l == 0 || l > max) {
+        snprintf(reason, 96, "%s: invalid length", name);
+        return 0;
+    }
+    for (size_t i = 0; i < l; i++)
+        if (!ident_char((unsigned char)tmp[i], colon)) {
+            snprintf(reason, 96, "%s: invalid characters", name);
+            return 0;
+        }
+    memcpy(dst, tmp, l);
+    dst[l] = '\0';
+    return 1;
+}
+
+static int check_user_id(const esx_json_val *v, char *dst, char *reason)
+{
+    if (v->type == ESX_JSON_STRING) {
+        size_t l = esx_json_str_decode(v, dst, 128);
+        if (l == 0 || l > 128) {
+            snprintf(reason, 96, "user_id: invalid length");
+            return 0;
+        }
+        if (memchr(dst, '\0', l)) {
+            snprintf(reason, 96, "user_id: invalid characters");
+            return 0;
+        }
+        dst[l] = '\0';
+        return 1;
+    }
+    if (v->type == ESX_JSON_NUMBER && !memchr(v->p, '.', v->len) && !memchr(v->p, 'e', v->len) &&
+        !memchr(v->p, 'E', v->len)) {
+        if (v->len > 128) {
+            snprintf(reason, 96, "user_id: invalid length");
+            return 0;
+        }
+        memcpy(dst, v->p, v->len);
+        dst[v->len] = '\0';
+        return 1;
+    }
+    snprintf(reason, 96, "user_id: not a string or integer");
+    return 0;
+}
+
+/* "reserved field <name>" with the name cut to 64 bytes and anything but printable ASCII
+ * (and '"', '\\') shown as '?', so that reasons are safe in any answer or log line. */
+static void reserved_reason(const esx_json_val *key, char *reason)
+{
+    char name[65];
+    size_t l = esx_json_str_decode(key, name, 64);
+    size_t k = l > 64 ? 64 : l;
+    for (size_t i = 0; i < k; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if (ch < 0x20 || ch > 0x7E || ch == '"' || ch == '\\')
+            name[i] = '?';
+    }
+    name[k] = '\0';
+    snprintf(reason, 96, "reserved field %s%s", name, l > 64 ? "..." : "");
+}
+
+enum { F_OTHER, F_SITE, F_TYPE, F_BLOCK, F_VARIANT, F_USER, F_EVENT, F_TS, F_RECEIVED };
+
+static int field_of(const esx_json_val *key)
+{
+    static const struct {
+        const char *name;
+        int f;
+    } names[] = {
+        {"site_id", F_SITE}, {"type", F_TYPE},       {"block_id", F_BLOCK},
+        {"variant", F_VARIANT}, {"user_id", F_USER}, {"event_id", F_EVENT},
+        {"ts", F_TS},        {"received_at", F_RECEIVED},
+    };
+    if (key->len > 2 + 16 && !memchr(key->p, '\\', key->len))
+        return F_OTHER; /* longer than any schema name */
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (esx_json_str_eq(key, names[i].name, strlen(names[i].name)))
+            return names[i].f;
+    return F_OTHER;
+}
+
+static int put(esx_buf *out, const char *s, size_t n)
+{
+    int rc = esx_buf_append(out, s, n);
+    return rc == ESX_BUF_OK ? 0 : rc == ESX_BUF_TOOBIG ? ESX_EV_TOOBIG : ESX_EV_NOMEM;
+}
+
+/* Returns 1 (accepted, ev filled, document appended), 0 (rejected, reason filled) or a
+ * negative ESX_EV_* (out restored). */
+static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reason)
+{
+    if (obj->type != ESX_JSON_OBJECT) {
+        snprintf(reason, 96, "not an object");
+        return 0;
+    }
+    if (obj->flaw) {
+        snprintf(reason, 96, "%s", esx_json_flaw_str(obj->flaw));
+        return 0;
+    }
+    if (obj->depth > ESX_EVENT_MAX_DEPTH) {
+        snprintf(reason, 96, "nesting deeper than %d", ESX_EVENT_MAX_DEPTH);
+        return 0;
+    }
+    int dup = esx_json_duplicate(obj);
+    if (dup < 0)
+        return ESX_EV_NOMEM;
+    if (dup) {
+        snprintf(reason, 96, "duplicate member name");
+        return 0;
+    }
+
+    memset(ev, 0, sizeof *ev);
+    int seen_site = 0, seen_type = 0, seen_event = 0;
+    esx_json_iter it;
+    esx_json_val key, val;
+    esx_json_iter_init(&it, obj);
+    while (esx_json_iter_next(&it, &key, &val)) {
+        char first;
+        size_t kl = esx_json_str_decode(&key, &first, 1);
+        if (kl == 0) {
+            snprintf(reason, 96, "empty member name");
+            return 0;
+        }
+        if (first == '_') {
+            reserved_reason(&key, reason);
+            return 0;
+        }
+        int ok = 1;
+        switch (field_of(&key)) {
+        case F_SITE:
+            ok = check_ident(&val, "site_id", 64, 0, ev->site_id, reason);
+            seen_site = 1;
+            break;
+        case F_TYPE:
+            ok = check_ident(&val, "type", 32, 0, ev->type, reason);
+            seen_type = 1;
+            break;
+        case F_BLOCK:
+            ok = check_ident(&val, "block_id", 64, 0, ev->block_id, reason);
+            break;
+        case F_VARIANT:
+            ok = check_ident(&val, "variant", 64, 0, ev->variant, reason);
+            break;
+        case F_EVENT:
+            ok = check_ident(&val, "event_id", 64, 1, ev->event_id, reason);
+            seen_event = 1;
+            break;
+        case F_USER:
+            ok = check_user_id(&val, ev->user_id, reason);
+            break;
+        case F_TS:
+            if (val.type != ESX_JSON_NUMBER) {
+                snprintf(reason, 96, "ts: not a number");
+                ok = 0;
+            }
+            break;
+        default:
+            break;
+        }
+        if (!ok)
+            return 0;
+    }
+    if (!seen_site) {
+        snprintf(reason, 96, "missing site_id");
+        return 0;
+    }
+    if (!seen_type) {
+        snprintf(reason, 96, "missing type");
+        return 0;
+    }
+
+    esx_buf *out = c->out;
+    size_t save = out->len;
+    int rc;
+    if ((rc = put(out, "{", 1)) != 0)
+        goto fail;
+    esx_json_iter_init(&it, obj);
+    while (esx_json_iter_next(&it, &key, &val)) {
+        if (field_of(&key) == F_RECEIVED)
+            continue;
+        if ((rc = esx_json_write_min(&key, out)) != ESX_BUF_OK ||
+            (rc = esx_buf_append(out, ":", 1)) != ESX_BUF_OK ||
+            (rc = esx_json_write_min(&val, out)) != ESX_BUF_OK ||
+            (rc = esx_buf_append(out, ",", 1)) != ESX_BUF_OK) {
+            rc = rc == ESX_BUF_TOOBIG ? ESX_EV_TOOBIG : ESX_EV_NOMEM;
+            goto fail;
+        }
+    }
+    char tail[96];
+    int tl;
+    if (!seen_event) {
+        esx_idgen_next(c->ids, ev->event_id);
+        tl = snprintf(tail, sizeof tail, "\"received_at\":%" PRId64 ",\"event_id\":\"%s\"}\n",
+                      c->received_at, ev->event_id);
+    } else {
+        tl = snprintf(tail, sizeof tail, "\"received_at\":%" PRId64 "}\n", c->received_at);
+    }
+    if ((rc = put(out, tail, (size_t)tl)) != 0)
+        goto fail;
+    ev->doc_off = save;
+    ev->doc_len = out->len - save - 1;
+    return 1;
+fail:
+    out->len = save;
+    if (out->data)
+        out->data[save] = '\0';
+    return rc;
+}
+
+/* ---- bodies ---- */
+
+typedef struct results {
+    esx_event *events;
+    int *n_events;
+    esx_event_reject *rejects;
+    int *n_rejects;
+} results;
+
+static int add(ctx *c, results *r, const esx_json_val *v, int index)
+{
+    esx_event_reject *rj = &r->rejects[*r->n_rejects];
+    int rc = one_event(c, v, &r->events[*r->n_events], rj->reason);
+    if (rc == 1)
+        (*r->n_events)++;
+    else if (rc == 0) {
+        rj->index = index;
+        (*r->n_rejects)++;
+    }
+    return rc < 0 ? rc : 0;
+}
+
+static void set(char *why, const char *msg)
+{
+    if (why)
+        snprintf(why, 128, "%s", msg);
+}
+
+static int parse_ndjson(ctx *c, results *r, const char *body, size_t len, int max_events,
+                        char *why)
+{
+    /* count the events first, so that a flood is refused before any work */
+    int count = 0;
+    for (size_t i = 0; i < len;) {
+        const char *nl = memchr(body + i, '\n', len - i);
+        size_t end = nl ? (size_t)(nl - body) : len;
+        if (esx_json_skip_ws(body, end, i) < end && ++count > max_events)
+            return ESX_EV_TOO_MANY;
+        i = end + 1;
+    }
+    int index = 0, any = 0;
+    for (size_t i = 0; i < len;) {
+        const char *nl = memchr(body + i, '\n', len - i);
+        size_t end = nl ? (size_t)(nl - body) : len;
+        size_t b = esx_json_skip_ws(body, end, i);
+        if (b < end) {
+            size_t pos = b;
+            esx_json_val v;
+            if (esx_json_scan(body, end, &pos, &v, NULL, 0) == 0 &&
+                esx_json_skip_ws(body, end, pos) == end) {
+                any = 1;
+                int rc = add(c, r, &v, index);
+                if (rc < 0)
+                    return rc;
+            } else {
+                esx_event_reject *rj = &r->rejects[(*r->n_rejects)++];
+                rj->index = index;
+                snprintf(rj->reason, sizeof rj->reason, "invalid JSON");
+            }
+            index++;
+        }
+        i = end + 1;
+    }
+    (void)why;
+    return any ? ESX_EV_OK : ESX_EV_NOT_JSON;
+}
+
+static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_events,
+                      char *why)
+{
+    size_t i = esx_json_skip_ws(body, len, 0);
+    if (i >= len) {
+        set(why, "empty body");
+        return ESX_EV_NOT_JSON;
+    }
+    if (body[i] != '{' && body[i] != '[') {
+        set(why, "not a JSON object, array or NDJSON");
+        return ESX_EV_NOT_JSON;
+    }
+    size_t pos = i;
+    esx_json_val v;
+    char scanwhy[128];
+    int scanned = esx_json_scan(body, len, &pos, &v, scanwhy, sizeof scanwhy) == 0;
+    if (scanned && esx_json_skip_ws(body, len, pos) == len) {
+        if (v.type == ESX_JSON_OBJECT) {
+            if (max_events < 1)
+                return ESX_EV_TOO_MANY;
+            return add(c, r, &v, 0);
+        }
+        /* an array of events */
+        if (v.flaw) {
+            /* a flaw inside the array but outside any element cannot happen: every string
+             * is inside an element; elements report their own flaws */
+        }
+        esx_json_iter it;
+        esx_json_val el;
+        int count = 0;
+        esx_json_iter_init(&it, &v);
+        while (esx_json_iter_next(&it, NULL, &el))
+            if (++count > max_events)
+                return ESX_EV_TOO_MANY;
+        int index = 0;
+        esx_json_iter_init(&it, &v);
+        while (esx_json_iter_next(&it, NULL, &el)) {
+            int rc = add(c, r, &el, index++);
+            if (rc < 0)
+                return rc;
+        }
+        return ESX_EV_OK;
+    }
+    if (body[i] == '[') {
+        set(why, scanned ? "trailing bytes after the JSON array" : scanwhy);
+        return ESX_EV_NOT_JSON;
+    }
+    int rc = parse_ndjson(c, r, body, len, max_events, why);
+    if (rc == ESX_EV_NOT_JSON)
+        set(why, scanned ? "trailing bytes after the JSON object" : scanwhy);
+    return rc;
+}
+
+int esx_events_parse(const char *body, size_t len, int64_t received_at, esx_idgen *ids,
+                     esx_buf *out, esx_event *events, int *n_events, esx_event_reject *rejects,
+                     int *n_rejects, int max_events, char *why)
+{
+    ctx c = {received_at, ids, out};
+    results r = {events, n_events, rejects, n_rejects};
+    size_t save = out->len;
+    *n_events = *n_rejects = 0;
+    if (why)
+        why[0] = '\0';
+    int rc = parse_body(&c, &r, body, len, max_events, why);
+    if (rc != ESX_EV_OK) {
+        out->len = save;
+        if (out->data)
+            out->data[save] = '\0';
+        *n_events = *n_rejects = 0;
+        if (rc == ESX_EV_TOO_MANY)
+            set(why, "too many events");
+        else if (rc == ESX_EV_NOMEM)
+            set(why, "out of memory");
+        else if (rc == ESX_EV_TOOBIG)
+            set(why, "output too large");
+    }
+    return rc;
+}
+
+/* ---- query strings ---- */
+
+static int pct_decode(const char *s, size_t n, char *dst, size_t *dlen)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (ch == '+')
+            ch = ' ';
+        else if (ch == '%') {
+            if (n - i < 3)
+                return -1;
+            int a = s[i + 1], b = s[i + 2];
+            int va = (a >= '0' && a <= '9') ? a - '0' : (a >= 'a' && a <= 'f') ? a - 'a' + 10
+                   : (a >= 'A' && a <= 'F') ? a - 'A' + 10 : -1;
+            int vb = (b >= '0' && b <= '9') ? b - '0' : (b >= 'a' && b <= 'f') ? b - 'a' + 10
+                   : (b >= 'A' && b <= 'F') ? b - 'A' + 10 : -1;
+            if (va < 0 || vb < 0)
+                return -1;
+            ch = (char)(va * 16 + vb);
+            i += 2;
+        }
+        dst[k++] = ch;
+    }
+    *dlen = k;
+    return 0;
+}
+
+static int is_integer_text(const char *s, size_t n)
+{
+    size_t i = 0;
+    if (i < n && s[i] == '-')
+        i++;
+    if (i >= n)
+        return 0;
+    if (s[i] == '0')
+        return i + 1 == n;
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+int esx_event_from_query(const char *query, size_t len, int64_t received_at, esx_idgen *ids,
+                         esx_buf *out, esx_event *event, int *n_events, esx_event_reject *reject,
+                         int *n_rejects, char *why)
+{
+    *n_events = *n_rejects = 0;
+    if (why)
+        why[0] = '\0';
+    /* the JSON text: each byte becomes at most 6 ("\u00XX"), plus quotes, ':' and ','. */
+    if (len > (SIZE_MAX - 64) / 8) {
+        set(why, "output too large");
+        return ESX_EV_TOOBIG;
+    }
+    esx_buf json, dec;
+    esx_buf_init(&json, 8 * len + 64);
+    esx_buf_init(&dec, len + 1);
+    const char *bad = NULL;
+    int rc = ESX_EV_OK;
+    if (esx_buf_reserve(&dec, len + 1) != ESX_BUF_OK || esx_buf_append(&json, "{", 1) != ESX_BUF_OK) {
+        rc = ESX_EV_NOMEM;
+        goto done;
+    }
+    int first = 1;
+    for (size_t i = 0; i < len && !bad;) {
+        const char *amp = memchr(query + i, '&', len - i);
+        size_t end = amp ? (size_t)(amp - query) : len;
+        if (end > i) {
+            const char *eq = memchr(query + i, '=', end - i);
+            size_t ne = eq ? (size_t)(eq - query) : end;
+            size_t vs = eq ? ne + 1 : end;
+            size_t nl, vl;
+            char *d = dec.data;
+            if (pct_decode(query + i, ne - i, d, &nl) < 0 ||
+                pct_decode(query + vs, end - vs, d + nl, &vl) < 0) {
+                bad = "invalid percent-encoding";
+                break;
+            }
+            if (esx_utf8_valid_prefix((unsigned char *)d, nl + vl) != nl + vl) {
+                bad = "invalid UTF-8";
+                break;
+            }
+            int is_ts = nl == 2 && memcmp(d, "ts", 2) == 0;
+            if (is_ts && !is_integer_text(d + nl, vl)) {
+                bad = "ts: not an integer";
+                break;
+            }
+            if ((!first && esx_buf_append(&json, ",", 1) != ESX_BUF_OK) ||
+                esx_json_write_str(&json, d, nl) != ESX_BUF_OK ||
+                esx_buf_append(&json, ":", 1) != ESX_BUF_OK ||
+                (is_ts ? esx_buf_append(&json, d + nl, vl)
+                       : esx_json_write_str(&json, d + nl, vl)) != ESX_BUF_OK) {
+                rc = ESX_EV_NOMEM;
+                goto done;
+            }
+            first = 0;
+        }
+        i = end + 1;
+    }
+    if (bad) {
+        reject->index = 0;
+        snprintf(reject->reason, sizeof reject->reason, "%s", bad);
+        *n_rejects = 1;
+        goto done;
+    }
+    if (esx_buf_append(&json, "}", 1) != ESX_BUF_OK) {
+        rc = ESX_EV_NOMEM;
+        goto done;
+    }
+    {
+        size_t pos = 0;
+        esx_json_val v;
+        if (esx_json_scan(json.data, json.len, &pos, &v, why, 128) != 0) {
+            rc = ESX_EV_NOT_JSON; /* cannot happen: we wrote it */
+            goto done;
+        }
+        ctx c = {received_at, ids, out};
+        results r = {event, n_events, reject, n_rejects};
+        rc = add(&c, &r, &v, 0);
+        if (rc < 0)
+            set(why, rc == ESX_EV_TOOBIG ? "output too large" : "out of memory");
+    }
+done:
+    if (rc == ESX_EV_NOMEM)
+        set(why, "out of memory");
+    esx_buf_free(&json);
+    esx_buf_free(&dec);
+    return rc;
+}
