@@ -106,9 +106,9 @@ local ok, err = pcall(function()
   local fixed, fixed_lat = run("/fixed")
   local json, json_lat = run("/articles_json")
   local articles, articles_lat = run("/articles")
-  print(string.format("| nginx (2 workers, shared = true) | wrk: read_articles_json endpoint vs fixed JSON page | %.0f req/s (avg latency %s) | %.0f req/s (avg latency %s) | %.2fx |",
+  print(string.format("| nginx (2 workers, shared = true) | wrk /articles with read_articles_json (reference column: the same location printing a fixed JSON page) | %.0f req/s (avg latency %s) | %.0f req/s (avg latency %s) | %.2fx |",
     json, json_lat, fixed, fixed_lat, json / fixed))
-  print(string.format("| nginx (2 workers, shared = true) | wrk: read_articles + cjson.encode endpoint vs fixed JSON page | %.0f req/s (avg latency %s) | %.0f req/s (avg latency %s) | %.2fx |",
+  print(string.format("| nginx (2 workers, shared = true) | wrk /articles with read_articles + cjson.encode (reference column: fixed JSON page) | %.0f req/s (avg latency %s) | %.0f req/s (avg latency %s) | %.2fx |",
     articles, articles_lat, fixed, fixed_lat, articles / fixed))
 end)
 srv:stop()
