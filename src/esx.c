@@ -9,8 +9,10 @@
 
 #include "clock.h"
 #include "compat.h"
+#include "gzip.h"
 #include "lcache.h"
 #include "lclient.h"
+#include "lcollector.h"
 #include "lerror.h"
 #include "levent.h"
 #include "version.h"
@@ -37,7 +39,29 @@ static int core_now(lua_State *L)
     return 1;
 }
 
+/* core.gunzip(data, max) -> string | nil, "too_large" | "corrupt" | "nomem"
+ * Inflates one gzip member, never producing more than max bytes. */
+static int core_gunzip(lua_State *L)
+{
+    size_t len;
+    const char *in = luaL_checklstring(L, 1, &len);
+    lua_Number max = luaL_checknumber(L, 2);
+    esx_buf out;
+    esx_buf_init(&out, max < 0 ? 0 : (size_t)max);
+    int rc = esx_gunzip(in, len, &out);
+    if (rc == ESX_GZIP_OK) {
+        lua_pushlstring(L, out.data ? out.data : "", out.len);
+        esx_buf_free(&out);
+        return 1;
+    }
+    esx_buf_free(&out);
+    lua_pushnil(L);
+    lua_pushstring(L, rc == ESX_GZIP_TOOBIG ? "too_large" : rc == ESX_GZIP_CORRUPT ? "corrupt" : "nomem");
+    return 2;
+}
+
 static const luaL_Reg core_functions[] = {
+    {"gunzip", core_gunzip},
     {"error", esx_lerror_new},
     {"sleep", core_sleep},
     {"now", core_now},
@@ -49,6 +73,7 @@ int luaopen_esx_core(lua_State *L)
     esx_lerror_open(L);
     luaL_newlib(L, core_functions);
     esx_lclient_open(L);
+    esx_lcollector_open(L);
     esx_lcache_open(L);
     esx_levent_open(L);
     lua_pushliteral(L, ESX_VERSION);

@@ -1,0 +1,397 @@
+--- esx.collector: the beacon collector handler.
+--
+-- The HTTP decisions (method, CORS, content type and coding, status codes) are made here;
+-- parsing, validation, admission, the queue, shipping, rollups and the spool are the C
+-- core's (src/collector.c).  col:handle(req) answers at once: it never waits for
+-- Elasticsearch, and it sheds load with 503/429 and Retry-After instead of queueing requests.
+
+local core = require "esx.core"
+local options = require "esx.options"
+local registry = require "esx.registry"
+local cjson = require "cjson.safe"
+
+local type, pairs, ipairs, tostring, setmetatable, error, tonumber =
+  type, pairs, ipairs, tostring, setmetatable, error, tonumber
+local concat, format, lower, ceil = table.concat, string.format, string.lower, math.ceil
+
+local _M = {}
+
+-- 1x1 transparent GIF for pixel beacons
+local PIXEL = "GIF89a\1\0\1\0\128\0\0\0\0\0\255\255\255\33\249\4\1\0\0\0\0\44\0\0\0\0\1\0\1\0\0\2\2\68\1\0\59"
+
+local function int(min, max, default)
+  return { type = "integer", min = min, max = max, default = default }
+end
+
+local function check_index_fmt(v)
+  local probe = os.date("!" .. v, 1700000000)
+  local ok, err = pcall(require("esx.client").check_index, probe, 1, "collector")
+  if not ok then return nil, "does not give a valid index name (" .. tostring(probe) .. ")" end
+  if #v > 120 then return nil, "too long" end
+  return v
+end
+
+local function check_origins(v)
+  for i, o in pairs(v) do
+    if type(i) ~= "number" or type(o) ~= "string" or o:find("[%s%c]") then
+      return nil, "list of origins (strings) expected"
+    end
+  end
+  return v
+end
+
+local rollup_schema = {
+  window = int(1000, 86400000, 60000),
+  index = { type = "string", check = check_index_fmt, default = "rollups-%Y.%m.%d" },
+  interval = int(100, 3600000, 10000),
+  max_rows = int(1, 10000000, 100000),
+}
+
+local function check_rollup(v)
+  if v == false then return v end
+  if type(v) ~= "table" then return nil, "table or false expected, got " .. type(v) end
+  local ok, r = pcall(options.check, "esx.collector rollup", rollup_schema, v, 1)
+  if not ok then return nil, (tostring(r):gsub("^.-esx%.collector rollup: ", "")) end
+  return r
+end
+
+local function check_dir(v)
+  if v:find("%c") then return nil, "must not contain control characters" end
+  if #v > 380 then return nil, "too long" end
+  return v
+end
+
+local function check_instance(v)
+  if not v:match("^[%w_.-]+$") or #v > 100 then return nil, "1-100 characters of [A-Za-z0-9_.-]" end
+  return v
+end
+
+_M.schema = {
+  sink = { type = "table", required = true },
+  index = { type = "string", check = check_index_fmt, default = "events-%Y.%m.%d" },
+  max_concurrent = int(1, 1000000, 50),
+  max_body = int(64, 64 * 1024 * 1024, 65536),
+  max_events = int(1, 100000, 100),
+  queue_max_bytes = int(4096, 2 ^ 40, 64 * 1024 * 1024),
+  batch_max_bytes = int(1024, 1024 * 1024 * 1024, 1024 * 1024),
+  batch_max_events = int(1, 1000000, 5000),
+  flush_interval = int(1, 3600000, 1000),
+  bulk_concurrency = int(1, 64, 2),
+  retry_backoff_min = int(1, 3600000, 100),
+  retry_backoff_max = int(1, 3600000, 30000),
+  spool_dir = { type = "string", nonempty = true, check = check_dir },
+  spool_sync_interval = int(0, 3600000, 1000),
+  spool_segment_bytes = int(4096, 1024 * 1024 * 1024, 4 * 1024 * 1024),
+  dead_letter = { type = "string", nonempty = true, check = check_dir },
+  allowed_origins = { type = "table", check = check_origins, default = function() return { "*" } end },
+  rollup = { type = "any", check = check_rollup,
+             default = function() return options.check("rollup", rollup_schema, {}, 1) end },
+  site_rate = { type = "number", min = 0.001, max = 1e9 },
+  site_burst = { type = "number", min = 1, max = 1e9 },
+  max_sites = int(1, 10000000, 100000),
+  instance = { type = "string", check = check_instance },
+  name = { type = "string", nonempty = true },
+}
+
+local Collector = {}
+Collector.__index = Collector
+
+--- esx.collector(opts) -> collector.  Raises on a bad option; nil, err when it cannot start.
+function _M.new(opts)
+  local o = options.check("esx.collector", _M.schema, opts, 3)
+  if getmetatable(o.sink) ~= require("esx.client").Client then
+    error("esx.collector: bad option 'sink' (esx.client expected)", 2)
+  end
+  if o.retry_backoff_max < o.retry_backoff_min then
+    error("esx.collector: bad option 'retry_backoff_max' (must be >= retry_backoff_min)", 2)
+  end
+  if o.site_burst and not o.site_rate then
+    error("esx.collector: bad option 'site_burst' (given without 'site_rate')", 2)
+  end
+  local dead_letter = o.dead_letter or
+    (o.spool_dir and (o.spool_dir .. "/dead-letter.ndjson")) or
+    ((os.getenv("TMPDIR") or "/tmp") .. "/esx-dead-letter.ndjson")
+  local rollup = o.rollup or {}
+  local c, err = core.collector_new(o.sink.c, {
+    index = o.index, max_events = o.max_events, queue_max_bytes = o.queue_max_bytes,
+    batch_max_bytes = o.batch_max_bytes, batch_max_events = o.batch_max_events,
+    flush_interval = o.flush_interval, bulk_concurrency = o.bulk_concurrency,
+    retry_backoff_min = o.retry_backoff_min, retry_backoff_max = o.retry_backoff_max,
+    spool_dir = o.spool_dir, spool_sync_interval = o.spool_sync_interval,
+    spool_segment_bytes = o.spool_segment_bytes, dead_letter = dead_letter,
+    rollup_window = o.rollup and rollup.window or 0, rollup_index = rollup.index or "rollups",
+    rollup_interval = rollup.interval, rollup_max_rows = rollup.max_rows,
+    instance = o.instance, site_rate = o.site_rate,
+    site_burst = o.site_burst or (o.site_rate and o.site_rate), max_sites = o.max_sites,
+  })
+  if not c then return nil, err end
+  local allowed, any = {}, false
+  for _, origin in ipairs(o.allowed_origins) do
+    if origin == "*" then any = true else allowed[origin] = true end
+  end
+  local self = setmetatable({ c = c, o = o, sink = o.sink, any_origin = any,
+                              origins = allowed, dead_letter = dead_letter }, Collector)
+  self.name = registry.add(self, "collector", o.name, function() return self:stats() end)
+  return self
+end
+
+local JSON_TYPE = "application/json"
+
+local function json_body(t) return (cjson.encode(t)) end
+
+-- CORS headers for an allowed origin, or nil, reason for a refused one.
+local function cors(self, headers, origin)
+  if not origin then return true end
+  if self.origins[origin] then
+    headers["Access-Control-Allow-Origin"] = origin
+    headers["Access-Control-Allow-Credentials"] = "true"
+    headers["Vary"] = "Origin"
+    return true
+  end
+  if self.any_origin then
+    headers["Access-Control-Allow-Origin"] = "*"
+    return true
+  end
+  return false
+end
+
+local function first(v)
+  if type(v) == "table" then return v[1] end
+  return v
+end
+
+local function error_answer(headers, status, message, extra)
+  headers["Content-Type"] = JSON_TYPE
+  local doc = { error = message }
+  if extra then for k, v in pairs(extra) do doc[k] = v end end
+  return status, headers, json_body(doc)
+end
+
+local function rejects_list(rejects)
+  local list = {}
+  for i, r in ipairs(rejects) do list[i] = { index = r.index, error = r.error } end
+  return list
+end
+
+local accepted_types = {
+  ["application/json"] = true, ["text/plain"] = true, ["application/x-ndjson"] = true,
+}
+
+local function query_string(q)
+  if q == nil then return "" end
+  if type(q) == "string" then return q end
+  local parts = {}
+  for k, v in pairs(q) do
+    local function enc(s)
+      return (tostring(s):gsub("[^%w%-%._~]", function(c) return format("%%%02X", c:byte()) end))
+    end
+    parts[#parts + 1] = enc(k) .. "=" .. enc(first(v))
+  end
+  return concat(parts, "&")
+end
+
+local function handle(self, req)
+  local headers = { ["Cache-Control"] = "no-store" }
+  local h = req.headers or {}
+  local method = req.method
+  local origin = first(h.origin)
+  if not cors(self, headers, origin) then
+    return error_answer(headers, 403, "origin not allowed")
+  end
+  if method == "OPTIONS" then
+    headers["Access-Control-Allow-Methods"] = "POST, GET, OPTIONS"
+    headers["Access-Control-Allow-Headers"] = "Content-Type, Content-Encoding"
+    headers["Access-Control-Max-Age"] = "86400"
+    return 204, headers, ""
+  end
+  local from_query, body = false, req.body
+  if method == "GET" then
+    from_query, body = true, query_string(req.query)
+  elseif method ~= "POST" then
+    headers["Allow"] = "GET, POST, OPTIONS"
+    return error_answer(headers, 405, "method not allowed")
+  else
+    local ctype = first(h["content-type"])
+    if ctype then
+      ctype = lower(ctype:match("^%s*([^;%s]+)") or "")
+      if not accepted_types[ctype] then
+        return error_answer(headers, 415, "unsupported content type")
+      end
+    end
+    body = body or ""
+    local max = self.o.max_body
+    if #body > max then return error_answer(headers, 413, "body larger than " .. max .. " bytes") end
+    local coding = first(h["content-encoding"])
+    if coding then
+      coding = lower(coding:match("^%s*(.-)%s*$"))
+      if coding == "gzip" then
+        local plain, why = core.gunzip(body, max)
+        if not plain then
+          if why == "too_large" then
+            return error_answer(headers, 413, "body inflates past " .. max .. " bytes")
+          end
+          return error_answer(headers, 400, "body is not valid gzip")
+        end
+        body = plain
+      elseif coding ~= "identity" and coding ~= "" then
+        return error_answer(headers, 415, "unsupported content encoding")
+      end
+    end
+    if body == "" then return error_answer(headers, 400, "empty body") end
+  end
+  local status, accepted, rejects, retry_after, message = self.c:ingest(body, from_query)
+  if status == 204 then
+    if from_query then
+      headers["Content-Type"] = "image/gif"
+      return 200, headers, PIXEL
+    end
+    return 204, headers, ""
+  elseif status == 200 then
+    headers["Content-Type"] = JSON_TYPE
+    return 200, headers, json_body({ accepted = accepted, rejected = rejects_list(rejects) })
+  elseif status == 429 or status == 503 then
+    headers["Retry-After"] = tostring(ceil(retry_after / 1000))
+    return error_answer(headers, status, message)
+  elseif status == 400 and #rejects > 0 then
+    return error_answer(headers, 400, message, { rejected = rejects_list(rejects) })
+  end
+  return error_answer(headers, status, message)
+end
+
+--- col:handle(req[, entered]) -> status, headers, body
+-- req = {method=, path=, query=, headers=<lowercase names>, body=, remote_addr=}.
+-- `entered` is for adapters that counted the request with col:enter() themselves.
+function Collector:handle(req, entered)
+  if type(req) ~= "table" or type(req.method) ~= "string" then
+    error("bad argument #1 to 'handle' (request table with a method expected)", 2)
+  end
+  if req.body ~= nil and type(req.body) ~= "string" then
+    error("bad argument #1 to 'handle' (req.body must be a string)", 2)
+  end
+  if not entered then
+    if not self.c:enter(self.o.max_concurrent) then
+      return 503, { ["Retry-After"] = "1", ["Content-Type"] = JSON_TYPE },
+        '{"error":"too many requests in progress"}'
+    end
+  end
+  local ok, status, headers, body = pcall(handle, self, req)
+  if not entered then self.c:leave() end
+  if not ok then error(status, 0) end
+  return status, headers, body
+end
+
+--- col:enter() -> true when the request may proceed (counts it as in progress); false when
+-- max_concurrent requests are in progress (answer 503 with Retry-After).  col:leave() ends it.
+function Collector:enter()
+  local ok = self.c:enter(self.o.max_concurrent)
+  if not ok then
+    local s = self.rejected_concurrency or 0
+    self.rejected_concurrency = s + 1
+  end
+  return ok
+end
+
+function Collector:leave()
+  self.c:leave()
+end
+
+--- col:flush([timeout_ms]) -> true once everything accepted so far is acknowledged.
+function Collector:flush(timeout)
+  if self.closed then return nil, core.error("closed", "the collector is closed") end
+  if timeout ~= nil and type(timeout) ~= "number" then
+    error("bad argument #1 to 'flush' (number expected)", 2)
+  end
+  local ok = self.c:flush(timeout)
+  if ok then return true end
+  return nil, core.error("request_timeout", "events still queued after " .. tostring(timeout) .. " ms")
+end
+
+--- col:rollups() -> rows of the current window
+function Collector:rollups()
+  if self.closed then return nil, core.error("closed", "the collector is closed") end
+  return self.c:rollups()
+end
+
+--- col:stats() -> counters (see docs/collector.md)
+function Collector:stats()
+  if self.closed then return nil, core.error("closed", "the collector is closed") end
+  local s = self.c:stats()
+  s.rejected.concurrency = self.rejected_concurrency or 0
+  local total = 0
+  for _, n in pairs(s.rejected) do total = total + n end
+  s.rejected.total = total
+  s.utilization = {
+    concurrency = s.in_progress / self.o.max_concurrent,
+    queue = s.queued_bytes / self.o.queue_max_bytes,
+    lag_ms = s.lag_ms,
+  }
+  return s
+end
+
+--- col:close([timeout_ms = 10000]) -> true | nil, err  Flushes (or leaves events in the
+-- spool) and stops.  Without a spool, events that could not be delivered in time are
+-- reported in err.undelivered.
+function Collector:close(timeout)
+  if self.closed then return true end
+  local left = self.c:close(timeout or 10000)
+  self.closed = true
+  registry.remove(self)
+  if left > 0 and not self.o.spool_dir then
+    return nil, core.error("request_timeout", left .. " events were not acknowledged before close",
+      { undelivered = left })
+  end
+  return true
+end
+
+--- esx.collector.totals(client, {site_id=, from=, to=[, index=][, by_window=]}) -> rows
+-- Sums the rollup rows of every instance for a site and time range: counts add, HyperLogLog
+-- registers merge.  Rows: {block_id, variant, type, count, uniques[, window_start]}.
+function _M.totals(client, q)
+  if type(q) ~= "table" or type(q.site_id) ~= "string" then
+    error("bad argument #2 to 'totals' (table with site_id expected)", 2)
+  end
+  local index = q.index or "rollups-*"
+  local range = {}
+  if q.from then range.gte = q.from end
+  if q.to then range.lt = q.to end
+  local filter = { { term = { site_id = q.site_id } } }
+  if next(range) then filter[2] = { range = { window_start = range } } end
+  local res, err = client:search(index, { size = 10000, query = { bool = { filter = filter } },
+    sort = { { window_start = "asc" } } })
+  if not res then return nil, err end
+  local groups, order = {}, {}
+  for _, hit in ipairs(res.hits.hits) do
+    local s = hit._source
+    local key = concat({ s.block_id, s.variant, s.type, q.by_window and tostring(s.window_start) or "" }, "\0")
+    local g = groups[key]
+    if not g then
+      g = { block_id = s.block_id, variant = s.variant, type = s.type, count = 0, sketches = {},
+            window_start = q.by_window and s.window_start or nil }
+      groups[key] = g
+      order[#order + 1] = key
+    end
+    g.count = g.count + (s.count or 0)
+    if s.hll and s.hll ~= "" then g.sketches[#g.sketches + 1] = s.hll end
+  end
+  local rows = {}
+  for _, key in ipairs(order) do
+    local g = groups[key]
+    local est, herr = core.hll_union(g.sketches)
+    if not est then return nil, herr end
+    g.uniques = math.floor(est + 0.5)
+    g.sketches = nil
+    rows[#rows + 1] = g
+  end
+  return rows
+end
+
+--- col:totals(q) -> esx.collector.totals(col's sink, q)
+function Collector:totals(q)
+  return _M.totals(self.sink, q)
+end
+
+function Collector:__tostring()
+  return "esx.collector: " .. (self.name or "?")
+end
+
+return _M

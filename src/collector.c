@@ -1,0 +1,1014 @@
+/*
+ * collector.c -- intake, admission, the queue and the shipper (see collector.h).
+ *
+ * Locks: `mu` guards the queue, the counters, the rollups, the rate limiter and the spool;
+ * it is held for short, non-blocking work only (the spool's append is a write(2) to the page
+ * cache).  `intake_mu` serialises the parse scratch buffers.  Batches in flight hold a
+ * reference to the collector, so results arriving after close() find it alive.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bulk_response.h"
+#include "clock.h"
+#include "collector.h"
+#include "ratelimit.h"
+#include "rollup.h"
+#include "spool.h"
+
+const char *const esx_reject_names[ESX_RJ_COUNT] = {
+    "invalid", "not_json", "too_large", "too_many", "queue_full",
+    "rate_limited", "spool", "closed", "nomem",
+};
+
+#define ITEM_OVERHEAD 64     /* bytes charged per queued event beyond its text */
+#define ORPHAN_SCAN_MS 2000
+
+typedef struct item {
+    struct item *next;
+    char *data;              /* action line + document line, '\n'-terminated */
+    size_t len;
+    int attempts;
+    int64_t due;             /* monotonic ms when a delayed retry may go */
+    int64_t queued_at;       /* monotonic ms */
+    esx_segment *seg;
+    int rollup;              /* a rollup row, not an event */
+} item;
+
+typedef struct batch {
+    esx_collector *col;
+    int n;
+    size_t bytes;
+    item *items[];
+} batch;
+
+struct esx_collector {
+    esx_collector_config cfg;
+    esx_client *client;
+    atomic_int refs;
+    pthread_mutex_t mu, intake_mu;
+    pthread_cond_t wake, idle;
+    pid_t pid;
+    pthread_t thread;
+    int running, stop, closed, flush_requested, emit_now, auto_instance;
+
+    item *ready_head, *ready_tail;
+    size_t ready_bytes;
+    int ready_count;
+    item *delayed;
+    int inflight;
+    size_t queue_bytes;
+    int64_t queue_events;
+    size_t batch_cap;
+
+    esx_idgen ids;
+    esx_rollups *rollups;
+    int64_t last_rollup_emit;
+    esx_spool *spool;
+    int64_t last_sync, last_orphan_scan;
+    esx_ratelimit *rl;
+    int dl_fd;
+    unsigned rng;
+    esx_collector_counters st;
+
+    /* intake scratch, under intake_mu */
+    esx_event *events;
+    esx_event_reject *rejects;
+    size_t *offs;
+    const char **sites;
+    int *counts;
+    esx_buf docs, lines;
+};
+
+/* ---------------------------------------------------------------- items and queue */
+
+static size_t item_cost(const item *it)
+{
+    return it->len + ITEM_OVERHEAD;
+}
+
+static item *item_new(const char *data, size_t len, int64_t now, esx_segment *seg)
+{
+    item *it = malloc(sizeof *it);
+    if (it == NULL)
+        return NULL;
+    it->data = malloc(len);
+    if (it->data == NULL) {
+        free(it);
+        return NULL;
+    }
+    memcpy(it->data, data, len);
+    it->len = len;
+    it->attempts = 0;
+    it->due = 0;
+    it->queued_at = now;
+    it->seg = seg;
+    it->rollup = 0;
+    it->next = NULL;
+    return it;
+}
+
+static void ready_append(esx_collector *col, item *it)
+{
+    it->next = NULL;
+    if (col->ready_tail)
+        col->ready_tail->next = it;
+    else
+        col->ready_head = it;
+    col->ready_tail = it;
+    col->ready_bytes += it->len;
+    col->ready_count++;
+}
+
+static void ready_prepend(esx_collector *col, item *it)
+{
+    it->next = col->ready_head;
+    col->ready_head = it;
+    if (!col->ready_tail)
+        col->ready_tail = it;
+    col->ready_bytes += it->len;
+    col->ready_count++;
+}
+
+/* Queues a new item (already counted by the caller in queue_bytes/queue_events). */
+static void enqueue(esx_collector *col, item *it)
+{
+    ready_append(col, it);
+    col->queue_bytes += item_cost(it);
+    col->queue_events++;
+}
+
+/* An item leaves the queue for good (acknowledged or dead-lettered). */
+static void item_done(esx_collector *col, item *it)
+{
+    col->queue_bytes -= item_cost(it);
+    col->queue_events--;
+    if (it->seg && col->spool)
+        esx_spool_release(col->spool, it->seg, 1);
+    free(it->data);
+    free(it);
+}
+
+static int64_t backoff(esx_collector *col, int attempts)
+{
+    int64_t base = col->cfg.backoff_min;
+    for (int i = 1; i < attempts && base < col->cfg.backoff_max; i++)
+        base *= 2;
+    if (base > col->cfg.backoff_max)
+        base = col->cfg.backoff_max;
+    col->rng = col->rng * 1103515245u + 12345u;
+    return base / 2 + (int64_t)((col->rng >> 8) % (unsigned)(base / 2 + 1));
+}
+
+static void retry_later(esx_collector *col, item *it, int64_t now)
+{
+    it->attempts++;
+    it->due = now + backoff(col, it->attempts);
+    it->next = col->delayed;
+    col->delayed = it;
+    if (!it->rollup)
+        col->st.retried++;
+}
+
+/* ---------------------------------------------------------------- dead letters */
+
+static size_t json_escape(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (; *s && o + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
+static void dead_letter(esx_collector *col, item *it, int status, const char *type,
+                        const char *reason)
+{
+    if (!it->rollup)
+        col->st.dead_lettered++;
+    if (col->dl_fd < 0)
+        return;
+    char t[160], r[400];
+    json_escape(t, sizeof t, type);
+    json_escape(r, sizeof r, reason);
+    /* the item is "<action>\n<doc>\n": both lines are JSON already */
+    const char *nl = memchr(it->data, '\n', it->len);
+    size_t alen = nl ? (size_t)(nl - it->data) : it->len;
+    size_t dlen = nl ? it->len - alen - 2 : 0;
+    char head[800];
+    int n = snprintf(head, sizeof head,
+                     "{\"failed_at\":%lld,\"status\":%d,\"error\":{\"type\":\"%s\",\"reason\":\"%s\"},"
+                     "\"operation\":",
+                     (long long)esx_wall_ms(), status, t, r);
+    size_t total = (size_t)n + alen + 12 + (dlen ? dlen : 4) + 3;
+    char *line = malloc(total);
+    if (line == NULL)
+        return;
+    size_t o = 0;
+    memcpy(line + o, head, (size_t)n);
+    o += (size_t)n;
+    memcpy(line + o, it->data, alen);
+    o += alen;
+    memcpy(line + o, ",\"document\":", 12);
+    o += 12;
+    if (dlen) {
+        memcpy(line + o, nl + 1, dlen);
+        o += dlen;
+    } else {
+        memcpy(line + o, "null", 4);
+        o += 4;
+    }
+    line[o++] = '}';
+    line[o++] = '\n';
+    ssize_t w = write(col->dl_fd, line, o); /* O_APPEND: one line per write */
+    (void)w;
+    free(line);
+}
+
+/* ---------------------------------------------------------------- results */
+
+static void col_unref(esx_collector *col);
+
+static void batch_done(esx_request *req, void *ud)
+{
+    batch *b = ud;
+    esx_collector *col = b->col;
+    int status = req->err_kind ? 0 : (int)req->status;
+    esx_bulk_item *results = NULL;
+    int parsed = 0;
+    char why[128];
+    if (status == 200) {
+        results = calloc((size_t)b->n, sizeof *results);
+        parsed = results && esx_bulk_response_parse(req->resp_body.data, req->resp_body.len,
+                                                    results, b->n, why) == 0;
+    }
+    int64_t now = esx_now_ms();
+    pthread_mutex_lock(&col->mu);
+    col->st.bulk_requests++;
+    if (status == 413 && b->n > 1) {
+        /* the server refused the size: halve batches and send these again */
+        col->batch_cap = b->bytes / 2 > 1024 ? b->bytes / 2 : 1024;
+        for (int i = b->n - 1; i >= 0; i--)
+            ready_prepend(col, b->items[i]);
+    } else if (!parsed) {
+        col->st.bulk_failures++;
+        for (int i = 0; i < b->n; i++) {
+            if (status == 413) {
+                dead_letter(col, b->items[i], 413, "request_too_large",
+                            "the server refused a single event as too large");
+                item_done(col, b->items[i]);
+            } else {
+                retry_later(col, b->items[i], now);
+            }
+        }
+    } else {
+        for (int i = 0; i < b->n; i++) {
+            int s = results[i].status;
+            if ((s >= 200 && s < 300) || s == 409) { /* 409: created by an earlier attempt */
+                if (!b->items[i]->rollup)
+                    col->st.shipped++;
+                item_done(col, b->items[i]);
+            } else if (s == 429 || s >= 500) {
+                retry_later(col, b->items[i], now);
+            } else {
+                dead_letter(col, b->items[i], s, results[i].error_type, results[i].reason);
+                item_done(col, b->items[i]);
+            }
+        }
+    }
+    col->inflight--;
+    pthread_cond_broadcast(&col->wake);
+    pthread_cond_broadcast(&col->idle);
+    pthread_mutex_unlock(&col->mu);
+    free(results);
+    free(b);
+    col_unref(col);
+}
+
+/* ---------------------------------------------------------------- shipper */
+
+static batch *take_batch(esx_collector *col)
+{
+    int max = col->cfg.batch_max_events;
+    size_t cap = col->batch_cap;
+    int n = 0;
+    size_t bytes = 0;
+    for (item *it = col->ready_head; it && n < max; it = it->next) {
+        if (n > 0 && bytes + it->len > cap)
+            break;
+        bytes += it->len;
+        n++;
+    }
+    batch *b = malloc(sizeof *b + (size_t)n * sizeof(item *));
+    if (b == NULL)
+        return NULL;
+    b->col = col;
+    b->n = n;
+    b->bytes = bytes;
+    for (int i = 0; i < n; i++) {
+        item *it = col->ready_head;
+        col->ready_head = it->next;
+        col->ready_bytes -= it->len;
+        col->ready_count--;
+        it->next = NULL;
+        b->items[i] = it;
+    }
+    if (!col->ready_head)
+        col->ready_tail = NULL;
+    return b;
+}
+
+/* Sends a batch (called without the lock).  On failure the items go back, delayed. */
+static void send_batch(esx_collector *col, batch *b)
+{
+    char why[256];
+    char *body = malloc(b->bytes + 1);
+    esx_request *req = NULL;
+    if (body) {
+        size_t o = 0;
+        for (int i = 0; i < b->n; i++) {
+            memcpy(body + o, b->items[i]->data, b->items[i]->len);
+            o += b->items[i]->len;
+        }
+        req = esx_client_prepare(col->client, "POST", "/_bulk", body, o, "application/x-ndjson",
+                                 NULL, 0, 0, 0, why);
+        free(body);
+    }
+    const char *kind = NULL;
+    if (req) {
+        req->on_done = batch_done;
+        req->on_done_ud = b;
+        atomic_fetch_add(&col->refs, 1);
+        if (esx_client_submit(col->client, req, &kind, why) == 0) {
+            esx_request_unref(req); /* the engine holds it now */
+            return;
+        }
+        atomic_fetch_sub(&col->refs, 1);
+        esx_request_unref(req);
+    }
+    int64_t now = esx_now_ms();
+    pthread_mutex_lock(&col->mu);
+    col->st.bulk_failures++;
+    for (int i = 0; i < b->n; i++)
+        retry_later(col, b->items[i], now);
+    col->inflight--;
+    pthread_cond_broadcast(&col->idle);
+    pthread_mutex_unlock(&col->mu);
+    free(b);
+}
+
+static int emit_rollup_line(void *ud, const char *line, size_t len)
+{
+    esx_collector *col = ud;
+    item *it = item_new(line, len, esx_now_ms(), NULL);
+    if (it == NULL)
+        return -1;
+    it->rollup = 1;
+    enqueue(col, it);
+    col->st.rollup_written++;
+    return 0;
+}
+
+/* Splits a replayed spool record into items (pairs of lines).  Called under mu. */
+static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_t len)
+{
+    esx_collector *col = ud;
+    int64_t now = esx_now_ms(), n = 0;
+    size_t pos = 0;
+    while (pos < len) {
+        const char *a = memchr(data + pos, '\n', len - pos);
+        if (a == NULL)
+            break;
+        const char *d = memchr(a + 1, '\n', len - (size_t)(a + 1 - data));
+        if (d == NULL)
+            break;
+        size_t end = (size_t)(d - data) + 1;
+        item *it = item_new(data + pos, end - pos, now, seg);
+        if (it == NULL)
+            break;
+        enqueue(col, it);
+        n++;
+        pos = end;
+    }
+    col->st.replayed += (uint64_t)n;
+    return n;
+}
+
+static void housekeeping(esx_collector *col, int64_t now)
+{
+    /* delayed retries that are due go back to the front */
+    for (item **p = &col->delayed; *p;) {
+        item *it = *p;
+        if (it->due <= now) {
+            *p = it->next;
+            ready_prepend(col, it);
+        } else {
+            p = &it->next;
+        }
+    }
+    if (col->rollups) {
+        int all = col->emit_now || now - col->last_rollup_emit >= col->cfg.rollup_interval;
+        int64_t wall = esx_wall_ms();
+        if (esx_rollups_emit(col->rollups, wall, all, col->cfg.instance,
+                             col->cfg.rollup_index_fmt, emit_rollup_line, col) >= 0 && all)
+            col->last_rollup_emit = now;
+        col->emit_now = 0;
+    }
+    if (col->spool) {
+        if (now - col->last_sync >= col->cfg.spool_sync_interval) {
+            esx_spool_sync(col->spool);
+            col->last_sync = now;
+        }
+        if (now - col->last_orphan_scan >= ORPHAN_SCAN_MS &&
+            col->queue_bytes < col->cfg.queue_max_bytes / 2) {
+            esx_spool_claim_orphans(col->spool, replay_record, col);
+            col->last_orphan_scan = now;
+        }
+    }
+}
+
+static int64_t next_deadline(esx_collector *col, int64_t now)
+{
+    int64_t t = now + 1000;
+    if (col->ready_head && col->ready_head->queued_at + col->cfg.flush_interval < t)
+        t = col->ready_head->queued_at + col->cfg.flush_interval;
+    for (item *it = col->delayed; it; it = it->next)
+        if (it->due < t)
+            t = it->due;
+    if (col->rollups && col->last_rollup_emit + col->cfg.rollup_interval < t)
+        t = col->last_rollup_emit + col->cfg.rollup_interval;
+    if (col->spool && col->last_sync + col->cfg.spool_sync_interval < t)
+        t = col->last_sync + col->cfg.spool_sync_interval;
+    return t < now ? now : t;
+}
+
+static int should_send(esx_collector *col, int64_t now)
+{
+    if (col->inflight >= col->cfg.bulk_concurrency || col->ready_count == 0)
+        return 0;
+    return col->ready_bytes >= col->batch_cap || col->ready_count >= col->cfg.batch_max_events ||
+           col->flush_requested || col->stop ||
+           now - col->ready_head->queued_at >= col->cfg.flush_interval;
+}
+
+static void *shipper_main(void *arg)
+{
+    esx_collector *col = arg;
+    pthread_mutex_lock(&col->mu);
+    while (!col->stop) {
+        int64_t now = esx_now_ms();
+        housekeeping(col, now);
+        if (should_send(col, now)) {
+            batch *b = take_batch(col);
+            if (b) {
+                col->inflight++;
+                pthread_mutex_unlock(&col->mu);
+                send_batch(col, b);
+                pthread_mutex_lock(&col->mu);
+                continue;
+            }
+        }
+        int64_t until = next_deadline(col, now);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int64_t wait = until - now;
+        ts.tv_sec += wait / 1000;
+        ts.tv_nsec += (wait % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&col->wake, &col->mu, &ts);
+    }
+    pthread_mutex_unlock(&col->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static int init_locks(esx_collector *col)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_mutex_init(&col->mu, NULL) || pthread_mutex_init(&col->intake_mu, NULL) ||
+             pthread_cond_init(&col->wake, &ca) || pthread_cond_init(&col->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    return rc ? -1 : 0;
+}
+
+static void free_list(item *it)
+{
+    while (it) {
+        item *next = it->next;
+        free(it->data);
+        free(it);
+        it = next;
+    }
+}
+
+static int open_dead_letter(esx_collector *col)
+{
+    if (!col->cfg.dead_letter_path[0])
+        return 0;
+    col->dl_fd = open(col->cfg.dead_letter_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    return col->dl_fd >= 0 ? 0 : -1;
+}
+
+esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *client, char *why)
+{
+    esx_collector *col = calloc(1, sizeof *col);
+    if (col == NULL) {
+        snprintf(why, 256, "out of memory");
+        return NULL;
+    }
+    col->cfg = *cfg;
+    col->auto_instance = cfg->instance[0] == '\0';
+    col->dl_fd = -1;
+    atomic_init(&col->refs, 1);
+    col->batch_cap = cfg->batch_max_bytes;
+    size_t m = (size_t)cfg->max_events;
+    col->events = calloc(m, sizeof *col->events);
+    col->rejects = calloc(m, sizeof *col->rejects);
+    col->offs = calloc(m + 1, sizeof *col->offs);
+    col->sites = calloc(m, sizeof *col->sites);
+    col->counts = calloc(m, sizeof *col->counts);
+    if (!col->events || !col->rejects || !col->offs || !col->sites || !col->counts ||
+        init_locks(col) != 0) {
+        free(col->events);
+        free(col->rejects);
+        free(col->offs);
+        free(col->sites);
+        free(col->counts);
+        free(col);
+        snprintf(why, 256, "out of memory");
+        return NULL;
+    }
+    esx_buf_init(&col->docs, cfg->queue_max_bytes);
+    esx_buf_init(&col->lines, cfg->queue_max_bytes);
+    if (cfg->rollup_window > 0 &&
+        (col->rollups = esx_rollups_new(cfg->rollup_window, cfg->rollup_max_rows)) == NULL) {
+        snprintf(why, 256, "out of memory");
+        goto fail;
+    }
+    if (cfg->site_rate > 0 &&
+        (col->rl = esx_ratelimit_new(cfg->site_rate, cfg->site_burst, cfg->max_sites)) == NULL) {
+        snprintf(why, 256, "out of memory");
+        goto fail;
+    }
+    if (open_dead_letter(col) != 0) {
+        snprintf(why, 256, "cannot open dead_letter file %.170s: %.40s",
+                 cfg->dead_letter_path, strerror(errno));
+        goto fail;
+    }
+    esx_idgen_init(&col->ids);
+    col->rng = (unsigned)esx_now_ms() ^ (unsigned)getpid();
+    esx_client_ref(client);
+    col->client = client;
+    col->pid = getpid();
+    return col;
+fail:
+    esx_rollups_free(col->rollups);
+    esx_ratelimit_free(col->rl);
+    esx_buf_free(&col->docs);
+    esx_buf_free(&col->lines);
+    free(col->events);
+    free(col->rejects);
+    free(col->offs);
+    free(col->sites);
+    free(col->counts);
+    free(col);
+    return NULL;
+}
+
+/* First use in this process: adopt a collector inherited through fork, open the spool and
+ * start the shipper.  Called by the intake's thread.  Returns 0 or -1 (why, 256 bytes). */
+static int ensure_running(esx_collector *col, char *why)
+{
+    if (col->pid != getpid()) {
+        /* A forked child: the parent's thread, requests and spool files are the parent's.
+         * The memory is our copy: drop its queue (in-flight batches belong to the parent's
+         * engine and are left alone), re-create the locks, and re-seed the id generator so
+         * parent and child never mint the same event_id. */
+        init_locks(col);
+        free_list(col->ready_head);
+        free_list(col->delayed);
+        col->ready_head = col->ready_tail = col->delayed = NULL;
+        col->ready_bytes = 0;
+        col->ready_count = 0;
+        col->inflight = 0;
+        col->queue_bytes = 0;
+        col->queue_events = 0;
+        if (col->spool) {
+            esx_spool_forget(col->spool);
+            col->spool = NULL;
+        }
+        if (col->rollups) {
+            int64_t w = esx_rollups_window(col->rollups);
+            esx_rollups_free(col->rollups);
+            col->rollups = esx_rollups_new(w, col->cfg.rollup_max_rows);
+        }
+        if (col->dl_fd >= 0)
+            close(col->dl_fd);
+        col->dl_fd = -1;
+        open_dead_letter(col);
+        esx_idgen_init(&col->ids);
+        col->running = 0;
+        col->pid = getpid();
+    }
+    if (col->running || col->closed)
+        return 0;
+    if (col->auto_instance) {
+        /* each process (nginx worker) is its own instance: its rollup rows have their own
+         * _ids and add up with the others' */
+        char host[64] = "host";
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = '\0';
+        for (char *p = host; *p; p++)
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
+                *p = '-';
+        snprintf(col->cfg.instance, sizeof col->cfg.instance, "%s-%d", host, (int)getpid());
+    }
+    pthread_mutex_lock(&col->mu);
+    if (col->cfg.spool_dir[0] && col->spool == NULL) {
+        col->spool = esx_spool_open(col->cfg.spool_dir, col->cfg.spool_segment_bytes, why);
+        if (col->spool == NULL) {
+            pthread_mutex_unlock(&col->mu);
+            return -1;
+        }
+        col->last_orphan_scan = 0; /* replay what dead processes left, at once */
+    }
+    col->last_rollup_emit = esx_now_ms();
+    col->stop = 0;
+    int rc = pthread_create(&col->thread, NULL, shipper_main, col);
+    if (rc == 0)
+        col->running = 1;
+    else
+        snprintf(why, 256, "cannot start the shipper thread");
+    pthread_mutex_unlock(&col->mu);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- intake */
+
+static void refuse(esx_intake *out, int status, enum esx_reject_reason why_code,
+                   esx_collector *col, int events, const char *msg)
+{
+    out->status = status;
+    snprintf(out->message, sizeof out->message, "%.150s", msg);
+    pthread_mutex_lock(&col->mu);
+    col->st.rejected[why_code] += (uint64_t)(events > 0 ? events : 1);
+    pthread_mutex_unlock(&col->mu);
+}
+
+/* The intake proper; called with intake_mu held. */
+static void ingest(esx_collector *col, const char *body, size_t len, int from_query,
+                   int64_t received_at, esx_intake *out)
+{
+    char why[256];
+    esx_buf_reset(&col->docs);
+    esx_buf_reset(&col->lines);
+    int n = 0, nr = 0, rc;
+    if (from_query)
+        rc = esx_event_from_query(body, len, received_at, &col->ids, &col->docs, col->events, &n,
+                                  col->rejects, &nr, why);
+    else
+        rc = esx_events_parse(body, len, received_at, &col->ids, &col->docs, col->events, &n,
+                              col->rejects, &nr, col->cfg.max_events, why);
+    out->rejects = col->rejects;
+    out->n_rejects = nr;
+    if (rc == ESX_EV_NOT_JSON) {
+        refuse(out, 400, ESX_RJ_NOT_JSON, col, 0, why);
+        return;
+    }
+    if (rc == ESX_EV_TOO_MANY) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "more than %d events in one request", col->cfg.max_events);
+        refuse(out, 413, ESX_RJ_TOO_MANY, col, 0, msg);
+        return;
+    }
+    if (rc != ESX_EV_OK) {
+        refuse(out, 503, ESX_RJ_NOMEM, col, 0, "out of memory parsing the request");
+        out->retry_after_ms = 1000;
+        return;
+    }
+    pthread_mutex_lock(&col->mu);
+    col->st.requests++;
+    col->st.rejected[ESX_RJ_INVALID] += (uint64_t)nr;
+    pthread_mutex_unlock(&col->mu);
+    if (n == 0) {
+        out->status = 400;
+        snprintf(out->message, sizeof out->message, "no valid event");
+        return;
+    }
+
+    /* bulk lines: create with _id = event_id into the index of received_at's date */
+    char index[256];
+    time_t secs = (time_t)(received_at / 1000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    if (strftime(index, sizeof index, col->cfg.index_fmt, &tm) == 0)
+        snprintf(index, sizeof index, "events");
+    size_t *offs = col->offs;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offs[i] = col->lines.len;
+        char head[512];
+        int hl = snprintf(head, sizeof head, "{\"create\":{\"_index\":\"%s\",\"_id\":\"%s\"}}\n",
+                          index, col->events[i].event_id);
+        if (esx_buf_append(&col->lines, head, (size_t)hl) != ESX_BUF_OK ||
+            esx_buf_append(&col->lines, col->docs.data + col->events[i].doc_off,
+                           col->events[i].doc_len) != ESX_BUF_OK ||
+            esx_buf_append(&col->lines, "\n", 1) != ESX_BUF_OK) {
+            refuse(out, 503, ESX_RJ_QUEUE_FULL, col, n, "the queue is full");
+            out->retry_after_ms = 1000;
+            return;
+        }
+    }
+    offs[n] = col->lines.len;
+    total = col->lines.len + (size_t)n * ITEM_OVERHEAD;
+
+    /* per-site counts for the rate limiter */
+    const char **sites = col->sites;
+    int *counts = col->counts;
+    int k = 0;
+    if (col->rl) {
+        for (int i = 0; i < n; i++) {
+            int j = 0;
+            while (j < k && strcmp(sites[j], col->events[i].site_id) != 0)
+                j++;
+            if (j == k) {
+                sites[k] = col->events[i].site_id;
+                counts[k++] = 0;
+            }
+            counts[j]++;
+        }
+    }
+
+    int64_t now = esx_now_ms();
+    pthread_mutex_lock(&col->mu);
+    if (col->queue_bytes + total > col->cfg.queue_max_bytes) {
+        col->st.rejected[ESX_RJ_QUEUE_FULL] += (uint64_t)n;
+        pthread_mutex_unlock(&col->mu);
+        out->status = 503;
+        out->retry_after_ms = 1000;
+        snprintf(out->message, sizeof out->message, "the queue is full");
+        return;
+    }
+    if (col->rl) {
+        int64_t wait = esx_ratelimit_take(col->rl, sites, counts, k, now);
+        if (wait > 0) {
+            col->st.rejected[ESX_RJ_RATE] += (uint64_t)n;
+            pthread_mutex_unlock(&col->mu);
+            out->status = 429;
+            out->retry_after_ms = wait;
+            snprintf(out->message, sizeof out->message, "a site is over its event rate");
+            return;
+        }
+    }
+    esx_segment *seg = NULL;
+    if (col->spool) {
+        if (esx_spool_append(col->spool, col->lines.data, col->lines.len, &seg, why) != 0) {
+            col->st.rejected[ESX_RJ_SPOOL] += (uint64_t)n;
+            pthread_mutex_unlock(&col->mu);
+            out->status = 503;
+            out->retry_after_ms = 1000;
+            snprintf(out->message, sizeof out->message, "%.150s", why);
+            return;
+        }
+        col->st.spooled += (uint64_t)n;
+    }
+    int queued = 0;
+    for (int i = 0; i < n; i++) {
+        item *it = item_new(col->lines.data + offs[i], offs[i + 1] - offs[i], now, seg);
+        if (it == NULL)
+            break;
+        enqueue(col, it);
+        if (seg)
+            seg->pending++;
+        if (col->rollups && esx_rollups_add(col->rollups, received_at, &col->events[i]) != 0)
+            col->st.rollup_dropped = esx_rollups_dropped(col->rollups);
+        queued++;
+    }
+    if (queued < n) {
+        /* out of memory midway: the spooled record still holds every event, so what is not
+         * queued here is replayed from disk; without a spool, report them as refused */
+        if (!seg) {
+            col->st.rejected[ESX_RJ_NOMEM] += (uint64_t)(n - queued);
+            for (int i = queued; i < n && out->n_rejects < col->cfg.max_events; i++) {
+                esx_event_reject *r = &col->rejects[out->n_rejects++];
+                r->index = -1;
+                snprintf(r->reason, sizeof r->reason, "out of memory");
+            }
+        } else {
+            seg->pending += n - queued;
+        }
+    }
+    col->st.accepted += (uint64_t)queued;
+    if (col->ready_bytes >= col->batch_cap || col->ready_count >= col->cfg.batch_max_events)
+        pthread_cond_signal(&col->wake);
+    pthread_mutex_unlock(&col->mu);
+    out->accepted = queued;
+    out->status = out->n_rejects ? 200 : 204;
+}
+
+void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int from_query,
+                          int64_t received_at, esx_intake *out)
+{
+    memset(out, 0, sizeof *out);
+    char why[256];
+    if (col->closed) {
+        refuse(out, 503, ESX_RJ_CLOSED, col, 0, "the collector is closed");
+        out->retry_after_ms = 1000;
+        return;
+    }
+    if (ensure_running(col, why) != 0) {
+        refuse(out, 503, ESX_RJ_SPOOL, col, 0, why);
+        out->retry_after_ms = 1000;
+        return;
+    }
+    pthread_mutex_lock(&col->intake_mu);
+    ingest(col, body, len, from_query, received_at, out);
+    pthread_mutex_unlock(&col->intake_mu);
+}
+
+/* ---------------------------------------------------------------- flush, stats, close */
+
+static int wait_empty(esx_collector *col, int64_t timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    if (timeout_ms >= 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (timeout_ms % 1000) * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+    }
+    while (col->queue_events > 0 && col->running) {
+        col->flush_requested = 1;
+        pthread_cond_signal(&col->wake);
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&col->idle, &col->mu)
+                                : pthread_cond_timedwait(&col->idle, &col->mu, &until);
+        if (rc != 0)
+            break;
+    }
+    col->flush_requested = 0;
+    return col->queue_events == 0;
+}
+
+int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
+{
+    char why[256];
+    if (ensure_running(col, why) != 0)
+        return 0;
+    pthread_mutex_lock(&col->mu);
+    col->emit_now = 1;
+    col->flush_requested = 1;
+    pthread_cond_signal(&col->wake);
+    /* let the shipper write the rollup rows before we look at the queue */
+    while (col->emit_now && col->running) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 5000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&col->idle, &col->mu, &ts);
+    }
+    int empty = wait_empty(col, timeout_ms);
+    pthread_mutex_unlock(&col->mu);
+    return empty;
+}
+
+typedef struct rows_ctx {
+    void (*fn)(const void *row, void *ud);
+    void *ud;
+} rows_ctx;
+
+static void row_cb(const esx_rollup_row *row, void *ud)
+{
+    rows_ctx *c = ud;
+    c->fn(row, c->ud);
+}
+
+void esx_collector_rollups(esx_collector *col, int64_t now_ms,
+                           void (*fn)(const void *row, void *ud), void *ud)
+{
+    if (col->rollups == NULL)
+        return;
+    rows_ctx c = {fn, ud};
+    pthread_mutex_lock(&col->mu);
+    esx_rollups_current(col->rollups, now_ms, row_cb, &c);
+    pthread_mutex_unlock(&col->mu);
+}
+
+void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
+{
+    if (col->pid != getpid()) {
+        char why[256];
+        ensure_running(col, why);
+    }
+    pthread_mutex_lock(&col->mu);
+    *out = col->st;
+    out->queued_events = (uint64_t)col->queue_events;
+    out->queued_bytes = col->queue_bytes;
+    out->in_flight = (uint64_t)col->inflight;
+    uint64_t delayed = 0;
+    for (item *it = col->delayed; it; it = it->next)
+        delayed++;
+    out->delayed = delayed;
+    if (col->rollups) {
+        out->rollup_rows = esx_rollups_rows(col->rollups);
+        out->rollup_dropped = esx_rollups_dropped(col->rollups);
+    }
+    if (col->rl)
+        out->rate_unlimited = esx_ratelimit_unlimited(col->rl);
+    int64_t oldest = 0, now = esx_now_ms();
+    if (col->ready_head)
+        oldest = now - col->ready_head->queued_at;
+    for (item *it = col->delayed; it; it = it->next)
+        if (now - it->queued_at > oldest)
+            oldest = now - it->queued_at;
+    out->oldest_queued_ms = oldest;
+    pthread_mutex_unlock(&col->mu);
+}
+
+int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
+{
+    if (col->closed)
+        return 0;
+    char why[256];
+    if (col->pid != getpid())
+        ensure_running(col, why);
+    pthread_mutex_lock(&col->mu);
+    col->closed = 1;
+    int64_t left = 0;
+    if (col->running) {
+        col->emit_now = 1;
+        pthread_cond_signal(&col->wake);
+        wait_empty(col, timeout_ms);
+        col->stop = 1;
+        pthread_cond_signal(&col->wake);
+        pthread_mutex_unlock(&col->mu);
+        pthread_join(col->thread, NULL);
+        pthread_mutex_lock(&col->mu);
+        col->running = 0;
+    }
+    left = col->queue_events;
+    pthread_mutex_unlock(&col->mu);
+    return left;
+}
+
+static void col_unref(esx_collector *col)
+{
+    if (atomic_fetch_sub(&col->refs, 1) != 1)
+        return;
+    /* last reference: nothing can touch the queue any more */
+    free_list(col->ready_head);
+    free_list(col->delayed);
+    if (col->spool)
+        esx_spool_close(col->spool); /* segments with pending events stay for replay */
+    if (col->dl_fd >= 0)
+        close(col->dl_fd);
+    esx_rollups_free(col->rollups);
+    esx_ratelimit_free(col->rl);
+    esx_buf_free(&col->docs);
+    esx_buf_free(&col->lines);
+    free(col->events);
+    free(col->rejects);
+    free(col->offs);
+    free(col->sites);
+    free(col->counts);
+    esx_client_unref(col->client);
+    pthread_mutex_destroy(&col->mu);
+    pthread_mutex_destroy(&col->intake_mu);
+    pthread_cond_destroy(&col->wake);
+    pthread_cond_destroy(&col->idle);
+    free(col);
+}
+
+void esx_collector_free(esx_collector *col)
+{
+    if (col == NULL)
+        return;
+    esx_collector_close(col, 0);
+    col_unref(col);
+}

@@ -1,0 +1,319 @@
+/*
+ * lcollector.c -- Lua binding of the collector core (see lcollector.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base64.h"
+#include "clock.h"
+#include "collector.h"
+#include "hll.h"
+#include "lclient.h"
+#include "lcollector.h"
+#include "lerror.h"
+#include "rollup.h"
+
+#define COLLECTOR_MT "esx.collector.core"
+
+typedef struct lcollector {
+    esx_collector *col;
+    atomic_int in_progress;
+} lcollector;
+
+static lcollector *check_col(lua_State *L, int idx)
+{
+    lcollector *u = luaL_checkudata(L, idx, COLLECTOR_MT);
+    return u;
+}
+
+static esx_collector *live_col(lua_State *L, int idx)
+{
+    lcollector *u = check_col(L, idx);
+    if (u->col == NULL)
+        luaL_error(L, "esx.collector: the collector was freed");
+    return u->col;
+}
+
+static int64_t opt_int(lua_State *L, int t, const char *name, int64_t def)
+{
+    lua_getfield(L, t, name);
+    int64_t v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!esx_isinteger(L, -1))
+            luaL_error(L, "esx.collector: option '%s' must be an integer", name);
+        v = esx_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+static double opt_num(lua_State *L, int t, const char *name, double def)
+{
+    lua_getfield(L, t, name);
+    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+static void opt_str(lua_State *L, int t, const char *name, char *out, size_t outlen)
+{
+    lua_getfield(L, t, name);
+    out[0] = '\0';
+    if (!lua_isnil(L, -1)) {
+        size_t len;
+        const char *s = luaL_checklstring(L, -1, &len);
+        if (len >= outlen)
+            luaL_error(L, "esx.collector: option '%s' is too long", name);
+        memcpy(out, s, len + 1);
+    }
+    lua_pop(L, 1);
+}
+
+/* core.collector_new(client, opts) -> collector | nil, err.  opts is validated by Lua. */
+static int collector_new(lua_State *L)
+{
+    esx_client *client = esx_lclient_check(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    esx_collector_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    opt_str(L, 2, "index", cfg.index_fmt, sizeof cfg.index_fmt);
+    cfg.max_events = (int)opt_int(L, 2, "max_events", 100);
+    cfg.queue_max_bytes = (size_t)opt_int(L, 2, "queue_max_bytes", 64 << 20);
+    cfg.batch_max_bytes = (size_t)opt_int(L, 2, "batch_max_bytes", 1 << 20);
+    cfg.batch_max_events = (int)opt_int(L, 2, "batch_max_events", 5000);
+    cfg.flush_interval = opt_int(L, 2, "flush_interval", 1000);
+    cfg.bulk_concurrency = (int)opt_int(L, 2, "bulk_concurrency", 2);
+    cfg.backoff_min = opt_int(L, 2, "retry_backoff_min", 100);
+    cfg.backoff_max = opt_int(L, 2, "retry_backoff_max", 30000);
+    opt_str(L, 2, "spool_dir", cfg.spool_dir, sizeof cfg.spool_dir);
+    cfg.spool_sync_interval = opt_int(L, 2, "spool_sync_interval", 1000);
+    cfg.spool_segment_bytes = (size_t)opt_int(L, 2, "spool_segment_bytes", 4 << 20);
+    opt_str(L, 2, "dead_letter", cfg.dead_letter_path, sizeof cfg.dead_letter_path);
+    cfg.rollup_window = opt_int(L, 2, "rollup_window", 60000);
+    opt_str(L, 2, "rollup_index", cfg.rollup_index_fmt, sizeof cfg.rollup_index_fmt);
+    cfg.rollup_interval = opt_int(L, 2, "rollup_interval", 10000);
+    cfg.rollup_max_rows = (size_t)opt_int(L, 2, "rollup_max_rows", 100000);
+    opt_str(L, 2, "instance", cfg.instance, sizeof cfg.instance);
+    cfg.site_rate = opt_num(L, 2, "site_rate", 0);
+    cfg.site_burst = opt_num(L, 2, "site_burst", 0);
+    cfg.max_sites = (size_t)opt_int(L, 2, "max_sites", 100000);
+    lcollector *u = lua_newuserdata(L, sizeof *u);
+    u->col = NULL;
+    atomic_init(&u->in_progress, 0);
+    char why[256];
+    u->col = esx_collector_new(&cfg, client, why);
+    if (u->col == NULL)
+        return esx_lerror_fail(L, "internal", "cannot create the collector: %s", why);
+    luaL_setmetatable(L, COLLECTOR_MT);
+    return 1;
+}
+
+static int col_gc(lua_State *L)
+{
+    lcollector *u = check_col(L, 1);
+    if (u->col) {
+        esx_collector_free(u->col);
+        u->col = NULL;
+    }
+    return 0;
+}
+
+static int col_tostring(lua_State *L)
+{
+    lcollector *u = check_col(L, 1);
+    lua_pushfstring(L, "esx.collector: %p", (void *)u->col);
+    return 1;
+}
+
+/* col:ingest(body, from_query, received_at_ms) -> status, accepted, rejects, retry_after_ms,
+ * message */
+static int col_ingest(lua_State *L)
+{
+    esx_collector *col = live_col(L, 1);
+    size_t len;
+    const char *body = luaL_checklstring(L, 2, &len);
+    int from_query = lua_toboolean(L, 3);
+    int64_t received_at = lua_isnoneornil(L, 4) ? esx_wall_ms() : (int64_t)luaL_checknumber(L, 4);
+    esx_intake out;
+    esx_collector_ingest(col, body, len, from_query, received_at, &out);
+    lua_pushinteger(L, out.status);
+    lua_pushinteger(L, out.accepted);
+    lua_createtable(L, out.n_rejects, 0);
+    for (int i = 0; i < out.n_rejects; i++) {
+        lua_createtable(L, 0, 2);
+        lua_pushinteger(L, out.rejects[i].index);
+        lua_setfield(L, -2, "index");
+        lua_pushstring(L, out.rejects[i].reason);
+        lua_setfield(L, -2, "error");
+        lua_rawseti(L, -2, i + 1);
+    }
+    esx_pushinteger(L, out.retry_after_ms);
+    lua_pushstring(L, out.message);
+    return 5;
+}
+
+/* col:enter(max) -> true when under max requests in progress (and counts this one) */
+static int col_enter(lua_State *L)
+{
+    lcollector *u = check_col(L, 1);
+    int max = (int)luaL_checkinteger(L, 2);
+    int now = atomic_fetch_add(&u->in_progress, 1);
+    if (now >= max) {
+        atomic_fetch_sub(&u->in_progress, 1);
+        lua_pushboolean(L, 0);
+    } else {
+        lua_pushboolean(L, 1);
+    }
+    return 1;
+}
+
+static int col_leave(lua_State *L)
+{
+    lcollector *u = check_col(L, 1);
+    atomic_fetch_sub(&u->in_progress, 1);
+    return 0;
+}
+
+static int col_flush(lua_State *L)
+{
+    esx_collector *col = live_col(L, 1);
+    lua_Number t = luaL_optnumber(L, 2, -1);
+    lua_pushboolean(L, esx_collector_flush(col, t < 0 ? -1 : (int64_t)t));
+    return 1;
+}
+
+static void push_row(const void *p, void *ud)
+{
+    const esx_rollup_row *row = p;
+    lua_State *L = ud;
+    lua_createtable(L, 0, 7);
+    esx_pushinteger(L, row->window_start);
+    lua_setfield(L, -2, "window_start");
+    lua_pushstring(L, row->site_id);
+    lua_setfield(L, -2, "site_id");
+    lua_pushstring(L, row->block_id);
+    lua_setfield(L, -2, "block_id");
+    lua_pushstring(L, row->variant);
+    lua_setfield(L, -2, "variant");
+    lua_pushstring(L, row->type);
+    lua_setfield(L, -2, "type");
+    esx_pushinteger(L, (long long)row->count);
+    lua_setfield(L, -2, "count");
+    esx_pushinteger(L, row->hll ? (long long)(esx_hll_estimate(row->hll) + 0.5) : 0);
+    lua_setfield(L, -2, "uniques");
+    lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
+}
+
+static int col_rollups(lua_State *L)
+{
+    esx_collector *col = live_col(L, 1);
+    int64_t now = lua_isnoneornil(L, 2) ? esx_wall_ms() : (int64_t)luaL_checknumber(L, 2);
+    lua_newtable(L);
+    esx_collector_rollups(col, now, push_row, L);
+    return 1;
+}
+
+static void set_int(lua_State *L, const char *name, long long v)
+{
+    esx_pushinteger(L, v);
+    lua_setfield(L, -2, name);
+}
+
+static int col_stats(lua_State *L)
+{
+    lcollector *u = check_col(L, 1);
+    esx_collector *col = live_col(L, 1);
+    esx_collector_counters s;
+    esx_collector_stats(col, &s);
+    lua_createtable(L, 0, 24);
+    set_int(L, "requests", (long long)s.requests);
+    set_int(L, "accepted", (long long)s.accepted);
+    lua_createtable(L, 0, ESX_RJ_COUNT);
+    for (int i = 0; i < ESX_RJ_COUNT; i++)
+        set_int(L, esx_reject_names[i], (long long)s.rejected[i]);
+    lua_setfield(L, -2, "rejected");
+    set_int(L, "queued_events", (long long)s.queued_events);
+    set_int(L, "queued_bytes", (long long)s.queued_bytes);
+    set_int(L, "in_flight", (long long)s.in_flight);
+    set_int(L, "delayed", (long long)s.delayed);
+    set_int(L, "shipped", (long long)s.shipped);
+    set_int(L, "retried", (long long)s.retried);
+    set_int(L, "dead_lettered", (long long)s.dead_lettered);
+    set_int(L, "spooled", (long long)s.spooled);
+    set_int(L, "replayed", (long long)s.replayed);
+    set_int(L, "bulk_requests", (long long)s.bulk_requests);
+    set_int(L, "bulk_failures", (long long)s.bulk_failures);
+    set_int(L, "rollup_rows", (long long)s.rollup_rows);
+    set_int(L, "rollup_dropped", (long long)s.rollup_dropped);
+    set_int(L, "rollup_written", (long long)s.rollup_written);
+    set_int(L, "rate_unlimited", (long long)s.rate_unlimited);
+    set_int(L, "lag_ms", (long long)s.oldest_queued_ms);
+    set_int(L, "in_progress", atomic_load(&u->in_progress));
+    return 1;
+}
+
+static int col_close(lua_State *L)
+{
+    esx_collector *col = live_col(L, 1);
+    lua_Number t = luaL_optnumber(L, 2, 10000);
+    esx_pushinteger(L, (long long)esx_collector_close(col, t < 0 ? -1 : (int64_t)t));
+    return 1;
+}
+
+/* core.hll_union(list of base64 sketches) -> estimate of the union | nil, err
+ * (merges per-instance rollup rows: counts add, registers take maxima) */
+static int hll_union(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    int n = (int)lua_rawlen(L, 1);
+    esx_hll *acc = esx_hll_new();
+    if (acc == NULL)
+        return esx_lerror_fail(L, "internal", "out of memory");
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 1, i);
+        size_t len;
+        const char *s = lua_tolstring(L, -1, &len);
+        if (s == NULL || len == 0) {
+            lua_pop(L, 1);
+            continue;
+        }
+        unsigned char *raw = malloc(len / 4 * 3 + 3);
+        size_t rlen = raw ? esx_base64_decode(s, len, raw) : (size_t)-1;
+        esx_hll *h = rlen == (size_t)-1 ? NULL : esx_hll_deserialize(raw, rlen);
+        free(raw);
+        lua_pop(L, 1);
+        if (h == NULL || esx_hll_merge(acc, h) != 0) {
+            esx_hll_free(h);
+            esx_hll_free(acc);
+            return esx_lerror_fail(L, "decode", "sketch %d is not a valid HyperLogLog", i);
+        }
+        esx_hll_free(h);
+    }
+    lua_pushnumber(L, esx_hll_estimate(acc));
+    esx_hll_free(acc);
+    return 1;
+}
+
+static const luaL_Reg methods[] = {
+    {"ingest", col_ingest}, {"enter", col_enter}, {"leave", col_leave},
+    {"flush", col_flush},   {"rollups", col_rollups}, {"stats", col_stats},
+    {"close", col_close},   {NULL, NULL},
+};
+
+void esx_lcollector_open(lua_State *L)
+{
+    luaL_newmetatable(L, COLLECTOR_MT);
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, col_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, col_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pop(L, 1);
+    lua_pushcfunction(L, collector_new);
+    lua_setfield(L, -2, "collector_new");
+    lua_pushcfunction(L, hll_union);
+    lua_setfield(L, -2, "hll_union");
+}

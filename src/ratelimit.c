@@ -1,0 +1,148 @@
+/*
+ * ratelimit.c -- per-site token buckets in a bounded, seeded hash table (see ratelimit.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+#include "ratelimit.h"
+
+typedef struct bucket {
+    char site[65];      /* "" = empty slot */
+    double tokens;
+    int64_t at;         /* ms of the last refill */
+} bucket;
+
+struct esx_ratelimit {
+    double rate, burst;
+    size_t cap, used, max;
+    uint64_t seed;
+    uint64_t unlimited;
+    bucket *slots;
+};
+
+esx_ratelimit *esx_ratelimit_new(double rate, double burst, size_t max_sites)
+{
+    esx_ratelimit *rl = calloc(1, sizeof *rl);
+    if (rl == NULL)
+        return NULL;
+    rl->rate = rate;
+    rl->burst = burst;
+    rl->max = max_sites;
+    rl->cap = 16;
+    while (rl->cap < max_sites * 2)
+        rl->cap *= 2;
+    rl->slots = calloc(rl->cap, sizeof *rl->slots);
+    if (rl->slots == NULL) {
+        free(rl);
+        return NULL;
+    }
+    rl->seed = esx_random_seed();
+    return rl;
+}
+
+void esx_ratelimit_free(esx_ratelimit *rl)
+{
+    if (rl) {
+        free(rl->slots);
+        free(rl);
+    }
+}
+
+static void refill(const esx_ratelimit *rl, bucket *b, int64_t now)
+{
+    if (now > b->at) {
+        b->tokens += (double)(now - b->at) * rl->rate / 1000.0;
+        if (b->tokens > rl->burst)
+            b->tokens = rl->burst;
+        b->at = now;
+    }
+}
+
+/* Drops every bucket that is full again; rebuilds the table.  Returns slots freed. */
+static size_t purge(esx_ratelimit *rl, int64_t now)
+{
+    bucket *old = rl->slots;
+    bucket *fresh = calloc(rl->cap, sizeof *fresh);
+    if (fresh == NULL)
+        return 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < rl->cap; i++) {
+        if (!old[i].site[0])
+            continue;
+        refill(rl, &old[i], now);
+        if (old[i].tokens >= rl->burst)
+            continue;
+        size_t j = esx_hash64(old[i].site, strlen(old[i].site), rl->seed) & (rl->cap - 1);
+        while (fresh[j].site[0])
+            j = (j + 1) & (rl->cap - 1);
+        fresh[j] = old[i];
+        kept++;
+    }
+    free(old);
+    rl->slots = fresh;
+    size_t freed = rl->used - kept;
+    rl->used = kept;
+    return freed;
+}
+
+/* The bucket for site, created full when new; NULL when the table is full. */
+static bucket *find(esx_ratelimit *rl, const char *site, int64_t now, int create)
+{
+    size_t len = strlen(site);
+    if (len >= sizeof(((bucket *)0)->site))
+        len = sizeof(((bucket *)0)->site) - 1;
+    size_t i = esx_hash64(site, len, rl->seed) & (rl->cap - 1);
+    while (rl->slots[i].site[0]) {
+        if (strncmp(rl->slots[i].site, site, len) == 0 && rl->slots[i].site[len] == '\0')
+            return &rl->slots[i];
+        i = (i + 1) & (rl->cap - 1);
+    }
+    if (!create)
+        return NULL;
+    if (rl->used >= rl->max) {
+        if (purge(rl, now) == 0)
+            return NULL;
+        return find(rl, site, now, 1);
+    }
+    bucket *b = &rl->slots[i];
+    memcpy(b->site, site, len);
+    b->site[len] = '\0';
+    b->tokens = rl->burst;
+    b->at = now;
+    rl->used++;
+    return b;
+}
+
+int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const int *counts,
+                           int k, int64_t now_ms)
+{
+    int64_t wait = 0;
+    for (int i = 0; i < k; i++) {
+        bucket *b = find(rl, sites[i], now_ms, 1);
+        if (b == NULL) {
+            rl->unlimited++;
+            continue;
+        }
+        refill(rl, b, now_ms);
+        if (b->tokens < counts[i]) {
+            double need = counts[i] > rl->burst ? rl->burst : counts[i];
+            int64_t ms = (int64_t)((need - b->tokens) * 1000.0 / rl->rate) + 1;
+            if (ms > wait)
+                wait = ms;
+        }
+    }
+    if (wait > 0)
+        return wait;
+    for (int i = 0; i < k; i++) {
+        bucket *b = find(rl, sites[i], now_ms, 0);
+        if (b)
+            b->tokens -= counts[i];
+    }
+    return 0;
+}
+
+uint64_t esx_ratelimit_unlimited(const esx_ratelimit *rl)
+{
+    return rl->unlimited;
+}

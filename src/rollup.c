@@ -1,0 +1,230 @@
+/*
+ * rollup.c -- the per-window aggregate table (see rollup.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base64.h"
+#include "hash.h"
+#include "rollup.h"
+
+#define ID_SEED 0x65737852756c6c75ULL /* fixed: _ids must be the same in every process */
+
+struct esx_rollups {
+    int64_t window;
+    size_t max_rows, rows, nbuckets;
+    uint64_t seed, dropped;
+    esx_rollup_row **buckets;
+};
+
+esx_rollups *esx_rollups_new(int64_t window_ms, size_t max_rows)
+{
+    esx_rollups *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->window = window_ms;
+    r->max_rows = max_rows;
+    r->nbuckets = 64;
+    while (r->nbuckets < max_rows && r->nbuckets < (1u << 20))
+        r->nbuckets *= 2;
+    r->buckets = calloc(r->nbuckets, sizeof *r->buckets);
+    if (r->buckets == NULL) {
+        free(r);
+        return NULL;
+    }
+    r->seed = esx_random_seed();
+    return r;
+}
+
+static void free_row(esx_rollup_row *row)
+{
+    esx_hll_free(row->hll);
+    free(row);
+}
+
+void esx_rollups_free(esx_rollups *r)
+{
+    if (r == NULL)
+        return;
+    for (size_t i = 0; i < r->nbuckets; i++) {
+        esx_rollup_row *row = r->buckets[i];
+        while (row) {
+            esx_rollup_row *next = row->next;
+            free_row(row);
+            row = next;
+        }
+    }
+    free(r->buckets);
+    free(r);
+}
+
+/* The key bytes: window and the four dimensions, NUL-separated. */
+static size_t key_bytes(char *out, int64_t w, const char *s, const char *b, const char *v,
+                        const char *t)
+{
+    return (size_t)snprintf(out, 256, "%lld%c%s%c%s%c%s%c%s", (long long)w, 0, s, 0, b, 0, v, 0, t);
+}
+
+static int64_t window_of(const esx_rollups *r, int64_t at)
+{
+    int64_t w = at - at % r->window;
+    return at < 0 && at % r->window ? w - r->window : w;
+}
+
+int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
+{
+    int64_t w = window_of(r, received_at);
+    char key[256];
+    size_t klen = key_bytes(key, w, ev->site_id, ev->block_id, ev->variant, ev->type);
+    uint64_t h = esx_hash64(key, klen, r->seed);
+    esx_rollup_row **slot = &r->buckets[h & (r->nbuckets - 1)];
+    esx_rollup_row *row = *slot;
+    while (row && !(row->hash == h && row->window_start == w &&
+                    strcmp(row->site_id, ev->site_id) == 0 &&
+                    strcmp(row->block_id, ev->block_id) == 0 &&
+                    strcmp(row->variant, ev->variant) == 0 && strcmp(row->type, ev->type) == 0))
+        row = row->next;
+    if (row == NULL) {
+        if (r->rows >= r->max_rows || (row = calloc(1, sizeof *row)) == NULL) {
+            r->dropped++;
+            return 1;
+        }
+        row->window_start = w;
+        row->hash = h;
+        snprintf(row->site_id, sizeof row->site_id, "%s", ev->site_id);
+        snprintf(row->block_id, sizeof row->block_id, "%s", ev->block_id);
+        snprintf(row->variant, sizeof row->variant, "%s", ev->variant);
+        snprintf(row->type, sizeof row->type, "%s", ev->type);
+        row->next = *slot;
+        *slot = row;
+        r->rows++;
+    }
+    row->count++;
+    row->dirty = 1;
+    if (ev->user_id[0]) {
+        if (row->hll == NULL)
+            row->hll = esx_hll_new();
+        /* the HLL hash is unseeded: sketches of different processes must merge */
+        if (row->hll)
+            esx_hll_add_hash(row->hll, esx_hash64(ev->user_id, strlen(ev->user_id), 0));
+    }
+    return 0;
+}
+
+void esx_rollups_current(esx_rollups *r, int64_t now_ms,
+                         void (*fn)(const esx_rollup_row *row, void *ud), void *ud)
+{
+    int64_t w = window_of(r, now_ms);
+    for (size_t i = 0; i < r->nbuckets; i++)
+        for (esx_rollup_row *row = r->buckets[i]; row; row = row->next)
+            if (row->window_start == w)
+                fn(row, ud);
+}
+
+static int write_row(esx_rollups *r, const esx_rollup_row *row, const char *instance,
+                     const char *index_fmt, int (*emit)(void *, const char *, size_t), void *ud)
+{
+    char index[256], stamp[32], key[256];
+    time_t secs = (time_t)(row->window_start / 1000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    if (strftime(index, sizeof index, index_fmt, &tm) == 0)
+        return -1;
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S.000Z", &tm);
+    size_t klen = key_bytes(key, row->window_start, row->site_id, row->block_id, row->variant,
+                            row->type);
+    uint64_t id = esx_hash64(key, klen, ID_SEED);
+
+    unsigned char *raw = NULL;
+    char *b64 = NULL;
+    size_t rawlen = 0;
+    double uniques = 0;
+    if (row->hll) {
+        rawlen = esx_hll_serialize(row->hll, NULL, 0);
+        raw = malloc(rawlen);
+        b64 = raw ? malloc(esx_base64_len(rawlen)) : NULL;
+        if (b64 == NULL) {
+            free(raw);
+            return -1;
+        }
+        esx_hll_serialize(row->hll, raw, rawlen);
+        esx_base64_encode(raw, rawlen, b64);
+        uniques = esx_hll_estimate(row->hll);
+    }
+    size_t cap = 1024 + (b64 ? strlen(b64) : 0);
+    char *line = malloc(cap);
+    int rc = -1;
+    if (line) {
+        int n = snprintf(line, cap,
+                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%lld-%016llx\"}}\n"
+                         "{\"instance\":\"%s\",\"window_start\":%lld,\"window\":%lld,"
+                         "\"@timestamp\":\"%s\",\"site_id\":\"%s\",\"block_id\":\"%s\","
+                         "\"variant\":\"%s\",\"type\":\"%s\",\"count\":%llu,"
+                         "\"uniques\":%.0f,\"hll\":\"%s\"}\n",
+                         index, instance, (long long)row->window_start, (unsigned long long)id,
+                         instance, (long long)row->window_start, (long long)r->window, stamp,
+                         row->site_id, row->block_id, row->variant, row->type,
+                         (unsigned long long)row->count, uniques, b64 ? b64 : "");
+        if (n > 0 && (size_t)n < cap)
+            rc = emit(ud, line, (size_t)n);
+    }
+    free(line);
+    free(raw);
+    free(b64);
+    return rc;
+}
+
+int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instance,
+                     const char *index_fmt,
+                     int (*emit)(void *ud, const char *line, size_t len), void *ud)
+{
+    int64_t current = window_of(r, now_ms);
+    int written = 0;
+    for (size_t i = 0; i < r->nbuckets; i++) {
+        esx_rollup_row **p = &r->buckets[i];
+        while (*p) {
+            esx_rollup_row *row = *p;
+            int ended = row->window_start < current;
+            if (row->dirty && (all || ended)) {
+                if (write_row(r, row, instance, index_fmt, emit, ud) != 0)
+                    return -1;
+                row->dirty = 0;
+                written++;
+            }
+            if (ended && !row->dirty) {
+                *p = row->next;
+                free_row(row);
+                r->rows--;
+            } else {
+                p = &row->next;
+            }
+        }
+    }
+    return written;
+}
+
+size_t esx_rollups_rows(const esx_rollups *r)
+{
+    return r->rows;
+}
+
+uint64_t esx_rollups_dropped(const esx_rollups *r)
+{
+    return r->dropped;
+}
+
+size_t esx_rollups_memory(const esx_rollups *r)
+{
+    size_t total = sizeof *r + r->nbuckets * sizeof *r->buckets;
+    for (size_t i = 0; i < r->nbuckets; i++)
+        for (esx_rollup_row *row = r->buckets[i]; row; row = row->next)
+            total += sizeof *row + (row->hll ? esx_hll_memory(row->hll) : 0);
+    return total;
+}
+
+int64_t esx_rollups_window(const esx_rollups *r)
+{
+    return r->window;
+}
