@@ -64,7 +64,8 @@ struct esx_collector {
     item *delayed;
     int inflight;
     size_t queue_bytes;
-    int64_t queue_events;
+    int64_t queue_events;    /* items queued, rollup rows included */
+    int64_t queue_rollups;   /* of which rollup rows */
     size_t batch_cap;
 
     esx_idgen ids;
@@ -149,6 +150,8 @@ static void item_done(esx_collector *col, item *it)
 {
     col->queue_bytes -= item_cost(it);
     col->queue_events--;
+    if (it->rollup)
+        col->queue_rollups--;
     if (it->seg && col->spool)
         esx_spool_release(col->spool, it->seg, 1);
     free(it->data);
@@ -380,6 +383,7 @@ static int emit_rollup_line(void *ud, const char *line, size_t len)
         return -1;
     it->rollup = 1;
     enqueue(col, it);
+    col->queue_rollups++;
     col->st.rollup_written++;
     return 0;
 }
@@ -614,6 +618,7 @@ static int ensure_running(esx_collector *col, char *why)
         col->inflight = 0;
         col->queue_bytes = 0;
         col->queue_events = 0;
+        col->queue_rollups = 0;
         if (col->spool) {
             esx_spool_forget(col->spool);
             col->spool = NULL;
@@ -928,7 +933,7 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     }
     pthread_mutex_lock(&col->mu);
     *out = col->st;
-    out->queued_events = (uint64_t)col->queue_events;
+    out->queued_events = (uint64_t)(col->queue_events - col->queue_rollups);
     out->queued_bytes = col->queue_bytes;
     out->in_flight = (uint64_t)col->inflight;
     uint64_t delayed = 0;
@@ -972,7 +977,13 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
         pthread_mutex_lock(&col->mu);
         col->running = 0;
     }
-    left = col->queue_events;
+    left = col->queue_events - col->queue_rollups;
+    if (col->inflight == 0 && col->spool) {
+        /* nothing can acknowledge an item any more: acknowledged segments go now, the
+         * rest stay on disk for the next process to replay */
+        esx_spool_close(col->spool);
+        col->spool = NULL;
+    }
     pthread_mutex_unlock(&col->mu);
     return left;
 }

@@ -6,7 +6,7 @@
 -- No polling: a worker with many requests in flight costs nothing while it waits.
 
 local ngx = ngx
-local tostring, error, type, setmetatable = tostring, error, type, setmetatable
+local tostring, error, type, pairs, pcall = tostring, error, type, pairs, pcall
 local core = require "esx.core"
 
 local _M = {}
@@ -62,6 +62,67 @@ function _M.wait(pending, timeout)
     return _M.wait(pending, deadline and (deadline - now_ms()) or nil)
   end
   return pending:result()
+end
+
+local function read_body(max)
+  ngx.req.read_body()
+  local body = ngx.req.get_body_data()
+  if body then return body end
+  -- nginx buffered the body to a file (client_body_buffer_size smaller than the body)
+  local path = ngx.req.get_body_file()
+  if not path then return nil end
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  body = f:read(max + 1) -- one byte past the limit is enough to answer 413
+  f:close()
+  return body or ""
+end
+
+local function first(v)
+  if type(v) == "table" then return v[1] end
+  return v
+end
+
+--- esx.nginx.collect(col) -- the collector as an nginx content handler:
+--   location = /collect { content_by_lua_block { require("esx.nginx").collect(col) } }
+-- Counts the request as in progress from the start of the handler to the response (so
+-- slow uploads count against max_concurrent), reads the body even when nginx buffered it
+-- to a file, and sends col:handle's status, headers and body.
+function _M.collect(col)
+  if not col:enter() then
+    ngx.status = 503
+    ngx.header["Retry-After"] = "1"
+    ngx.header["Content-Type"] = "application/json"
+    ngx.print('{"error":"too many requests in progress"}')
+    return ngx.exit(ngx.OK)
+  end
+  local ok, status, headers, body = pcall(function()
+    local method = ngx.req.get_method()
+    local raw
+    if method == "POST" then
+      local rerr
+      raw, rerr = read_body(col.o.max_body)
+      if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
+    end
+    local h = ngx.req.get_headers(64)
+    local req = {
+      method = method, path = ngx.var.uri, query = ngx.var.args or "", body = raw,
+      headers = { ["content-type"] = first(h["content-type"]),
+                  ["content-encoding"] = first(h["content-encoding"]),
+                  origin = first(h["origin"]) },
+      remote_addr = ngx.var.remote_addr,
+    }
+    return col:handle(req, true)
+  end)
+  col:leave()
+  if not ok then
+    ngx.log(ngx.ERR, "esx collector: ", status)
+    return ngx.exit(500)
+  end
+  ngx.status = status
+  for k, v in pairs(headers) do ngx.header[k] = v end
+  if body ~= "" then ngx.print(body) else ngx.send_headers() end
+  return ngx.exit(ngx.OK)
 end
 
 return _M

@@ -1,0 +1,446 @@
+-- esx.collector: every status code, every input form, admission, shipping exactly once,
+-- retries and dead letters, rollups that add up across instances, and the spool.
+local esx = require "esx"
+local core = require "esx.core"
+local ds = require "spec.support.devserver"
+local cjson = require "cjson"
+local socket = require "socket"
+
+local srv, client
+
+local JSON = { ["content-type"] = "application/json" }
+
+local function post(col, body, headers)
+  return col:handle{ method = "POST", path = "/collect", headers = headers or JSON, body = body }
+end
+
+local function ev(t)
+  local e = { site_id = "s1", type = "view" }
+  for k, v in pairs(t or {}) do e[k] = v end
+  return e
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+local function indexed(index)
+  assert(client:refresh(index or "events-*"))
+  local res = assert(client:search(index or "events-*", { size = 10000, query = { match_all = {} } }))
+  return res.hits.total.value, res.hits.hits
+end
+
+local function new(opts)
+  opts = opts or {}
+  opts.sink = opts.sink or client
+  if opts.flush_interval == nil then opts.flush_interval = 50 end
+  return assert(esx.collector(opts))
+end
+
+setup(function()
+  srv = ds.start{}
+  client = assert(esx.client{ hosts = { srv.url }, max_retries = 0 })
+end)
+teardown(function()
+  client:close()
+  srv:stop()
+end)
+before_each(function() srv:reset() end)
+
+describe("esx.collector", function()
+  it("raises when sink is missing or not a client", function()
+    assert.has_error(function() esx.collector{} end, "esx.collector: bad option 'sink' (required)")
+    assert.has_error(function() esx.collector{ sink = {} } end,
+      "esx.collector: bad option 'sink' (esx.client expected)")
+  end)
+
+  it("raises naming an unknown option or a bad value", function()
+    assert.has_error(function() esx.collector{ sink = client, max_concurent = 5 } end,
+      "esx.collector: bad option 'max_concurent' (unknown option)")
+    assert.has_error(function() esx.collector{ sink = client, index = "Events-%Y" } end)
+    assert.has_error(function() esx.collector{ sink = client, rollup = { window = 10 } } end,
+      "esx.collector: bad option 'rollup' (bad option 'window' (must be >= 1000))")
+  end)
+end)
+
+describe("col:handle", function()
+  local col
+  before_each(function() col = new() end)
+  after_each(function() col:close() end)
+
+  it("answers 204 when every event is accepted", function()
+    local status, headers, body = post(col, cjson.encode(ev()))
+    assert.equal(204, status)
+    assert.equal("", body)
+    assert.equal("no-store", headers["Cache-Control"])
+  end)
+
+  it("accepts an array, NDJSON, text/plain and gzip", function()
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    assert.equal(204, (post(col, cjson.encode(ev()) .. "\n" .. cjson.encode(ev()) .. "\n",
+      { ["content-type"] = "application/x-ndjson" })))
+    assert.equal(204, (post(col, cjson.encode(ev()), { ["content-type"] = "text/plain;charset=UTF-8" })))
+    assert.equal(204, (post(col, ds.gzip(cjson.encode({ ev(), ev() })),
+      { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
+    assert.equal(7, col:stats().accepted)
+  end)
+
+  it("answers 200 with the rejected indexes when some events are invalid", function()
+    local status, headers, body = post(col, cjson.encode({ ev(), { type = "view" }, ev({ type = "bad type!" }) }))
+    assert.equal(200, status)
+    assert.equal("application/json", headers["Content-Type"])
+    local doc = cjson.decode(body)
+    assert.equal(1, doc.accepted)
+    assert.same({ { index = 1, error = "missing site_id" }, { index = 2, error = doc.rejected[2].error } },
+      doc.rejected)
+    assert.truthy(doc.rejected[2].error:find("^type"))
+  end)
+
+  it("answers 400 when no event is valid or the body is not JSON", function()
+    local status, _, body = post(col, cjson.encode({ { type = "x" } }))
+    assert.equal(400, status)
+    assert.equal("missing site_id", cjson.decode(body).rejected[1].error)
+    status = post(col, "{not json")
+    assert.equal(400, status)
+    status = post(col, "")
+    assert.equal(400, status)
+  end)
+
+  it("answers 405 with Allow for other methods", function()
+    local status, headers = col:handle{ method = "PUT", headers = JSON, body = "{}" }
+    assert.equal(405, status)
+    assert.equal("GET, POST, OPTIONS", headers["Allow"])
+  end)
+
+  it("answers 413 for a body over max_body, compressed or inflated, and for too many events", function()
+    local small = new{ max_body = 4096, max_events = 3 }
+    assert.equal(413, (post(small, string.rep(" ", 4097) .. "{}")))
+    local bomb = ds.gzip(string.rep("x", 2 * 1024 * 1024))
+    assert.is_true(#bomb < 4096)
+    assert.equal(413, (post(small, bomb, { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
+    assert.equal(413, (post(small, cjson.encode({ ev(), ev(), ev(), ev() }))))
+    small:close()
+  end)
+
+  it("answers 415 for an unsupported content type or encoding", function()
+    assert.equal(415, (post(col, "{}", { ["content-type"] = "application/xml" })))
+    assert.equal(415, (post(col, "{}", { ["content-type"] = "application/json", ["content-encoding"] = "br" })))
+    assert.equal(415, (post(col, "{}", { ["content-type"] = "application/json", ["content-encoding"] = "gzip, gzip" })))
+  end)
+
+  it("answers 400 for a corrupt gzip body", function()
+    assert.equal(400, (post(col, "\31\139garbage", { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
+  end)
+
+  it("answers a GET pixel beacon with a 1x1 GIF", function()
+    local status, headers, body = col:handle{ method = "GET", query = "site_id=s1&type=view&ts=5" }
+    assert.equal(200, status)
+    assert.equal("image/gif", headers["Content-Type"])
+    assert.equal("GIF89a", body:sub(1, 6))
+    assert.equal(400, (col:handle{ method = "GET", query = "type=view" }))
+  end)
+
+  it("answers 503 with Retry-After when max_concurrent requests are in progress", function()
+    local c2 = new{ max_concurrent = 2 }
+    assert.is_true(c2:enter())
+    assert.is_true(c2:enter())
+    local status, headers = post(c2, cjson.encode(ev()))
+    assert.equal(503, status)
+    assert.equal("1", headers["Retry-After"])
+    c2:leave()
+    assert.equal(204, (post(c2, cjson.encode(ev()))))
+    c2:leave()
+    c2:close()
+  end)
+
+  it("answers 503 with Retry-After when the queue is full, and accepts again once it drains", function()
+    srv:fault{ path = "/_bulk", stall_ms = 600 }
+    local c2 = new{ queue_max_bytes = 4096, flush_interval = 10 }
+    local statuses = {}
+    for i = 1, 30 do statuses[i] = (post(c2, cjson.encode(ev({ pad = string.rep("p", 200) })))) end
+    local s503 = 0
+    for _, s in ipairs(statuses) do if s == 503 then s503 = s503 + 1 end end
+    assert.is_true(s503 > 0)
+    assert.is_true(c2:stats().rejected.queue_full > 0)
+    assert.is_true(c2:flush(5000))
+    assert.equal(204, (post(c2, cjson.encode(ev()))))
+    c2:close()
+  end)
+
+  it("answers 429 with Retry-After when a site is over its rate, sparing the other sites", function()
+    local c2 = new{ site_rate = 1, site_burst = 3 }
+    assert.equal(204, (post(c2, cjson.encode({ ev(), ev(), ev() }))))
+    local status, headers = post(c2, cjson.encode(ev()))
+    assert.equal(429, status)
+    assert.truthy(tonumber(headers["Retry-After"]) >= 1)
+    assert.equal(204, (post(c2, cjson.encode(ev({ site_id = "other" })))))
+    c2:close()
+  end)
+
+  it("answers CORS preflights and echoes allowed origins with credentials", function()
+    local c2 = new{ allowed_origins = { "https://shop.example" } }
+    local status, headers = c2:handle{ method = "OPTIONS", headers = { origin = "https://shop.example",
+      ["access-control-request-method"] = "POST" } }
+    assert.equal(204, status)
+    assert.equal("https://shop.example", headers["Access-Control-Allow-Origin"])
+    assert.equal("true", headers["Access-Control-Allow-Credentials"])
+    assert.equal("POST, GET, OPTIONS", headers["Access-Control-Allow-Methods"])
+    local s2, h2 = post(c2, cjson.encode(ev()), { ["content-type"] = "text/plain", origin = "https://shop.example" })
+    assert.equal(204, s2)
+    assert.equal("Origin", h2["Vary"])
+    local s3 = post(c2, cjson.encode(ev()), { ["content-type"] = "text/plain", origin = "https://evil.example" })
+    assert.equal(403, s3)
+    c2:close()
+  end)
+
+  it("sends '*' only when configured", function()
+    local _, headers = post(col, cjson.encode(ev()), { ["content-type"] = "text/plain", origin = "https://a.example" })
+    assert.equal("*", headers["Access-Control-Allow-Origin"])
+    assert.is_nil(headers["Access-Control-Allow-Credentials"])
+  end)
+
+  it("raises on a request that is not a table", function()
+    assert.has_error(function() col:handle("GET /") end,
+      "bad argument #1 to 'handle' (request table with a method expected)")
+  end)
+end)
+
+describe("shipping", function()
+  it("indexes every accepted event exactly once with _id = event_id", function()
+    local col = new()
+    assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "e-1" }), ev({ event_id = "e-2" }), ev() }))))
+    assert.is_true(col:flush(5000))
+    local n, hits = indexed()
+    assert.equal(3, n)
+    local ids = {}
+    for _, h in ipairs(hits) do ids[h._id] = h._source end
+    assert.is_table(ids["e-1"])
+    assert.equal("e-1", ids["e-1"].event_id)
+    assert.is_number(ids["e-1"].received_at)
+    local s = col:stats()
+    assert.equal(3, s.accepted)
+    assert.equal(3, s.shipped)
+    assert.equal(0, s.queued_events)
+    col:close()
+  end)
+
+  it("keeps numbers exactly as sent and fields with newlines and quotes inside one line", function()
+    local col = new()
+    local body = '{"site_id":"s1","type":"view","event_id":"n1","big":123456789012345678901234567890,' ..
+      '"note":"a\\nb \\"q\\" \\u2028"}'
+    assert.equal(204, (post(col, body)))
+    assert.is_true(col:flush(5000))
+    local seen = srv:requests("/_bulk").requests[1]
+    assert.is_true(seen.body_bytes > 0)
+    local doc = assert(client:get(col.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "n1"))
+    assert.equal("a\nb \"q\" \226\128\168", doc._source.note)
+    col:close()
+  end)
+
+  it("retries items the server rejects with 429 and indexes them once", function()
+    srv:fault{ path = "/_bulk", item_status = 429, item_count = 2, count = 1 }
+    local col = new{ retry_backoff_min = 10, retry_backoff_max = 50 }
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev(), ev() }))))
+    assert.is_true(col:flush(5000))
+    assert.equal(3, (indexed()))
+    local s = col:stats()
+    assert.equal(2, s.retried)
+    assert.equal(3, s.shipped)
+    col:close()
+  end)
+
+  it("writes items rejected for good to the dead-letter file with the reason", function()
+    local dir = tmpdir()
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    local col = new{ dead_letter = dir .. "/dl.ndjson" }
+    assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "bad-1" }), ev() }))))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(1, s.dead_lettered)
+    assert.equal(1, s.shipped)
+    local f = assert(io.open(dir .. "/dl.ndjson"))
+    local line = cjson.decode(f:read("*l"))
+    f:close()
+    assert.equal(400, line.status)
+    assert.equal("mapper_parsing_exception", line.error.type)
+    assert.equal("bad-1", line.operation.create._id)
+    assert.equal("bad-1", line.document.event_id)
+    col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("holds events while Elasticsearch is down and indexes each exactly once when it is back", function()
+    local port = srv.port
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0, connect_timeout = 200,
+                                  dead_backoff_min = 50, dead_backoff_max = 100 })
+    local col = new{ sink = c2, retry_backoff_min = 20, retry_backoff_max = 200 }
+    srv:stop()
+    for i = 1, 20 do assert.equal(204, (post(col, cjson.encode(ev({ event_id = "down-" .. i }))))) end
+    socket.sleep(0.5)
+    assert.equal(20, col:stats().queued_events)
+    assert.is_true(col:stats().retried > 0)
+    srv = ds.start{ port = port }
+    assert.is_true(col:flush(10000))
+    assert.equal(20, (indexed()))
+    assert.equal(20, col:stats().shipped)
+    col:close()
+    c2:close()
+  end)
+
+  it("keeps at most bulk_concurrency bulk requests in flight", function()
+    srv:fault{ path = "/_bulk", stall_ms = 200, count = -1 }
+    local col = new{ bulk_concurrency = 2, batch_max_events = 1, flush_interval = 1 }
+    for _ = 1, 8 do post(col, cjson.encode(ev())) end
+    local max = 0
+    for _ = 1, 40 do
+      local s = col:stats()
+      if s.in_flight > max then max = s.in_flight end
+      socket.sleep(0.02)
+    end
+    assert.equal(2, max)
+    srv:clear_faults()
+    assert.is_true(col:flush(10000))
+    col:close()
+  end)
+
+  it("reports undelivered events when closed while Elasticsearch is down and there is no spool", function()
+    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    local col = new{ sink = c2 }
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    local ok, err = col:close(300)
+    assert.is_nil(ok)
+    assert.equal("request_timeout", err.kind)
+    assert.equal(2, err.undelivered)
+    c2:close()
+  end)
+end)
+
+describe("col:rollups", function()
+  it("counts events and unique users per site, block, variant and type", function()
+    local col = new()
+    local evs = {}
+    for i = 1, 30 do evs[#evs + 1] = ev({ block_id = "b1", variant = "A", type = "view", user_id = "u" .. (i % 10) }) end
+    for i = 1, 5 do evs[#evs + 1] = ev({ block_id = "b1", variant = "A", type = "click", user_id = i }) end
+    assert.equal(204, (post(col, cjson.encode(evs))))
+    local rows = {}
+    for _, r in ipairs(col:rollups()) do rows[r.type] = r end
+    assert.equal(30, rows.view.count)
+    assert.equal(10, rows.view.uniques)
+    assert.equal(5, rows.click.count)
+    assert.equal(5, rows.click.uniques)
+    assert.equal("b1", rows.view.block_id)
+    assert.equal("A", rows.view.variant)
+    assert.equal(0, rows.view.window_start % 60000)
+    col:close()
+  end)
+
+  it("writes rows that add up across instances (counts sum, uniques merge)", function()
+    local a = new{ instance = "a" }
+    local b = new{ instance = "b" }
+    local function send(col, users)
+      local evs = {}
+      for _, u in ipairs(users) do evs[#evs + 1] = ev({ block_id = "b1", user_id = u }) end
+      assert.equal(204, (post(col, cjson.encode(evs))))
+    end
+    send(a, { "u1", "u2", "u3" })
+    send(b, { "u3", "u4" })
+    assert.is_true(a:flush(5000))
+    assert.is_true(b:flush(5000))
+    assert(client:refresh("rollups-*"))
+    local rows = assert(a:totals{ site_id = "s1" })
+    assert.equal(1, #rows)
+    assert.equal(5, rows[1].count)
+    assert.equal(4, rows[1].uniques)
+    -- flushing again rewrites the same documents: nothing is counted twice
+    send(a, { "u5" })
+    assert.is_true(a:flush(5000))
+    assert(client:refresh("rollups-*"))
+    local n = indexed("rollups-*")
+    assert.equal(2, n)
+    rows = assert(require("esx.collector").totals(client, { site_id = "s1" }))
+    assert.equal(6, rows[1].count)
+    assert.equal(5, rows[1].uniques)
+    a:close()
+    b:close()
+  end)
+end)
+
+describe("spool", function()
+  it("writes events ahead before answering and deletes segments once acknowledged", function()
+    local dir = tmpdir()
+    local col = new{ spool_dir = dir }
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    local p = io.popen("cat " .. dir .. "/seg-*.log | wc -c")
+    assert.is_true(tonumber(p:read("*a")) > 0)
+    p:close()
+    assert.is_true(col:flush(5000))
+    assert.equal(2, col:stats().spooled)
+    col:close()
+    p = io.popen("ls " .. dir .. " | grep -c seg- ")
+    assert.equal("0", p:read("*l"))
+    p:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
+    local dir = tmpdir()
+    local lua = jit and "luajit" or "lua5.4"
+    -- a separate process accepts 25 events while Elasticsearch is unreachable, then is killed
+    local script = dir .. "/victim.lua"
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
+      package.cpath = "./build/%s/?.so;" .. package.cpath
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 0 }
+      for i = 1, 25 do
+        local s = col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","event_id":"k' .. i .. '"}' }
+        assert(s == 204)
+      end
+      io.stdout:write("accepted\n") io.stdout:flush()
+      os.execute("kill -9 " .. io.open("/proc/self/stat"):read("*l"):match("^(%%d+)") .. " 2>/dev/null")
+    ]]):format(jit and "luajit" or "lua5.4", dir))
+    f:close()
+    local p = io.popen(lua .. " " .. script .. " 2>/dev/null")
+    assert.equal("accepted", p:read("*l"))
+    p:close()
+    local col = new{ spool_dir = dir }
+    -- claiming happens on start; wait for the replay to be shipped
+    post(col, cjson.encode(ev({ event_id = "live-1" })))
+    local deadline = socket.gettime() + 10
+    while col:stats().replayed < 25 and socket.gettime() < deadline do socket.sleep(0.05) end
+    assert.equal(25, col:stats().replayed)
+    assert.is_true(col:flush(10000))
+    assert.equal(26, (indexed()))
+    col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("col:stats and esx.metrics", function()
+  it("reports counters and utilization an autoscaler can target", function()
+    local col = new{ name = "beacons", max_concurrent = 4 }
+    post(col, cjson.encode({ ev(), { type = "x" } }))
+    local s = col:stats()
+    assert.equal(1, s.accepted)
+    assert.equal(1, s.rejected.invalid)
+    assert.is_number(s.utilization.queue)
+    assert.equal(0, s.utilization.concurrency)
+    local text = esx.metrics()
+    assert.truthy(text:find('esx_collector_accepted{name="beacons"} 1\n', 1, true))
+    col:close()
+  end)
+
+  it("returns nil, err with kind 'closed' after close", function()
+    local col = new()
+    col:close()
+    local _, err = col:stats()
+    assert.equal("closed", err.kind)
+    assert.equal(503, (post(col, cjson.encode(ev()))))
+  end)
+end)
