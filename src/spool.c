@@ -171,9 +171,10 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n)
 {
     seg->pending -= n;
     if (seg->pending <= 0) {
+        /* Everything in it is acknowledged: delete it, the current one included (the next
+         * append starts a new segment), so a replay never re-sends acknowledged events. */
         seg->pending = 0;
-        if (seg->sealed)
-            unlink_segment(sp, seg);
+        unlink_segment(sp, seg);
     }
 }
 

@@ -49,7 +49,8 @@ int esx_spool_append(esx_spool *sp, const char *data, size_t len, esx_segment **
 /* fdatasync of the current segment when it was written to. */
 void esx_spool_sync(esx_spool *sp);
 
-/* n events of seg were acknowledged; a sealed segment with none left is deleted. */
+/* n events of seg were acknowledged; a segment with none left is deleted (the current one
+ * too: the next append opens a new one). */
 void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
 
 /* Claims the segments of dead processes and calls fn once per record (the record's bytes,

@@ -1,0 +1,135 @@
+-- esx.collector inside nginx: created in init_by_lua (master), serving 2 workers; bodies
+-- buffered to files; and a worker killed with SIGKILL loses nothing it acknowledged.
+local ds = require "spec.support.devserver"
+local nginx = require "spec.support.nginx"
+local esx = require "esx"
+local cjson = require "cjson"
+local socket = require "socket"
+
+local es, web, client, spool
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+local function worker_pids(master)
+  local p = io.popen("pgrep -P " .. master)
+  local pids = {}
+  for line in p:lines() do pids[#pids + 1] = tonumber(line) end
+  p:close()
+  return pids
+end
+
+local function indexed(prefix)
+  assert(client:refresh("events-*"))
+  local q = prefix and { prefix = { event_id = prefix } } or { match_all = {} }
+  local n = client:count("events-*", { query = q })
+  return n
+end
+
+setup(function()
+  es = ds.start{}
+  client = assert(esx.client{ hosts = { es.url } })
+  spool = tmpdir()
+  web = nginx.start{
+    workers = 2,
+    http = ([[
+      client_body_buffer_size 1k;   # larger bodies go to a temp file: the adapter reads it
+      client_max_body_size 64k;
+      init_by_lua_block {
+        local esx = require "esx"
+        local c = assert(esx.client{ hosts = { "%s" }, connect_timeout = 200,
+                                     dead_backoff_min = 100, dead_backoff_max = 200 })
+        package.loaded.test_collector = assert(esx.collector{ sink = c, spool_dir = "%s",
+          flush_interval = 50, retry_backoff_min = 50, retry_backoff_max = 200,
+          spool_sync_interval = 0 })
+      }
+    ]]):format(es.url, spool),
+    server = [[
+      location = /collect {
+        content_by_lua_block { require("esx.nginx").collect(package.loaded.test_collector) }
+      }
+      location = /stats {
+        content_by_lua_block {
+          ngx.say(require("cjson").encode(package.loaded.test_collector:stats()))
+        }
+      }
+    ]],
+  }
+end)
+
+teardown(function()
+  if web then web:stop() end
+  client:close()
+  es:stop()
+  os.execute("rm -rf " .. spool)
+end)
+
+describe("esx.nginx.collect #nginx", function()
+  it("accepts events in every worker and ships them", function()
+    es:reset()
+    for i = 1, 20 do
+      local status = web:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "w" .. i }),
+        { ["Content-Type"] = "application/json" })
+      assert.equal(204, status)
+    end
+    local deadline = socket.gettime() + 10
+    while indexed() < 20 and socket.gettime() < deadline do socket.sleep(0.1) end
+    assert.equal(20, indexed())
+  end)
+
+  it("reads a body nginx buffered to a file", function()
+    es:reset()
+    local evs = {}
+    for i = 1, 40 do evs[i] = { site_id = "s1", type = "view", event_id = "f" .. i, pad = string.rep("x", 50) } end
+    local body = cjson.encode(evs)
+    assert.is_true(#body > 1024)
+    local status = web:request("POST", "/collect", body, { ["Content-Type"] = "application/json" })
+    assert.equal(204, status)
+    local deadline = socket.gettime() + 10
+    while indexed() < 40 and socket.gettime() < deadline do socket.sleep(0.1) end
+    assert.equal(40, indexed())
+  end)
+
+  it("answers a pixel beacon and a preflight", function()
+    local status, body, headers = web:get("/collect?site_id=s1&type=view")
+    assert.equal(200, status)
+    assert.equal("image/gif", headers["content-type"])
+    assert.equal("GIF89a", body:sub(1, 6))
+    status, _, headers = web:request("OPTIONS", "/collect", nil,
+      { Origin = "https://a.example", ["Access-Control-Request-Method"] = "POST" })
+    assert.equal(204, status)
+    assert.equal("*", headers["access-control-allow-origin"])
+  end)
+
+  it("loses nothing a worker acknowledged when it is killed with SIGKILL", function()
+    es:reset()
+    local port = es.port
+    es:stop() -- nothing can be shipped: every accepted event is only in memory and the spool
+    local accepted = 0
+    for i = 1, 30 do
+      local status = web:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "k" .. i }),
+        { ["Content-Type"] = "application/json" })
+      if status == 204 then accepted = accepted + 1 end
+    end
+    assert.equal(30, accepted)
+    for _, pid in ipairs(worker_pids(web:pid())) do os.execute("kill -9 " .. pid) end
+    socket.sleep(0.3) -- the master starts new workers
+    es = ds.start{ port = port }
+    -- a new worker claims the dead workers' segments on its first request and replays them
+    local deadline = socket.gettime() + 15
+    while socket.gettime() < deadline do
+      web:get("/stats")
+      if indexed("k") >= 30 then break end
+      socket.sleep(0.2)
+    end
+    assert.equal(30, indexed("k"))
+    socket.sleep(0.5)
+    assert.equal(30, indexed("k")) -- exactly once
+  end)
+end)
