@@ -780,6 +780,22 @@ describe("single flight", function()
     assert(coroutine.resume(co))
   end)
 
+  it("stops waiting after lock_timeout and loads by itself", function()
+    local db = sample_db()
+    local c = new_cache(db, { lock_timeout = 0 })
+    local loads = 0
+    c._load_readers = function()
+      loads = loads + 1
+      coroutine.yield()
+      return { 7 }
+    end
+    local results = run_all{ function() return c:has_read(1, 7) end,
+                             function() return c:has_read(1, 7) end }
+    assert.equal(2, loads)
+    assert.is_true(results[1][1])
+    assert.is_true(results[2][1])
+  end)
+
   it("uses opts.wait to pause waiters", function()
     local waits = 0
     local db = sample_db()
@@ -896,7 +912,7 @@ describe("model-based randomized test", function()
   -- Thousands of random operations against esx.cache and the plain-Lua reference model
   -- (bench/cache/reference.lua) sharing one database and one clock: every answer, every
   -- error and every load count must agree.
-  local function run(seed, steps)
+  local function run(seed, steps, shared)
     math.randomseed(seed)
     local db = new_db()
     local now = 0
@@ -916,6 +932,12 @@ describe("model-based randomized test", function()
     local opts = { load_page = db.load_page, load_readers = db.load_readers, clock = clock,
                    page_ttl = 50, readers_ttl = 400, max_pages = 4 }
     local real = esx.cache(opts)
+    if shared then
+      real:close()
+      opts.shared = true
+      real = esx.cache(opts)
+      opts.shared = nil
+    end
     local ref = reference.new(opts)
     local counts_before = { db.page_loads, db.readers_loads }
     local tx, txops = nil, nil
@@ -1022,6 +1044,14 @@ describe("model-based randomized test", function()
       local s = run(seed, 3000)
       assert.truthy(s.pages.hits > 0 and s.readers.hits > 0)
       assert.truthy(s.pages.expirations > 0 and s.readers.expirations > 0)
+    end)
+  end
+
+  for _, seed in ipairs{ 6, 7 } do
+    it("agrees with the reference model with shared = true (seed " .. seed .. ")", function()
+      local s = run(seed, 3000, true)
+      assert.is_true(s.shared)
+      assert.equal(s.seq, s.applied)
     end)
   end
 end)

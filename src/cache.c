@@ -267,10 +267,22 @@ static struct entry *insert(esx_cache *c, int kind, uint64_t key, size_t bytes, 
 
 static void drop_pages(esx_cache *c)
 {
-    for (uint64_t p = 1; p <= c->cfg.max_pages; p++) {
-        struct entry *e = find(c, ESX_CACHE_PAGE, p);
-        if (e)
+    if (c->st[ESX_CACHE_PAGE].entries == 0)
+        return;
+    if (c->cfg.max_pages <= c->count) { /* look the few possible pages up */
+        for (uint64_t p = 1; p <= c->cfg.max_pages; p++) {
+            struct entry *e = find(c, ESX_CACHE_PAGE, p);
+            if (e)
+                remove_entry(c, e);
+        }
+        return;
+    }
+    struct entry *e = c->lru_head; /* fewer entries than possible pages: walk them */
+    while (e) {
+        struct entry *next = e->next;
+        if (e->kind == ESX_CACHE_PAGE)
             remove_entry(c, e);
+        e = next;
     }
 }
 
