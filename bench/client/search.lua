@@ -1,0 +1,116 @@
+-- bench/client/search.lua -- esx search driver (Lua 5.4 or LuaJIT).
+--
+--   lua5.4 bench/client/search.lua URL CONCURRENCY SECONDS [WARMUP_SECONDS]
+--
+-- Prints one line: "searches=N seconds=S rate=R errors=E cpu=C" (C: CPU seconds of the whole
+-- process -- Lua thread and esx's I/O thread -- during the measured S seconds).
+--
+-- Every search sends the same query table (encoded to JSON per call, as the Node client
+-- stringifies its object per call) and decodes the whole response into a Lua table (as the
+-- Node client parses it), so both peers do the same work per search.
+--   concurrency 1:  c:search(index, query) in a loop -- the synchronous API.
+--   concurrency N:  one process, N outstanding c:send pendings; each finished one is decoded
+--                   and re-issued at once.  Finished pendings are found with p:ready(); when
+--                   none is ready the loop blocks in p:wait on the oldest.
+
+local esx = require "esx"
+local cjson = require "cjson"
+
+local url, conc, seconds, warmup = arg[1], tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4] or "1")
+assert(url and conc and seconds, "usage: search.lua URL CONCURRENCY SECONDS [WARMUP]")
+
+local clock = require("socket").gettime -- wall time (os.clock is CPU time)
+
+local INDEX = "goods"
+local PATH = "/" .. INDEX .. "/_search"
+local QUERY = {
+  query = { bool = {
+    must = { { multi_match = { query = "オーバーサイズ パーカー", fields = { "name^2", "brand.name" } } } },
+    filter = { { term = { gender = "men" } }, { range = { price = { lte = 20000 } } } },
+  } },
+  _source = { "goods_id", "name", "brand.name", "price", "sale_price", "image" },
+  size = 10,
+}
+
+local c = esx.client { hosts = { url }, max_per_route = 16, max_total = 16, compression = false }
+
+-- ESX_BENCH_RAW=1: transport only -- the response body is checked, not decoded (not the fair
+-- comparison with Node, which always parses; it shows what the decoding costs).
+local raw = os.getenv("ESX_BENCH_RAW") == "1"
+local decode = cjson.decode
+
+-- res = {status, headers, body} -> true when it is the canned 10-hit answer
+local function good(res)
+  if not res or res.status ~= 200 then return false end
+  if raw then return #res.body > 1000 end
+  return #decode(res.body).hits.hits == 10
+end
+
+local function run_sync(deadline)
+  local n, errors = 0, 0
+  repeat
+    for _ = 1, 20 do
+      local ok
+      if raw then
+        ok = good(c:request("POST", PATH, QUERY))
+      else
+        local doc = c:search(INDEX, QUERY)
+        ok = doc and #doc.hits.hits == 10
+      end
+      if ok then n = n + 1 else errors = errors + 1 end
+    end
+  until clock() >= deadline
+  return n, errors
+end
+
+local function run_async(deadline)
+  local n, errors = 0, 0
+  local slots, issued = {}, {}
+  local seq = 0
+  local function issue(i)
+    local p, err = c:send("POST", PATH, QUERY)
+    if not p then error("send failed: " .. tostring(err)) end
+    slots[i] = p
+    seq = seq + 1
+    issued[i] = seq
+  end
+  local function finish(i)
+    if good(slots[i]:result()) then
+      n = n + 1
+    else
+      errors = errors + 1
+    end
+  end
+  for i = 1, conc do issue(i) end
+  local stop = false
+  while true do
+    local progressed = false
+    for i = 1, conc do
+      local p = slots[i]
+      if p and p:ready() then
+        finish(i)
+        progressed = true
+        if stop then slots[i] = nil else issue(i) end
+      end
+    end
+    if not stop and clock() >= deadline then stop = true end
+    if not progressed then
+      -- block on the oldest outstanding request
+      local oldest, best
+      for i = 1, conc do
+        if slots[i] and (best == nil or issued[i] < best) then oldest, best = i, issued[i] end
+      end
+      if oldest == nil then break end
+      slots[oldest]:wait(1000)
+    end
+  end
+  return n, errors
+end
+
+local run = conc == 1 and run_sync or run_async
+if warmup > 0 then run(clock() + warmup) end
+local t0, cpu0 = clock(), os.clock() -- os.clock: CPU time of the process, all its threads
+local n, errors = run(t0 + seconds)
+local dt, cpu = clock() - t0, os.clock() - cpu0
+io.write(string.format("searches=%d seconds=%.3f rate=%.1f errors=%d cpu=%.3f\n", n, dt, n / dt, errors, cpu))
+c:close()
