@@ -11,7 +11,7 @@ local HTTP = [[
     db:set("r:1", "7,8")
     db:set("r:2", "8")
     db:set("r:3", "")
-    for a = 50, 59 do db:set("r:" .. a, "5") end
+    for a = 50, 60 do db:set("r:" .. a, "5") end
     local function ids(s)
       local out = {}
       for id in (s or ""):gmatch("%d+") do out[#out + 1] = tonumber(id) end
@@ -56,6 +56,20 @@ local SERVER = [[
       local out = {}
       for _, a in ipairs(require("cjson").decode(json)) do out[#out + 1] = a.id .. "=" .. tostring(a.read) end
       ngx.say(ngx.worker.pid(), " ", table.concat(out, ","))
+    }
+  }
+  location = /threads {
+    content_by_lua_block {
+      local threads = {}
+      for i = 1, 6 do
+        threads[i] = ngx.thread.spawn(function() return CACHE:has_read(60, i % 2 == 0 and 5 or 6) end)
+      end
+      local out = {}
+      for i = 1, 6 do
+        local ok, v = ngx.thread.wait(threads[i])
+        out[i] = tostring(v)
+      end
+      ngx.say(ngx.worker.pid(), " ", table.concat(out, ","), " ", ngx.shared.db:get("loads:60"))
     }
   }
   location = /mark {
@@ -182,6 +196,12 @@ describe("esx.cache with shared = true in nginx (2 workers)", function()
     for _ in pairs(pids) do n = n + 1 end
     assert.equal(2, n, "both workers should have answered")
     for _, b in ipairs(bodies) do assert.truthy(b:match("^%d+ true 1\n$"), b) end
+  end)
+
+  it("calls the loader once for light threads of one request", function()
+    local status, body = srv:get("/threads")
+    assert.equal(200, status)
+    assert.equal("false,true,false,true,false,true 1", body:match("^%d+ (.-)\n$"))
   end)
 
   it("drops a worker's tiers when it has fallen behind the change log", function()
