@@ -20,6 +20,10 @@ OBJSJIT := $(patsubst src/%.c,build/luajit/obj/%.o,$(SRCS))
 SO54    := build/lua5.4/esx/core.so
 SOJIT   := build/luajit/esx/core.so
 
+# Relink when a source file is added or removed, not only when one changes.
+SRCLIST := build/sources.txt
+$(shell mkdir -p build && echo '$(SRCS)' | cmp -s - $(SRCLIST) || echo '$(SRCS)' > $(SRCLIST))
+
 .PHONY: all build deps test test-lua54 test-luajit demo bench rock rock-so rock-install clean help
 
 all: build
@@ -35,13 +39,13 @@ build/luajit/obj/%.o: src/%.c $(HDRS) Makefile
 	$(CC) $(ESX_CFLAGS) $(CFLAGS) $(LUAJIT_INC) -c $< -o $@
 
 # A Lua C module never links liblua: the host (lua5.4, luajit, nginx) provides it.
-$(SO54): $(OBJS54)
+$(SO54): $(OBJS54) $(SRCLIST)
 	@mkdir -p $(@D)
-	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $^ $(ESX_LIBS)
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $(OBJS54) $(ESX_LIBS)
 
-$(SOJIT): $(OBJSJIT)
+$(SOJIT): $(OBJSJIT) $(SRCLIST)
 	@mkdir -p $(@D)
-	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $^ $(ESX_LIBS)
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $(OBJSJIT) $(ESX_LIBS)
 
 deps:
 	@tools/deps
