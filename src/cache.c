@@ -44,7 +44,8 @@ struct logent {
 struct slot {
     uint32_t state, kind;
     uint64_t key, ticket, start_seq, len;
-    double deadline; /* CLOCK_MONOTONIC ms */
+    double deadline;  /* CLOCK_MONOTONIC ms */
+    double published; /* the cache's clock (ms) when DONE */
     pid_t pid;
 };
 
@@ -548,7 +549,8 @@ static struct slot *slot_of(esx_cache *c, int kind, uint64_t key, char **data)
     return &c->rg->slots[i];
 }
 
-int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, uint64_t *ticket)
+int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, double clock_now,
+                   uint64_t *ticket)
 {
     if (!c->cfg.shared)
         return ESX_LOCK_NONE;
@@ -557,13 +559,22 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, uint
     double now = esx_cache_now_ms();
     int rc;
     rg_lock(c);
+    int same = s->kind == (uint32_t)kind && s->key == key;
+    double ttl = kind == ESX_CACHE_PAGE ? c->cfg.page_ttl : c->cfg.readers_ttl;
     if (s->state == SLOT_BUSY && holder_alive(s, now)) {
-        if (s->kind == (uint32_t)kind && s->key == key) {
+        if (same) {
             *ticket = s->ticket;
             rc = ESX_LOCK_BUSY;
         } else {
             rc = ESX_LOCK_NONE; /* the slot serves another key right now */
         }
+    } else if (s->state == SLOT_DONE && same && clock_now < s->published + ttl &&
+               (kind != ESX_CACHE_PAGE || key <= c->cfg.max_pages) && /* else never cached */
+               changed_since(c, kind, key, s->start_seq, NULL) == 0) {
+        /* another process loaded this key within its TTL and nothing invalidated it since:
+         * take its result (the first poll returns it) instead of loading again */
+        *ticket = s->ticket;
+        rc = ESX_LOCK_BUSY;
     } else {
         s->state = SLOT_BUSY;
         s->kind = (uint32_t)kind;
@@ -580,7 +591,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, uint
 }
 
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
-                     size_t len, uint64_t start_seq)
+                     size_t len, uint64_t start_seq, double clock_now)
 {
     if (!c->cfg.shared)
         return 0;
@@ -593,6 +604,7 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
             memcpy(buf, data, len);
             s->len = len;
             s->start_seq = start_seq;
+            s->published = clock_now;
             s->state = SLOT_DONE;
             published = 1;
         } else {
@@ -603,8 +615,8 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
     return published;
 }
 
-int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, void **data,
-                        size_t *len, uint64_t *start_seq)
+int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, double clock_now,
+                        void **data, size_t *len, uint64_t *start_seq, double *age_ms)
 {
     if (!c->cfg.shared)
         return ESX_LOCK_GONE;
@@ -622,6 +634,9 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, v
                 *data = copy;
                 *len = s->len;
                 *start_seq = s->start_seq;
+                *age_ms = clock_now - s->published;
+                if (*age_ms < 0)
+                    *age_ms = 0;
                 rc = ESX_LOCK_DONE;
             }
         }

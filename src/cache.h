@@ -130,26 +130,30 @@ void esx_cache_get_stats(esx_cache *c, esx_cache_stats *out);
 
 /* Shared single-flight locks (shared mode only; otherwise ESX_LOCK_NONE).
  * esx_cache_lock: ESX_LOCK_ACQUIRED (the caller loads and must call esx_cache_unlock with
- * *ticket), ESX_LOCK_BUSY (another process loads; poll with *ticket), ESX_LOCK_NONE (no slot:
- * load without coordination).  A lock held past timeout_ms, or by a dead process, is taken
- * over. */
+ * *ticket), ESX_LOCK_BUSY (another process loads, or published a result for this key within
+ * its TTL that nothing has invalidated since; poll with *ticket), ESX_LOCK_NONE (no slot: load
+ * without coordination).  A lock held past timeout_ms, or by a dead process, is taken over.
+ * clock_now is the cache's clock (TTLs); lock deadlines use CLOCK_MONOTONIC. */
 #define ESX_LOCK_NONE 0
 #define ESX_LOCK_ACQUIRED 1
 #define ESX_LOCK_BUSY 2
 #define ESX_LOCK_DONE 3 /* poll: the holder published a result */
 #define ESX_LOCK_GONE 4 /* poll: the holder finished without a result, or the slot moved on */
-int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, uint64_t *ticket);
+int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, double clock_now,
+                   uint64_t *ticket);
 
 /* Releases the lock; publishes data (len bytes, may be NULL) as the result with the load's
- * start_seq when it fits the hand-off buffer.  Returns 1 if published, 0 if not. */
+ * start_seq, stamped with clock_now (the cache's clock, which all processes must share: it
+ * is ngx.now() in nginx), when it fits the hand-off buffer.  Returns 1 if published, else 0. */
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
-                     size_t len, uint64_t start_seq);
+                     size_t len, uint64_t start_seq, double clock_now);
 
 /* Polls a lock seen busy.  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that
- * the caller frees, *len its size and *start_seq the holder's load start.  If the copy
- * cannot be allocated, returns ESX_LOCK_GONE. */
-int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, void **data,
-                        size_t *len, uint64_t *start_seq);
+ * the caller frees, *len its size, *start_seq the holder's load start and *age_ms how long
+ * ago it was published (the caller's TTL counts from then).  If the copy cannot be
+ * allocated, returns ESX_LOCK_GONE. */
+int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, double clock_now,
+                        void **data, size_t *len, uint64_t *start_seq, double *age_ms);
 
 /* Milliseconds of CLOCK_MONOTONIC: the default clock outside nginx. */
 double esx_cache_now_ms(void);

@@ -533,7 +533,7 @@ static int l_page_put(lua_State *L)
             walk(L, 3, &b, 0);
         int ok = bad == NULL && !b.failed;
         esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b.buf : NULL,
-                         ok ? b.len : 0, start_seq);
+                         ok ? b.len : 0, start_seq, now);
         free(b.buf);
     }
     if (bad != NULL) {
@@ -613,7 +613,7 @@ static int l_readers_put(lua_State *L)
                 len = esx_rset_serialize(s, buf, need);
         }
         esx_cache_unlock(lc->core, ESX_CACHE_READERS, article, ticket, len ? buf : NULL, len,
-                         start_seq);
+                         start_seq, now);
         free(buf);
     }
     if (s == NULL) {
@@ -797,15 +797,16 @@ static int l_json(lua_State *L)
     return 1;
 }
 
-/* ud:lock(kind, key, timeout_ms) -> "acquired"|"busy"|"none", ticket */
+/* ud:lock(kind, key, timeout_ms, now) -> "acquired"|"busy"|"none", ticket */
 static int l_lock(lua_State *L)
 {
     lcache *lc = check_open(L);
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
     double timeout = luaL_checknumber(L, 4);
+    double now = luaL_checknumber(L, 5);
     uint64_t ticket = 0;
-    int rc = esx_cache_lock(lc->core, kind, key, timeout, &ticket);
+    int rc = esx_cache_lock(lc->core, kind, key, timeout, now, &ticket);
     lua_pushstring(L, rc == ESX_LOCK_ACQUIRED ? "acquired" : rc == ESX_LOCK_BUSY ? "busy" : "none");
     esx_pushinteger(L, (long long)ticket);
     return 2;
@@ -818,7 +819,7 @@ static int l_unlock(lua_State *L)
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
     uint64_t ticket = (uint64_t)luaL_checknumber(L, 4);
-    esx_cache_unlock(lc->core, kind, key, ticket, NULL, 0, 0);
+    esx_cache_unlock(lc->core, kind, key, ticket, NULL, 0, 0, 0);
     return 0;
 }
 
@@ -835,7 +836,9 @@ static int l_poll(lua_State *L)
     void *data = NULL;
     size_t len = 0;
     uint64_t start_seq = 0;
-    int rc = esx_cache_lock_poll(lc->core, kind, key, ticket, &data, &len, &start_seq);
+    double age = 0;
+    int rc = esx_cache_lock_poll(lc->core, kind, key, ticket, now, &data, &len, &start_seq, &age);
+    now -= age; /* the TTL runs from when the result was loaded */
     if (rc == ESX_LOCK_BUSY) {
         lua_pushliteral(L, "busy");
         return 1;

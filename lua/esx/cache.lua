@@ -140,15 +140,15 @@ local function shared_lock(self, kind, key)
   local cc = self._cc
   local deadline = core_clock() + self._lock_timeout
   while true do
-    local st, ticket = cc:lock(kind, key, self._lock_timeout)
+    local st, ticket = cc:lock(kind, key, self._lock_timeout, self._clock())
     if st ~= "busy" then return st, ticket end
     local attempt = 0
     while true do
-      if core_clock() > deadline or not self._wait(attempt) then return "none" end
-      attempt = attempt + 1
       local s, value = cc:poll(kind, key, ticket, self._clock())
       if s == "done" then return "done", value end
       if s == "gone" then break end -- the holder failed or died: try to take the lock
+      if core_clock() > deadline or not self._wait(attempt) then return "none" end
+      attempt = attempt + 1
     end
   end
 end
