@@ -83,7 +83,7 @@ int esx_bulk_response_parse(const char *body, size_t len, esx_bulk_item *items, 
             snprintf(why, 128, "%s", w);
         return -1;
     }
-    if (esx_json_skip_ws(body, len, pos) != len) {
+    if ((pos = esx_json_skip_ws(body, len, pos)) != len) {
         if (why)
             snprintf(why, 128, "invalid JSON at byte %zu: trailing bytes", pos);
         return -1;

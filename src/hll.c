@@ -11,12 +11,14 @@
  * number of leading zeros of the remaining 64-P bits, 1..Q+1 with Q = 64-P = 52.
  *
  * Sparse form: a sorted array of uint32 entries (index << 8 | rank), one per non-zero
- * register; it turns dense (M one-byte registers) once it would need more than M bytes.
+ * register; it turns dense once it would need more than the dense form's M*6/8 bytes.
+ * Dense form: M registers of 6 bits packed little-endian (register i at bits 6i..6i+5),
+ * plus one padding byte so that every register can be read as a 16-bit window.
  *
  * Serialised form (all little-endian):
- *   "EH" version(1) p(12) form(0 sparse | 1 dense)
+ *   "EH" version(1) p(14) form(0 sparse | 1 dense)
  *   sparse: count(u16) then count x (index u16, rank u8), indexes strictly increasing
- *   dense:  M*6/8 bytes, 4 registers of 6 bits per 3 bytes (r0 | r1<<6 | r2<<12 | r3<<18)
+ *   dense:  the M*6/8 packed register bytes
  */
 #include <math.h>
 #include <stdlib.h>
@@ -26,12 +28,12 @@
 
 #define Q (64 - ESX_HLL_P)
 #define MAX_RANK (Q + 1)
-#define SPARSE_MAX (ESX_HLL_M / 4) /* entries: 4 bytes each, dense is M bytes */
 #define HDR 5
 #define DENSE_BYTES (ESX_HLL_M * 6 / 8)
+#define SPARSE_MAX (DENSE_BYTES / 4) /* entries of 4 bytes */
 
 struct esx_hll {
-    unsigned char *regs; /* dense registers, or NULL while sparse */
+    unsigned char *regs; /* packed dense registers (DENSE_BYTES + 1), or NULL while sparse */
     uint32_t *sparse;    /* sorted (index << 8 | rank) */
     uint32_t n, cap;     /* sparse entries used / allocated */
 };
@@ -51,13 +53,29 @@ void esx_hll_free(esx_hll *h)
     free(h);
 }
 
+static unsigned get_reg(const unsigned char *r, uint32_t i)
+{
+    uint32_t bit = 6 * i;
+    unsigned w = (unsigned)r[bit >> 3] | (unsigned)r[(bit >> 3) + 1] << 8;
+    return (w >> (bit & 7)) & 63;
+}
+
+static void put_reg(unsigned char *r, uint32_t i, unsigned v)
+{
+    uint32_t bit = 6 * i, b = bit >> 3, sh = bit & 7;
+    unsigned w = (unsigned)r[b] | (unsigned)r[b + 1] << 8;
+    w = (w & ~(63u << sh)) | (v << sh);
+    r[b] = (unsigned char)w;
+    r[b + 1] = (unsigned char)(w >> 8);
+}
+
 static int to_dense(esx_hll *h)
 {
-    unsigned char *r = calloc(ESX_HLL_M, 1);
+    unsigned char *r = calloc(DENSE_BYTES + 1, 1);
     if (!r)
         return -1;
     for (uint32_t i = 0; i < h->n; i++)
-        r[h->sparse[i] >> 8] = (unsigned char)(h->sparse[i] & 0xFF);
+        put_reg(r, h->sparse[i] >> 8, h->sparse[i] & 0xFF);
     free(h->sparse);
     h->sparse = NULL;
     h->n = h->cap = 0;
@@ -69,8 +87,8 @@ static int to_dense(esx_hll *h)
 static int set_reg(esx_hll *h, uint32_t idx, unsigned rank)
 {
     if (h->regs) {
-        if (h->regs[idx] < rank)
-            h->regs[idx] = (unsigned char)rank;
+        if (get_reg(h->regs, idx) < rank)
+            put_reg(h->regs, idx, rank);
         return 0;
     }
     /* binary search for idx */
@@ -90,7 +108,7 @@ static int set_reg(esx_hll *h, uint32_t idx, unsigned rank)
     if (h->n >= SPARSE_MAX) {
         if (to_dense(h) < 0)
             return -1;
-        h->regs[idx] = (unsigned char)rank;
+        put_reg(h->regs, idx, rank);
         return 0;
     }
     if (h->n == h->cap) {
@@ -122,9 +140,11 @@ int esx_hll_merge(esx_hll *dst, const esx_hll *src)
     if (src->regs) {
         if (!dst->regs && to_dense(dst) < 0)
             return -1;
-        for (uint32_t i = 0; i < ESX_HLL_M; i++)
-            if (dst->regs[i] < src->regs[i])
-                dst->regs[i] = src->regs[i];
+        for (uint32_t i = 0; i < ESX_HLL_M; i++) {
+            unsigned v = get_reg(src->regs, i);
+            if (get_reg(dst->regs, i) < v)
+                put_reg(dst->regs, i, v);
+        }
         return 0;
     }
     if (dst->regs) {
@@ -202,8 +222,10 @@ double esx_hll_estimate(const esx_hll *h)
     uint32_t c[MAX_RANK + 1] = {0};
     const double m = ESX_HLL_M;
     if (h->regs) {
-        for (uint32_t i = 0; i < ESX_HLL_M; i++)
-            c[h->regs[i] <= MAX_RANK ? h->regs[i] : MAX_RANK]++;
+        for (uint32_t i = 0; i < ESX_HLL_M; i++) {
+            unsigned v = get_reg(h->regs, i);
+            c[v <= MAX_RANK ? v : MAX_RANK]++;
+        }
     } else {
         c[0] = ESX_HLL_M - h->n;
         for (uint32_t i = 0; i < h->n; i++)
@@ -220,7 +242,7 @@ double esx_hll_estimate(const esx_hll *h)
 
 size_t esx_hll_memory(const esx_hll *h)
 {
-    return sizeof *h + (h->regs ? ESX_HLL_M : (size_t)h->cap * sizeof *h->sparse);
+    return sizeof *h + (h->regs ? DENSE_BYTES + 1 : (size_t)h->cap * sizeof *h->sparse);
 }
 
 size_t esx_hll_serialize(const esx_hll *h, unsigned char *out, size_t outlen)
@@ -235,13 +257,7 @@ size_t esx_hll_serialize(const esx_hll *h, unsigned char *out, size_t outlen)
     out[4] = h->regs ? 1 : 0;
     unsigned char *p = out + HDR;
     if (h->regs) {
-        for (uint32_t i = 0; i < ESX_HLL_M; i += 4) {
-            uint32_t v = (uint32_t)h->regs[i] | (uint32_t)h->regs[i + 1] << 6 |
-                         (uint32_t)h->regs[i + 2] << 12 | (uint32_t)h->regs[i + 3] << 18;
-            *p++ = (unsigned char)v;
-            *p++ = (unsigned char)(v >> 8);
-            *p++ = (unsigned char)(v >> 16);
-        }
+        memcpy(p, h->regs, DENSE_BYTES);
     } else {
         *p++ = (unsigned char)h->n;
         *p++ = (unsigned char)(h->n >> 8);
@@ -268,18 +284,13 @@ esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len)
     if (in[4] == 1) {
         if (rest != DENSE_BYTES)
             goto bad;
-        h->regs = malloc(ESX_HLL_M);
+        h->regs = calloc(DENSE_BYTES + 1, 1);
         if (!h->regs)
             goto bad;
-        for (uint32_t i = 0; i < ESX_HLL_M; i += 4, p += 3) {
-            uint32_t v = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16;
-            for (int k = 0; k < 4; k++) {
-                unsigned r = (v >> (6 * k)) & 63;
-                if (r > MAX_RANK)
-                    goto bad;
-                h->regs[i + (uint32_t)k] = (unsigned char)r;
-            }
-        }
+        memcpy(h->regs, p, DENSE_BYTES);
+        for (uint32_t i = 0; i < ESX_HLL_M; i++)
+            if (get_reg(h->regs, i) > MAX_RANK)
+                goto bad;
         return h;
     }
     if (rest < 2)

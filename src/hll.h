@@ -1,11 +1,16 @@
 /*
  * hll.h -- HyperLogLog distinct counting (Flajolet et al. 2007; sparse form after Heule et
  * al. 2013; estimation with Ertl's improved raw estimator, 2017, which needs no empirical
- * bias tables).  Precision p = 12: 4096 registers, standard error 1.04/sqrt(4096) = 1.6%.
+ * bias tables).  Precision p = 14: 16384 registers, standard error 1.04/sqrt(16384) = 0.81%.
  *
- * A sketch starts sparse (a sorted list of (register, rank) pairs, a few bytes per distinct
- * value) and turns dense (4096 one-byte registers) once that is smaller.  Sketches merge by
- * taking register maxima, so per-instance rollups add up across instances.
+ * Why 14 and not 12: the target is at most 2% error at 1M uniques for one sketch, not on
+ * average.  With p = 12 (1.6% standard error) about one sketch in five misses it (measured:
+ * 1 of 3 seeds at +2.4%, worst of 64 seeds 4.2%); with p = 14 one in seventy does.
+ *
+ * A sketch starts sparse (a sorted list of (register, rank) pairs, 4 bytes per distinct
+ * value) and turns dense (16384 registers of 6 bits, 12 KiB) once that is smaller.  Sketches
+ * merge by taking register maxima, so per-instance rollups add up across instances.  Hash
+ * values with esx_hash64(bytes, n, 0) (seed 0) everywhere, or sketches will not merge.
  */
 #ifndef ESX_HLL_H
 #define ESX_HLL_H
@@ -13,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ESX_HLL_P 12
+#define ESX_HLL_P 14
 #define ESX_HLL_M (1u << ESX_HLL_P)
 
 typedef struct esx_hll esx_hll;

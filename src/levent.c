@@ -13,7 +13,7 @@
  * core.hll_new() -> esx.hll;  h:add(str) -> true | nil, err("nomem");  h:merge(other) ->
  *     true | nil, err;  h:estimate() -> integer;  h:memory() -> bytes;  h:serialize() ->
  *     binary string;  core.hll_deserialize(s) -> esx.hll | nil, err (kind "decode").
- * Values are hashed with XXH64 and a fixed seed, so sketches built anywhere merge.
+ * Values are hashed with XXH64 and seed 0 (as rollup.c does), so sketches built anywhere merge.
  */
 #include <math.h>
 #include <stdint.h>
@@ -28,7 +28,7 @@
 #include "levent.h"
 
 #define HLL_MT "esx.hll"
-#define HLL_SEED 0x6573782d686c6c31ULL /* "esx-hll1": fixed, so sketches merge everywhere */
+#define HLL_SEED 0 /* fixed, and the one rollup.c uses: sketches built anywhere merge */
 #define MAX_EVENTS_LIMIT 100000
 #define BUF_MT "esx.evbuf"
 

@@ -1,0 +1,496 @@
+-- Beacon events from untrusted bodies (src/event.c, src/json.c via core.events_parse and
+-- core.event_from_query).  Reject indexes are 0-based, as in the collector's HTTP answer
+-- {"accepted":n,"rejected":[{"index":i,"error":"..."}]}.
+local core = require "esx.core"
+local cjson = require "cjson.safe"
+
+local NOW = 1700000000123
+
+local function parse(body, max)
+  return core.events_parse(body, NOW, max)
+end
+
+-- the one reject of a one-event body
+local function reason(body)
+  local docs, rejects = parse(body)
+  assert(docs, rejects and tostring(rejects))
+  assert.equal(0, #docs)
+  assert.equal(1, #rejects)
+  assert.equal(0, rejects[1].index)
+  return rejects[1].error
+end
+
+local function accepted(body)
+  local docs, rejects = parse(body)
+  assert(docs, rejects and tostring(rejects))
+  assert.same({}, rejects)
+  assert.equal(1, #docs)
+  return docs[1]
+end
+
+local function ev(extra)
+  return '{"site_id":"s1","type":"view"' .. (extra or "") .. "}"
+end
+
+describe("core.events_parse", function()
+  it("adds received_at and a 20-character event_id to one object, minified, members in order", function()
+    local d = accepted(' {\n "site_id" : "s1",\t"type":"view" , "x" : [ 1 , { "y" : "a b" } ] }\r\n')
+    assert.truthy(d.event_id:match("^[A-Za-z0-9_%-]+$"))
+    assert.equal(20, #d.event_id)
+    assert.equal('{"site_id":"s1","type":"view","x":[1,{"y":"a b"}],"received_at":' .. NOW
+      .. ',"event_id":"' .. d.event_id .. '"}', d.doc)
+    assert.equal("s1", d.site_id)
+    assert.equal("view", d.type)
+    assert.is_nil(d.block_id)
+    assert.is_nil(d.variant)
+    assert.is_nil(d.user_id)
+  end)
+
+  it("returns the schema fields of each event", function()
+    local d = accepted(ev(',"block_id":"b-1","variant":"A.2","user_id":"u 1","ts":17'))
+    assert.same({ "s1", "view", "b-1", "A.2", "u 1" }, { d.site_id, d.type, d.block_id, d.variant, d.user_id })
+  end)
+
+  it("keeps a client event_id where it was and adds none", function()
+    local d = accepted('{"event_id":"abc:1.2_3-4","site_id":"s","type":"t"}')
+    assert.equal("abc:1.2_3-4", d.event_id)
+    assert.equal('{"event_id":"abc:1.2_3-4","site_id":"s","type":"t","received_at":' .. NOW .. "}", d.doc)
+  end)
+
+  it("generates distinct ids", function()
+    local seen = {}
+    for _ = 1, 2000 do
+      local d = accepted(ev())
+      assert.is_nil(seen[d.event_id])
+      seen[d.event_id] = true
+    end
+  end)
+
+  it("replaces a client received_at", function()
+    local d = accepted('{"received_at":1,"site_id":"s","type":"t"}')
+    assert.equal('{"site_id":"s","type":"t","received_at":' .. NOW .. ',"event_id":"' .. d.event_id .. '"}', d.doc)
+  end)
+
+  it("keeps numbers byte-exact, however big or precise", function()
+    local nums = { "123456789012345678901234567890", "-0", "1E+2", "1.5e300000", "-1.0e-400",
+                   "0.10000000000000000000001", "9007199254740993" }
+    for _, n in ipairs(nums) do
+      local d = accepted(ev(',"n":' .. n))
+      assert.truthy(d.doc:find('"n":' .. n .. ',', 1, true), n)
+    end
+  end)
+
+  it("keeps newlines, quotes and other escapes inside one line", function()
+    local d = accepted(ev(',"m":"a\\nb\\r\\"c\\\\d\\u2028\\u0000\\t"'))
+    assert.is_nil(d.doc:find("\n", 1, true))
+    assert.is_nil(d.doc:find("\r", 1, true))
+    local t = assert(cjson.decode(d.doc))
+    assert.equal('a\nb\r"c\\d\226\128\168\0\t', t.m)
+  end)
+
+  it("accepts valid UTF-8 raw and escaped (pairs)", function()
+    local d = accepted(ev(',"m":"é € 😀 \\ud83d\\ude00 \\u00e9"'))
+    assert.equal("é € 😀 😀 é", assert(cjson.decode(d.doc)).m)
+  end)
+
+  describe("schema", function()
+    local cases = {
+      { '{"type":"t"}', "missing site_id" },
+      { '{"site_id":"s"}', "missing type" },
+      { '{"site_id":1,"type":"t"}', "site_id: not a string" },
+      { '{"site_id":null,"type":"t"}', "site_id: not a string" },
+      { '{"site_id":"","type":"t"}', "site_id: invalid length" },
+      { '{"site_id":"' .. ("a"):rep(65) .. '","type":"t"}', "site_id: invalid length" },
+      { '{"site_id":"a b","type":"t"}', "site_id: invalid characters" },
+      { '{"site_id":"a:b","type":"t"}', "site_id: invalid characters" },
+      { '{"site_id":"é","type":"t"}', "site_id: invalid characters" },
+      { '{"site_id":"s","type":["t"]}', "type: not a string" },
+      { '{"site_id":"s","type":"' .. ("a"):rep(33) .. '"}', "type: invalid length" },
+      { '{"site_id":"s","type":"a/b"}', "type: invalid characters" },
+      { ev(',"block_id":2'), "block_id: not a string" },
+      { ev(',"block_id":""'), "block_id: invalid length" },
+      { ev(',"block_id":"' .. ("b"):rep(65) .. '"'), "block_id: invalid length" },
+      { ev(',"block_id":"b\\n"'), "block_id: invalid characters" },
+      { ev(',"variant":true'), "variant: not a string" },
+      { ev(',"variant":"' .. ("v"):rep(65) .. '"'), "variant: invalid length" },
+      { ev(',"variant":"v?"'), "variant: invalid characters" },
+      { ev(',"user_id":1.5'), "user_id: not a string or integer" },
+      { ev(',"user_id":1e3'), "user_id: not a string or integer" },
+      { ev(',"user_id":{}'), "user_id: not a string or integer" },
+      { ev(',"user_id":""'), "user_id: invalid length" },
+      { ev(',"user_id":"' .. ("u"):rep(129) .. '"'), "user_id: invalid length" },
+      { ev(',"user_id":"a\\u0000b"'), "user_id: invalid characters" },
+      { ev(',"event_id":5'), "event_id: not a string" },
+      { ev(',"event_id":""'), "event_id: invalid length" },
+      { ev(',"event_id":"' .. ("e"):rep(65) .. '"'), "event_id: invalid length" },
+      { ev(',"event_id":"e/1"'), "event_id: invalid characters" },
+      { ev(',"ts":"1"'), "ts: not a number" },
+      { ev(',"":1'), "empty member name" },
+      { ev(',"_id":"x"'), "reserved field _id" },
+      { ev(',"_index":"other"'), "reserved field _index" },
+      { ev(',"\\u005fsource":{}'), "reserved field _source" },
+      { ev(',"_a\\nb":1'), "reserved field _a?b" },
+      { ev(',"_' .. ("x"):rep(80) .. '":1'), "reserved field _" .. ("x"):rep(63) .. "..." },
+      { "[1]", nil },
+    }
+    for _, c in ipairs(cases) do
+      if c[2] then
+        it("rejects " .. c[1]:sub(1, 70) .. " with '" .. c[2] .. "'", function()
+          assert.equal(c[2], reason(c[1]))
+        end)
+      end
+    end
+
+    it("accepts the limits of every field", function()
+      local d = accepted('{"site_id":"' .. ("a"):rep(64) .. '","type":"' .. ("Z"):rep(32)
+        .. '","block_id":"' .. ("0"):rep(64) .. '","variant":"._-","event_id":"' .. ("e"):rep(64)
+        .. '","user_id":"' .. ("ü"):rep(64) .. '","ts":-1.5e3}')
+      assert.equal(("a"):rep(64), d.site_id)
+      assert.equal(("ü"):rep(64), d.user_id)
+      assert.equal(("e"):rep(64), d.event_id)
+    end)
+
+    it("takes an integer user_id as its decimal text", function()
+      assert.equal("12345678901234567890", accepted(ev(',"user_id":12345678901234567890')).user_id)
+      assert.equal("-7", accepted(ev(',"user_id":-7')).user_id)
+    end)
+
+    it("matches schema names after decoding escapes", function()
+      local d = accepted('{"site\\u005fid":"s","\\u0074ype":"t"}')
+      assert.equal("s", d.site_id)
+      assert.equal("t", d.type)
+    end)
+
+    it("keeps '_' names below the top level and any other member", function()
+      local d = accepted(ev(',"meta":{"_id":1,"_x":[]},"x_":2'))
+      assert.truthy(d.doc:find('"meta":{"_id":1,"_x":[]},"x_":2,', 1, true))
+    end)
+  end)
+
+  describe("duplicate member names", function()
+    it("are rejected at the top level", function()
+      assert.equal("duplicate member name", reason(ev(',"site_id":"s2"')))
+      assert.equal("duplicate member name", reason(ev(',"a":1,"a":2')))
+    end)
+
+    it("are rejected when escapes decode to the same name", function()
+      assert.equal("duplicate member name", reason(ev(',"a":1,"\\u0061":2')))
+      assert.equal("duplicate member name", reason(ev(',"😀":1,"\\ud83d\\ude00":2')))
+    end)
+
+    it("are rejected inside nested objects, small and large", function()
+      assert.equal("duplicate member name", reason(ev(',"o":{"x":1,"y":{"x":2,"x":3}}')))
+      local many = {}
+      for i = 1, 200 do many[#many + 1] = '"k' .. i .. '":' .. i end
+      assert.truthy(accepted(ev(',"o":{' .. table.concat(many, ",") .. '}')))
+      many[#many + 1] = '"k\\u0031\\u00300":0' -- k10 again
+      assert.equal("duplicate member name", reason(ev(',"o":{' .. table.concat(many, ",") .. '}')))
+    end)
+
+    it("are fine in different objects", function()
+      assert.truthy(accepted(ev(',"a":{"x":1},"b":{"x":1},"c":[{"x":1},{"x":1}]')))
+    end)
+  end)
+
+  describe("nesting", function()
+    local function nested(n)
+      return ev(',"d":' .. ("["):rep(n - 1) .. ("]"):rep(n - 1))
+    end
+
+    it("accepts 32 levels counting the event object", function()
+      assert.truthy(accepted(nested(32)))
+    end)
+
+    it("rejects 33 levels with 'nesting deeper than 32'", function()
+      assert.equal("nesting deeper than 32", reason(nested(33)))
+    end)
+
+    it("rejects a deep element of an array on its own", function()
+      local docs, rejects = parse("[" .. ev() .. "," .. nested(100) .. "]")
+      assert.equal(1, #docs)
+      assert.same({ { index = 1, error = "nesting deeper than 32" } }, rejects)
+    end)
+
+    it("returns nil, err when a body nests deeper than 512", function()
+      local docs, err = parse(("["):rep(5000) .. ("]"):rep(5000))
+      assert.is_nil(docs)
+      assert.equal("not_json", err.kind)
+      assert.equal("invalid JSON at byte 512: nesting too deep", err.message)
+    end)
+
+    it("rejects an NDJSON line nested deeper than 512 as invalid JSON", function()
+      local docs, rejects = parse(ev() .. "\n" .. ev(',"d":' .. ("{\"a\":"):rep(600) .. "1" .. ("}"):rep(600)))
+      assert.equal(1, #docs)
+      assert.same({ { index = 1, error = "invalid JSON" } }, rejects)
+    end)
+  end)
+
+  describe("invalid UTF-8 and escapes", function()
+    local cases = {
+      { "\192\175", "invalid UTF-8" },            -- overlong '/'
+      { "\224\128\175", "invalid UTF-8" },        -- overlong 3-byte
+      { "\240\128\128\175", "invalid UTF-8" },    -- overlong 4-byte
+      { "\237\160\128", "invalid UTF-8" },        -- U+D800 encoded in UTF-8
+      { "\237\191\191", "invalid UTF-8" },        -- U+DFFF
+      { "\244\144\128\128", "invalid UTF-8" },    -- U+110000
+      { "\255", "invalid UTF-8" },
+      { "\195", "invalid UTF-8" },                -- truncated
+      { "\226\130", "invalid UTF-8" },
+      { "\128", "invalid UTF-8" },                -- lone continuation
+      { "\\ud800", "invalid escape" },            -- lone high surrogate
+      { "\\udc00\\ud800", "invalid escape" },     -- reversed pair
+      { "\\ud800\\u0041", "invalid escape" },
+      { "\\u12", "invalid escape" },
+      { "\\x", "invalid escape" },
+      { "\\'", "invalid escape" },
+      { "a\tb", "control character in string" },
+      { "a\nb", "control character in string" },
+      { "\0", "control character in string" },
+    }
+    for _, c in ipairs(cases) do
+      it(("rejects %q with '%s'"):format(c[1], c[2]), function()
+        assert.equal(c[2], reason(ev(',"m":"' .. c[1] .. '"')))
+      end)
+    end
+
+    it("checks member names too", function()
+      assert.equal("invalid UTF-8", reason(ev(',"\192\175":1')))
+    end)
+
+    it("accepts the largest code points of each length", function()
+      assert.truthy(accepted(ev(',"m":"\127 \223\191 \239\191\191 \244\143\191\191 \237\159\191 \238\128\128"')))
+    end)
+  end)
+
+  describe("arrays", function()
+    it("accepts valid events and rejects the others by 0-based index", function()
+      local docs, rejects = parse("[" .. ev() .. ', 3, {"site_id":"x"}, ' .. ev(',"n":1') .. ",[]]")
+      assert.equal(2, #docs)
+      assert.same({ { index = 1, error = "not an object" }, { index = 2, error = "missing type" },
+                    { index = 4, error = "not an object" } }, rejects)
+    end)
+
+    it("returns empty lists for []", function()
+      local docs, rejects = parse(" [ ] ")
+      assert.same({}, docs)
+      assert.same({}, rejects)
+    end)
+  end)
+
+  describe("NDJSON", function()
+    it("skips blank lines and rejects bad lines by index", function()
+      local body = ev() .. "\r\n\n   \n{bad\n" .. ev(',"n":2') .. "\n[1]\n" .. '{"site_id":"s"}' .. "\n\n"
+      local docs, rejects = parse(body)
+      assert.equal(2, #docs)
+      assert.truthy(docs[2].doc:find('"n":2', 1, true))
+      assert.same({ { index = 1, error = "invalid JSON" }, { index = 3, error = "not an object" },
+                    { index = 4, error = "missing type" } }, rejects)
+    end)
+
+    it("handles a last line without newline", function()
+      local docs = parse(ev() .. "\n" .. ev())
+      assert.equal(2, #docs)
+    end)
+  end)
+
+  describe("max_events", function()
+    it("defaults to 100", function()
+      local lines = {}
+      for i = 1, 100 do lines[i] = ev() end
+      assert.equal(100, #parse(table.concat(lines, "\n")))
+      lines[101] = ev()
+      local docs, err = parse(table.concat(lines, "\n"))
+      assert.is_nil(docs)
+      assert.equal("too_many", err.kind)
+    end)
+
+    it("returns nil, err when an array has more events than max_events", function()
+      local docs, err = parse("[" .. ev() .. "," .. ev() .. ",1]", 2)
+      assert.is_nil(docs)
+      assert.equal("too_many", err.kind)
+      assert.equal("too_many: too many events", tostring(err))
+      assert.equal(2, #parse("[" .. ev() .. "," .. ev() .. ",1]", 3))
+    end)
+
+    it("returns nil, err when NDJSON has more non-blank lines than max_events", function()
+      local docs, err = parse(ev() .. "\n\n" .. ev() .. "\nbad", 2)
+      assert.is_nil(docs)
+      assert.equal("too_many", err.kind)
+    end)
+
+    it("raises for a max_events out of range", function()
+      assert.has_error(function() parse(ev(), 0) end)
+      assert.has_error(function() parse(ev(), 1.5) end)
+      assert.has_error(function() parse(ev(), 100001) end)
+    end)
+  end)
+
+  describe("returns nil, err with kind not_json", function()
+    local cases = {
+      { "", "empty body" },
+      { " \n\t ", "empty body" },
+      { "hello", "not a JSON object, array or NDJSON" },
+      { '"str"', "not a JSON object, array or NDJSON" },
+      { "123", "not a JSON object, array or NDJSON" },
+      { "null", "not a JSON object, array or NDJSON" },
+      { "[1,", "invalid JSON at byte 3: unexpected end" },
+      { "[1] x", "trailing bytes after the JSON array" },
+      { "[1 2]", "invalid JSON at byte 3: expected ',' or ']'" },
+      { '{"a":', "invalid JSON at byte 5: unexpected end" },
+      { '{"a" 1}', "invalid JSON at byte 5: expected ':'" },
+      { "{a:1}", "invalid JSON at byte 1: expected a member name" },
+      { '{"a":1,}', "invalid JSON at byte 7: expected a member name" },
+      { '{"a":tru}', "invalid JSON at byte 5: invalid literal" },
+      { '{"a":"x}', "invalid JSON at byte 8: unterminated string" },
+      { "{} {}", "trailing bytes after the JSON object" },
+      { "\239\187\191{}", "not a JSON object, array or NDJSON" }, -- a BOM
+    }
+    for _, c in ipairs(cases) do
+      it(("for %q"):format(c[1]), function()
+        local docs, err = parse(c[1])
+        assert.is_nil(docs)
+        assert.equal("not_json", err.kind)
+        assert.equal(c[2], err.message)
+      end)
+    end
+
+    for _, n in ipairs({ "01", "1.", ".5", "+1", "1e", "1e+", "-", "--1", "0x10", "NaN", "Infinity", "1.e5", "-01" }) do
+      it("for the number " .. n, function()
+        local docs, err = parse(ev(',"n":' .. n))
+        assert.is_nil(docs)
+        assert.equal("not_json", err.kind)
+      end)
+    end
+  end)
+
+  it("raises when received_at is not an integer", function()
+    assert.has_error(function() core.events_parse(ev(), 1.5) end)
+    assert.has_error(function() core.events_parse(ev()) end)
+  end)
+
+  -- Property: for random lists of events (valid and invalid, with awkward content), sent as
+  -- an array and as NDJSON, the documents out are exactly the valid events in, in order, and
+  -- each decodes with cjson and carries received_at and event_id.
+  it("turns random event lists into exactly the valid events' documents", function()
+    math.randomseed(20261130)
+    local awkward = { "plain", 'q"uote', "back\\slash", "new\nline", "tab\t", "é😀", "\0", "</script>", "\r\n" }
+    local function jstr(s)
+      return '"' .. s:gsub('[%c"\\]', function(c)
+        if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
+        return ("\\u%04x"):format(c:byte())
+      end) .. '"'
+    end
+    for _ = 1, 200 do
+      local n = math.random(0, 20)
+      local items, valid = {}, {}
+      for i = 1, n do
+        local good = math.random() < 0.7
+        local fields = {}
+        local site = "s" .. math.random(1, 5)
+        if good or math.random() < 0.5 then fields[#fields + 1] = '"site_id":' .. jstr(site) end
+        if good or math.random() < 0.5 then fields[#fields + 1] = '"type":"t' .. i .. '"' end
+        if not good and #fields == 2 then fields[#fields + 1] = '"_bad":1' end
+        fields[#fields + 1] = '"k":' .. jstr(awkward[math.random(#awkward)])
+        fields[#fields + 1] = '"n":' .. tostring(math.random(-1e9, 1e9)) .. ".5e" .. math.random(-5, 5)
+        -- shuffle
+        for j = #fields, 2, -1 do
+          local k = math.random(j)
+          fields[j], fields[k] = fields[k], fields[j]
+        end
+        items[i] = "{" .. table.concat(fields, math.random() < 0.5 and "," or " ,\t") .. "}"
+        if good then valid[#valid + 1] = { i = i - 1, site = site, type = "t" .. i } end
+      end
+      for _, body in ipairs({ "[" .. table.concat(items, ",\n") .. "]", table.concat(items, "\n") }) do
+        if body ~= "" then
+          local docs, rejects = parse(body)
+          assert(docs, rejects and tostring(rejects))
+          assert.equal(#valid, #docs)
+          assert.equal(n, #docs + #rejects)
+          for j, d in ipairs(docs) do
+            assert.is_nil(d.doc:find("\n", 1, true))
+            local t = assert(cjson.decode(d.doc))
+            assert.equal(valid[j].site, t.site_id)
+            assert.equal(valid[j].type, t.type)
+            assert.equal(NOW, t.received_at)
+            assert.equal(d.event_id, t.event_id)
+            assert.is_string(t.k)
+          end
+        end
+      end
+    end
+  end)
+end)
+
+describe("core.event_from_query", function()
+  local function q(s)
+    return core.event_from_query(s, NOW)
+  end
+
+  local function qreason(s)
+    local docs, rejects = q(s)
+    assert(docs, rejects and tostring(rejects))
+    assert.equal(0, #docs)
+    assert.equal(1, #rejects)
+    assert.equal(0, rejects[1].index)
+    return rejects[1].error
+  end
+
+  it("builds one event: values as strings, ts as a number, received_at and event_id added", function()
+    local docs, rejects = q("site_id=s1&type=view&ts=1700000000000&block_id=b&variant=A&user_id=42")
+    assert.same({}, rejects)
+    local d = docs[1]
+    assert.equal('{"site_id":"s1","type":"view","ts":1700000000000,"block_id":"b","variant":"A","user_id":"42",'
+      .. '"received_at":' .. NOW .. ',"event_id":"' .. d.event_id .. '"}', d.doc)
+    assert.equal("42", d.user_id)
+  end)
+
+  it("percent- and plus-decodes, and escapes what JSON needs", function()
+    local d = q("site_id=s&type=t&m=a+b%0A%22%5C%2B%e2%82%ac&%6Eame=x&flag")[1]
+    local t = assert(cjson.decode(d.doc))
+    assert.equal('a b\n"\\+€', t.m)
+    assert.equal("x", t.name)
+    assert.equal("", t.flag)
+    assert.is_nil(d.doc:find("\n", 1, true))
+  end)
+
+  it("skips empty pairs and drops received_at", function()
+    local d = q("&site_id=s&&type=t&received_at=5&")[1]
+    assert.equal('{"site_id":"s","type":"t","received_at":' .. NOW .. ',"event_id":"' .. d.event_id .. '"}', d.doc)
+  end)
+
+  it("keeps a client event_id", function()
+    assert.equal("e:1", q("site_id=s&type=t&event_id=e%3A1")[1].event_id)
+  end)
+
+  local cases = {
+    { "type=t", "missing site_id" },
+    { "", "missing site_id" },
+    { "site_id=s", "missing type" },
+    { "site_id=s%20x&type=t", "site_id: invalid characters" },
+    { "site_id=&type=t", "site_id: invalid length" },
+    { "site_id=s&type=t&ts=1.5", "ts: not an integer" },
+    { "site_id=s&type=t&ts=", "ts: not an integer" },
+    { "site_id=s&type=t&ts=01", "ts: not an integer" },
+    { "site_id=s&type=t&x=%zz", "invalid percent-encoding" },
+    { "site_id=s&type=t&x=%4", "invalid percent-encoding" },
+    { "site_id=s&type=t&x=%C0%AF", "invalid UTF-8" },
+    { "site_id=s&type=t&x=%ED%A0%80", "invalid UTF-8" },
+    { "site_id=s&type=t&site_id=u", "duplicate member name" },
+    { "site_id=s&type=t&_=123", "reserved field _" },
+    { "site_id=s&type=t&=1", "empty member name" },
+    { "site_id=s&type=t&user_id=", "user_id: invalid length" },
+  }
+  for _, c in ipairs(cases) do
+    it(("rejects %q with '%s'"):format(c[1], c[2]), function()
+      assert.equal(c[2], qreason(c[1]))
+    end)
+  end
+
+  it("accepts a negative integer ts", function()
+    assert.truthy(q("site_id=s&type=t&ts=-5")[1].doc:find('"ts":-5,', 1, true))
+  end)
+
+  it("raises when received_at is not an integer", function()
+    assert.has_error(function() core.event_from_query("site_id=s&type=t", "x") end)
+  end)
+end)

@@ -1,0 +1,46 @@
+-- Replays the committed fuzz corpus (fuzz/corpus/<target>) through each libFuzzer target's
+-- LLVMFuzzerTestOneInput, built by gcc with AddressSanitizer and UBSan when this gcc has them
+-- (fuzz/replay.c; `make -C fuzz replay`).  The targets check the parsers' promises, so a
+-- corpus input that once crashed or broke a promise fails here.  The build is Lua-independent,
+-- so it runs under the first flavour only.
+local flavour = os.getenv("ESX_TEST_FLAVOUR")
+local TARGETS = { "event", "ndjson", "gzip", "bulk_response", "retry_after", "hll" }
+
+local function sh(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1; echo \"rc=$?\""))
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("rc=(%d+)%s*$"))
+  return rc, out:gsub("rc=%d+%s*$", "")
+end
+
+describe("fuzz corpus replay", function()
+  if flavour == "luajit" then
+    it("runs under the first flavour only", function() end)
+    return
+  end
+
+  local built_rc, built_out
+  setup(function()
+    built_rc, built_out = sh("make -s -C fuzz replay")
+  end)
+
+  it("builds the replay drivers", function()
+    assert.equal(0, built_rc, built_out)
+  end)
+
+  for _, t in ipairs(TARGETS) do
+    it("replays fuzz/corpus/" .. t .. " without a sanitizer report or broken check", function()
+      assert.equal(0, built_rc, built_out)
+      local rc, out = sh("ASAN_OPTIONS=detect_leaks=1 build/fuzz-replay/" .. t
+        .. " fuzz/corpus/" .. t .. " 2>&1 >/dev/null")
+      -- the driver names each input on stderr before running it; keep the rest
+      local last = out:match("([^\n]*)\n[^\n]*$") or ""
+      out = out:gsub("fuzz/corpus/[^\n]*\n", "")
+      if rc ~= 0 then out = "last input: " .. last .. "\n" .. out end
+      assert.equal(0, rc, out)
+      assert.is_nil(out:find("ERROR: ", 1, true), out)
+      assert.is_nil(out:find("runtime error", 1, true), out)
+    end)
+  end
+end)
