@@ -866,6 +866,26 @@ describe("shared = true (outside nginx: one process)", function()
     assert.is_true(results[2][1])
   end)
 
+  it("hands a large bitmap set (portable Roaring format) to a waiting caller", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local ids = {}
+    for i = 1, 50000 do ids[i] = i * 7 end
+    ids[#ids + 1] = 2 ^ 50 + 3
+    local loads = 0
+    c._load_readers = function()
+      loads = loads + 1
+      coroutine.yield()
+      return ids
+    end
+    local results = run_all{
+      function() return c:has_read(1, 7 * 777) end,
+      function() c._readers_flights = {} return c:has_read(1, 2 ^ 50 + 3) end,
+      function() c._readers_flights = {} return c:has_read(1, 8) end,
+    }
+    assert.equal(1, loads)
+    assert.same({ true, true, false }, { results[1][1], results[2][1], results[3][1] })
+  end)
+
   it("hands a loaded page to a caller waiting on the shared lock", function()
     local db = sample_db()
     local c = new_cache(db, { shared = true })
