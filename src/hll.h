@@ -25,28 +25,31 @@ typedef struct esx_hll esx_hll;
 
 /* A new, empty sketch, or NULL when out of memory.  Free with esx_hll_free. */
 esx_hll *esx_hll_new(void);
-void esx_hll_free(esx_hll *h);
+void esx_hll_free(esx_hll *h); /* NULL is fine */
 
 /* Adds a value by its 64-bit hash.  Returns 0, or -1 when out of memory (the sketch is
  * unchanged and still valid). */
 int esx_hll_add_hash(esx_hll *h, uint64_t hash);
 
-/* Merges src into dst (register maxima).  Returns 0 or -1 when out of memory. */
+/* Merges src into dst (register maxima); src is not changed and stays the caller's.
+ * Returns 0, or -1 when out of memory (dst then unchanged and still valid). */
 int esx_hll_merge(esx_hll *dst, const esx_hll *src);
 
-/* The estimated number of distinct values added. */
+/* The estimated number of distinct values added (0 for an empty sketch).  Never fails. */
 double esx_hll_estimate(const esx_hll *h);
 
-/* Bytes of memory the sketch holds (struct and registers/list). */
+/* Bytes of memory the sketch holds (struct and registers/list).  Never fails. */
 size_t esx_hll_memory(const esx_hll *h);
 
 /* Serialises the sketch into out (a compact binary form, sparse or dense, versioned).
  * Returns the number of bytes written, or the size needed when out is NULL or outlen too
- * small (nothing written then). */
+ * small (nothing written then).  Never fails; the caller owns out. */
 size_t esx_hll_serialize(const esx_hll *h, unsigned char *out, size_t outlen);
 
 /* Parses a serialised sketch (untrusted bytes: every length and value is checked).
- * Returns a new sketch, or NULL when the bytes are not a valid sketch or memory runs out. */
+ * Returns a new sketch (the caller frees it with esx_hll_free), or NULL when the bytes are
+ * not a valid sketch or memory runs out.  A valid serialisation is canonical: serialising
+ * the result gives back exactly the same bytes. */
 esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len);
 
 #endif
