@@ -17,7 +17,6 @@
 
 #include "cache.h"
 #include "lcache.h"
-#include "lerror.h"
 
 #define CACHE_MT "esx.cache"
 
