@@ -385,6 +385,42 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps accepting when memory is full, holding the overflow on disk, and ships it all", function()
+    local dir = tmpdir()
+    srv:fault{ path = "/_bulk", stall_ms = 300, count = 3 }
+    local col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10 }
+    for i = 1, 60 do
+      assert.equal(204, (post(col, cjson.encode(ev({ event_id = "o" .. i, pad = string.rep("p", 100) })))))
+    end
+    local s = col:stats()
+    assert.is_true(s.spilled > 0, "nothing spilled")
+    assert.is_true(s.queued_bytes <= 4096 + 1024)
+    assert.is_true(col:flush(15000))
+    assert.equal(60, (indexed()))
+    s = col:stats()
+    assert.equal(60, s.shipped)
+    assert.equal(s.spilled, s.replayed)
+    col:close()
+    local p = io.popen("ls " .. dir .. " | grep -c seg- ")
+    assert.equal("0", p:read("*l"))
+    p:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("answers 503 once spool_max_bytes is reached as well", function()
+    local dir = tmpdir()
+    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, spool_max_bytes = 8192 }
+    local statuses = {}
+    for i = 1, 60 do statuses[#statuses + 1] = (post(col, cjson.encode(ev({ pad = string.rep("p", 100) })))) end
+    assert.equal(204, statuses[1])
+    assert.equal(503, statuses[60])
+    assert.is_true(col:stats().rejected.queue_full > 0)
+    col:close(0)
+    c2:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
     local lua = jit and "luajit" or "lua5.4"

@@ -438,10 +438,14 @@ static void housekeeping(esx_collector *col, int64_t now)
             esx_spool_sync(col->spool);
             col->last_sync = now;
         }
-        if (now - col->last_orphan_scan >= ORPHAN_SCAN_MS &&
-            col->queue_bytes < col->cfg.queue_max_bytes / 2) {
-            esx_spool_claim_orphans(col->spool, replay_record, col);
+        if (now - col->last_orphan_scan >= ORPHAN_SCAN_MS) {
+            esx_spool_claim_orphans(col->spool);
             col->last_orphan_scan = now;
+        }
+        /* load what waits on disk into the room memory has */
+        if (esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes) {
+            size_t room = col->cfg.queue_max_bytes - col->queue_bytes;
+            esx_spool_load(col->spool, room / 2 + 1, replay_record, col);
         }
     }
 }
@@ -458,6 +462,9 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
         t = col->last_rollup_emit + col->cfg.rollup_interval;
     if (col->spool && col->last_sync + col->cfg.spool_sync_interval < t)
         t = col->last_sync + col->cfg.spool_sync_interval;
+    if (col->spool && esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes / 2 &&
+        now + 20 < t)
+        t = now + 20; /* room for the backlog: load more soon */
     return t < now ? now : t;
 }
 
@@ -767,13 +774,21 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
 
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
-    if (col->queue_bytes + total > col->cfg.queue_max_bytes) {
-        col->st.rejected[ESX_RJ_QUEUE_FULL] += (uint64_t)n;
-        pthread_mutex_unlock(&col->mu);
-        out->status = 503;
-        out->retry_after_ms = 1000;
-        snprintf(out->message, sizeof out->message, "the queue is full");
-        return;
+    int overflow = 0;
+    if (col->queue_bytes + total > col->cfg.queue_max_bytes ||
+        (col->spool && esx_spool_has_backlog(col->spool))) {
+        /* memory is full (or disk already holds older events, which go first): with a
+         * spool the events wait on disk, within spool_max_bytes */
+        if (col->spool && col->spool->bytes_on_disk + col->lines.len + 8 <= col->cfg.spool_max_bytes) {
+            overflow = 1;
+        } else {
+            col->st.rejected[ESX_RJ_QUEUE_FULL] += (uint64_t)n;
+            pthread_mutex_unlock(&col->mu);
+            out->status = 503;
+            out->retry_after_ms = 1000;
+            snprintf(out->message, sizeof out->message, "the queue is full");
+            return;
+        }
     }
     if (col->rl) {
         int64_t wait = esx_ratelimit_take(col->rl, sites, counts, k, now);
@@ -788,7 +803,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
     }
     esx_segment *seg = NULL;
     if (col->spool) {
-        if (esx_spool_append(col->spool, col->lines.data, col->lines.len, &seg, why) != 0) {
+        if (esx_spool_append(col->spool, col->lines.data, col->lines.len, overflow, &seg, why) != 0) {
             col->st.rejected[ESX_RJ_SPOOL] += (uint64_t)n;
             pthread_mutex_unlock(&col->mu);
             out->status = 503;
@@ -797,6 +812,18 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
             return;
         }
         col->st.spooled += (uint64_t)n;
+    }
+    if (overflow) {
+        for (int i = 0; i < n; i++)
+            if (col->rollups && esx_rollups_add(col->rollups, received_at, &col->events[i]) != 0)
+                col->st.rollup_dropped = esx_rollups_dropped(col->rollups);
+        col->st.spilled += (uint64_t)n;
+        col->st.accepted += (uint64_t)n;
+        pthread_cond_signal(&col->wake);
+        pthread_mutex_unlock(&col->mu);
+        out->accepted = n;
+        out->status = out->n_rejects ? 200 : 204;
+        return;
     }
     int queued = 0;
     for (int i = 0; i < n; i++) {
@@ -811,8 +838,9 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         queued++;
     }
     if (queued < n) {
-        /* out of memory midway: the spooled record still holds every event, so what is not
-         * queued here is replayed from disk; without a spool, report them as refused */
+        /* out of memory midway: with a spool the record holds every event, and the segment
+         * stays on disk (pending never reaches 0) for the next process that opens the
+         * spool_dir to replay; without a spool, report them as refused */
         if (!seg) {
             col->st.rejected[ESX_RJ_NOMEM] += (uint64_t)(n - queued);
             for (int i = queued; i < n && out->n_rejects < col->cfg.max_events; i++) {
@@ -866,7 +894,8 @@ static int wait_empty(esx_collector *col, int64_t timeout_ms)
             until.tv_nsec -= 1000000000;
         }
     }
-    while (col->queue_events > 0 && col->running) {
+    while ((col->queue_events > 0 || (col->spool && esx_spool_has_backlog(col->spool))) &&
+           col->running) {
         col->flush_requested = 1;
         pthread_cond_signal(&col->wake);
         int rc = timeout_ms < 0 ? pthread_cond_wait(&col->idle, &col->mu)
@@ -875,7 +904,7 @@ static int wait_empty(esx_collector *col, int64_t timeout_ms)
             break;
     }
     col->flush_requested = 0;
-    return col->queue_events == 0;
+    return col->queue_events == 0 && !(col->spool && esx_spool_has_backlog(col->spool));
 }
 
 int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
@@ -946,6 +975,8 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     }
     if (col->rl)
         out->rate_unlimited = esx_ratelimit_unlimited(col->rl);
+    if (col->spool)
+        out->spool_bytes = col->spool->bytes_on_disk;
     int64_t oldest = 0, now = esx_now_ms();
     if (col->ready_head)
         oldest = now - col->ready_head->queued_at;

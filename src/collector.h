@@ -5,7 +5,9 @@
  * Intake runs on the caller's thread (an nginx worker's handler): it parses and validates
  * the events (event.h), admits or refuses the request at once (queue bytes, per-site rate),
  * writes the events ahead to the spool when there is one, and queues them.  A 2xx is only
- * returned for events that are in the queue (and in the spool when configured).
+ * returned for events that are in the queue (and in the spool when configured).  With a
+ * spool, events that do not fit in memory are written to disk only (up to spool_max_bytes)
+ * and loaded back as the queue drains.
  *
  * A shipper thread the core owns batches queued events into _bulk requests (create with
  * _id = event_id, so retries cannot duplicate) and submits them to the client's engine;
@@ -36,6 +38,7 @@ typedef struct esx_collector_config {
     char spool_dir[400];         /* "" = no spool */
     int64_t spool_sync_interval;
     size_t spool_segment_bytes;
+    size_t spool_max_bytes;      /* disk bound: events beyond memory go here up to it */
     char dead_letter_path[512];
     int64_t rollup_window;       /* 0 = no rollups */
     char rollup_index_fmt[128];
@@ -55,7 +58,7 @@ extern const char *const esx_reject_names[ESX_RJ_COUNT];
 typedef struct esx_collector_counters {
     uint64_t requests, accepted, rejected[ESX_RJ_COUNT];
     uint64_t queued_events, queued_bytes, in_flight, delayed;
-    uint64_t shipped, retried, dead_lettered, spooled, replayed;
+    uint64_t shipped, retried, dead_lettered, spooled, replayed, spilled, spool_bytes;
     uint64_t bulk_requests, bulk_failures;
     uint64_t rollup_rows, rollup_dropped, rollup_written, rate_unlimited;
     int64_t oldest_queued_ms;    /* age of the oldest unacknowledged event (shipping lag) */

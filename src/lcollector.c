@@ -89,6 +89,7 @@ static int collector_new(lua_State *L)
     opt_str(L, 2, "spool_dir", cfg.spool_dir, sizeof cfg.spool_dir);
     cfg.spool_sync_interval = opt_int(L, 2, "spool_sync_interval", 1000);
     cfg.spool_segment_bytes = (size_t)opt_int(L, 2, "spool_segment_bytes", 4 << 20);
+    cfg.spool_max_bytes = (size_t)opt_int(L, 2, "spool_max_bytes", (int64_t)1 << 30);
     opt_str(L, 2, "dead_letter", cfg.dead_letter_path, sizeof cfg.dead_letter_path);
     cfg.rollup_window = opt_int(L, 2, "rollup_window", 60000);
     opt_str(L, 2, "rollup_index", cfg.rollup_index_fmt, sizeof cfg.rollup_index_fmt);
@@ -242,6 +243,8 @@ static int col_stats(lua_State *L)
     set_int(L, "dead_lettered", (long long)s.dead_lettered);
     set_int(L, "spooled", (long long)s.spooled);
     set_int(L, "replayed", (long long)s.replayed);
+    set_int(L, "spilled", (long long)s.spilled);
+    set_int(L, "spool_bytes", (long long)s.spool_bytes);
     set_int(L, "bulk_requests", (long long)s.bulk_requests);
     set_int(L, "bulk_failures", (long long)s.bulk_failures);
     set_int(L, "rollup_rows", (long long)s.rollup_rows);

@@ -52,6 +52,39 @@ esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
     return sp;
 }
 
+static void backlog_remove(esx_spool *sp, esx_segment *seg)
+{
+    if (!seg->in_backlog)
+        return;
+    esx_segment *prev = NULL;
+    for (esx_segment *b = sp->backlog_head; b; prev = b, b = b->bnext) {
+        if (b == seg) {
+            if (prev)
+                prev->bnext = b->bnext;
+            else
+                sp->backlog_head = b->bnext;
+            if (sp->backlog_tail == b)
+                sp->backlog_tail = prev;
+            break;
+        }
+    }
+    seg->in_backlog = 0;
+    seg->bnext = NULL;
+}
+
+static void backlog_append(esx_spool *sp, esx_segment *seg)
+{
+    if (seg->in_backlog)
+        return;
+    seg->in_backlog = 1;
+    seg->bnext = NULL;
+    if (sp->backlog_tail)
+        sp->backlog_tail->bnext = seg;
+    else
+        sp->backlog_head = seg;
+    sp->backlog_tail = seg;
+}
+
 static void unlink_segment(esx_spool *sp, esx_segment *seg)
 {
     for (esx_segment **p = &sp->segments; *p; p = &(*p)->next) {
@@ -60,6 +93,11 @@ static void unlink_segment(esx_spool *sp, esx_segment *seg)
             break;
         }
     }
+    backlog_remove(sp, seg);
+    if (seg->rfd >= 0)
+        close(seg->rfd);
+    if (sp->overflow == seg)
+        sp->overflow = NULL;
     if (seg->fd >= 0)
         close(seg->fd);
     if (sp->bytes_on_disk >= seg->bytes)
@@ -68,6 +106,14 @@ static void unlink_segment(esx_spool *sp, esx_segment *seg)
     if (sp->current == seg)
         sp->current = NULL;
     free(seg);
+}
+
+/* A segment can go once every record is read (loaded or acknowledged) and nothing loaded
+ * from it waits for an acknowledgement. */
+static void maybe_delete(esx_spool *sp, esx_segment *seg)
+{
+    if (seg->pending == 0 && seg->read_off >= seg->bytes)
+        unlink_segment(sp, seg);
 }
 
 static void seal(esx_spool *sp, esx_segment *seg)
@@ -80,8 +126,9 @@ static void seal(esx_spool *sp, esx_segment *seg)
     seg->sealed = 1;
     if (sp->current == seg)
         sp->current = NULL;
-    if (seg->pending == 0)
-        unlink_segment(sp, seg);
+    if (sp->overflow == seg)
+        sp->overflow = NULL;
+    maybe_delete(sp, seg);
 }
 
 static esx_segment *new_segment(esx_spool *sp, char *why)
@@ -93,6 +140,7 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     }
     snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
              (unsigned long long)++sp->seq);
+    seg->rfd = -1;
     seg->fd = open(seg->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (seg->fd < 0) {
         snprintf(why, 256, "cannot create %.150s: %.80s", seg->path, strerror(errno));
@@ -120,17 +168,19 @@ static int write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
-int esx_spool_append(esx_spool *sp, const char *data, size_t len, esx_segment **out, char *why)
+int esx_spool_append(esx_spool *sp, const char *data, size_t len, int overflow,
+                     esx_segment **out, char *why)
 {
     if (len == 0 || len > MAX_RECORD) {
         snprintf(why, 256, "spool record of %zu bytes", len);
         return -1;
     }
-    if (sp->current && sp->current->bytes >= sp->max_segment_bytes)
-        seal(sp, sp->current);
-    if (sp->current == NULL && (sp->current = new_segment(sp, why)) == NULL)
+    esx_segment **slot = overflow ? &sp->overflow : &sp->current;
+    if (*slot && (*slot)->bytes >= sp->max_segment_bytes)
+        seal(sp, *slot);
+    if (*slot == NULL && (*slot = new_segment(sp, why)) == NULL)
         return -1;
-    esx_segment *seg = sp->current;
+    esx_segment *seg = *slot;
     unsigned char head[8];
     uint32_t n = (uint32_t)len;
     uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)data, (uInt)len);
@@ -153,11 +203,90 @@ int esx_spool_append(esx_spool *sp, const char *data, size_t len, esx_segment **
         return -1;
     }
     seg->bytes += len + 8;
+    if (overflow)
+        backlog_append(sp, seg);
+    else
+        seg->read_off = seg->bytes; /* its events are in memory */
     sp->bytes_on_disk += len + 8;
     sp->dirty = 1;
     sp->records_written++;
-    *out = seg;
+    if (out)
+        *out = seg;
     return 0;
+}
+
+int esx_spool_has_backlog(const esx_spool *sp)
+{
+    return sp->backlog_head != NULL;
+}
+
+/* Reads the record at seg->read_off into *buf.  Returns its length, 0 at the end of what is
+ * written so far, or (size_t)-1 for a torn or corrupt record (the rest is unreadable). */
+static size_t read_record(esx_segment *seg, char **buf, size_t *cap)
+{
+    if (seg->read_off + 8 > seg->bytes)
+        return 0;
+    if (seg->rfd < 0 && (seg->rfd = open(seg->path, O_RDONLY | O_CLOEXEC)) < 0)
+        return (size_t)-1;
+    unsigned char head[8];
+    if (pread(seg->rfd, head, 8, (off_t)seg->read_off) != 8)
+        return (size_t)-1;
+    uint32_t n, crc;
+    memcpy(&n, head, 4);
+    memcpy(&crc, head + 4, 4);
+    if (n == 0 || n > MAX_RECORD || seg->read_off + 8 + n > seg->bytes)
+        return (size_t)-1;
+    if (n > *cap) {
+        char *b = realloc(*buf, n);
+        if (b == NULL)
+            return (size_t)-1;
+        *buf = b;
+        *cap = n;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(seg->rfd, *buf + got, n - got, (off_t)(seg->read_off + 8 + got));
+        if (k <= 0)
+            return (size_t)-1;
+        got += (size_t)k;
+    }
+    if ((uint32_t)crc32(0L, (const Bytef *)*buf, (uInt)n) != crc)
+        return (size_t)-1;
+    return n;
+}
+
+int esx_spool_load(esx_spool *sp, size_t max_bytes,
+                   int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
+                   void *ud)
+{
+    char *buf = NULL;
+    size_t cap = 0, given = 0;
+    int records = 0;
+    while (sp->backlog_head && given < max_bytes) {
+        esx_segment *seg = sp->backlog_head;
+        size_t n = read_record(seg, &buf, &cap);
+        if (n == 0 || n == (size_t)-1) {
+            if (n == (size_t)-1)
+                seg->read_off = seg->bytes; /* torn tail: never acknowledged, skip it */
+            if (seg == sp->overflow && n == 0)
+                break; /* still being written: more may come */
+            backlog_remove(sp, seg);
+            if (seg->rfd >= 0) {
+                close(seg->rfd);
+                seg->rfd = -1;
+            }
+            maybe_delete(sp, seg);
+            continue;
+        }
+        seg->read_off += 8 + n;
+        seg->pending += fn(ud, seg, buf, n);
+        given += n;
+        records++;
+        sp->records_replayed++;
+        maybe_delete(sp, seg);
+    }
+    free(buf);
+    return records;
 }
 
 void esx_spool_sync(esx_spool *sp)
@@ -171,10 +300,11 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n)
 {
     seg->pending -= n;
     if (seg->pending <= 0) {
-        /* Everything in it is acknowledged: delete it, the current one included (the next
-         * append starts a new segment), so a replay never re-sends acknowledged events. */
+        /* Everything loaded from it is acknowledged: once it is fully read it goes, the
+         * current one included (the next append starts a new segment), so a replay never
+         * re-sends acknowledged events. */
         seg->pending = 0;
-        unlink_segment(sp, seg);
+        maybe_delete(sp, seg);
     }
 }
 
@@ -183,61 +313,20 @@ static int pid_alive(pid_t pid)
     return kill(pid, 0) == 0 || errno == EPERM;
 }
 
-/* Replays one claimed segment file.  Returns records replayed, or -1 when fn stopped. */
-static int replay(esx_spool *sp, esx_segment *seg,
-                  int64_t (*fn)(void *, esx_segment *, const char *, size_t), void *ud)
+static int owned(const esx_spool *sp, const char *path)
 {
-    int fd = open(seg->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    int records = 0;
-    char *buf = NULL;
-    for (;;) {
-        unsigned char head[8];
-        ssize_t r = read(fd, head, 8);
-        if (r != 8)
-            break;
-        uint32_t n, crc;
-        memcpy(&n, head, 4);
-        memcpy(&crc, head + 4, 4);
-        if (n == 0 || n > MAX_RECORD)
-            break;
-        char *b = realloc(buf, n);
-        if (b == NULL)
-            break;
-        buf = b;
-        size_t got = 0;
-        while (got < n) {
-            ssize_t k = read(fd, buf + got, n - got);
-            if (k <= 0)
-                break;
-            got += (size_t)k;
-        }
-        if (got != n || (uint32_t)crc32(0L, (const Bytef *)buf, (uInt)n) != crc)
-            break; /* torn or corrupt: the rest was never acknowledged */
-        int64_t taken = fn(ud, seg, buf, n);
-        if (taken < 0) {
-            records = -1;
-            break;
-        }
-        seg->pending += taken;
-        seg->bytes += n + 8;
-        records++;
-    }
-    free(buf);
-    close(fd);
-    return records;
+    for (const esx_segment *seg = sp->segments; seg; seg = seg->next)
+        if (strcmp(seg->path, path) == 0)
+            return 1;
+    return 0;
 }
 
-int esx_spool_claim_orphans(esx_spool *sp,
-                            int64_t (*fn)(void *ud, esx_segment *seg, const char *data,
-                                          size_t len),
-                            void *ud)
+int esx_spool_claim_orphans(esx_spool *sp)
 {
     DIR *d = opendir(sp->dir);
     if (d == NULL)
         return 0;
-    int total = 0;
+    int claimed = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         int pid;
@@ -245,34 +334,34 @@ int esx_spool_claim_orphans(esx_spool *sp,
         char tail[8];
         if (sscanf(de->d_name, "seg-%d-%llu%7s", &pid, &seq, tail) != 3 || strcmp(tail, ".log"))
             continue;
-        if (pid == (int)sp->pid || pid_alive((pid_t)pid))
+        char from[600];
+        snprintf(from, sizeof from, "%.500s/%.90s", sp->dir, de->d_name);
+        if (pid == (int)sp->pid ? owned(sp, from) : pid_alive((pid_t)pid))
+            continue;
+        struct stat st;
+        if (stat(from, &st) != 0)
             continue;
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL)
             break;
-        char from[600];
-        snprintf(from, sizeof from, "%.500s/%.90s", sp->dir, de->d_name);
         snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
                  (unsigned long long)++sp->seq);
         if (rename(from, seg->path) != 0) { /* another process claimed it first */
             free(seg);
             continue;
         }
-        seg->fd = -1;
+        seg->fd = seg->rfd = -1;
         seg->sealed = 1;
+        seg->bytes = (size_t)st.st_size;
         seg->next = sp->segments;
         sp->segments = seg;
-        int n = replay(sp, seg, fn, ud);
         sp->bytes_on_disk += seg->bytes;
-        if (n < 0)
-            break; /* the caller is full: the segment stays ours, pending what was taken */
-        total += n;
-        sp->records_replayed += (uint64_t)n;
-        if (seg->pending == 0)
-            unlink_segment(sp, seg);
+        sp->segments_claimed++;
+        backlog_append(sp, seg);
+        claimed++;
     }
     closedir(d);
-    return total;
+    return claimed;
 }
 
 void esx_spool_close(esx_spool *sp)
@@ -286,7 +375,9 @@ void esx_spool_close(esx_spool *sp)
             fdatasync(seg->fd);
             close(seg->fd);
         }
-        if (seg->pending == 0)
+        if (seg->rfd >= 0)
+            close(seg->rfd);
+        if (seg->pending == 0 && seg->read_off >= seg->bytes)
             unlink(seg->path);
         free(seg);
         seg = next;
@@ -304,6 +395,8 @@ void esx_spool_forget(esx_spool *sp)
         esx_segment *next = seg->next;
         if (seg->fd >= 0)
             close(seg->fd);
+        if (seg->rfd >= 0)
+            close(seg->rfd);
         free(seg);
         seg = next;
     }

@@ -8,6 +8,12 @@
  * event in it is acknowledged by Elasticsearch.  On start, and periodically, a process
  * claims the segments of processes that no longer exist (atomic rename) and replays them.
  * A torn record at a segment's end (a write cut short) ends that segment's replay.
+ *
+ * Events that do not fit in memory are written to overflow segments only, and form the
+ * backlog together with claimed segments: the collector loads backlog records into memory,
+ * oldest first, as room frees up.  So memory stays bounded by queue_max_bytes while disk
+ * (bounded by spool_max_bytes) absorbs the rest.  A segment is deleted once it is fully
+ * read and every event loaded from it is acknowledged.
  */
 #ifndef ESX_SPOOL_H
 #define ESX_SPOOL_H
@@ -19,10 +25,14 @@
 typedef struct esx_segment {
     char path[600];
     int fd;                  /* open for appending while current, else -1 */
-    size_t bytes;
-    int64_t pending;         /* events from this segment not yet acknowledged */
-    int sealed;              /* no more appends: deleted when pending reaches 0 */
-    struct esx_segment *next;
+    int rfd;                 /* open for reading while in the backlog, else -1 */
+    size_t bytes;            /* bytes in the file */
+    size_t read_off;         /* records before this offset are in memory or acknowledged */
+    int64_t pending;         /* events loaded from this segment, not yet acknowledged */
+    int sealed;              /* no more appends */
+    int in_backlog;
+    struct esx_segment *next;   /* all live segments */
+    struct esx_segment *bnext;  /* backlog order */
 } esx_segment;
 
 typedef struct esx_spool {
@@ -30,21 +40,34 @@ typedef struct esx_spool {
     pid_t pid;
     uint64_t seq;
     size_t max_segment_bytes;
-    esx_segment *current;
-    esx_segment *segments;   /* every live segment, current included */
+    esx_segment *current;    /* write-ahead of events that are in memory */
+    esx_segment *overflow;   /* events that are only on disk */
+    esx_segment *segments;   /* every live segment */
+    esx_segment *backlog_head, *backlog_tail; /* segments with records not yet loaded */
     int dirty;               /* written since the last fdatasync */
-    uint64_t records_written, records_replayed, bytes_on_disk;
+    uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
 } esx_spool;
 
 /* Opens (creating if needed, mode 0700) the spool directory for this process.  Returns
  * NULL with a reason in why (256 bytes). */
 esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why);
 
-/* Appends one record and returns the segment it went to in *seg (the caller counts the
- * events it holds in seg->pending).  Returns 0, or -1 with a reason in why (256 bytes)
- * when the write failed (the caller must not acknowledge the events then). */
-int esx_spool_append(esx_spool *sp, const char *data, size_t len, esx_segment **seg,
-                     char *why);
+/* Appends one record.  With overflow = 0 the events are also in memory: *seg receives the
+ * segment (the caller adds the events it queues to seg->pending).  With overflow = 1 the
+ * record joins the backlog, to be loaded later by esx_spool_load.  Returns 0, or -1 with a
+ * reason in why (256 bytes) when the write failed (the caller must not acknowledge then). */
+int esx_spool_append(esx_spool *sp, const char *data, size_t len, int overflow,
+                     esx_segment **seg, char *why);
+
+/* 1 when backlog records wait to be loaded. */
+int esx_spool_has_backlog(const esx_spool *sp);
+
+/* Loads backlog records, oldest first, calling fn with each record's bytes (valid during
+ * the call) until fn has been given at least max_bytes or the backlog is empty.  fn returns
+ * the number of events it queued (added to the segment's pending).  Returns records loaded. */
+int esx_spool_load(esx_spool *sp, size_t max_bytes,
+                   int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
+                   void *ud);
 
 /* fdatasync of the current segment when it was written to. */
 void esx_spool_sync(esx_spool *sp);
@@ -53,14 +76,11 @@ void esx_spool_sync(esx_spool *sp);
  * too: the next append opens a new one). */
 void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
 
-/* Claims the segments of dead processes and calls fn once per record (the record's bytes,
- * valid during the call); fn returns the number of events it took from the record (added
- * to the segment's pending count), or -1 to stop (the segment stays for a later claim).
- * Returns the number of records replayed. */
-int esx_spool_claim_orphans(esx_spool *sp,
-                            int64_t (*fn)(void *ud, esx_segment *seg, const char *data,
-                                          size_t len),
-                            void *ud);
+/* Claims (atomic rename) the segments left by processes that no longer exist, and those of
+ * this process that no live spool of it owns (a collector closed earlier), adding them to
+ * the backlog.  One spool_dir must serve one collector per process.  Returns the number of
+ * segments claimed. */
+int esx_spool_claim_orphans(esx_spool *sp);
 
 /* Closes the files (segments with pending events stay on disk for replay) and frees. */
 void esx_spool_close(esx_spool *sp);
