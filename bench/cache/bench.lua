@@ -115,6 +115,18 @@ local function rate(c, pages)
   return CALLS / dt, read
 end
 
+-- read_articles/s while an article is "added" (invalidate_pages) every 100 calls: the seed's
+-- TPS drop on every new post came from evicting every per-user entry.
+local function rate_invalidating(c, pages)
+  local n_pages = #pages
+  local t0 = clock()
+  for i = 1, CALLS do
+    if i % 100 == 0 then c:invalidate_pages() end
+    c:read_articles(random(0, ID_SPACE - 1), (i % n_pages) + 1)
+  end
+  return CALLS / (clock() - t0)
+end
+
 local ok_cjson, cjson = pcall(require, "cjson")
 
 -- JSON pages per second: esx read_articles_json vs the reference's read_articles + cjson.
@@ -154,22 +166,25 @@ local function measure(kind, gen, pages)
   collectgarbage("collect")
   local r = rate(c, pages)
   local rj = rate_json(kind, c, pages)
+  local ri = rate_invalidating(c, pages)
   if kind == "esx" then c:close() end
   c = nil
   collectgarbage("collect")
-  return bytes, r, rj
+  return bytes, r, rj, ri
 end
 
 local function scenario(label, gen, n_readers, pages)
   local total = ARTICLES * n_readers
-  local ebytes, erate, ejson = measure("esx", gen, pages)
-  local rbytes, rrate, rjson = measure("ref", gen, pages)
+  local ebytes, erate, ejson, einv = measure("esx", gen, pages)
+  local rbytes, rrate, rjson, rinv = measure("ref", gen, pages)
   row(flavour, "memory, " .. label,
     string.format("%.2f B/reader (%s B)", ebytes / total, fmt(ebytes)),
     string.format("%.2f B/reader (%s B)", rbytes / total, fmt(rbytes)),
     string.format("1/%.1f", rbytes / ebytes))
   row(flavour, "read_articles/s (pages of 20), " .. label, fmt(erate), fmt(rrate),
     string.format("%.2fx", erate / rrate))
+  row(flavour, "read_articles/s with invalidate_pages() every 100 calls, " .. label, fmt(einv),
+    fmt(rinv), string.format("%.2fx", einv / rinv))
   if rjson then
     row(flavour, "JSON pages/s: read_articles_json vs read_articles + cjson.encode, " .. label,
       fmt(ejson), fmt(rjson), string.format("%.2fx", ejson / rjson))
