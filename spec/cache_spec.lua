@@ -796,6 +796,18 @@ describe("single flight", function()
     assert.is_true(results[2][1])
   end)
 
+  it("returns nil, err (closed) to callers whose load outlived close()", function()
+    local c = new_cache(sample_db(), { shared = true })
+    c._load_readers = function() coroutine.yield() return { 7 } end
+    local results = run_all{
+      function() return c:has_read(1, 7) end,
+      function() c._readers_flights = {} return c:has_read(1, 7) end,
+      function() c:close() return true end,
+    }
+    assert.equal("closed", results[1][2].kind)
+    assert.equal("closed", results[2][2].kind)
+  end)
+
   it("uses opts.wait to pause waiters", function()
     local waits = 0
     local db = sample_db()

@@ -126,7 +126,11 @@ local function single_flight(self, flights, key, load)
   local ok, value, err = pcall(load, self, key)
   if flights[key] == rec then flights[key] = nil end
   if not ok then
-    value, err = nil, make_error("load", "loader failed: " .. tostring(value))
+    if self._cc == nil then -- closed by another coroutine while this one loaded
+      value, err = closed_error()
+    else
+      value, err = nil, make_error("load", "loader failed: " .. tostring(value))
+    end
   end
   rec.value, rec.err, rec.done = value, err, true
   return rec
