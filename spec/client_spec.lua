@@ -555,6 +555,19 @@ describe("pool limits", function()
     c:close()
   end)
 
+  it("retries transparently on a keep-alive connection the server closed while idle", function()
+    local short = ds.start{ keepalive_timeout = 100 }
+    local c = client{ hosts = { short.url }, max_retries = 0 }
+    assert(c:request("GET", "/"))
+    socket.sleep(0.3) -- the server has closed the idle connection by now
+    local res = assert(c:request("GET", "/"))
+    assert.equal(200, res.status)
+    assert.equal(0, res.retries)
+    assert.equal(0, c:stats().failures.reset)
+    c:close()
+    short:stop()
+  end)
+
   it("reuses keep-alive connections", function()
     local c = client()
     for _ = 1, 5 do assert(c:request("GET", "/")) end
