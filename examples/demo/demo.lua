@@ -1,0 +1,80 @@
+--- examples/demo/demo.lua -- drives the demo traffic against the example nginx with a live
+-- progress line, then prints the report (examples/demo/report.lua).  Started by
+-- examples/demo/run once Elasticsearch and nginx are up and the articles are loaded.
+--
+--   lua5.4 examples/demo/demo.lua --url http://127.0.0.1:8080 --es http://127.0.0.1:9200
+--        [--duration 24] [--rate 400] [--concurrency 32] [--users 20000] [--articles 60]
+--        [--site news]
+-- Exits 1 when the events accepted and the events indexed (or the rollup counts) differ.
+
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+package.path = here .. "/?.lua;" .. here .. "/../?.lua;" .. here .. "/../../lua/?.lua;" ..
+  here .. "/../../lua/?/init.lua;" .. package.path
+package.cpath = here .. "/../../build/" .. (jit and "luajit" or "lua5.4") .. "/?.so;" .. package.cpath
+
+local socket = require "socket"
+local esx = require "esx"
+local cjson = require "cjson.safe"
+local traffic = require "traffic"
+local report = require "report"
+
+local o = { url = "http://127.0.0.1:8080", es = "http://127.0.0.1:9200", duration = 24, rate = 400,
+            concurrency = 32, users = 20000, articles = 60, site = "news" }
+local i = 1
+while arg[i] do
+  local name = arg[i]:match("^%-%-(.+)$")
+  if not name or o[name] == nil or not arg[i + 1] then
+    io.stderr:write("usage: demo.lua --url URL --es URL [--duration s] [--rate n] [--concurrency n] [--users n] [--articles n] [--site id]\n")
+    os.exit(2)
+  end
+  local v = arg[i + 1]
+  o[name] = type(o[name]) == "number" and assert(tonumber(v), name .. ": number expected") or v
+  i = i + 2
+end
+
+math.randomseed(os.time())
+local run = "r" .. os.time() .. math.random(1000, 9999) -- tags this run's events
+local tty = (function() local ok = os.execute("test -t 1") return ok == true or ok == 0 end)()
+local web = assert(esx.client{ hosts = { o.url }, name = "demo-web" })
+local es = assert(esx.client{ hosts = { o.es }, name = "demo-es" })
+local WINDOW = 5000
+local from = math.floor(socket.gettime() * 1000 / WINDOW) * WINDOW
+
+local function queue()
+  local res = web:request("GET", "/api/stats")
+  local doc = res and cjson.decode(res.body)
+  local n = 0
+  for _, w in ipairs(doc and doc.workers or {}) do n = n + w.collector.queued_events end
+  return n
+end
+
+io.write(("== traffic: %d s at %d req/s (x3 spike from %d s to %d s), %d in flight, %d users, sites %s\n"):format(
+  o.duration, o.rate, math.floor(0.4 * o.duration), math.floor(0.6 * o.duration), o.concurrency,
+  o.users, table.concat(traffic.SITES, ",")))
+local last_line = 0
+local summary = traffic.run{
+  url = o.url, duration = o.duration, rate = o.rate, concurrency = o.concurrency,
+  users = o.users, articles = o.articles, run = run,
+  on_progress = function(p)
+    if not tty and p.t - last_line < 3 then return end
+    last_line = p.t
+    local st = {}
+    for code, n in pairs(p.s.statuses) do st[#st + 1] = code .. ":" .. n end
+    for kind, n in pairs(p.s.errors) do st[#st + 1] = kind .. ":" .. n end
+    table.sort(st)
+    local line = ("%5.1fs %s %5.0f req/s  %s  events %d  article pages %d  mark-read %d  queue %d  in flight %d"):format(
+      p.t, p.spike and "SPIKE" or "     ", p.rps, table.concat(st, " "), p.s.accepted,
+      p.s.articles, p.s.reads, queue(), p.in_flight)
+    io.write(tty and ("\r\27[K" .. line) or (line .. "\n"))
+    io.flush()
+  end,
+}
+if tty then io.write("\n") end
+io.write(("== sent %d requests in %.1f s (peak %.0f req/s)\n"):format(summary.requests,
+  summary.seconds, summary.peak_rps))
+
+local ok = report.print(es, web, { run = run, from = from, site = o.site, sites = traffic.SITES,
+  timeout = 20, es_url = o.es, dashboard = o.url .. "/dashboard/?site=" .. o.site }, summary)
+web:close()
+es:close()
+os.exit(ok and 0 or 1)
