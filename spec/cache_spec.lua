@@ -614,6 +614,19 @@ describe("cache:stats()", function()
     assert.is_nil(esx.metrics():find('name="articles"', 1, true))
   end)
 
+  it("is collected when unreachable, even though esx.metrics() lists it", function()
+    local alive = setmetatable({}, { __mode = "k" })
+    do
+      local c = new_cache(sample_db())
+      c:read_articles(7, 1)
+      alive[c] = true
+    end
+    collectgarbage()
+    collectgarbage()
+    assert.is_nil(next(alive))
+    assert.is_string(esx.metrics())
+  end)
+
   it("returns nil, err when the cache is closed", function()
     local c = new_cache(sample_db())
     assert.is_true(c:close())

@@ -276,7 +276,13 @@ function _M.new(opts)
     _readers_flights = {},
     _counters = { page_loads = 0, readers_loads = 0, load_errors = 0, waits = 0 },
   }, Cache)
-  self.name = registry.add(self, "cache", o.name, function() return self:stats() end)
+  -- The stats function must not hold the cache strongly: LuaJIT's weak-keyed tables are not
+  -- ephemerons, so a closure over self would keep an unclosed cache alive for ever.
+  local weak = setmetatable({ self }, { __mode = "v" })
+  self.name = registry.add(self, "cache", o.name, function()
+    local cache = weak[1]
+    if cache then return cache:stats() end
+  end)
   return self
 end
 
