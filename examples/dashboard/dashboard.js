@@ -72,11 +72,21 @@ function chart(title, series, xs, fmtY) {
   return wrap;
 }
 
-function drawCharts(series) {
+// The windows to plot: every window from the first to the last (empty ones count 0), unless
+// that would be too many points; then only the windows that have rows.
+function windows(series, step) {
+  const seen = [...new Set(series.map((r) => r.window_start))].sort((a, b) => a - b);
+  if (seen.length < 2 || !(step > 0) || (seen[seen.length - 1] - seen[0]) / step > 720) return seen;
+  const xs = [];
+  for (let w = seen[0]; w <= seen[seen.length - 1]; w += step) xs.push(w);
+  return xs;
+}
+
+function drawCharts(series, step) {
   const root = $("#charts");
   root.textContent = "";
   const blocks = group(series, true);
-  const xs = [...new Set(series.map((r) => r.window_start))].sort((a, b) => a - b);
+  const xs = windows(series, step);
   if (xs.length === 0) { root.appendChild(el("p", {}, "No rollups for this site yet.")); return; }
   for (const [block, variants] of [...blocks].sort()) {
     const card = el("div", { class: "block" });
@@ -133,7 +143,7 @@ async function refresh() {
   if (!site) return;
   try {
     const data = await getJSON("/api/rollups?site=" + encodeURIComponent(site));
-    drawCharts(list(data.series));
+    drawCharts(list(data.series), data.window);
     drawTable(list(data.totals));
     $("#status").textContent = `site ${site} · ${data.window / 1000} s windows · updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.ready = "1";

@@ -47,8 +47,12 @@ function _M.run(o)
   local client = assert(esx.client{ hosts = { o.url }, max_per_route = o.concurrency,
     max_total = o.concurrency, max_retries = 0, retry_on_status = {}, pool_timeout = 5000,
     socket_timeout = 10000, name = "demo-traffic" })
-  local OK = { ok_status = { 200, 204, 400, 404, 413, 415, 429, 502, 503 } }
-  local BEACON = { ok_status = OK.ok_status, content_type = "application/json" }
+  -- Connection: close -- each request comes from another browser, so the kernel spreads the
+  -- connections over both workers (SO_REUSEPORT) instead of one keep-alive connection
+  -- carrying everything to one of them.
+  local statuses, close = { 200, 204, 400, 404, 413, 415, 429, 502, 503 }, { Connection = "close" }
+  local OK = { ok_status = statuses, headers = close }
+  local BEACON = { ok_status = statuses, headers = close, content_type = "application/json" }
   local s = { requests = 0, statuses = {}, errors = {}, accepted = 0, accepted_by_site = {},
               articles = 0, reads = 0, peak_rps = 0 }
   local ring, head, tail = {}, 1, 0 -- FIFO of {pending, kind, site, events}

@@ -1,0 +1,189 @@
+-- spec/examples_spec.lua -- runs every example in examples/ against a dev server it starts:
+-- the bulk loader, the search script and the plain-Lua cache service under the flavour being
+-- tested; the example nginx end to end and `examples/demo/run --no-wait` once (#nginx).
+local ds = require "spec.support.devserver"
+local socket = require "socket"
+local cjson = require "cjson"
+
+local LUA = os.getenv("ESX_TEST_FLAVOUR") or "lua5.4"
+
+-- runs a shell command -> ok (exit status 0), output (stdout and stderr)
+local function run(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local code = tonumber(out:match("exit=(%d+)\n?$"))
+  return code == 0, (out:gsub("exit=%d+\n?$", ""))
+end
+
+local function free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+-- GET/POST on 127.0.0.1:port -> status, body
+local function http(port, method, path, body, headers)
+  local c = assert(socket.connect("127.0.0.1", port))
+  c:settimeout(10)
+  local lines = { method .. " " .. path .. " HTTP/1.0", "Host: 127.0.0.1" }
+  for k, v in pairs(headers or {}) do lines[#lines + 1] = k .. ": " .. v end
+  lines[#lines + 1] = "Content-Length: " .. #(body or "")
+  c:send(table.concat(lines, "\r\n") .. "\r\n\r\n" .. (body or ""))
+  local resp = c:receive("*a") or ""
+  c:close()
+  return tonumber(resp:match("^HTTP/%d%.%d (%d+)")), resp:match("\r\n\r\n(.*)$")
+end
+
+local function wait_port(port)
+  for _ = 1, 200 do
+    local c = socket.connect("127.0.0.1", port)
+    if c then c:close() return true end
+    socket.sleep(0.025)
+  end
+  return false
+end
+
+describe("examples (plain Lua)", function()
+  local es
+  setup(function()
+    es = ds.start{}
+    local ok, out = run(LUA .. " examples/bulk_load.lua --es " .. es.url .. " --articles 12 --users 3000 --max-readers 600")
+    assert(ok, out)
+  end)
+  teardown(function() es:stop() end)
+
+  it("bulk_load.lua loads articles and reader sets with a progress bar", function()
+    local ok, out = run(LUA .. " examples/bulk_load.lua --es " .. es.url .. " --articles 12 --users 3000 --max-readers 600")
+    assert(ok, out)
+    assert.matches("%[#+%] 100%%", out)
+    assert.matches("loaded 12 articles and %d+ reader ids in [%d.]+ s %(%d+ ids/s%), failed 0", out)
+    es:request("POST", "/_refresh")
+    local _, count = es:json("GET", "/articles/_count")
+    assert.equal(12, count.count)
+    local _, doc = es:json("GET", "/readers/_doc/3")
+    assert.is_true(#doc._source.user_ids >= 30 and #doc._source.user_ids <= 600)
+  end)
+
+  it("search.lua prints the matching articles, the most read ones, and errors by kind", function()
+    es:request("PUT", "/reads/_doc/5-1", { article_id = 5, user_id = 1 })
+    es:request("PUT", "/reads/_doc/5-2?refresh=true", { article_id = 5, user_id = 2 })
+    local ok, out = run(LUA .. " examples/search.lua --es " .. es.url .. " --size 3 bulk")
+    assert(ok, out)
+    local n = tonumber(out:match("(%d+) articles match \"bulk\""))
+    assert.is_true(n >= 1, out)
+    assert.matches("#%d+ +Article %d+: [%w ]*bulk", out)
+    assert.matches("#5 +2 reads", out)
+    ok, out = run(LUA .. " examples/search.lua --es http://127.0.0.1:" .. free_port() .. " x")
+    assert.is_false(ok)
+    assert.matches("search.lua: connect: ", out)
+  end)
+
+  it("cache_service.lua serves read flags from esx.cache and marks reads", function()
+    local port = free_port()
+    local log = os.tmpname()
+    os.execute(("%s examples/cache_service.lua --es %s --port %d --requests 5 > %s 2>&1 &"):format(
+      LUA, es.url, port, log))
+    assert.is_true(wait_port(port))
+    local status, body = http(port, "GET", "/articles?user=2999&page=1")
+    assert.equal(200, status)
+    local page = cjson.decode(body)
+    assert.equal(12, #page)
+    assert.equal(12, page[1].id)
+    assert.equal(false, page[1].read)
+    assert.equal(204, (http(port, "POST", "/read?article=12&user=2999")))
+    status, body = http(port, "GET", "/articles?user=2999&page=1")
+    assert.equal(true, cjson.decode(body)[1].read)
+    status, body = http(port, "GET", "/stats")
+    assert.equal(200, status)
+    assert.equal(1, cjson.decode(body).pages.loads)
+    assert.equal(404, (http(port, "GET", "/nope")))
+    local out
+    for _ = 1, 100 do
+      out = io.open(log):read("*a")
+      if out:find("served") then break end
+      socket.sleep(0.05)
+    end
+    os.remove(log)
+    assert.matches("served 5 requests; pages hit %d+%% %(1 loads%), reader sets hit %d+%% %(12 loads%)", out)
+    local _, doc = es:json("GET", "/reads/_doc/12-2999")
+    assert.equal(2999, doc._source.user_id)
+  end)
+end)
+
+describe("the example nginx and the demo #nginx", function()
+  it("examples/nginx/run serves the collector, articles, metrics, stats and the dashboard", function()
+    local es = ds.start{}
+    local port = free_port()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local ok, out = run(LUA .. " examples/bulk_load.lua --es " .. es.url .. " --articles 25 --users 2000 --max-readers 500")
+    assert(ok, out)
+    ok, out = run(("examples/nginx/run start --port %d --es-url %s --dir %s --rollup-window 2000"):format(port, es.url, dir))
+    finally(function()
+      run(("examples/nginx/run stop --port %d --dir %s"):format(port, dir))
+      os.execute("rm -rf " .. dir)
+      es:stop()
+    end)
+    assert(ok, out)
+    assert.equal("http://127.0.0.1:" .. port, out:match("%S+"))
+    local status, body = http(port, "GET", "/articles?user=7&page=2")
+    assert.equal(200, status)
+    local page = cjson.decode(body)
+    assert.equal(5, #page)
+    assert.equal(5, page[1].id)
+    assert.equal(204, (http(port, "POST", "/articles/read?article=5&user=7")))
+    for _ = 1, 4 do -- both workers answer with the read flag set (shared cache)
+      assert.equal(true, cjson.decode(select(2, http(port, "GET", "/articles?user=7&page=2")))[1].read)
+    end
+    assert.equal(400, (http(port, "GET", "/articles?user=x&page=1")))
+    local events = {}
+    for i = 1, 10 do
+      events[i] = { site_id = "news", type = i <= 8 and "view" or "click", block_id = "hero",
+                    variant = "A", user_id = "u" .. (i % 4) }
+    end
+    assert.equal(204, (http(port, "POST", "/collect", cjson.encode(events), { ["Content-Type"] = "application/json" })))
+    local rows
+    for _ = 1, 100 do
+      local st, b = http(port, "GET", "/api/rollups?site=news")
+      assert.equal(200, st)
+      rows = cjson.decode(b).totals
+      if #rows == 2 then break end
+      socket.sleep(0.1)
+    end
+    table.sort(rows, function(a, b) return a.type < b.type end)
+    assert.same({ "click", 2, 2 }, { rows[1].type, rows[1].count, rows[1].uniques })
+    assert.same({ "view", 8, 4 }, { rows[2].type, rows[2].count, rows[2].uniques })
+    local _, sites = http(port, "GET", "/api/sites")
+    assert.same({ "news" }, cjson.decode(sites).sites)
+    local _, metrics = http(port, "GET", "/metrics")
+    assert.matches('esx_build_info{version="[^"]+",flavour="luajit"} 1', metrics)
+    assert.matches('esx_cache_', metrics)
+    local _, stats = http(port, "GET", "/api/stats")
+    assert.equal(2, #cjson.decode(stats).workers)
+    status, body = http(port, "GET", "/dashboard/")
+    assert.equal(200, status)
+    assert.matches("<title>esx rollups</title>", body)
+    assert.equal(404, (http(port, "GET", "/dashboard/test/package.json")))
+  end)
+
+  it("make demo's script drives traffic, reports equal counts and stops everything", function()
+    local ok, out = run("examples/demo/run --no-wait --duration 5 --rate 150 < /dev/null")
+    assert(ok, out)
+    local accepted, indexed = out:match("accepted (%d+) %(collectors' own count: %d+%), indexed (%d+)  %-%- equal")
+    assert.is_truthy(accepted, out)
+    assert.equal(accepted, indexed)
+    assert.is_true(tonumber(accepted) > 1000, out)
+    assert.matches("rollup counts %(all sites, all instances%): " .. accepted .. "  %-%- equal", out)
+    assert.matches("merged from 2 collector instances", out)
+    assert.matches("hero +B +%d+ +%d+", out)
+    assert.matches("bytes per reader", out)
+    assert.matches("dashboard: http://127%.0%.0%.1:%d+/dashboard/%?site=news", out)
+    assert.matches("== stopping", out)
+    local es_port = out:match("dev server %(in%-memory Elasticsearch subset%) on port (%d+)")
+    local web_port = out:match("starting nginx %(2 workers, examples/nginx%) on port (%d+)")
+    assert.is_falsy(socket.connect("127.0.0.1", tonumber(es_port)))
+    assert.is_falsy(socket.connect("127.0.0.1", tonumber(web_port)))
+  end)
+end)
