@@ -113,6 +113,35 @@ local function check_options(schema, text, prefix, problems)
   return problems
 end
 
+-- Option names listed in the first column of the option table in `text` that `schema` does
+-- not have (a removed or renamed option the page still documents).  "a.b" names a field of a
+-- table-valued option a.
+local function stale_options(schema, text)
+  local stale = {}
+  local in_table = false
+  for _, l in ipairs(lines(text)) do
+    if l:match("^| option | default |") then
+      in_table = true
+    elseif in_table and l:sub(1, 1) ~= "|" then
+      break
+    elseif in_table and not l:match("^|%-") then
+      local first = l:match("^|([^|]*)|") or ""
+      for name in first:gmatch("`([%w_.]+)`") do
+        local top, field = name:match("^([%w_]+)%.([%w_]+)$")
+        local spec = schema[top or name]
+        if not spec then
+          stale[#stale + 1] = name
+        elseif field then
+          local d = spec.default
+          if type(d) == "function" then d = d() end
+          if type(d) ~= "table" or d[field] == nil then stale[#stale + 1] = name end
+        end
+      end
+    end
+  end
+  return stale
+end
+
 -- Public methods of a metatable-style class: functions not starting with "_".
 local function methods(class)
   local t = {}
@@ -168,12 +197,16 @@ describe("docs/client.md", function()
     local schema = require("esx.client").schema
     assert_none(check_options(schema, section(client_doc, "## esx.client")),
       "docs/client.md options")
+    assert_none(stale_options(schema, section(client_doc, "## esx.client")),
+      "docs/client.md documents options esx.client does not have")
   end)
 
   it("documents every bulk indexer option with its default", function()
     local schema = require("esx.bulk").schema
     assert_none(check_options(schema, section(client_doc, "## c:bulk_indexer")),
       "docs/client.md bulk indexer options")
+    assert_none(stale_options(schema, section(client_doc, "## c:bulk_indexer")),
+      "docs/client.md documents bulk indexer options that do not exist")
   end)
 
   it("has a **syntax:** line for every Client method", function()
@@ -225,6 +258,8 @@ describe("docs/collector.md", function()
     local schema = require("esx.collector").schema
     assert_none(check_options(schema, section(collector_doc, "## esx.collector")),
       "docs/collector.md options")
+    assert_none(stale_options(schema, section(collector_doc, "## esx.collector")),
+      "docs/collector.md documents options esx.collector does not have")
   end)
 
   it("has a **syntax:** line for every Collector method and module function", function()
