@@ -84,7 +84,7 @@ describe("the rollups dashboard in headless Chromium #nginx", function()
 
   it("shows impressions, clicks, CTR and unique visitors per block and variant as esx.collector.totals merges them", function()
     assert.is_true(summary.accepted > 500)
-    local ok, out = run(("node %s/check.js 'http://127.0.0.1:%d/dashboard/?site=news' %s"):format(TEST_DIR, port, SHOT))
+    local ok, out = run(("node %s/check.js 'http://127.0.0.1:%d/dashboard/?site=news&range=all' %s"):format(TEST_DIR, port, SHOT))
     assert(ok, out)
     local shown = cjson.decode(out:match("(%b{})%s*$"))
     assert.same({}, shown.errors)

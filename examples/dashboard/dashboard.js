@@ -1,5 +1,6 @@
 // examples/dashboard/dashboard.js -- draws the rollups dashboard: fetches /api/sites and
-// /api/rollups?site=S (rows merged across collector instances by esx.collector.totals) and
+// /api/rollups?site=S&from=MS (rows merged across collector instances by esx.collector.totals;
+// the page's ?site= and ?range= (seconds, or "all") choose the initial selection) and
 // renders, per block, four small SVG line charts (one line per variant) and a totals table.
 // No libraries: the page must work with nothing reachable but the example nginx.
 "use strict";
@@ -139,10 +140,12 @@ async function getJSON(url) {
 }
 
 async function refresh() {
-  const site = $("#site").value;
+  const site = $("#site").value, range = $("#range").value;
   if (!site) return;
+  let url = "/api/rollups?site=" + encodeURIComponent(site);
+  if (range !== "all") url += "&from=" + (Date.now() - 1000 * Number(range));
   try {
-    const data = await getJSON("/api/rollups?site=" + encodeURIComponent(site));
+    const data = await getJSON(url);
     drawCharts(list(data.series), data.window);
     drawTable(list(data.totals));
     $("#status").textContent = `site ${site} · ${data.window / 1000} s windows · updated ${new Date().toLocaleTimeString()}`;
@@ -159,6 +162,9 @@ async function start() {
   const select = $("#site");
   for (const s of sites) select.appendChild(el("option", { value: s }, s));
   if (params.get("site") && sites.includes(params.get("site"))) select.value = params.get("site");
+  const range = $("#range");
+  if ([...range.options].some((o) => o.value === params.get("range"))) range.value = params.get("range");
+  range.addEventListener("change", refresh);
   if (!sites.length) $("#status").textContent = "no rollups yet: send some beacons to /collect";
   select.addEventListener("change", refresh);
   await refresh();

@@ -48,9 +48,10 @@ local function queue()
   return n
 end
 
-io.write(("== traffic: %d s at %d req/s (x3 spike from %d s to %d s), %d in flight, %d users, sites %s\n"):format(
+io.write(("== traffic: %d s at %d req/s (x3 spike from %d s to %d s), up to %d in flight, %d users, sites %s\n"):format(
   o.duration, o.rate, math.floor(0.4 * o.duration), math.floor(0.6 * o.duration), o.concurrency,
   o.users, table.concat(traffic.SITES, ",")))
+io.write("   req/s | HTTP statuses | events accepted | article pages read, marked read | events queued in the collectors\n")
 local last_line = 0
 local summary = traffic.run{
   url = o.url, duration = o.duration, rate = o.rate, concurrency = o.concurrency,
@@ -62,9 +63,9 @@ local summary = traffic.run{
     for code, n in pairs(p.s.statuses) do st[#st + 1] = code .. ":" .. n end
     for kind, n in pairs(p.s.errors) do st[#st + 1] = kind .. ":" .. n end
     table.sort(st)
-    local line = ("%5.1fs %s %5.0f req/s  %s  events %d  article pages %d  mark-read %d  queue %d  in flight %d"):format(
+    local line = ("%5.1fs %s %5.0f req/s | %s | events %d | pages %d marks %d | queue %d"):format(
       p.t, p.spike and "SPIKE" or "     ", p.rps, table.concat(st, " "), p.s.accepted,
-      p.s.articles, p.s.reads, queue(), p.in_flight)
+      p.s.articles, p.s.reads, queue())
     io.write(tty and ("\r\27[K" .. line) or (line .. "\n"))
     io.flush()
   end,
@@ -74,7 +75,7 @@ io.write(("== sent %d requests in %.1f s (peak %.0f req/s)\n"):format(summary.re
   summary.seconds, summary.peak_rps))
 
 local ok = report.print(es, web, { run = run, from = from, site = o.site, sites = traffic.SITES,
-  timeout = 20, es_url = o.es, dashboard = o.url .. "/dashboard/?site=" .. o.site }, summary)
+  timeout = 20, es_url = o.es, dashboard = o.url .. "/dashboard/?site=" .. o.site .. "&range=300" }, summary)
 web:close()
 es:close()
 os.exit(ok and 0 or 1)
