@@ -12,9 +12,9 @@
 --
 -- Single flight.  Concurrent misses for one key call the loader once:
 --   * in one Lua state, the first caller registers an in-flight record and loads; later
---     callers wait on the record with `opts.wait` (default: ngx.sleep with a growing step in
---     nginx, coroutine.yield() in a plain-Lua coroutine) until it is done, then share its
---     result.  A caller that cannot wait (the main thread of plain Lua, a non-yieldable nginx
+--     callers wait on the record -- in nginx on an ngx.semaphore the loader posts when done,
+--     elsewhere with `opts.wait` (default: coroutine.yield() in a plain-Lua coroutine) --
+--     then share its result.  A caller that cannot wait (the main thread of plain Lua, a non-yieldable nginx
 --     phase) or that waited `lock_timeout` ms loads by itself.
 --   * with shared = true, the first caller of a process also takes a lock slot in shared
 --     memory; other processes wait for it and receive the result through the slot's hand-off
@@ -31,6 +31,11 @@ local co_yield, co_isyieldable = coroutine.yield, coroutine.isyieldable
 local make_error, core_clock, json_encode = core.error, core.cache_clock, core.cache_json
 
 local ngx = rawget(_G, "ngx")
+local semaphore -- in nginx: waiters of one worker sleep on a semaphore the loader posts
+if ngx then
+  local ok, m = pcall(require, "ngx.semaphore")
+  if ok then semaphore = m end
+end
 
 local PAGE, READERS = 1, 2
 local OP_MARK, OP_INV_ARTICLE, OP_INV_PAGES = 1, 2, 3
@@ -113,6 +118,10 @@ local function single_flight(self, flights, key, load)
   if rec then
     self._counters.waits = self._counters.waits + 1
     local deadline = core_clock() + self._lock_timeout
+    if rec.sema then -- woken as soon as the load ends (raises where nginx cannot wait)
+      rec.waiters = rec.waiters + 1
+      pcall(rec.sema.wait, rec.sema, self._lock_timeout / 1000)
+    end
     local attempt = 0
     while not rec.done do
       if core_clock() > deadline or not self._wait(attempt) then break end
@@ -122,6 +131,10 @@ local function single_flight(self, flights, key, load)
     -- could not wait (or waited too long): load by ourselves, uncoordinated
   end
   rec = { done = false }
+  if self._use_sema then
+    local ok, sema = pcall(semaphore.new, 0)
+    if ok then rec.sema, rec.waiters = sema, 0 end
+  end
   flights[key] = rec
   local ok, value, err = pcall(load, self, key)
   if flights[key] == rec then flights[key] = nil end
@@ -133,6 +146,7 @@ local function single_flight(self, flights, key, load)
     end
   end
   rec.value, rec.err, rec.done = value, err, true
+  if rec.sema and rec.waiters > 0 then rec.sema:post(rec.waiters) end
   return rec
 end
 
@@ -272,6 +286,7 @@ function _M.new(opts)
     _lock_timeout = o.lock_timeout,
     _clock = o.clock or default_clock(),
     _wait = o.wait or default_wait(),
+    _use_sema = semaphore ~= nil and o.wait == nil,
     _page_flights = {},
     _readers_flights = {},
     _counters = { page_loads = 0, readers_loads = 0, load_errors = 0, waits = 0 },
