@@ -292,6 +292,18 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.same({ 1, 1 }, { db.page_loads, db.readers_loads })
   end)
 
+  it("counts hits, misses and loads as read_articles does", function()
+    local a, b = new_cache(sample_db(), { max_pages = 1 }), new_cache(sample_db(), { max_pages = 1 })
+    for _, call in ipairs{ { 7, 1 }, { 8, 1 }, { 7, 2 }, { 9, 2 }, { 7, 1 } } do
+      a:read_articles(call[1], call[2])
+      b:read_articles_json(call[1], call[2])
+    end
+    local sa, sb = a:stats(), b:stats()
+    assert.same(sa.pages, sb.pages)
+    assert.same({ sa.readers.hits, sa.readers.misses, sa.readers.loads },
+                { sb.readers.hits, sb.readers.misses, sb.readers.loads })
+  end)
+
   it("encodes pages that are not cached (beyond max_pages) the same way", function()
     local db = sample_db()
     local c = new_cache(db, { max_pages = 1 })

@@ -415,7 +415,7 @@ static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_se
 
 /* ---- tiers ------------------------------------------------------------------------------ */
 
-static struct entry *fresh_page(esx_cache *c, uint64_t page_no, double now)
+static struct entry *fresh_page(esx_cache *c, uint64_t page_no, double now, int count)
 {
     struct entry *e = find(c, ESX_CACHE_PAGE, page_no);
     if (e != NULL && now >= e->expires) {
@@ -424,24 +424,27 @@ static struct entry *fresh_page(esx_cache *c, uint64_t page_no, double now)
         e = NULL;
     }
     if (e == NULL) {
-        c->st[ESX_CACHE_PAGE].misses++;
+        if (count)
+            c->st[ESX_CACHE_PAGE].misses++;
         return NULL;
     }
-    c->st[ESX_CACHE_PAGE].hits++;
+    if (count)
+        c->st[ESX_CACHE_PAGE].hits++;
     touch(c, e);
     return e;
 }
 
-const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size_t *len)
+const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size_t *len,
+                                int count)
 {
-    struct entry *e = fresh_page(c, page_no, now);
+    struct entry *e = fresh_page(c, page_no, now, count);
     *len = e == NULL ? 0 : e->blob == NULL ? 1 : e->blob_len; /* see cache.h */
     return e ? e->blob : NULL;
 }
 
 int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now)
 {
-    return fresh_page(c, page_no, now) != NULL;
+    return fresh_page(c, page_no, now, 1) != NULL;
 }
 
 int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,

@@ -98,8 +98,10 @@ int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
 
 /* Like esx_cache_page_get, but returns the page's blob (and *len) on a hit, NULL on a miss.
  * A hit on a page stored without a blob returns NULL too, with *len = 1: callers can tell the
- * two apart.  The blob stays owned by the cache, valid until the next modifying call. */
-const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size_t *len);
+ * two apart.  With count = 0 neither a hit nor a miss is counted (a retry after a load).  The
+ * blob stays owned by the cache, valid until the next modifying call. */
+const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size_t *len,
+                                int count);
 
 /* The reader set of article if cached and fresh at now (marked recently used; a hit), else
  * NULL (a miss).  The set stays owned by the cache and is valid until the next call that

@@ -700,10 +700,12 @@ static int l_read_flags(lua_State *L)
     return 2;
 }
 
-/* ud:read_json(page_no, user, now) -> json
+/* ud:read_json(page_no, user, now [, page_counted [, readers_counted]]) -> json
  *   | false            the page is not cached (a miss is counted)
  *   | nil, missing     the ids of the page's articles whose reader set is not cached
  *   | nil              the page is cached without its JSON rendering (out of memory then)
+ * A retry after loads passes page_counted / readers_counted so that lookups already counted
+ * count neither hits nor misses again.
  * json is the page's articles as a JSON array, each object with "read":true|false added. */
 static int l_read_json(lua_State *L)
 {
@@ -711,8 +713,9 @@ static int l_read_json(lua_State *L)
     uint64_t page_no = check_id(L, 2);
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
+    int count_page = !lua_toboolean(L, 5), count = !lua_toboolean(L, 6);
     size_t len;
-    const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len);
+    const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len, count_page);
     drain(L, lc);
     if (blob == NULL) {
         if (len == 0)
@@ -741,7 +744,8 @@ static int l_read_json(lua_State *L)
     for (uint32_t i = 0; i < n; i++) {
         uint64_t id;
         memcpy(&id, ids + (size_t)i * 8, 8);
-        const esx_rset *set = esx_cache_readers_get(lc->core, id, now);
+        const esx_rset *set = count ? esx_cache_readers_get(lc->core, id, now)
+                                    : esx_cache_readers_peek(lc->core, id, now);
         if (set == NULL) {
             if (nmissing == 0) {
                 lua_pushnil(L);

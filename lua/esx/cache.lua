@@ -338,9 +338,11 @@ function Cache:read_articles_json(user_id, page_no)
   if not cc then return closed_error() end
   if self._shared then cc:sync() end
   local page -- the loaded list, when this call loaded it
-  for _ = 1, 3 do
-    local json, missing = cc:read_json(page_no, user_id, self._clock())
+  local readers_counted = false
+  for attempt = 1, 3 do
+    local json, missing = cc:read_json(page_no, user_id, self._clock(), attempt > 1, readers_counted)
     if json then return json end
+    if missing then readers_counted = true end
     if json == false then
       if page then break end -- loaded but not cacheable (beyond max_pages, too large)
       local rec = single_flight(self, self._page_flights, page_no, load_page)
