@@ -109,7 +109,23 @@ w("Canned endpoint: nginx with **1 worker** (so every peer meets the same single
   " `-t1 -c16`. The clients encode the query and decode the response on every search; wrk does",
   " neither.")
 w("")
+local bg, over = {}, 0
+for _, p in ipairs(ALL_PEERS) do for _, c in ipairs(CONCS) do
+  for _, r in ipairs(rounds(p, c)) do
+    if r.background then
+      bg[#bg + 1] = r.background
+      if r.background > tonumber(info.config.quiet_busy or "1") then over = over + 1 end
+    end
+  end
+end end
 w("Median over ", info.config.rounds or "?", " rounds (min–max in brackets); ratios are of medians.")
+if #bg > 0 then
+  table.sort(bg)
+  w("The machine is shared: before each measurement the run waited (≤ ", info.config.quiet_wait or "?",
+    " s) for other processes to use ≤ ", string.format("%.0f%%", tonumber(info.config.quiet_busy) * 100),
+    " of it; their share just before the measurements was median ", string.format("%.0f%%", median(bg) * 100),
+    ", max ", string.format("%.0f%%", bg[#bg] * 100), " (", over, " of ", #bg, " measurements started above the bar).")
+end
 w("")
 w("| peer | c=1 searches/s | c=16 searches/s | c=16 vs node | c=16 vs wrk | c=1 vs node | c=1 vs wrk |")
 w("|---|--:|--:|--:|--:|--:|--:|")
@@ -151,6 +167,16 @@ for _, p in ipairs(ALL_PEERS) do
   if rate(p, 1) or rate(p, 16) then
     w("| ", PEER_LABEL[p], " | ", f1(cpu_us(p, 1)), " | ", f1(cpu_us(p, 16)), " | ",
       cores(p, 16) and string.format("%.2f", cores(p, 16)) or "–", " | ", f1(server_us(p, 16)), " |")
+  end
+end
+w("")
+w("CPU per search relative to Node at c=16 (less sensitive to other load on the machine than",
+  " searches/s; \"x less CPU\" = Node µs ÷ esx µs):")
+w("")
+for _, p in ipairs({ "esx-lua5.4", "esx-luajit", "esx-lua5.4-raw", "esx-luajit-raw" }) do
+  local e, n = cpu_us(p, 16), cpu_us("node", 16)
+  if e and n then
+    w("- ", PEER_LABEL[p], ": ", string.format("%.1f µs vs %.1f µs, %.2fx less CPU", e, n, n / e), ".")
   end
 end
 w("")
