@@ -3,8 +3,8 @@
 -- init(cfg) runs in init_by_lua, in the master, before the workers fork: it creates one
 -- esx.client, one esx.collector (each worker becomes its own collector instance, with its own
 -- spool segments and rollup rows) and one esx.cache with shared = true (a mark_read or an
--- invalidation in one worker is seen by the other before its next answer; a reader set is
--- loaded once for all workers).  The cache loaders read Elasticsearch through the client with
+-- invalidation in one worker is seen by the other before its next answer; concurrent misses
+-- in both workers load a page or reader set once; each worker keeps its own tiers).  The cache loaders read Elasticsearch through the client with
 -- client:send + esx.nginx.wait, so a miss never blocks the worker.
 -- Every other function is a content handler, or the per-worker stats timer.
 
