@@ -427,3 +427,43 @@ describe("docs/tuning.md", function()
     end
   end)
 end)
+
+-- GitHub's heading anchors: lower case, punctuation other than "-" and "_" dropped, spaces
+-- turned into "-".
+local function anchors(doc)
+  local t = {}
+  for _, l in ipairs(lines(doc)) do
+    local h = l:match("^#+%s+(.-)%s*$")
+    if h then
+      local a = h:lower():gsub("[^%w%-_ ]", ""):gsub(" ", "-")
+      t[a] = true
+    end
+  end
+  return t
+end
+
+describe("links between the pages", function()
+  it("point at files that exist and headings that exist", function()
+    local problems = {}
+    for _, page in ipairs({ "client", "collector", "nginx", "errors", "tuning" }) do
+      local doc = read("docs/" .. page .. ".md")
+      for target in doc:gmatch("%]%(([^)%s]+)%)") do
+        if not target:match("^https?:") then
+          local file, anchor = target:match("^([^#]*)#?(.*)$")
+          local path = file == "" and ("docs/" .. page .. ".md") or ("docs/" .. file)
+          local f = io.open(path, "rb")
+          if not f then
+            problems[#problems + 1] = page .. ".md -> " .. target .. " (no file)"
+          else
+            local text = f:read("*a")
+            f:close()
+            if anchor ~= "" and path:match("%.md$") and not anchors(text)[anchor] then
+              problems[#problems + 1] = page .. ".md -> " .. target .. " (no heading)"
+            end
+          end
+        end
+      end
+    end
+    assert_none(problems, "broken links")
+  end)
+end)
