@@ -122,7 +122,7 @@ w("Median over ", info.config.rounds or "?", " rounds (min–max in brackets); r
 if #bg > 0 then
   table.sort(bg)
   w("The machine is shared: before each measurement the run waited (≤ ", info.config.quiet_wait or "?",
-    " s) for other processes to use ≤ ", string.format("%.0f%%", tonumber(info.config.quiet_busy) * 100),
+    " s each, ≤ ", info.config.quiet_budget or "?", " s in all) for other processes to use ≤ ", string.format("%.0f%%", tonumber(info.config.quiet_busy) * 100),
     " of it; their share just before the measurements was median ", string.format("%.0f%%", median(bg) * 100),
     ", max ", string.format("%.0f%%", bg[#bg] * 100), " (", over, " of ", #bg, " measurements started above the bar).")
 end
