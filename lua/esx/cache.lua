@@ -499,5 +499,6 @@ end
 setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
 
 _M.Cache = Cache
+_M.schema = schema -- the options (docs/cache.md is checked against it by spec/docs_spec.lua)
 
 return _M
