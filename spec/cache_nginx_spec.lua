@@ -153,9 +153,16 @@ end
 describe("esx.cache with shared = true in nginx (2 workers)", function()
   local srv
   setup(function()
-    srv = nginx.start{ workers = 2, http = HTTP, server = SERVER }
+    -- a second listener with reuseport: the kernel spreads its connections over both workers
+    -- (the first one, without reuseport, may hand long runs of connections to one worker)
+    local probe = assert(socket.bind("127.0.0.1", 0))
+    local _, port2 = probe:getsockname()
+    probe:close()
+    local main = nginx.start{ workers = 2, http = HTTP,
+                              server = "listen 127.0.0.1:" .. port2 .. " reuseport;\n" .. SERVER }
+    srv = setmetatable({ port = tonumber(port2), main = main }, { __index = main })
   end)
-  teardown(function() if srv then srv:stop() end end)
+  teardown(function() if srv then srv.main:stop() end end)
 
   it("shows a mark_read made in one worker in every worker, without a reload", function()
     for _, answers in pairs(from_both(srv, "/has?a=1&u=10", 3)) do
