@@ -366,6 +366,21 @@ describe("col:rollups", function()
     a:close()
     b:close()
   end)
+
+  it("totals find site ids with '-', '.' and capitals, and never mix in another site", function()
+    local col = new{ instance = "x" }
+    assert.equal(204, (post(col, cjson.encode({ ev({ site_id = "Shop-EU.1" }), ev({ site_id = "Shop-EU.1" }),
+                                                 ev({ site_id = "Shop" }) }))))
+    assert.is_true(col:flush(5000))
+    assert(client:refresh("rollups-*"))
+    local rows = assert(col:totals{ site_id = "Shop-EU.1" })
+    assert.equal(1, #rows)
+    assert.equal(2, rows[1].count)
+    rows = assert(col:totals{ site_id = "Shop" })
+    assert.equal(1, #rows)
+    assert.equal(1, rows[1].count)
+    col:close()
+  end)
 end)
 
 describe("spool", function()

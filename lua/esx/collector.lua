@@ -356,7 +356,12 @@ function _M.totals(client, q)
   local range = {}
   if q.from then range.gte = q.from end
   if q.to then range.lt = q.to end
-  local filter = { { term = { site_id = q.site_id } } }
+  -- site_id is a keyword where a mapping says so, and text with a .keyword subfield under
+  -- Elasticsearch's dynamic mapping: ask for either, then keep exact matches only (a text
+  -- match for "shop" would also find "shop-eu").
+  local filter = { { bool = { should = { { term = { site_id = q.site_id } },
+                                         { term = { ["site_id.keyword"] = q.site_id } } },
+                              minimum_should_match = 1 } } }
   if next(range) then filter[2] = { range = { window_start = range } } end
   local res, err = client:search(index, { size = 10000, query = { bool = { filter = filter } },
     sort = { { window_start = "asc" } } })
@@ -364,6 +369,7 @@ function _M.totals(client, q)
   local groups, order = {}, {}
   for _, hit in ipairs(res.hits.hits) do
     local s = hit._source
+    if s.site_id ~= q.site_id then goto continue end
     local key = concat({ s.block_id, s.variant, s.type, q.by_window and tostring(s.window_start) or "" }, "\0")
     local g = groups[key]
     if not g then
@@ -374,6 +380,7 @@ function _M.totals(client, q)
     end
     g.count = g.count + (s.count or 0)
     if s.hll and s.hll ~= "" then g.sketches[#g.sketches + 1] = s.hll end
+    ::continue::
   end
   local rows = {}
   for _, key in ipairs(order) do

@@ -11,7 +11,9 @@ local core = require "esx.core"
 
 local _M = {}
 
-local SLICE_MS = 250 -- how often a wait re-checks the engine's health while nothing happens
+-- How often a wait re-checks the engine's health while nothing happens (a dead I/O thread is
+-- rebuilt by that check).  nginx logs each read timeout unless `lua_socket_log_errors off`.
+local SLICE_MS = 1000
 
 local function now_ms()
   ngx.update_time()
