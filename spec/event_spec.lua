@@ -363,6 +363,51 @@ describe("core.events_parse", function()
     end
   end)
 
+  -- RFC 8259 corner cases in the style of JSONTestSuite: inside an array, a valid value that
+  -- is not an object is a reject ("not an object"), a flawed one a reject with its flaw, and
+  -- bad grammar makes the whole body not JSON.
+  describe("JSON grammar", function()
+    local valid = { "0", "-0", "-0.0e-0", "1E400", "[]", "[[]]", '""', '"\\u0000"', '"\\/"', '"\\u00e9"',
+                    '"\\uD83D\\uDE00"', '"\\uDBFF\\uDFFF"', '"\\u2028"', '"\127"', "true", "null", "[1,[2,[3]]]",
+                    ' [ 1 ] ', '{"a":{}}' }
+    for _, v in ipairs(valid) do
+      it("takes " .. v .. " as a value", function()
+        local docs, rejects = parse("[" .. v .. "]")
+        assert(docs, rejects and tostring(rejects))
+        assert.equal(1, #rejects)
+        local want = v == '{"a":{}}' and "missing site_id" or "not an object"
+        assert.equal(want, rejects[1].error)
+      end)
+    end
+    local flawed = { { '"\\uD800\\uDBFF"', "invalid escape" }, { '"\\uDFFF"', "invalid escape" },
+                     { '"\\u00G0"', "invalid escape" }, { '"\\U0041"', "invalid escape" },
+                     { '"\\a"', "invalid escape" }, { '"\\\\\\"', "unterminated" },
+                     { '"\\u00"', "invalid escape" }, { '"\\31"', "invalid escape" },
+                     { '"\\u0041\\"', "unterminated" } }
+    for _, c in ipairs(flawed) do
+      it("flags " .. c[1], function()
+        local docs, rejects = parse('[{"site_id":"s","type":"t","x":' .. c[1] .. "}]")
+        if c[2] == "unterminated" then
+          assert.is_nil(docs)
+          assert.equal("not_json", rejects.kind)
+        else
+          assert.same({ { index = 0, error = c[2] } }, rejects)
+        end
+      end)
+    end
+    local invalid = { "[1,]", "[,1]", "[1,,2]", "[1 2]", "[01]", "[1.]", "[.1]", "[1e]", "[1e+]", "[-]", "[--1]",
+                      "[+1]", "[0x1]", "[1.0e1.0]", "[Infinity]", "[NaN]", "[True]", "[nul]", "['a']",
+                      '["a"', "[", "]", "[}", '[{"a" 1}]', '[{"a":1,}]', "[{1:2}]", '[{"a"}]', "[1]\0",
+                      "[1]]", '["\\"]', "[\f1]", "[\2261]", "[1]\240\159\152\128" }
+    for _, v in ipairs(invalid) do
+      it(("returns nil, err for %q"):format(v), function()
+        local docs, err = parse(v)
+        assert.is_nil(docs)
+        assert.equal("not_json", err.kind)
+      end)
+    end
+  end)
+
   it("raises when received_at is not an integer", function()
     assert.has_error(function() core.events_parse(ev(), 1.5) end)
     assert.has_error(function() core.events_parse(ev()) end)
