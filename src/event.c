@@ -169,8 +169,8 @@ static int put(esx_buf *out, const char *s, size_t n)
     return rc == ESX_BUF_OK ? 0 : rc == ESX_BUF_TOOBIG ? ESX_EV_TOOBIG : ESX_EV_NOMEM;
 }
 
-/* Returns 1 (accepted, ev filled, document appended), 0 (rejected, reason filled) or a
- * negative ESX_EV_* (out restored). */
+/* Returns 1 (accepted, ev filled, document appended), 0 (rejected, reason filled, out
+ * restored) or a negative ESX_EV_* (out restored). */
 static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reason)
 {
     if (obj->type != ESX_JSON_OBJECT) {
@@ -194,23 +194,28 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
     }
 
     memset(ev, 0, sizeof *ev);
-    int seen_site = 0, seen_type = 0, seen_event = 0;
+    /* one pass: each member is checked, then written; a reject rolls the output back */
+    esx_buf *out = c->out;
+    size_t save = out->len;
+    int rc, seen_site = 0, seen_type = 0, seen_event = 0;
     esx_json_iter it;
     esx_json_val key, val;
+    if ((rc = put(out, "{", 1)) != 0)
+        goto fail;
     esx_json_iter_init(&it, obj);
     while (esx_json_iter_next(&it, &key, &val)) {
         char first;
         size_t kl = esx_json_str_decode(&key, &first, 1);
         if (kl == 0) {
             snprintf(reason, 96, "empty member name");
-            return 0;
+            goto reject;
         }
         if (first == '_') {
             reserved_reason(&key, reason);
-            return 0;
+            goto reject;
         }
-        int ok = 1;
-        switch (field_of(&key)) {
+        int ok = 1, f = field_of(&key);
+        switch (f) {
         case F_SITE:
             ok = check_ident(&val, "site_id", 64, 0, ev->site_id, reason);
             seen_site = 1;
@@ -242,25 +247,8 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             break;
         }
         if (!ok)
-            return 0;
-    }
-    if (!seen_site) {
-        snprintf(reason, 96, "missing site_id");
-        return 0;
-    }
-    if (!seen_type) {
-        snprintf(reason, 96, "missing type");
-        return 0;
-    }
-
-    esx_buf *out = c->out;
-    size_t save = out->len;
-    int rc;
-    if ((rc = put(out, "{", 1)) != 0)
-        goto fail;
-    esx_json_iter_init(&it, obj);
-    while (esx_json_iter_next(&it, &key, &val)) {
-        if (field_of(&key) == F_RECEIVED)
+            goto reject;
+        if (f == F_RECEIVED)
             continue;
         if ((rc = esx_json_write_min(&key, out)) != ESX_BUF_OK ||
             (rc = esx_buf_append(out, ":", 1)) != ESX_BUF_OK ||
@@ -269,6 +257,14 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             rc = rc == ESX_BUF_TOOBIG ? ESX_EV_TOOBIG : ESX_EV_NOMEM;
             goto fail;
         }
+    }
+    if (!seen_site) {
+        snprintf(reason, 96, "missing site_id");
+        goto reject;
+    }
+    if (!seen_type) {
+        snprintf(reason, 96, "missing type");
+        goto reject;
     }
     char tail[96];
     int tl;
@@ -284,6 +280,8 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
     ev->doc_off = save;
     ev->doc_len = out->len - save - 1;
     return 1;
+reject:
+    rc = 0;
 fail:
     out->len = save;
     if (out->data)
@@ -385,16 +383,14 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
             /* a flaw inside the array but outside any element cannot happen: every string
              * is inside an element; elements report their own flaws */
         }
+        /* counted while processing: the caller drops everything on ESX_EV_TOO_MANY */
         esx_json_iter it;
         esx_json_val el;
-        int count = 0;
-        esx_json_iter_init(&it, &v);
-        while (esx_json_iter_next(&it, NULL, &el))
-            if (++count > max_events)
-                return ESX_EV_TOO_MANY;
         int index = 0;
         esx_json_iter_init(&it, &v);
         while (esx_json_iter_next(&it, NULL, &el)) {
+            if (index >= max_events)
+                return ESX_EV_TOO_MANY;
             int rc = add(c, r, &el, index++);
             if (rc < 0)
                 return rc;

@@ -598,52 +598,36 @@ static uint64_t dup_seed(void)
     return s;
 }
 
-/* Duplicates among the members of one object (not its children). */
-static int object_dup(const esx_json_val *obj)
+static int key_equal(const esx_json_val *a, const esx_json_val *b)
 {
-    esx_json_iter it;
-    esx_json_val k[8], val;
-    size_t n = 0;
-    esx_json_iter_init(&it, obj);
-    while (n < 8 && esx_json_iter_next(&it, &k[n], &val))
-        n++;
-    if (n < 8 || !esx_json_iter_next(&it, NULL, &val)) {
-        /* few members: compare each pair */
-        char a[64], b[64];
-        for (size_t x = 0; x < n; x++)
-            for (size_t y = x + 1; y < n; y++) {
-                size_t la = esx_json_str_decode(&k[x], a, sizeof a);
-                size_t lb = esx_json_str_decode(&k[y], b, sizeof b);
-                if (la != lb)
-                    continue;
-                if (la <= sizeof a) {
-                    if (memcmp(a, b, la) == 0)
-                        return 1;
-                    continue;
-                }
-                /* long names: decode both in full */
-                char *ba = malloc(la), *bb = malloc(lb);
-                int same = -1;
-                if (ba && bb) {
-                    esx_json_str_decode(&k[x], ba, la);
-                    esx_json_str_decode(&k[y], bb, lb);
-                    same = memcmp(ba, bb, la) == 0;
-                }
-                free(ba);
-                free(bb);
-                if (same)
-                    return same;
-            }
+    char x[64], y[64];
+    size_t la = esx_json_str_decode(a, x, sizeof x);
+    size_t lb = esx_json_str_decode(b, y, sizeof y);
+    if (la != lb)
         return 0;
+    if (la <= sizeof x)
+        return memcmp(x, y, la) == 0;
+    /* long names: decode both in full */
+    char *ba = malloc(la), *bb = malloc(lb);
+    int same = -1;
+    if (ba && bb) {
+        esx_json_str_decode(a, ba, la);
+        esx_json_str_decode(b, bb, lb);
+        same = memcmp(ba, bb, la) == 0;
     }
-    /* many members: decode every name into one scratch buffer (decoded names are never
-     * longer than the object's bytes), sort by a seeded hash, compare equal hashes */
-    size_t count = 0;
-    esx_json_iter_init(&it, obj);
-    while (esx_json_iter_next(&it, NULL, &val))
-        count++;
+    free(ba);
+    free(bb);
+    return same;
+}
+
+/* Many members: decode every name into one scratch buffer (decoded names are never longer
+ * than the object's bytes), sort by a seeded hash, compare equal hashes. */
+static int many_dup(const esx_json_val *obj)
+{
+    /* every member takes at least 4 bytes ("":0 plus a separator) */
+    size_t cap = obj->len / 4 + 1;
     char *scratch = malloc(obj->len ? obj->len : 1);
-    keyent *ents = count <= SIZE_MAX / sizeof *ents ? malloc(count * sizeof *ents) : NULL;
+    keyent *ents = cap <= SIZE_MAX / sizeof *ents ? malloc(cap * sizeof *ents) : NULL;
     int rc = 0;
     if (!scratch || !ents) {
         rc = -1;
@@ -651,9 +635,10 @@ static int object_dup(const esx_json_val *obj)
     }
     uint64_t seed = dup_seed();
     size_t used = 0, m = 0;
-    esx_json_val key;
+    esx_json_iter it;
+    esx_json_val key, val;
     esx_json_iter_init(&it, obj);
-    while (m < count && esx_json_iter_next(&it, &key, &val)) {
+    while (m < cap && esx_json_iter_next(&it, &key, &val)) {
         size_t l = esx_json_str_decode(&key, scratch + used, obj->len - used);
         if (l > obj->len - used) { /* cannot happen for a scanned object */
             rc = -1;
@@ -679,26 +664,39 @@ out:
     return rc;
 }
 
+/* One pass over the members: the first 8 names are kept for a pairwise check, members that
+ * may hold objects are checked in turn; objects with more members go to many_dup. */
 int esx_json_duplicate(const esx_json_val *v)
 {
-    if (v->depth == 0)
+    if (v->depth == 0 || (v->depth == 1 && v->type == ESX_JSON_ARRAY))
         return 0;
-    if (v->type == ESX_JSON_OBJECT) {
-        int rc = object_dup(v);
-        if (rc)
-            return rc;
-    }
-    if (v->depth == 1 && v->type == ESX_JSON_ARRAY)
-        return 0;
+    int obj = v->type == ESX_JSON_OBJECT;
+    esx_json_val k[8], key, val;
+    size_t n = 0;
     esx_json_iter it;
-    esx_json_val val;
     esx_json_iter_init(&it, v);
-    while (esx_json_iter_next(&it, NULL, &val)) {
-        if (val.depth == 0)
+    while (esx_json_iter_next(&it, &key, &val)) {
+        if (obj) {
+            if (n < 8)
+                k[n] = key;
+            n++;
+        }
+        /* no '{' at all (a '{' in a string only costs a useless visit): no object inside */
+        if (val.depth == 0 || !memchr(val.p, '{', val.len))
             continue;
         int rc = esx_json_duplicate(&val);
         if (rc)
             return rc;
     }
+    if (!obj || n < 2)
+        return 0;
+    if (n > 8)
+        return many_dup(v);
+    for (size_t x = 0; x < n; x++)
+        for (size_t y = x + 1; y < n; y++) {
+            int rc = key_equal(&k[x], &k[y]);
+            if (rc)
+                return rc;
+        }
     return 0;
 }
