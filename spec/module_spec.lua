@@ -62,7 +62,8 @@ describe("esx.metrics", function()
   it("includes the counters of registered objects, nested keys joined by '_'", function()
     local registry = require "esx.registry"
     local obj = {}
-    registry.add(obj, "test", "t1", function()
+    registry.add(obj, "test", "t1", function(o)
+      assert(o == obj)
       return { requests = 3, pool = { in_use = 1 }, ok = true, ratio = 0.25,
                nodes = { { url = "http://a", alive = true } } }
     end)
@@ -74,5 +75,30 @@ describe("esx.metrics", function()
     assert.truthy(text:find('esx_test_ratio{name="t1"} 0.25\n', 1, true))
     assert.truthy(text:find('esx_test_nodes_alive{name="t1",item="http://a"} 1\n', 1, true))
     assert.falsy(esx.metrics():find("esx_test_", 1, true))
+  end)
+
+  it("never keeps a registered object alive (LuaJIT has no ephemeron tables)", function()
+    local registry = require "esx.registry"
+    local gone = setmetatable({}, { __mode = "k" })
+    do
+      local obj = {}
+      gone[obj] = true
+      registry.add(obj, "test", "t2", function(o) return { n = 1, o = o } end)
+    end
+    collectgarbage()
+    collectgarbage()
+    assert.is_nil(next(gone))
+    assert.falsy(esx.metrics():find('name="t2"', 1, true))
+  end)
+
+  it("lets an unclosed client be collected", function()
+    local gone = setmetatable({}, { __mode = "k" })
+    do
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+      gone[c] = true
+    end
+    collectgarbage()
+    collectgarbage()
+    assert.is_nil(next(gone))
   end)
 end)

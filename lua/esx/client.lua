@@ -126,7 +126,7 @@ function _M.new(opts)
   local c, err = core.client_new(o)
   if not c then return nil, err end
   local self = setmetatable({ c = c, opts = o, http_failures = { http = 0, not_found = 0, json = 0 } }, Client)
-  self.name = registry.add(self, "client", o.name, function() return self:stats() end)
+  self.name = registry.add(self, "client", o.name, Client.stats)
   return self
 end
 

@@ -133,7 +133,7 @@ function _M.new(opts)
   end
   local self = setmetatable({ c = c, o = o, sink = o.sink, any_origin = any,
                               origins = allowed, dead_letter = dead_letter }, Collector)
-  self.name = registry.add(self, "collector", o.name, function() return self:stats() end)
+  self.name = registry.add(self, "collector", o.name, Collector.stats)
   return self
 end
 

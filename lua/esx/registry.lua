@@ -1,8 +1,10 @@
 --- esx.registry: the live esx objects of this Lua state, for esx.metrics().
 --
 -- Objects register themselves with a kind ("client", "collector", "cache"), a name and a
--- function returning their stats table.  The set is weak, so registering never keeps an
--- object alive; a closed object unregisters itself.
+-- function that, given the object, returns its stats table.  The set is weak-keyed and an
+-- entry never refers to its object (LuaJIT has no ephemeron tables: a value that reached
+-- its key would keep it alive), so registering never keeps an object alive; a closed object
+-- unregisters itself.
 
 local ipairs, pairs, type, tostring, concat, sort, format =
   ipairs, pairs, type, tostring, table.concat, table.sort, string.format
@@ -12,7 +14,8 @@ local _M = {}
 local live = setmetatable({}, { __mode = "k" })
 local sequence = 0
 
---- Registers obj; returns the name it was given ("client1", ... unless opts.name).
+--- Registers obj; returns the name it was given ("client1", ... unless name).
+-- stats_fn(obj) is called for esx.metrics(); it must not be a closure over obj.
 function _M.add(obj, kind, name, stats_fn)
   sequence = sequence + 1
   name = name or (kind .. sequence)
@@ -58,11 +61,12 @@ function _M.metrics(version, flavour)
     format('esx_build_info{version="%s",flavour="%s"} 1', version, flavour),
   }
   local objs = {}
-  for _, entry in pairs(live) do objs[#objs + 1] = entry end
-  sort(objs, function(a, b) return a.order < b.order end)
+  for obj, entry in pairs(live) do objs[#objs + 1] = { obj = obj, entry = entry } end
+  sort(objs, function(a, b) return a.entry.order < b.entry.order end)
   local samples = {}
-  for _, entry in ipairs(objs) do
-    local ok, stats = pcall(entry.stats)
+  for _, item in ipairs(objs) do
+    local entry = item.entry
+    local ok, stats = pcall(entry.stats, item.obj)
     if ok and type(stats) == "table" then
       flatten("esx_" .. entry.kind, 'name="' .. escape_label(entry.name) .. '"', stats, samples)
     end
