@@ -142,6 +142,34 @@ for _, p in ipairs(ALL_PEERS) do for _, c in ipairs(CONCS) do
   for _, r in ipairs(rounds(p, c)) do errs = errs + (r.errors or 0) end
 end end
 w("")
+-- The same medians over only the measurements that started on a quiet machine.
+local bar = tonumber(info.config.quiet_busy or "0")
+local function quiet_rate(peer, conc)
+  local v = {}
+  for _, r in ipairs(rounds(peer, conc)) do
+    if r.background and r.background <= bar then v[#v + 1] = r.rate end
+  end
+  return median(v), #v
+end
+local all_quiet = true
+for _, p in ipairs(PEERS) do
+  if not quiet_rate(p, 16) then all_quiet = false end
+end
+if all_quiet and over > 0 then
+  w("Only the measurements that started on a quiet machine (≤ ", string.format("%.0f%%", bar * 100),
+    " busy), c=16 medians:")
+  w("")
+  w("| peer | c=16 searches/s (quiet) | measurements | vs node | vs wrk |")
+  w("|---|--:|--:|--:|--:|")
+  local qn, qw = quiet_rate("node", 16), quiet_rate("wrk", 16)
+  for _, p in ipairs(ALL_PEERS) do
+    local r, n = quiet_rate(p, 16)
+    if r then
+      w("| ", PEER_LABEL[p], " | ", fmt_int(r), " | ", n, " | ", ratio(r, qn), " | ", ratio(r, qw), " |")
+    end
+  end
+  w("")
+end
 w("Failed or short searches: ", errs, ". Rows in italics are for analysis only: esx checking the",
   " status and body size instead of decoding the JSON (`ESX_BENCH_RAW=1`), i.e. the transport alone.")
 w("")
