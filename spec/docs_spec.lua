@@ -396,25 +396,43 @@ describe("docs/errors.md", function()
 end)
 
 describe("docs/tuning.md", function()
+  -- The run a results file holds: "Measured 2026-11-30 04:29 UTC" (client) or
+  -- "benchmark (2026-11-30T03:53Z" (cache); tuning.md names the run it quotes the same way.
+  local function run_stamp(results)
+    return results:match("Measured (%d+%-%d+%-%d+ %d+:%d+ UTC)")
+      or results:match("benchmark %((%d+%-%d+%-%d+T%d+:%d+Z)")
+  end
+
   -- Rows of the "Measured figures" table whose source is exactly a results file quote it: every
-  -- number in the value cell must appear in that file as written.
+  -- number in the value cell must appear in that file as written.  When the file holds a newer
+  -- run than the one tuning.md names, the figures are stale rather than wrong: pending, with a
+  -- message saying what to refresh (a benchmark rerun must not turn the suite red).
   it("quotes bench/results verbatim, and says what is still to be measured", function()
     local measured = section(tuning_doc, "## Measured figures")
-    local problems, rows = {}, 0
+    local problems, stale, rows = {}, {}, 0
+    local results_of = {}
     for _, l in ipairs(lines(measured)) do
       local value, source = l:match("^|[^|]*|([^|]*)|%s*`(bench/results/[%w_.-]+)`%s*|$")
       if value then
         rows = rows + 1
-        local f = io.open(source, "rb")
-        if not f then
+        if results_of[source] == nil then
+          local f = io.open(source, "rb")
+          results_of[source] = f and f:read("*a") or false
+          if f then f:close() end
+        end
+        local results = results_of[source]
+        if not results then
           problems[#problems + 1] = source .. " does not exist"
         else
-          local results = f:read("*a")
-          f:close()
-          for figure in value:gmatch("%d[%d,.]*") do
-            figure = figure:gsub("[.,]$", "")
-            if not results:find(figure, 1, true) then
-              problems[#problems + 1] = figure .. " not in " .. source .. " (" .. l .. ")"
+          local stamp = run_stamp(results)
+          if stamp and not tuning_doc:find(stamp, 1, true) then
+            stale[source] = stamp
+          else
+            for figure in value:gmatch("%d[%d,.]*") do
+              figure = figure:gsub("[.,]$", "")
+              if not results:find(figure, 1, true) then
+                problems[#problems + 1] = figure .. " not in " .. source .. " (" .. l .. ")"
+              end
             end
           end
         end
@@ -424,6 +442,14 @@ describe("docs/tuning.md", function()
     assert_none(problems, "docs/tuning.md figures that the results do not have")
     if not io.open("bench/results/collector.md") then
       assert(tuning_doc:find("still to be measured", 1, true))
+    end
+    local notes = {}
+    for source, stamp in pairs(stale) do
+      notes[#notes + 1] = source .. " now holds the run of " .. stamp
+    end
+    if #notes > 0 then
+      table.sort(notes)
+      pending("docs/tuning.md Measured figures quote an older run: " .. table.concat(notes, "; "))
     end
   end)
 end)
