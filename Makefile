@@ -24,7 +24,7 @@ SOJIT   := build/luajit/esx/core.so
 SRCLIST := build/sources.txt
 $(shell mkdir -p build && echo '$(SRCS)' | cmp -s - $(SRCLIST) || echo '$(SRCS)' > $(SRCLIST))
 
-.PHONY: all build deps test test-lua54 test-luajit demo bench rock rock-so rock-install clean help
+.PHONY: all build deps test test-lua54 test-luajit asan valgrind fuzz demo bench rock rock-so rock-install clean help
 
 all: build
 
@@ -52,6 +52,32 @@ deps:
 
 test: deps build
 	@tools/run-tests
+
+# The module built with AddressSanitizer + UndefinedBehaviorSanitizer (Lua 5.4), and the
+# suite run against it (tools/run-sanitized preloads the ASan runtime into lua5.4).
+OBJSASAN := $(patsubst src/%.c,build/asan/obj/%.o,$(SRCS))
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+build/asan/obj/%.o: src/%.c $(HDRS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(ESX_CFLAGS) -O1 -g $(SANFLAGS) $(LUA54_INC) -c $< -o $@
+
+build/asan/esx/core.so: $(OBJSASAN) $(SRCLIST)
+	@mkdir -p $(@D)
+	$(CC) -shared -g $(SANFLAGS) -o $@ $(OBJSASAN) $(ESX_LIBS)
+
+asan: deps build
+	@tools/deps check
+	@tools/run-sanitized asan
+
+valgrind: deps build
+	@tools/deps check
+	@tools/run-sanitized valgrind
+
+# libFuzzer: each target for SECONDS (default 60) from fuzz/corpus (see fuzz/README.md).
+SECONDS ?= 60
+fuzz: deps
+	@tools/deps check
+	@$(MAKE) -C fuzz run SECONDS=$(SECONDS)
 
 test-lua54: build
 	@tools/run-tests lua5.4
@@ -97,3 +123,6 @@ help:
 	@echo "make demo     start the dev server and nginx and drive the demo traffic"
 	@echo "make bench    run the side-by-side benchmarks, write bench/results.md"
 	@echo "make rock     luarocks make into build/rocks"
+	@echo "make asan     the suite against an ASan+UBSan build"
+	@echo "make valgrind the client, collector, event and cache specs under valgrind"
+	@echo "make fuzz     every libFuzzer target for SECONDS (default 60)"

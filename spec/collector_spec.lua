@@ -278,8 +278,10 @@ describe("shipping", function()
                                   dead_backoff_min = 50, dead_backoff_max = 100 })
     local col = new{ sink = c2, retry_backoff_min = 20, retry_backoff_max = 200 }
     srv:stop()
+    finally(function() if srv.stopped then srv = ds.start{ port = port } end end)
     for i = 1, 20 do assert.equal(204, (post(col, cjson.encode(ev({ event_id = "down-" .. i }))))) end
-    socket.sleep(0.5)
+    local deadline = socket.gettime() + 10
+    while col:stats().retried == 0 and socket.gettime() < deadline do socket.sleep(0.05) end
     assert.equal(20, col:stats().queued_events)
     assert.is_true(col:stats().retried > 0)
     srv = ds.start{ port = port }

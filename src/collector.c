@@ -431,7 +431,10 @@ static void housekeeping(esx_collector *col, int64_t now)
         if (esx_rollups_emit(col->rollups, wall, all, col->cfg.instance,
                              col->cfg.rollup_index_fmt, emit_rollup_line, col) >= 0 && all)
             col->last_rollup_emit = now;
+    }
+    if (col->emit_now) {
         col->emit_now = 0;
+        pthread_cond_broadcast(&col->idle); /* flush() waits for the rows to be queued */
     }
     if (col->spool) {
         if (now - col->last_sync >= col->cfg.spool_sync_interval) {
@@ -916,8 +919,10 @@ int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
     col->emit_now = 1;
     col->flush_requested = 1;
     pthread_cond_signal(&col->wake);
-    /* let the shipper write the rollup rows before we look at the queue */
-    while (col->emit_now && col->running) {
+    /* let the shipper queue the rollup rows before we look at the queue */
+    int64_t start = esx_now_ms();
+    while (col->emit_now && col->running &&
+           (timeout_ms < 0 || esx_now_ms() - start < timeout_ms)) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += 5000000;
@@ -927,7 +932,8 @@ int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
         }
         pthread_cond_timedwait(&col->idle, &col->mu, &ts);
     }
-    int empty = wait_empty(col, timeout_ms);
+    int64_t left = timeout_ms < 0 ? -1 : timeout_ms - (esx_now_ms() - start);
+    int empty = wait_empty(col, left < 0 && timeout_ms >= 0 ? 0 : left);
     pthread_mutex_unlock(&col->mu);
     return empty;
 }
