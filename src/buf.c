@@ -1,6 +1,7 @@
 /*
  * buf.c -- bounded growable byte buffer (see buf.h).
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,9 +16,10 @@ void esx_buf_init(esx_buf *b, size_t max)
 
 int esx_buf_reserve(esx_buf *b, size_t n)
 {
-    if (n > b->max || b->len > b->max - n)
+    /* len + n + 1 (the NUL) must fit in size_t as well as under max */
+    if (n > b->max || b->len > b->max - n || n >= SIZE_MAX - b->len)
         return ESX_BUF_TOOBIG;
-    size_t need = b->len + n + 1; /* +1 for the terminating NUL; cannot wrap: max < SIZE_MAX */
+    size_t need = b->len + n + 1;
     if (need <= b->cap)
         return ESX_BUF_OK;
     size_t cap = b->cap ? b->cap : 256;

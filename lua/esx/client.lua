@@ -289,7 +289,8 @@ local function check_index(index, argn, fname, allow_multi)
   if bad then
     error(format("bad argument #%d to '%s' (invalid index name %q)", argn, fname, index), 3)
   end
-  return index
+  -- '+' is legal in index names but some servers read it as a space in a path: send %2B
+  return (gsub(index, "%+", "%%2B"))
 end
 _M.check_index = check_index
 

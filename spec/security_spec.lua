@@ -1,0 +1,163 @@
+-- Security checks: credentials never shown, CR/LF and bad index names refused before anything
+-- is sent, request-smuggling shapes against the collector in nginx, size arithmetic near
+-- SIZE_MAX.  (TLS verification by default is in client_spec.lua's "TLS" block.)
+local esx = require "esx"
+local ds = require "spec.support.devserver"
+local nginx = require "spec.support.nginx"
+local socket = require "socket"
+
+local SECRET = "pa55-Wd-s3cret"
+
+describe("credentials", function()
+  local srv
+  setup(function() srv = ds.start{ user = "elastic", password = SECRET } end)
+  teardown(function() srv:stop() end)
+
+  it("never appear in errors, stats or metrics, whichever way they are given", function()
+    local clients = {
+      esx.client{ hosts = { srv.url }, username = "elastic", password = SECRET, max_retries = 0 },
+      esx.client{ hosts = { (srv.url:gsub("//", "//elastic:" .. SECRET .. "@")) }, max_retries = 0 },
+      esx.client{ hosts = { srv.url }, api_key = SECRET, max_retries = 0 },
+      esx.client{ hosts = { "http://elastic:" .. SECRET .. "@127.0.0.1:1" }, max_retries = 0 },
+    }
+    local texts = {}
+    for _, c in ipairs(clients) do
+      local _, err = c:get("nope", "1")
+      local _, err2 = c:request("GET", "/_cluster/health", nil, { timeout = 200 })
+      for _, e in ipairs({ err, err2 }) do
+        if e then
+          texts[#texts + 1] = tostring(e)
+          texts[#texts + 1] = tostring(e.node)
+          texts[#texts + 1] = tostring(e.body)
+        end
+      end
+      local s = c:stats()
+      for _, n in ipairs(s.nodes) do texts[#texts + 1] = n.url end
+    end
+    texts[#texts + 1] = esx.metrics()
+    for _, c in ipairs(clients) do c:close() end
+    for _, t in ipairs(texts) do
+      assert.falsy(t:find(SECRET, 1, true), "credential shown in: " .. t)
+    end
+  end)
+end)
+
+describe("refused before anything is sent", function()
+  local srv, c
+  setup(function()
+    srv = ds.start{}
+    c = esx.client{ hosts = { srv.url } }
+  end)
+  teardown(function()
+    c:close()
+    srv:stop()
+  end)
+  before_each(function() srv:reset() end)
+
+  it("CR, LF and spaces in paths; CR/LF in header values and content types", function()
+    local bad = {
+      function() c:request("GET", "/x\r\nHost: evil") end,
+      function() c:request("GET", "/x y") end,
+      function() c:request("GET", "/x\0y") end,
+      function() c:request("GET", "/", nil, { headers = { ["X-A"] = "v\r\nX-B: w" } }) end,
+      function() c:request("GET", "/", nil, { headers = { ["X-A"] = "v\nw" } }) end,
+      function() c:request("POST", "/", "{}", { content_type = "application/json\r\nX: y" }) end,
+      function() esx.client{ headers = { ["X-A"] = "a\rb" } } end,
+      function() esx.client{ headers = { ["Bad Name"] = "a" } } end,
+      function() esx.client{ username = "u\r\n", password = "p" } end,
+      function() esx.client{ api_key = "k\nX-Evil: 1" } end,
+    }
+    for i, f in ipairs(bad) do assert.has_error(f, nil, "case " .. i) end
+    assert.same({}, srv:requests().requests)
+  end)
+
+  it("index names that Elasticsearch would refuse", function()
+    local invalid = { "Upper", "a b", "a/b", "a\\b", "a*b", "a?b", 'a"b', "a<b", "a>b", "a|b",
+                      "a,b", "a#b", "-a", "_a", "+a", ".", "..", "", string.rep("a", 256), "a\r\nb" }
+    for _, name in ipairs(invalid) do
+      assert.has_error(function() c:index(name, { x = 1 }) end, nil, name)
+      assert.has_error(function() c:get(name, "1") end, nil, name)
+    end
+    for _, name in ipairs({ "events-2026.11.30", "a_b", "a.b", "a+b", ".hidden", string.rep("a", 255) }) do
+      assert(c:index(name, { x = 1 }, "1"), name)
+    end
+    assert.equal(6, #srv:requests().requests)
+  end)
+
+  it("document ids cannot change the path", function()
+    assert(c:index("docs", { x = 1 }, "../../_all?x=1#y"))
+    local seen = srv:requests().requests[1]
+    assert.equal("/docs/_doc/..%2F..%2F_all%3Fx%3D1%23y", seen.path)
+  end)
+end)
+
+describe("request smuggling shapes against the collector in nginx #nginx", function()
+  local es, web
+  setup(function()
+    es = ds.start{}
+    web = nginx.start{
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.col = esx.collector{ sink = esx.client{ hosts = { "%s" } } }
+        }
+      ]]):format(es.url),
+      server = [[
+        location = /collect { content_by_lua_block { require("esx.nginx").collect(package.loaded.col) } }
+      ]],
+    }
+  end)
+  teardown(function()
+    web:stop()
+    es:stop()
+  end)
+
+  local function raw(text)
+    local s = assert(socket.connect("127.0.0.1", web.port))
+    s:settimeout(5)
+    assert(s:send(text))
+    local out = s:receive("*a")
+    s:close()
+    local statuses = {}
+    for st in out:gmatch("HTTP/1%.%d (%d%d%d)") do statuses[#statuses + 1] = tonumber(st) end
+    return statuses, out
+  end
+
+  it("refuses Content-Length together with Transfer-Encoding", function()
+    local body = '{"site_id":"s","type":"view"}'
+    local statuses = raw("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" ..
+      "Content-Length: " .. #body .. "\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" ..
+      string.format("%x\r\n%s\r\n0\r\n\r\n", #body, body))
+    assert.same({ 400 }, statuses)
+  end)
+
+  it("treats a GET with a body as a pixel beacon and never reads the body as events", function()
+    local body = '{"site_id":"s","type":"smuggled"}'
+    local statuses = raw("GET /collect?site_id=s&type=view HTTP/1.1\r\nHost: x\r\nContent-Length: " ..
+      #body .. "\r\nConnection: close\r\n\r\n" .. body)
+    assert.same({ 200 }, statuses)
+  end)
+
+  it("answers HEAD with 405 and no body confusion on a kept-alive connection", function()
+    local statuses = raw("HEAD /collect HTTP/1.1\r\nHost: x\r\n\r\n" ..
+      "GET /collect?site_id=s&type=view HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert.same({ 405, 200 }, statuses)
+  end)
+end)
+
+describe("size arithmetic near SIZE_MAX", function()
+  it("refuses every size that would wrap, and caps a gzip bomb", function()
+    local bin = os.tmpname()
+    local cc = "gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc tools/unit/sizes.c src/buf.c src/gzip.c -lz -o " .. bin
+    local ok = os.execute(cc)
+    assert.truthy(ok == true or ok == 0, "cannot build tools/unit/sizes.c")
+    local p = io.popen(bin)
+    local out = p:read("*a")
+    local rc = { p:close() }
+    os.remove(bin)
+    assert.falsy(out:find("FAIL", 1, true), out)
+    local _, n = out:gsub("\nok ", "")
+    assert.equal(10, n) -- 11 checks, the first line has no leading newline
+    assert.truthy(rc[1] == true or rc[3] == 0, out)
+  end)
+end)
