@@ -8,6 +8,7 @@
 
 #include "client.h"
 #include "clock.h"
+#include "proc.h"
 #include "version.h"
 
 #define WAIT_SLICE_MS 100
@@ -17,9 +18,9 @@
  * forking thread exists in a new child, so nobody can hold it yet). */
 static void client_lock(esx_client *c)
 {
-    if (c->pid != getpid()) {
+    if (c->pid != esx_pid()) {
         pthread_mutex_init(&c->mu, NULL);
-        c->pid = getpid();
+        c->pid = esx_pid();
     }
     pthread_mutex_lock(&c->mu);
 }
@@ -51,7 +52,7 @@ esx_client *esx_client_new(esx_config *cfg, char *why)
     c->fork_gen = esx_engine_generation(c->engine);
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->mu, NULL);
-    c->pid = getpid();
+    c->pid = esx_pid();
     return c;
 }
 

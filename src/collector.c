@@ -18,6 +18,7 @@
 #include "bulk_response.h"
 #include "clock.h"
 #include "collector.h"
+#include "proc.h"
 #include "ratelimit.h"
 #include "rollup.h"
 #include "spool.h"
@@ -591,10 +592,10 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
         goto fail;
     }
     esx_idgen_init(&col->ids);
-    col->rng = (unsigned)esx_now_ms() ^ (unsigned)getpid();
+    col->rng = (unsigned)esx_now_ms() ^ (unsigned)esx_pid();
     esx_client_ref(client);
     col->client = client;
-    col->pid = getpid();
+    col->pid = esx_pid();
     return col;
 fail:
     esx_rollups_free(col->rollups);
@@ -614,7 +615,7 @@ fail:
  * start the shipper.  Called by the intake's thread.  Returns 0 or -1 (why, 256 bytes). */
 static int ensure_running(esx_collector *col, char *why)
 {
-    if (col->pid != getpid()) {
+    if (col->pid != esx_pid()) {
         /* A forked child: the parent's thread, requests and spool files are the parent's.
          * The memory is our copy: drop its queue (in-flight batches belong to the parent's
          * engine and are left alone), re-create the locks, and re-seed the id generator so
@@ -644,7 +645,7 @@ static int ensure_running(esx_collector *col, char *why)
         open_dead_letter(col);
         esx_idgen_init(&col->ids);
         col->running = 0;
-        col->pid = getpid();
+        col->pid = esx_pid();
     }
     if (col->running || col->closed)
         return 0;
@@ -657,7 +658,7 @@ static int ensure_running(esx_collector *col, char *why)
         for (char *p = host; *p; p++)
             if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
                 *p = '-';
-        snprintf(col->cfg.instance, sizeof col->cfg.instance, "%s-%d", host, (int)getpid());
+        snprintf(col->cfg.instance, sizeof col->cfg.instance, "%s-%d", host, (int)esx_pid());
     }
     pthread_mutex_lock(&col->mu);
     if (col->cfg.spool_dir[0] && col->spool == NULL) {
@@ -962,7 +963,7 @@ void esx_collector_rollups(esx_collector *col, int64_t now_ms,
 
 void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
 {
-    if (col->pid != getpid()) {
+    if (col->pid != esx_pid()) {
         char why[256];
         ensure_running(col, why);
     }
@@ -998,7 +999,7 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
     if (col->closed)
         return 0;
     char why[256];
-    if (col->pid != getpid())
+    if (col->pid != esx_pid())
         ensure_running(col, why);
     pthread_mutex_lock(&col->mu);
     col->closed = 1;

@@ -19,6 +19,7 @@
 
 #include "clock.h"
 #include "engine.h"
+#include "proc.h"
 #include "retry_after.h"
 
 const char *const esx_failure_kinds[ESX_NKINDS] = {
@@ -913,7 +914,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         return NULL;
     }
     e->cfg = cfg;
-    e->pid = getpid();
+    e->pid = esx_pid();
     e->generation = atomic_fetch_add(&next_generation, 1);
     e->rng = (unsigned)e->generation * 2654435761u ^ (unsigned)e->pid;
     atomic_init(&e->listen_fd, -1);
@@ -980,12 +981,12 @@ int esx_engine_submit(esx_engine *e, esx_request *req)
 
 int esx_engine_healthy(const esx_engine *e)
 {
-    return atomic_load(&e->alive) && e->pid == getpid();
+    return atomic_load(&e->alive) && e->pid == esx_pid();
 }
 
 int esx_engine_ours(const esx_engine *e)
 {
-    return e->pid == getpid();
+    return e->pid == esx_pid();
 }
 
 uint64_t esx_engine_generation(const esx_engine *e)
@@ -1100,7 +1101,7 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
         dir = "/tmp";
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/esx-%d-%llu.sock", dir,
-                     (int)getpid(), (unsigned long long)e->generation);
+                     (int)esx_pid(), (unsigned long long)e->generation);
     if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
         snprintf(why, 256, "waiter socket path too long");
         return NULL;

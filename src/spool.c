@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "proc.h"
 #include "spool.h"
 
 #define MAX_RECORD (64u << 20)
@@ -47,7 +48,7 @@ esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
         return NULL;
     }
     snprintf(sp->dir, sizeof sp->dir, "%s", dir);
-    sp->pid = getpid();
+    sp->pid = esx_pid();
     sp->max_segment_bytes = max_segment_bytes;
     return sp;
 }
