@@ -17,13 +17,22 @@ local PID do
   f:close()
 end
 
--- descriptors of this process (the pipe used to count them is closed before it counts)
+-- descriptors of this process (the pipe used to list them is closed before it counts)
+local last_list = ""
 local function open_fds()
   collectgarbage()
-  local p = io.popen("ls /proc/" .. PID .. "/fd")
-  local n = 0
-  for _ in p:lines() do n = n + 1 end
+  collectgarbage()
+  local p = io.popen("ls -l /proc/" .. PID .. "/fd")
+  local n, list = 0, {}
+  for line in p:lines() do
+    local fd, target = line:match(" (%d+) %-> (.*)$")
+    if fd then
+      n = n + 1
+      list[#list + 1] = fd .. "=" .. target
+    end
+  end
   p:close()
+  last_list = table.concat(list, " ")
   return n
 end
 
@@ -123,7 +132,8 @@ describe("fault matrix: client", function()
       c:close()
       if cleanup then cleanup() end
       srv:clear_faults()
-      assert.is_true(open_fds() <= before, "descriptors leaked")
+      local before_list = last_list
+      assert.is_true(open_fds() <= before, "descriptors leaked: " .. before_list .. " -> " .. last_list)
     end)
   end
 
@@ -139,7 +149,8 @@ describe("fault matrix: client", function()
     end
     assert.equal(3, c:stats().rebuilds)
     c:close()
-    assert.is_true(open_fds() <= before, "descriptors leaked")
+    local before_list = last_list
+    assert.is_true(open_fds() <= before, "descriptors leaked: " .. before_list .. " -> " .. last_list)
   end)
 
   it("node restarted under load: marked dead, skipped, brought back", function()
