@@ -89,6 +89,7 @@ demo: deps build
 	@examples/demo/run $(if $(ES_URL),--es-url $(ES_URL))
 
 bench: deps build
+	@tools/deps bench
 	@bench/run
 
 # Builds and installs the rock into ./build/rocks (a local tree), for Lua 5.4.
