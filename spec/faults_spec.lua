@@ -17,7 +17,11 @@ local PID do
   f:close()
 end
 
--- descriptors of this process (the pipe used to list them is closed before it counts)
+-- Upper time bounds stretch under sanitizers and valgrind (tools/run-sanitized sets it).
+local SCALE = tonumber(os.getenv("ESX_TEST_TIME_SCALE")) or 1
+
+-- sockets and anonymous inodes (eventfd, epoll) of this process: what an engine could leak
+-- (pipes are left out: the listing's own pipe races with popen closing its other end)
 local last_list = ""
 local function open_fds()
   collectgarbage()
@@ -26,7 +30,7 @@ local function open_fds()
   local n, list = 0, {}
   for line in p:lines() do
     local fd, target = line:match(" (%d+) %-> (.*)$")
-    if fd then
+    if fd and (target:find("^socket:") or target:find("^anon_inode:")) then
       n = n + 1
       list[#list + 1] = fd .. "=" .. target
     end
@@ -128,7 +132,7 @@ describe("fault matrix: client", function()
         assert.is_table(res, tostring(err))
         assert.equal(row.status, res.status)
       end
-      assert.is_true(took < row.within, row.name .. " took " .. took .. " ms")
+      assert.is_true(took < row.within * SCALE, row.name .. " took " .. took .. " ms")
       c:close()
       if cleanup then cleanup() end
       srv:clear_faults()

@@ -9,7 +9,6 @@
 #include "client.h"
 #include "clock.h"
 #include "proc.h"
-#include "version.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -158,8 +157,8 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
         }
     }
     char line[640];
-    if (append_header(&req->headers, "User-Agent: esx/" ESX_VERSION) ||
-        append_header(&req->headers, "Expect:"))
+    /* No "Expect: 100-continue" round trip: curl adds it only to bigger bodies. */
+    if (req->body_len > 1024 && append_header(&req->headers, "Expect:"))
         goto nomem;
     for (int i = 0; i < cfg->n_headers; i++)
         if (append_header(&req->headers, cfg->headers[i]))
@@ -175,8 +174,6 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
             goto nomem;
     }
     if (req->body_gzip && append_header(&req->headers, "Content-Encoding: gzip"))
-        goto nomem;
-    if (cfg->compression && append_header(&req->headers, "Accept-Encoding: gzip"))
         goto nomem;
     for (int i = 0; i < n_extra; i++)
         if (append_header(&req->headers, extra[i]))

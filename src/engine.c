@@ -21,6 +21,7 @@
 #include "engine.h"
 #include "proc.h"
 #include "retry_after.h"
+#include "version.h"
 
 const char *const esx_failure_kinds[ESX_NKINDS] = {
     ESX_EPOOL_TIMEOUT, ESX_ECONNECT_TIMEOUT, ESX_ECONNECT,  ESX_ERESET,  ESX_ESOCKET_TIMEOUT,
@@ -49,6 +50,7 @@ struct esx_engine {
     atomic_int alive;
     atomic_int stop;
     atomic_int kill;
+    atomic_int wake_pending;    /* a wakeup is on its way: submitters need not send another */
     pid_t pid;
     uint64_t generation;
     CURLM *multi;
@@ -389,6 +391,14 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, e);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    /* Nodes are given explicitly: no proxy from the environment (and no getenv per call). */
+    curl_easy_setopt(h, CURLOPT_PROXY, "");
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "esx/" ESX_VERSION);
+    if (cfg->compression) {
+        /* ask for gzip, but inflate ourselves: bounded, and counted on both sides */
+        curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "gzip");
+        curl_easy_setopt(h, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+    }
     if (cfg->connect_timeout > 0)
         curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->connect_timeout);
     /* The loop enforces every deadline itself; this is only a backstop. */
@@ -600,6 +610,8 @@ static void on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64
 
 static void take_submissions(esx_engine *e, int64_t now)
 {
+    /* cleared before taking the queue: a request queued after this sends a new wakeup */
+    atomic_store(&e->wake_pending, 0);
     pthread_mutex_lock(&e->mu);
     esx_request *req = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
@@ -921,6 +933,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     atomic_init(&e->alive, 0);
     atomic_init(&e->stop, 0);
     atomic_init(&e->kill, 0);
+    atomic_init(&e->wake_pending, 0);
     if (prev) {
         e->nodes = prev->nodes;
         e->stats = prev->stats;
@@ -975,7 +988,8 @@ int esx_engine_submit(esx_engine *e, esx_request *req)
     e->sub_tail = req;
     e->stats.requests += req->retries == 0 && req->submitted_at == 0;
     pthread_mutex_unlock(&e->mu);
-    curl_multi_wakeup(e->multi);
+    if (!atomic_exchange(&e->wake_pending, 1))
+        curl_multi_wakeup(e->multi); /* one system call per burst of submissions */
     return 0;
 }
 
