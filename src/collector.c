@@ -498,16 +498,7 @@ static void *shipper_main(void *arg)
                 continue;
             }
         }
-        int64_t until = next_deadline(col, now);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t wait = until - now;
-        ts.tv_sec += wait / 1000;
-        ts.tv_nsec += (wait % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = esx_mono_after(next_deadline(col, now) - now);
         pthread_cond_timedwait(&col->wake, &col->mu, &ts);
     }
     pthread_mutex_unlock(&col->mu);
@@ -545,6 +536,20 @@ static int open_dead_letter(esx_collector *col)
     return col->dl_fd >= 0 ? 0 : -1;
 }
 
+/* Frees what a collector owns besides its queue, locks and client (NULL-safe parts). */
+static void free_parts(esx_collector *col)
+{
+    esx_rollups_free(col->rollups);
+    esx_ratelimit_free(col->rl);
+    esx_buf_free(&col->docs);
+    esx_buf_free(&col->lines);
+    free(col->events);
+    free(col->rejects);
+    free(col->offs);
+    free(col->sites);
+    free(col->counts);
+}
+
 esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *client, char *why)
 {
     esx_collector *col = calloc(1, sizeof *col);
@@ -565,11 +570,7 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
     col->counts = calloc(m, sizeof *col->counts);
     if (!col->events || !col->rejects || !col->offs || !col->sites || !col->counts ||
         init_locks(col) != 0) {
-        free(col->events);
-        free(col->rejects);
-        free(col->offs);
-        free(col->sites);
-        free(col->counts);
+        free_parts(col);
         free(col);
         snprintf(why, 256, "out of memory");
         return NULL;
@@ -598,15 +599,7 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
     col->pid = esx_pid();
     return col;
 fail:
-    esx_rollups_free(col->rollups);
-    esx_ratelimit_free(col->rl);
-    esx_buf_free(&col->docs);
-    esx_buf_free(&col->lines);
-    free(col->events);
-    free(col->rejects);
-    free(col->offs);
-    free(col->sites);
-    free(col->counts);
+    free_parts(col);
     free(col);
     return NULL;
 }
@@ -888,16 +881,7 @@ void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int 
 
 static int wait_empty(esx_collector *col, int64_t timeout_ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    if (timeout_ms >= 0) {
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (timeout_ms % 1000) * 1000000;
-        if (until.tv_nsec >= 1000000000) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000;
-        }
-    }
+    struct timespec until = esx_mono_after(timeout_ms);
     while ((col->queue_events > 0 || (col->spool && esx_spool_has_backlog(col->spool))) &&
            col->running) {
         col->flush_requested = 1;
@@ -924,13 +908,7 @@ int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
     int64_t start = esx_now_ms();
     while (col->emit_now && col->running &&
            (timeout_ms < 0 || esx_now_ms() - start < timeout_ms)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 5000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = esx_mono_after(5);
         pthread_cond_timedwait(&col->idle, &col->mu, &ts);
     }
     int64_t left = timeout_ms < 0 ? -1 : timeout_ms - (esx_now_ms() - start);
@@ -1037,15 +1015,7 @@ static void col_unref(esx_collector *col)
         esx_spool_close(col->spool); /* segments with pending events stay for replay */
     if (col->dl_fd >= 0)
         close(col->dl_fd);
-    esx_rollups_free(col->rollups);
-    esx_ratelimit_free(col->rl);
-    esx_buf_free(&col->docs);
-    esx_buf_free(&col->lines);
-    free(col->events);
-    free(col->rejects);
-    free(col->offs);
-    free(col->sites);
-    free(col->counts);
+    free_parts(col);
     esx_client_unref(col->client);
     pthread_mutex_destroy(&col->mu);
     pthread_mutex_destroy(&col->intake_mu);

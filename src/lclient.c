@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "lclient.h"
 #include "lerror.h"
+#include "lopts.h"
 
 #define CLIENT_MT "esx.client"
 #define PENDING_MT "esx.pending"
@@ -26,41 +27,6 @@ typedef struct lpending {
 } lpending;
 
 /* ---------------------------------------------------------------- config */
-
-static int64_t field_int(lua_State *L, int t, const char *name, int64_t def)
-{
-    lua_getfield(L, t, name);
-    int64_t v = def;
-    if (!lua_isnil(L, -1)) {
-        if (!esx_isinteger(L, -1))
-            luaL_error(L, "esx.client: option '%s' must be an integer", name);
-        v = esx_tointeger(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
-static int field_bool(lua_State *L, int t, const char *name, int def)
-{
-    lua_getfield(L, t, name);
-    int v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    return v;
-}
-
-static void field_str(lua_State *L, int t, const char *name, char *out, size_t outlen)
-{
-    lua_getfield(L, t, name);
-    out[0] = '\0';
-    if (!lua_isnil(L, -1)) {
-        size_t len;
-        const char *s = luaL_checklstring(L, -1, &len);
-        if (len >= outlen || strlen(s) != len)
-            luaL_error(L, "esx.client: option '%s' is too long or contains NUL", name);
-        memcpy(out, s, len + 1);
-    }
-    lua_pop(L, 1);
-}
 
 static int has_crlf(const char *s, size_t len)
 {
@@ -94,28 +60,28 @@ static void read_config(lua_State *L, int t, esx_config *cfg)
     cfg->nodes.n = n;
     lua_pop(L, 1);
     if (!cfg->username[0]) {
-        field_str(L, t, "username", cfg->username, sizeof cfg->username);
-        field_str(L, t, "password", cfg->password, sizeof cfg->password);
+        esx_lopt_str(L, t, "esx.client", "username", cfg->username, sizeof cfg->username);
+        esx_lopt_str(L, t, "esx.client", "password", cfg->password, sizeof cfg->password);
     }
-    field_str(L, t, "api_key", cfg->api_key, sizeof cfg->api_key);
+    esx_lopt_str(L, t, "esx.client", "api_key", cfg->api_key, sizeof cfg->api_key);
     if (has_crlf(cfg->api_key, strlen(cfg->api_key)))
         luaL_error(L, "esx.client: bad option 'api_key' (contains CR or LF)");
-    field_str(L, t, "ca_file", cfg->ca_file, sizeof cfg->ca_file);
-    cfg->connect_timeout = field_int(L, t, "connect_timeout", 1000);
-    cfg->socket_timeout = field_int(L, t, "socket_timeout", 30000);
-    cfg->pool_timeout = field_int(L, t, "pool_timeout", 1000);
-    cfg->request_timeout = field_int(L, t, "request_timeout", 0);
-    cfg->max_per_route = (int)field_int(L, t, "max_per_route", 10);
-    cfg->max_total = (int)field_int(L, t, "max_total", 30);
-    cfg->compression = field_bool(L, t, "compression", 0);
-    cfg->compression_level = (int)field_int(L, t, "compression_level", 1);
-    cfg->compression_min_bytes = (size_t)field_int(L, t, "compression_min_bytes", 0);
-    cfg->max_response_bytes = (size_t)field_int(L, t, "max_response_bytes", 100 << 20);
-    cfg->max_retries = (int)field_int(L, t, "max_retries", 3);
-    cfg->dead_backoff_min = field_int(L, t, "dead_backoff_min", 60000);
-    cfg->dead_backoff_max = field_int(L, t, "dead_backoff_max", 1800000);
-    cfg->resurrect = field_bool(L, t, "resurrect", 1);
-    cfg->tls_verify = field_bool(L, t, "tls_verify", 1);
+    esx_lopt_str(L, t, "esx.client", "ca_file", cfg->ca_file, sizeof cfg->ca_file);
+    cfg->connect_timeout = esx_lopt_int(L, t, "esx.client", "connect_timeout", 1000);
+    cfg->socket_timeout = esx_lopt_int(L, t, "esx.client", "socket_timeout", 30000);
+    cfg->pool_timeout = esx_lopt_int(L, t, "esx.client", "pool_timeout", 1000);
+    cfg->request_timeout = esx_lopt_int(L, t, "esx.client", "request_timeout", 0);
+    cfg->max_per_route = (int)esx_lopt_int(L, t, "esx.client", "max_per_route", 10);
+    cfg->max_total = (int)esx_lopt_int(L, t, "esx.client", "max_total", 30);
+    cfg->compression = esx_lopt_bool(L, t, "esx.client", "compression", 0);
+    cfg->compression_level = (int)esx_lopt_int(L, t, "esx.client", "compression_level", 1);
+    cfg->compression_min_bytes = (size_t)esx_lopt_int(L, t, "esx.client", "compression_min_bytes", 0);
+    cfg->max_response_bytes = (size_t)esx_lopt_int(L, t, "esx.client", "max_response_bytes", 100 << 20);
+    cfg->max_retries = (int)esx_lopt_int(L, t, "esx.client", "max_retries", 3);
+    cfg->dead_backoff_min = esx_lopt_int(L, t, "esx.client", "dead_backoff_min", 60000);
+    cfg->dead_backoff_max = esx_lopt_int(L, t, "esx.client", "dead_backoff_max", 1800000);
+    cfg->resurrect = esx_lopt_bool(L, t, "esx.client", "resurrect", 1);
+    cfg->tls_verify = esx_lopt_bool(L, t, "esx.client", "tls_verify", 1);
     lua_getfield(L, t, "retry_on_status");
     if (lua_istable(L, -1)) {
         int k = (int)lua_rawlen(L, -1);

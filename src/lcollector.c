@@ -12,6 +12,7 @@
 #include "lclient.h"
 #include "lcollector.h"
 #include "lerror.h"
+#include "lopts.h"
 #include "rollup.h"
 
 #define COLLECTOR_MT "esx.collector.core"
@@ -35,41 +36,6 @@ static esx_collector *live_col(lua_State *L, int idx)
     return u->col;
 }
 
-static int64_t opt_int(lua_State *L, int t, const char *name, int64_t def)
-{
-    lua_getfield(L, t, name);
-    int64_t v = def;
-    if (!lua_isnil(L, -1)) {
-        if (!esx_isinteger(L, -1))
-            luaL_error(L, "esx.collector: option '%s' must be an integer", name);
-        v = esx_tointeger(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
-static double opt_num(lua_State *L, int t, const char *name, double def)
-{
-    lua_getfield(L, t, name);
-    double v = lua_isnil(L, -1) ? def : luaL_checknumber(L, -1);
-    lua_pop(L, 1);
-    return v;
-}
-
-static void opt_str(lua_State *L, int t, const char *name, char *out, size_t outlen)
-{
-    lua_getfield(L, t, name);
-    out[0] = '\0';
-    if (!lua_isnil(L, -1)) {
-        size_t len;
-        const char *s = luaL_checklstring(L, -1, &len);
-        if (len >= outlen)
-            luaL_error(L, "esx.collector: option '%s' is too long", name);
-        memcpy(out, s, len + 1);
-    }
-    lua_pop(L, 1);
-}
-
 /* core.collector_new(client, opts) -> collector | nil, err.  opts is validated by Lua. */
 static int collector_new(lua_State *L)
 {
@@ -77,28 +43,28 @@ static int collector_new(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     esx_collector_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    opt_str(L, 2, "index", cfg.index_fmt, sizeof cfg.index_fmt);
-    cfg.max_events = (int)opt_int(L, 2, "max_events", 100);
-    cfg.queue_max_bytes = (size_t)opt_int(L, 2, "queue_max_bytes", 64 << 20);
-    cfg.batch_max_bytes = (size_t)opt_int(L, 2, "batch_max_bytes", 1 << 20);
-    cfg.batch_max_events = (int)opt_int(L, 2, "batch_max_events", 5000);
-    cfg.flush_interval = opt_int(L, 2, "flush_interval", 1000);
-    cfg.bulk_concurrency = (int)opt_int(L, 2, "bulk_concurrency", 2);
-    cfg.backoff_min = opt_int(L, 2, "retry_backoff_min", 100);
-    cfg.backoff_max = opt_int(L, 2, "retry_backoff_max", 30000);
-    opt_str(L, 2, "spool_dir", cfg.spool_dir, sizeof cfg.spool_dir);
-    cfg.spool_sync_interval = opt_int(L, 2, "spool_sync_interval", 1000);
-    cfg.spool_segment_bytes = (size_t)opt_int(L, 2, "spool_segment_bytes", 4 << 20);
-    cfg.spool_max_bytes = (size_t)opt_int(L, 2, "spool_max_bytes", (int64_t)1 << 30);
-    opt_str(L, 2, "dead_letter", cfg.dead_letter_path, sizeof cfg.dead_letter_path);
-    cfg.rollup_window = opt_int(L, 2, "rollup_window", 60000);
-    opt_str(L, 2, "rollup_index", cfg.rollup_index_fmt, sizeof cfg.rollup_index_fmt);
-    cfg.rollup_interval = opt_int(L, 2, "rollup_interval", 10000);
-    cfg.rollup_max_rows = (size_t)opt_int(L, 2, "rollup_max_rows", 100000);
-    opt_str(L, 2, "instance", cfg.instance, sizeof cfg.instance);
-    cfg.site_rate = opt_num(L, 2, "site_rate", 0);
-    cfg.site_burst = opt_num(L, 2, "site_burst", 0);
-    cfg.max_sites = (size_t)opt_int(L, 2, "max_sites", 100000);
+    esx_lopt_str(L, 2, "esx.collector", "index", cfg.index_fmt, sizeof cfg.index_fmt);
+    cfg.max_events = (int)esx_lopt_int(L, 2, "esx.collector", "max_events", 100);
+    cfg.queue_max_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "queue_max_bytes", 64 << 20);
+    cfg.batch_max_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "batch_max_bytes", 1 << 20);
+    cfg.batch_max_events = (int)esx_lopt_int(L, 2, "esx.collector", "batch_max_events", 5000);
+    cfg.flush_interval = esx_lopt_int(L, 2, "esx.collector", "flush_interval", 1000);
+    cfg.bulk_concurrency = (int)esx_lopt_int(L, 2, "esx.collector", "bulk_concurrency", 2);
+    cfg.backoff_min = esx_lopt_int(L, 2, "esx.collector", "retry_backoff_min", 100);
+    cfg.backoff_max = esx_lopt_int(L, 2, "esx.collector", "retry_backoff_max", 30000);
+    esx_lopt_str(L, 2, "esx.collector", "spool_dir", cfg.spool_dir, sizeof cfg.spool_dir);
+    cfg.spool_sync_interval = esx_lopt_int(L, 2, "esx.collector", "spool_sync_interval", 1000);
+    cfg.spool_segment_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "spool_segment_bytes", 4 << 20);
+    cfg.spool_max_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "spool_max_bytes", (int64_t)1 << 30);
+    esx_lopt_str(L, 2, "esx.collector", "dead_letter", cfg.dead_letter_path, sizeof cfg.dead_letter_path);
+    cfg.rollup_window = esx_lopt_int(L, 2, "esx.collector", "rollup_window", 60000);
+    esx_lopt_str(L, 2, "esx.collector", "rollup_index", cfg.rollup_index_fmt, sizeof cfg.rollup_index_fmt);
+    cfg.rollup_interval = esx_lopt_int(L, 2, "esx.collector", "rollup_interval", 10000);
+    cfg.rollup_max_rows = (size_t)esx_lopt_int(L, 2, "esx.collector", "rollup_max_rows", 100000);
+    esx_lopt_str(L, 2, "esx.collector", "instance", cfg.instance, sizeof cfg.instance);
+    cfg.site_rate = esx_lopt_num(L, 2, "esx.collector", "site_rate", 0);
+    cfg.site_burst = esx_lopt_num(L, 2, "esx.collector", "site_burst", 0);
+    cfg.max_sites = (size_t)esx_lopt_int(L, 2, "esx.collector", "max_sites", 100000);
     lcollector *u = lua_newuserdata(L, sizeof *u);
     u->col = NULL;
     atomic_init(&u->in_progress, 0);

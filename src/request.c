@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "request.h"
 
 #define MAX_RESPONSE_HEADERS (64 * 1024)
@@ -66,16 +67,7 @@ int esx_request_wait(esx_request *req, int64_t timeout_ms)
 {
     if (atomic_load(&req->done))
         return 1;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    if (timeout_ms >= 0) {
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (timeout_ms % 1000) * 1000000;
-        if (until.tv_nsec >= 1000000000) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000;
-        }
-    }
+    struct timespec until = esx_mono_after(timeout_ms);
     pthread_mutex_lock(&req->mu);
     while (!atomic_load(&req->done)) {
         if (timeout_ms < 0) {
