@@ -665,7 +665,8 @@ describe("TLS", function()
   teardown(function() tls:stop() end)
 
   it("verifies certificates by default: a self-signed server fails with kind 'connect'", function()
-    local c = client{ hosts = { tls.url }, max_retries = 0 }
+    -- (a generous connect_timeout: this is about verification, and valgrind is slow)
+    local c = client{ hosts = { tls.url }, max_retries = 0, connect_timeout = 10000 }
     local res, err = c:info()
     assert.is_nil(res)
     assert.equal("connect", err.kind)
@@ -673,13 +674,13 @@ describe("TLS", function()
   end)
 
   it("trusts the server with ca_file", function()
-    local c = client{ hosts = { tls.url }, ca_file = tls.ca_file }
+    local c = client{ hosts = { tls.url }, ca_file = tls.ca_file, connect_timeout = 10000 }
     assert.equal("You Know, for Search", (assert(c:info())).tagline)
     c:close()
   end)
 
   it("skips verification only when tls_verify = false", function()
-    local c = client{ hosts = { tls.url }, tls_verify = false }
+    local c = client{ hosts = { tls.url }, tls_verify = false, connect_timeout = 10000 }
     assert(c:info())
     c:close()
   end)
