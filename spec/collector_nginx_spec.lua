@@ -68,6 +68,38 @@ teardown(function()
   os.execute("rm -rf " .. spool)
 end)
 
+describe("graceful shutdown without a spool #nginx", function()
+  it("flushes what is in memory when nginx stops (exit_worker_by_lua)", function()
+    es:reset()
+    es:fault{ path = "/_bulk", stall_ms = 800, count = 1 }
+    local quiet = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.mem_collector = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), flush_interval = 60000 })
+        }
+        exit_worker_by_lua_block { package.loaded.mem_collector:close(10000) }
+      ]]):format(es.url),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.mem_collector) }
+        }
+      ]],
+    }
+    for i = 1, 15 do
+      local status = quiet:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "g" .. i }),
+        { ["Content-Type"] = "application/json" })
+      assert.equal(204, status)
+    end
+    assert.equal(0, indexed("g")) -- a minute-long flush_interval: all of them are in memory
+    quiet:stop() -- QUIT: graceful
+    assert.equal(15, indexed("g"))
+  end)
+end)
+
 describe("esx.nginx.collect #nginx", function()
   it("accepts events in every worker and ships them", function()
     es:reset()
