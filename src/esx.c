@@ -14,6 +14,7 @@
 #include "lclient.h"
 #include "lcollector.h"
 #include "lerror.h"
+#include "ljson.h"
 #include "levent.h"
 #include "version.h"
 
@@ -74,6 +75,7 @@ int luaopen_esx_core(lua_State *L)
     luaL_newlib(L, core_functions);
     esx_lclient_open(L);
     esx_lcollector_open(L);
+    esx_ljson_open(L);
     esx_lcache_open(L);
     esx_levent_open(L);
     lua_pushliteral(L, ESX_VERSION);

@@ -107,7 +107,7 @@ local function settle(self, entry)
     for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
     return
   end
-  local doc = cjson.decode(res.body)
+  local doc = core.json_decode(res.body)
   if type(doc) ~= "table" or type(doc.items) ~= "table" or #doc.items ~= #items then
     for _, it in ipairs(items) do
       retry_later(self, it, "bulk response does not list one result per item")

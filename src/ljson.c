@@ -1,0 +1,355 @@
+/*
+ * ljson.c -- core.json_decode(s): Elasticsearch responses straight into Lua tables.
+ *
+ * One recursive-descent pass over the bytes, building values as it goes: no separate scan,
+ * strings without escapes pushed in place, integers of up to 15 digits converted without
+ * strtod.  Strict grammar (RFC 8259), a depth limit, no trailing garbage; null is the same
+ * light userdata as lua-cjson's cjson.null, so code may compare with either.  Decoding the
+ * responses is most of a search's CPU on the client side (bench/results/client.md).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compat.h"
+#include "lerror.h"
+#include "ljson.h"
+
+#define MAX_DEPTH 512
+
+typedef struct dec {
+    lua_State *L;
+    const char *p, *end;
+    const char *err;
+    int depth;
+} dec;
+
+static int value(dec *d);
+
+static void skip_ws(dec *d)
+{
+    while (d->p < d->end && (*d->p == ' ' || *d->p == '\n' || *d->p == '\r' || *d->p == '\t'))
+        d->p++;
+}
+
+static int fail(dec *d, const char *why)
+{
+    if (!d->err)
+        d->err = why;
+    return -1;
+}
+
+static int hex4(const char *p, unsigned *out)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
+        else
+            return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void put_utf8(luaL_Buffer *b, unsigned cp)
+{
+    char u[4];
+    int n;
+    if (cp < 0x80) {
+        u[0] = (char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xC0 | (cp >> 6));
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | (cp >> 12));
+        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        u[0] = (char)(0xF0 | (cp >> 18));
+        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[3] = (char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    luaL_addlstring(b, u, (size_t)n);
+}
+
+/* A string at d->p (the opening quote): pushes it. */
+static int string(dec *d)
+{
+    const char *s = ++d->p;
+    while (d->p < d->end && *d->p != '"' && *d->p != '\\') {
+        if ((unsigned char)*d->p < 0x20)
+            return fail(d, "control character in a string");
+        d->p++;
+    }
+    if (d->p >= d->end)
+        return fail(d, "unterminated string");
+    if (*d->p == '"') { /* the common case: nothing to unescape */
+        lua_pushlstring(d->L, s, (size_t)(d->p - s));
+        d->p++;
+        return 0;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(d->L, &b);
+    luaL_addlstring(&b, s, (size_t)(d->p - s));
+    while (d->p < d->end && *d->p != '"') {
+        char c = *d->p;
+        if ((unsigned char)c < 0x20)
+            return fail(d, "control character in a string");
+        if (c != '\\') {
+            luaL_addchar(&b, c);
+            d->p++;
+            continue;
+        }
+        if (d->end - d->p < 2)
+            return fail(d, "unterminated string");
+        char e = d->p[1];
+        d->p += 2;
+        switch (e) {
+        case '"': luaL_addchar(&b, '"'); break;
+        case '\\': luaL_addchar(&b, '\\'); break;
+        case '/': luaL_addchar(&b, '/'); break;
+        case 'b': luaL_addchar(&b, '\b'); break;
+        case 'f': luaL_addchar(&b, '\f'); break;
+        case 'n': luaL_addchar(&b, '\n'); break;
+        case 'r': luaL_addchar(&b, '\r'); break;
+        case 't': luaL_addchar(&b, '\t'); break;
+        case 'u': {
+            unsigned cp, lo;
+            if (d->end - d->p < 4 || hex4(d->p, &cp) != 0)
+                return fail(d, "bad \\u escape");
+            d->p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (d->end - d->p < 6 || d->p[0] != '\\' || d->p[1] != 'u' ||
+                    hex4(d->p + 2, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
+                    return fail(d, "unpaired surrogate in a \\u escape");
+                d->p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return fail(d, "unpaired surrogate in a \\u escape");
+            }
+            put_utf8(&b, cp);
+            break;
+        }
+        default:
+            return fail(d, "bad escape");
+        }
+    }
+    if (d->p >= d->end)
+        return fail(d, "unterminated string");
+    d->p++;
+    luaL_pushresult(&b);
+    return 0;
+}
+
+static int number(dec *d)
+{
+    const char *s = d->p;
+    int neg = 0, frac = 0;
+    if (*d->p == '-') {
+        neg = 1;
+        d->p++;
+    }
+    const char *digits = d->p;
+    if (d->p >= d->end || *d->p < '0' || *d->p > '9')
+        return fail(d, "bad number");
+    if (*d->p == '0')
+        d->p++;
+    else
+        while (d->p < d->end && *d->p >= '0' && *d->p <= '9')
+            d->p++;
+    size_t ndigits = (size_t)(d->p - digits);
+    if (d->p < d->end && *d->p == '.') {
+        frac = 1;
+        d->p++;
+        if (d->p >= d->end || *d->p < '0' || *d->p > '9')
+            return fail(d, "bad number");
+        while (d->p < d->end && *d->p >= '0' && *d->p <= '9')
+            d->p++;
+    }
+    if (d->p < d->end && (*d->p == 'e' || *d->p == 'E')) {
+        frac = 1;
+        d->p++;
+        if (d->p < d->end && (*d->p == '+' || *d->p == '-'))
+            d->p++;
+        if (d->p >= d->end || *d->p < '0' || *d->p > '9')
+            return fail(d, "bad number");
+        while (d->p < d->end && *d->p >= '0' && *d->p <= '9')
+            d->p++;
+    }
+    if (!frac && ndigits <= 15) {
+        long long v = 0;
+        for (const char *q = digits; q < d->p; q++)
+            v = v * 10 + (*q - '0');
+        esx_pushinteger(d->L, neg ? -v : v);
+        return 0;
+    }
+    char tmp[64];
+    size_t n = (size_t)(d->p - s);
+    char *buf = n < sizeof tmp ? tmp : malloc(n + 1);
+    if (buf == NULL)
+        return fail(d, "out of memory");
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    double v = strtod(buf, NULL);
+    if (buf != tmp)
+        free(buf);
+#if !ESX_LUA51
+    if (!frac) {
+        /* a long integer: exact in Lua 5.4 when it fits 64 bits */
+        errno = 0;
+        long long iv = strtoll(s, NULL, 10);
+        if (errno == 0) {
+            lua_pushinteger(d->L, (lua_Integer)iv);
+            return 0;
+        }
+    }
+#endif
+    lua_pushnumber(d->L, v);
+    return 0;
+}
+
+static int literal(dec *d, const char *word, size_t n)
+{
+    if ((size_t)(d->end - d->p) < n || memcmp(d->p, word, n) != 0)
+        return fail(d, "unexpected character");
+    d->p += n;
+    return 0;
+}
+
+static int array(dec *d)
+{
+    lua_State *L = d->L;
+    d->p++;
+    lua_createtable(L, 4, 0);
+    skip_ws(d);
+    if (d->p < d->end && *d->p == ']') {
+        d->p++;
+        return 0;
+    }
+    for (int i = 1;; i++) {
+        if (value(d) != 0)
+            return -1;
+        lua_rawseti(L, -2, i);
+        skip_ws(d);
+        if (d->p >= d->end)
+            return fail(d, "unterminated array");
+        if (*d->p == ']') {
+            d->p++;
+            return 0;
+        }
+        if (*d->p != ',')
+            return fail(d, "expected ',' or ']'");
+        d->p++;
+    }
+}
+
+static int object(dec *d)
+{
+    lua_State *L = d->L;
+    d->p++;
+    lua_createtable(L, 0, 4);
+    skip_ws(d);
+    if (d->p < d->end && *d->p == '}') {
+        d->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(d);
+        if (d->p >= d->end || *d->p != '"')
+            return fail(d, "expected a member name");
+        if (string(d) != 0)
+            return -1;
+        skip_ws(d);
+        if (d->p >= d->end || *d->p != ':')
+            return fail(d, "expected ':'");
+        d->p++;
+        if (value(d) != 0)
+            return -1;
+        lua_rawset(L, -3);
+        skip_ws(d);
+        if (d->p >= d->end)
+            return fail(d, "unterminated object");
+        if (*d->p == '}') {
+            d->p++;
+            return 0;
+        }
+        if (*d->p != ',')
+            return fail(d, "expected ',' or '}'");
+        d->p++;
+    }
+}
+
+static int value(dec *d)
+{
+    skip_ws(d);
+    if (d->p >= d->end)
+        return fail(d, "unexpected end");
+    if (!lua_checkstack(d->L, 4))
+        return fail(d, "too deep");
+    switch (*d->p) {
+    case '{':
+    case '[': {
+        if (++d->depth > MAX_DEPTH)
+            return fail(d, "nested too deep");
+        int rc = *d->p == '{' ? object(d) : array(d);
+        d->depth--;
+        return rc;
+    }
+    case '"':
+        return string(d);
+    case 't':
+        if (literal(d, "true", 4) != 0)
+            return -1;
+        lua_pushboolean(d->L, 1);
+        return 0;
+    case 'f':
+        if (literal(d, "false", 5) != 0)
+            return -1;
+        lua_pushboolean(d->L, 0);
+        return 0;
+    case 'n':
+        if (literal(d, "null", 4) != 0)
+            return -1;
+        lua_pushlightuserdata(d->L, NULL); /* == cjson.null */
+        return 0;
+    default:
+        if (*d->p == '-' || (*d->p >= '0' && *d->p <= '9'))
+            return number(d);
+        return fail(d, "unexpected character");
+    }
+}
+
+/* core.json_decode(s) -> value | nil, err (kind "decode") */
+static int json_decode(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    dec d = {L, s, s + len, NULL, 0};
+    int top = lua_gettop(L);
+    if (value(&d) == 0) {
+        skip_ws(&d);
+        if (d.p == d.end)
+            return 1;
+        d.err = "trailing characters after the value";
+    }
+    lua_settop(L, top);
+    return esx_lerror_fail(L, "decode", "invalid JSON at byte %ld: %s", (long)(d.p - s), d.err);
+}
+
+void esx_ljson_open(lua_State *L)
+{
+    lua_pushcfunction(L, json_decode);
+    lua_setfield(L, -2, "json_decode");
+}
