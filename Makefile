@@ -125,5 +125,5 @@ help:
 	@echo "make bench    run the side-by-side benchmarks, write bench/results.md"
 	@echo "make rock     luarocks make into build/rocks"
 	@echo "make asan     the suite against an ASan+UBSan build"
-	@echo "make valgrind the client, collector, event and cache specs under valgrind"
+	@echo "make valgrind the client, collector, event and json specs under valgrind"
 	@echo "make fuzz     every libFuzzer target for SECONDS (default 60)"
