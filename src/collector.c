@@ -72,6 +72,7 @@ struct esx_collector {
     esx_idgen ids;
     esx_rollups *rollups;
     int64_t last_rollup_emit;
+    int64_t rollup_window_seen; /* start of the window the table was last checked in */
     esx_spool *spool;
     int64_t last_sync, last_orphan_scan;
     esx_ratelimit *rl;
@@ -427,11 +428,20 @@ static void housekeeping(esx_collector *col, int64_t now)
         }
     }
     if (col->rollups) {
-        int all = col->emit_now || now - col->last_rollup_emit >= col->cfg.rollup_interval;
+        /* The table is walked only when there is something to write: every rollup.interval
+         * (dirty rows of the open window), or once a window has ended -- not on every wake. */
         int64_t wall = esx_wall_ms();
-        if (esx_rollups_emit(col->rollups, wall, all, col->cfg.instance,
-                             col->cfg.rollup_index_fmt, emit_rollup_line, col) >= 0 && all)
-            col->last_rollup_emit = now;
+        int64_t window = esx_rollups_window(col->rollups);
+        int64_t current = wall - wall % window;
+        int all = col->emit_now || now - col->last_rollup_emit >= col->cfg.rollup_interval;
+        if (all || current != col->rollup_window_seen) {
+            if (esx_rollups_emit(col->rollups, wall, all, col->cfg.instance,
+                                 col->cfg.rollup_index_fmt, emit_rollup_line, col) >= 0) {
+                col->rollup_window_seen = current;
+                if (all)
+                    col->last_rollup_emit = now;
+            }
+        }
     }
     if (col->emit_now) {
         col->emit_now = 0;
@@ -457,7 +467,10 @@ static void housekeeping(esx_collector *col, int64_t now)
 static int64_t next_deadline(esx_collector *col, int64_t now)
 {
     int64_t t = now + 1000;
-    if (col->ready_head && col->ready_head->queued_at + col->cfg.flush_interval < t)
+    /* With every bulk slot busy, a due flush waits for batch_done's wake-up, not a timer
+     * (a deadline already past would make the wait return at once: a busy loop). */
+    if (col->ready_head && col->inflight < col->cfg.bulk_concurrency &&
+        col->ready_head->queued_at + col->cfg.flush_interval < t)
         t = col->ready_head->queued_at + col->cfg.flush_interval;
     for (item *it = col->delayed; it; it = it->next)
         if (it->due < t)
