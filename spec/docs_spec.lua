@@ -396,11 +396,13 @@ describe("docs/errors.md", function()
 end)
 
 describe("docs/tuning.md", function()
-  -- The run a results file holds: "Measured 2026-11-30 04:29 UTC" (client) or
-  -- "benchmark (2026-11-30T03:53Z" (cache); tuning.md names the run it quotes the same way.
+  -- The run a results file holds: "Measured 2026-11-30 04:29 UTC" (client), "benchmark
+  -- (2026-11-30T03:53Z" (cache) or the first "2026-11-30 04:52 UTC" (collector); tuning.md
+  -- names the run it quotes the same way.
   local function run_stamp(results)
     return results:match("Measured (%d+%-%d+%-%d+ %d+:%d+ UTC)")
       or results:match("benchmark %((%d+%-%d+%-%d+T%d+:%d+Z)")
+      or results:match("(%d%d%d%d%-%d%d%-%d%d %d%d:%d%d UTC)")
   end
 
   -- Rows of the "Measured figures" table whose source is exactly a results file quote it: every
