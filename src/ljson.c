@@ -58,99 +58,121 @@ static int hex4(const char *p, unsigned *out)
     return 0;
 }
 
-static void put_utf8(luaL_Buffer *b, unsigned cp)
+/* Writes code point cp as UTF-8 at out; returns the bytes written (1-4). */
+static size_t put_utf8(char *out, unsigned cp)
 {
-    char u[4];
-    int n;
     if (cp < 0x80) {
-        u[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (char)(0xC0 | (cp >> 6));
-        u[1] = (char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | (cp >> 12));
-        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        u[0] = (char)(0xF0 | (cp >> 18));
-        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        u[3] = (char)(0x80 | (cp & 0x3F));
-        n = 4;
+        out[0] = (char)cp;
+        return 1;
     }
-    luaL_addlstring(b, u, (size_t)n);
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Unescapes the body of a string (between the quotes, raw bytes s[0..n)) into out, which
+ * has room for n bytes: an escape never decodes to more bytes than it takes.  Returns the
+ * decoded length, or (size_t)-1 with d->err set. */
+static size_t unescape(dec *d, const char *s, size_t n, char *out)
+{
+    size_t o = 0;
+    const char *p = s, *end = s + n;
+    while (p < end) {
+        if (*p != '\\') {
+            out[o++] = *p++;
+            continue;
+        }
+        char e = p[1]; /* the scan guaranteed a byte after each backslash */
+        p += 2;
+        switch (e) {
+        case '"': out[o++] = '"'; break;
+        case '\\': out[o++] = '\\'; break;
+        case '/': out[o++] = '/'; break;
+        case 'b': out[o++] = '\b'; break;
+        case 'f': out[o++] = '\f'; break;
+        case 'n': out[o++] = '\n'; break;
+        case 'r': out[o++] = '\r'; break;
+        case 't': out[o++] = '\t'; break;
+        case 'u': {
+            unsigned cp, lo;
+            if (end - p < 4 || hex4(p, &cp) != 0) {
+                fail(d, "bad \\u escape");
+                return (size_t)-1;
+            }
+            p += 4;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, &lo) != 0 ||
+                    lo < 0xDC00 || lo > 0xDFFF) {
+                    fail(d, "unpaired surrogate in a \\u escape");
+                    return (size_t)-1;
+                }
+                p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                fail(d, "unpaired surrogate in a \\u escape");
+                return (size_t)-1;
+            }
+            o += put_utf8(out + o, cp); /* \uXXXX is 6 bytes, UTF-8 at most 3 (4 for 12) */
+            break;
+        }
+        default:
+            fail(d, "bad escape");
+            return (size_t)-1;
+        }
+    }
+    return o;
 }
 
 /* A string at d->p (the opening quote): pushes it. */
 static int string(dec *d)
 {
     const char *s = ++d->p;
-    while (d->p < d->end && *d->p != '"' && *d->p != '\\') {
-        if ((unsigned char)*d->p < 0x20)
+    int escaped = 0;
+    while (d->p < d->end && *d->p != '"') {
+        unsigned char c = (unsigned char)*d->p;
+        if (c < 0x20)
             return fail(d, "control character in a string");
+        if (c == '\\') {
+            escaped = 1;
+            if (d->end - d->p < 2)
+                return fail(d, "unterminated string");
+            d->p++;
+            if ((unsigned char)*d->p < 0x20)
+                return fail(d, "control character in a string");
+        }
         d->p++;
     }
     if (d->p >= d->end)
         return fail(d, "unterminated string");
-    if (*d->p == '"') { /* the common case: nothing to unescape */
-        lua_pushlstring(d->L, s, (size_t)(d->p - s));
-        d->p++;
+    size_t n = (size_t)(d->p - s);
+    d->p++; /* the closing quote */
+    if (!escaped) { /* the common case: pushed in place */
+        lua_pushlstring(d->L, s, n);
         return 0;
     }
-    luaL_Buffer b;
-    luaL_buffinit(d->L, &b);
-    luaL_addlstring(&b, s, (size_t)(d->p - s));
-    while (d->p < d->end && *d->p != '"') {
-        char c = *d->p;
-        if ((unsigned char)c < 0x20)
-            return fail(d, "control character in a string");
-        if (c != '\\') {
-            luaL_addchar(&b, c);
-            d->p++;
-            continue;
-        }
-        if (d->end - d->p < 2)
-            return fail(d, "unterminated string");
-        char e = d->p[1];
-        d->p += 2;
-        switch (e) {
-        case '"': luaL_addchar(&b, '"'); break;
-        case '\\': luaL_addchar(&b, '\\'); break;
-        case '/': luaL_addchar(&b, '/'); break;
-        case 'b': luaL_addchar(&b, '\b'); break;
-        case 'f': luaL_addchar(&b, '\f'); break;
-        case 'n': luaL_addchar(&b, '\n'); break;
-        case 'r': luaL_addchar(&b, '\r'); break;
-        case 't': luaL_addchar(&b, '\t'); break;
-        case 'u': {
-            unsigned cp, lo;
-            if (d->end - d->p < 4 || hex4(d->p, &cp) != 0)
-                return fail(d, "bad \\u escape");
-            d->p += 4;
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                if (d->end - d->p < 6 || d->p[0] != '\\' || d->p[1] != 'u' ||
-                    hex4(d->p + 2, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
-                    return fail(d, "unpaired surrogate in a \\u escape");
-                d->p += 6;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                return fail(d, "unpaired surrogate in a \\u escape");
-            }
-            put_utf8(&b, cp);
-            break;
-        }
-        default:
-            return fail(d, "bad escape");
-        }
-    }
-    if (d->p >= d->end)
-        return fail(d, "unterminated string");
-    d->p++;
-    luaL_pushresult(&b);
-    return 0;
+    char small[256] = {0}; /* initialised only to quiet -Wmaybe-uninitialized */
+    char *out = n <= sizeof small ? small : calloc(1, n);
+    if (out == NULL)
+        return fail(d, "out of memory");
+    size_t len = unescape(d, s, n, out);
+    if (len != (size_t)-1)
+        lua_pushlstring(d->L, out, len);
+    if (out != small)
+        free(out);
+    return len == (size_t)-1 ? -1 : 0;
 }
 
 static int number(dec *d)
@@ -296,6 +318,7 @@ static int value(dec *d)
     skip_ws(d);
     if (d->p >= d->end)
         return fail(d, "unexpected end");
+    /* this value and its container's key */
     if (!lua_checkstack(d->L, 4))
         return fail(d, "too deep");
     switch (*d->p) {
