@@ -252,6 +252,20 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("retries a failed batch as one batch, not one bulk per event", function()
+    srv:fault{ path = "/_bulk", status = 503, count = 3 }
+    local col = new{ retry_backoff_min = 20, retry_backoff_max = 100, rollup = false,
+                     flush_interval = 30 }
+    local evs = {}
+    for i = 1, 40 do evs[i] = ev({ event_id = "b" .. i }) end
+    assert.equal(204, (post(col, cjson.encode(evs))))
+    assert.is_true(col:flush(5000))
+    assert.equal(40, (indexed()))
+    assert.equal(4, srv:requests("/_bulk").counts["/_bulk"]) -- 3 refused, then the batch
+    assert.equal(40 * 3, col:stats().retried)
+    col:close()
+  end)
+
   it("writes items rejected for good to the dead-letter file with the reason", function()
     local dir = tmpdir()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }

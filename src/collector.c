@@ -171,10 +171,13 @@ static int64_t backoff(esx_collector *col, int attempts)
     return base / 2 + (int64_t)((col->rng >> 8) % (unsigned)(base / 2 + 1));
 }
 
-static void retry_later(esx_collector *col, item *it, int64_t now)
+/* Delays it until due.  Items that failed together share one due time (see batch_due), so
+ * they come back as one batch: per-item jitter would split a failed bulk of N events into
+ * up to N tiny bulks against a sink that is down. */
+static void retry_later(esx_collector *col, item *it, int64_t due)
 {
     it->attempts++;
-    it->due = now + backoff(col, it->attempts);
+    it->due = due;
     it->next = col->delayed;
     col->delayed = it;
     if (!it->rollup)
@@ -249,6 +252,16 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
 
 static void col_unref(esx_collector *col);
 
+/* One back-off for the items of a batch that failed: by the most-tried item's count. */
+static int64_t batch_due(esx_collector *col, batch *b, int64_t now)
+{
+    int attempts = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->items[i]->attempts > attempts)
+            attempts = b->items[i]->attempts;
+    return now + backoff(col, attempts + 1);
+}
+
 static void batch_done(esx_request *req, void *ud)
 {
     batch *b = ud;
@@ -272,16 +285,18 @@ static void batch_done(esx_request *req, void *ud)
             ready_prepend(col, b->items[i]);
     } else if (!parsed) {
         col->st.bulk_failures++;
+        int64_t due = batch_due(col, b, now);
         for (int i = 0; i < b->n; i++) {
             if (status == 413) {
                 dead_letter(col, b->items[i], 413, "request_too_large",
                             "the server refused a single event as too large");
                 item_done(col, b->items[i]);
             } else {
-                retry_later(col, b->items[i], now);
+                retry_later(col, b->items[i], due);
             }
         }
     } else {
+        int64_t due = batch_due(col, b, now);
         for (int i = 0; i < b->n; i++) {
             int s = results[i].status;
             if ((s >= 200 && s < 300) || s == 409) { /* 409: created by an earlier attempt */
@@ -289,7 +304,7 @@ static void batch_done(esx_request *req, void *ud)
                     col->st.shipped++;
                 item_done(col, b->items[i]);
             } else if (s == 429 || s >= 500) {
-                retry_later(col, b->items[i], now);
+                retry_later(col, b->items[i], due);
             } else {
                 dead_letter(col, b->items[i], s, results[i].error_type, results[i].reason);
                 item_done(col, b->items[i]);
@@ -369,8 +384,9 @@ static void send_batch(esx_collector *col, batch *b)
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
     col->st.bulk_failures++;
+    int64_t due = batch_due(col, b, now);
     for (int i = 0; i < b->n; i++)
-        retry_later(col, b->items[i], now);
+        retry_later(col, b->items[i], due);
     col->inflight--;
     pthread_cond_broadcast(&col->idle);
     pthread_mutex_unlock(&col->mu);
