@@ -12,6 +12,7 @@
 
 #include "event.h"
 #include "hash.h"
+#include "proc.h"
 #include "json.h"
 
 /* ---- ids: xorshift128+ seeded by splitmix64 from the kernel ---- */
@@ -26,12 +27,12 @@ static uint64_t splitmix64(uint64_t *x)
 
 void esx_idgen_init(esx_idgen *g)
 {
-    uint64_t x = esx_random_seed() ^ ((uint64_t)getpid() << 40);
+    uint64_t x = esx_random_seed() ^ ((uint64_t)esx_pid() << 40);
     g->s[0] = splitmix64(&x);
     g->s[1] = splitmix64(&x);
     if ((g->s[0] | g->s[1]) == 0)
         g->s[1] = 1;
-    g->pid = (long)getpid();
+    g->pid = (long)esx_pid();
 }
 
 static uint64_t xorshift128p(esx_idgen *g)
@@ -48,7 +49,7 @@ void esx_idgen_next(esx_idgen *g, char *out)
 {
     static const char alphabet[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    if (g->pid != (long)getpid())
+    if (g->pid != (long)esx_pid())
         esx_idgen_init(g);
     uint64_t a = xorshift128p(g), b = xorshift128p(g);
     for (int i = 0; i < 10; i++) {

@@ -30,7 +30,8 @@ int esx_gzip_compress(const void *in, size_t n, int level, esx_buf *out)
         uInt slice = left > (1u << 30) ? (1u << 30) : (uInt)left;
         zs.next_in = (Bytef *)src;
         zs.avail_in = slice;
-        src += slice;
+        if (slice) /* an empty body may come as NULL: no arithmetic on it */
+            src += slice;
         left -= slice;
         zs.next_out = (Bytef *)out->data + out->len;
         zs.avail_out = (uInt)(out->cap - 1 - out->len);

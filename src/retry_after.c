@@ -118,5 +118,8 @@ int64_t esx_retry_after_ms(const char *value, size_t len, int64_t now_wall_ms)
         return 0; /* a date before 1970 is in the past */
     if (at == -1)
         return -1;
-    return at > now_wall_ms ? at - now_wall_ms : 0;
+    if (at <= now_wall_ms)
+        return 0;
+    /* as for delta-seconds: a date further than ten years ahead asks for ten years */
+    return at - now_wall_ms > MAX_DELAY_S * 1000 ? MAX_DELAY_S * 1000 : at - now_wall_ms;
 }
