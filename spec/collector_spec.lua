@@ -383,6 +383,19 @@ describe("col:rollups", function()
     b:close()
   end)
 
+  it("totals return nil, err with kind 'too_many' rather than under-count past 10,000 rows", function()
+    local lines = {}
+    for i = 1, 10001 do
+      lines[#lines + 1] = '{"index":{"_index":"rollups-big"}}'
+      lines[#lines + 1] = ('{"site_id":"big","block_id":"b","variant":"","type":"view","window_start":%d,"count":1}'):format(i)
+    end
+    assert(client:bulk(table.concat(lines, "\n") .. "\n", { refresh = "true" }))
+    local rows, err = require("esx.collector").totals(client, { site_id = "big", index = "rollups-big" })
+    assert.is_nil(rows)
+    assert.equal("too_many", err.kind)
+    assert.equal(10001, err.rows)
+  end)
+
   it("totals find site ids with '-', '.' and capitals, and never mix in another site", function()
     local col = new{ instance = "x" }
     assert.equal(204, (post(col, cjson.encode({ ev({ site_id = "Shop-EU.1" }), ev({ site_id = "Shop-EU.1" }),

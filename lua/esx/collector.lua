@@ -364,8 +364,14 @@ function _M.totals(client, q)
                               minimum_should_match = 1 } } }
   if next(range) then filter[2] = { range = { window_start = range } } end
   local res, err = client:search(index, { size = 10000, query = { bool = { filter = filter } },
-    sort = { { window_start = "asc" } } })
+    sort = { { window_start = "asc" } }, track_total_hits = true })
   if not res then return nil, err end
+  local total = type(res.hits.total) == "table" and res.hits.total.value or res.hits.total
+  if type(total) == "number" and total > #res.hits.hits then
+    -- one search reads at most 10,000 rows: refuse rather than under-count
+    return nil, core.error("too_many", ("%d rollup rows match; totals reads at most %d: narrow from/to")
+      :format(total, #res.hits.hits), { rows = total })
+  end
   local groups, order = {}, {}
   for _, hit in ipairs(res.hits.hits) do
     local s = hit._source
