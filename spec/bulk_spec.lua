@@ -100,13 +100,15 @@ describe("client:bulk_indexer", function()
     assert.equal(5, s.retried)
   end)
 
-  it("raises on a malformed operation", function()
+  it("raises on a malformed operation, and returns nil, err with kind 'closed' once closed", function()
     local bi = c:bulk_indexer()
     assert.has_error(function() bi:add("upsert", { _index = "p" }, {}) end,
       "bad argument #1 to 'add' (unknown action upsert)")
     assert.has_error(function() bi:add("index", { _index = "p" }) end,
       "bad argument #3 to 'add' (index needs a document)")
     bi:close()
-    assert.has_error(function() bi:add("index", { _index = "p" }, {}) end, "bulk indexer is closed")
+    local ok, err = bi:add("index", { _index = "p" }, {})
+    assert.is_nil(ok)
+    assert.equal("closed", err.kind)
   end)
 end)

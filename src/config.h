@@ -17,7 +17,8 @@ typedef struct esx_config {
     esx_nodes nodes;                 /* initial node list (all alive) */
     char username[256], password[256];
     char api_key[512];
-    int64_t connect_timeout, socket_timeout, pool_timeout, request_timeout; /* ms; 0 = none */
+    int64_t connect_timeout, socket_timeout, request_timeout; /* ms; 0 = none */
+    int64_t pool_timeout;            /* ms to wait for a slot; 0 = only take a free one */
     int max_per_route, max_total;
     int compression, compression_level;
     size_t compression_min_bytes;

@@ -859,8 +859,8 @@ static void *io_main(void *arg)
             pthread_exit(NULL); /* test hook: die with everything in flight */
         int64_t now = esx_now_ms();
         take_submissions(e, now);
+        start_waiting(e, now); /* before expiring: pool_timeout 0 means "only if a slot is free" */
         expire(e, now);
-        start_waiting(e, now);
         int running = 0;
         CURLMcode mc = curl_multi_perform(e->multi, &running);
         if (mc != CURLM_OK) {

@@ -2,7 +2,8 @@
  * node.h -- the Elasticsearch nodes of one client: URLs, liveness and selection.
  *
  * Selection is round-robin over live nodes that have a free connection slot.  A node that
- * fails to connect or answers a retryable 5xx is dead for min * 2^(failures-1) ms (capped at
+ * fails to connect, resets a connection, or answers a retryable 5xx (retry_on_status) is dead
+ * for min * 2^(failures-1) ms (capped at
  * max); once that time has passed it is tried again, and a success makes it alive.  When every
  * node is dead, the one due soonest is tried rather than failing outright.
  */
@@ -43,7 +44,7 @@ enum { ESX_PICK_OK = 0, ESX_PICK_BUSY = 1, ESX_PICK_NONE = 2 };
 int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tried,
                    int resurrect, esx_node **out);
 
-/* Records a failure that makes the node dead (connect errors, retryable 5xx). */
+/* Records a failure that makes the node dead (connect errors, resets, retryable 5xx). */
 void esx_node_failed(esx_node *node, int64_t now, int64_t backoff_min, int64_t backoff_max);
 
 /* Records a success: the node is alive again. */

@@ -292,8 +292,12 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
 
 void esx_spool_sync(esx_spool *sp)
 {
-    if (sp->dirty && sp->current && sp->current->fd >= 0)
-        fdatasync(sp->current->fd);
+    if (sp->dirty) {
+        if (sp->current && sp->current->fd >= 0)
+            fdatasync(sp->current->fd);
+        if (sp->overflow && sp->overflow->fd >= 0)
+            fdatasync(sp->overflow->fd);
+    }
     sp->dirty = 0;
 }
 

@@ -69,7 +69,7 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
                    void *ud);
 
-/* fdatasync of the current segment when it was written to. */
+/* fdatasync of the segments being written (write-ahead and overflow) when written to. */
 void esx_spool_sync(esx_spool *sp);
 
 /* n events of seg were acknowledged; a segment with none left is deleted (the current one

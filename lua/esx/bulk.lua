@@ -30,7 +30,8 @@ _M.schema = {
   keep_dropped = { type = "integer", min = 0, max = 1000000, default = 10000 },
 }
 
-local retry_item_status = { [429] = true, [502] = true, [503] = true, [504] = true }
+-- items answered 429 or any 5xx are retried (as the collector does); others are dropped
+local function retryable(status) return status == 429 or status >= 500 end
 local actions = { index = true, create = true, update = true, delete = true }
 
 local Indexer = {}
@@ -123,7 +124,7 @@ local function settle(self, entry)
       local e = type(r) == "table" and r.error
       local reason = type(e) == "table" and (tostring(e.type) .. ": " .. tostring(e.reason))
         or ("status " .. tostring(status))
-      if retry_item_status[status] then
+      if retryable(status) then
         retry_later(self, it, reason)
       else
         drop(self, it, reason)
@@ -190,10 +191,11 @@ function Indexer:flush()
   send_batch(self, items)
 end
 
---- bi:add(action, meta, doc?) -- buffers one operation; may send a batch (and wait for a
--- slot when `concurrency` batches are in flight).  Raises on a malformed operation.
+--- bi:add(action, meta, doc?) -> true | nil, err (kind "closed") -- buffers one operation;
+-- may send a batch (and wait for a slot when `concurrency` batches are in flight).  Raises
+-- on a malformed operation.
 function Indexer:add(action, meta, doc)
-  if self.closed then error("bulk indexer is closed", 2) end
+  if self.closed then return nil, core.error("closed", "the bulk indexer is closed") end
   if not actions[action] then error("bad argument #1 to 'add' (unknown action " .. tostring(action) .. ")", 2) end
   if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
   if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
@@ -216,6 +218,7 @@ function Indexer:add(action, meta, doc)
   end
   -- settle finished batches without waiting, so retries flow back early
   while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
+  return true
 end
 
 --- bi:close() -> summary: flushes, waits out retries and returns

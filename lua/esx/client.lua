@@ -128,7 +128,7 @@ function _M.new(opts)
   end
   local c, err = core.client_new(o)
   if not c then return nil, err end
-  local self = setmetatable({ c = c, opts = o, http_failures = { http = 0, not_found = 0, json = 0 } }, Client)
+  local self = setmetatable({ c = c, opts = o, http_failures = { http = 0, not_found = 0, decode = 0 } }, Client)
   self.name = registry.add(self, "client", o.name, Client.stats)
   return self
 end
@@ -249,7 +249,7 @@ end
 function Client:request(method, path, body, opts)
   local p, err = self:send(method, path, body, opts)
   if not p then return nil, err end
-  await(p, opts and opts.wait_timeout)
+  await(p)
   return p:result()
 end
 
@@ -258,7 +258,7 @@ local function decode(self, res, err)
   if res.body == "" then return {} end
   local doc, derr = json_decode(res.body)
   if doc == nil then
-    self.http_failures.json = self.http_failures.json + 1
+    self.http_failures.decode = self.http_failures.decode + 1
     return nil, new_error("decode", "response is not valid JSON: " .. derr.message,
       { status = res.status, body = res.body, node = res.node })
   end
@@ -416,7 +416,8 @@ end
 function Client:stats()
   local s, err = self.c:stats()
   if not s then return nil, err end
-  for k, v in pairs(self.http_failures) do s.failures[k] = v end
+  -- responses that were not JSON count with the engine's own decode failures (gzip, size)
+  for k, v in pairs(self.http_failures) do s.failures[k] = (s.failures[k] or 0) + v end
   return s
 end
 

@@ -132,7 +132,7 @@ function _M.new(opts)
     if origin == "*" then any = true else allowed[origin] = true end
   end
   local self = setmetatable({ c = c, o = o, sink = o.sink, any_origin = any,
-                              origins = allowed, dead_letter = dead_letter }, Collector)
+                              origins = allowed, dead_letter = dead_letter, refused = {} }, Collector)
   self.name = registry.add(self, "collector", o.name, Collector.stats)
   return self
 end
@@ -160,6 +160,14 @@ end
 local function first(v)
   if type(v) == "table" then return v[1] end
   return v
+end
+
+-- Refusals decided here (before the C core sees the body) are counted per reason.
+local lua_reasons = { [403] = "origin", [405] = "method", [413] = "too_large", [415] = "unsupported" }
+
+local function count(self, reason)
+  local r = self.refused
+  r[reason] = (r[reason] or 0) + 1
 end
 
 local function error_answer(headers, status, message, extra)
@@ -192,7 +200,16 @@ local function query_string(q)
   return concat(parts, "&")
 end
 
+local handle_inner
+
 local function handle(self, req)
+  local status, headers, body, from_core = handle_inner(self, req)
+  local reason = not from_core and lua_reasons[status]
+  if reason then count(self, reason) end -- the core counts its own refusals
+  return status, headers, body
+end
+
+handle_inner = function(self, req)
   local headers = { ["Cache-Control"] = "no-store" }
   local h = req.headers or {}
   local method = req.method
@@ -242,22 +259,26 @@ local function handle(self, req)
     if body == "" then return error_answer(headers, 400, "empty body") end
   end
   local status, accepted, rejects, retry_after, message = self.c:ingest(body, from_query)
+  local s, h, b
   if status == 204 then
     if from_query then
       headers["Content-Type"] = "image/gif"
-      return 200, headers, PIXEL
+      s, h, b = 200, headers, PIXEL
+    else
+      s, h, b = 204, headers, ""
     end
-    return 204, headers, ""
   elseif status == 200 then
     headers["Content-Type"] = JSON_TYPE
-    return 200, headers, json_body({ accepted = accepted, rejected = rejects_list(rejects) })
+    s, h, b = 200, headers, json_body({ accepted = accepted, rejected = rejects_list(rejects) })
   elseif status == 429 or status == 503 then
     headers["Retry-After"] = tostring(ceil(retry_after / 1000))
-    return error_answer(headers, status, message)
+    s, h, b = error_answer(headers, status, message)
   elseif status == 400 and #rejects > 0 then
-    return error_answer(headers, 400, message, { rejected = rejects_list(rejects) })
+    s, h, b = error_answer(headers, 400, message, { rejected = rejects_list(rejects) })
+  else
+    s, h, b = error_answer(headers, status, message)
   end
-  return error_answer(headers, status, message)
+  return s, h, b, true
 end
 
 --- col:handle(req[, entered]) -> status, headers, body
@@ -272,7 +293,8 @@ function Collector:handle(req, entered)
   end
   if not entered then
     if not self.c:enter(self.o.max_concurrent) then
-      return 503, { ["Retry-After"] = "1", ["Content-Type"] = JSON_TYPE },
+      count(self, "concurrency")
+      return 503, { ["Retry-After"] = "1", ["Content-Type"] = JSON_TYPE, ["Cache-Control"] = "no-store" },
         '{"error":"too many requests in progress"}'
     end
   end
@@ -286,10 +308,7 @@ end
 -- max_concurrent requests are in progress (answer 503 with Retry-After).  col:leave() ends it.
 function Collector:enter()
   local ok = self.c:enter(self.o.max_concurrent)
-  if not ok then
-    local s = self.rejected_concurrency or 0
-    self.rejected_concurrency = s + 1
-  end
+  if not ok then count(self, "concurrency") end
   return ok
 end
 
@@ -318,7 +337,8 @@ end
 function Collector:stats()
   if self.closed then return nil, core.error("closed", "the collector is closed") end
   local s = self.c:stats()
-  s.rejected.concurrency = self.rejected_concurrency or 0
+  for reason, n in pairs(self.refused) do s.rejected[reason] = (s.rejected[reason] or 0) + n end
+  s.rejected.concurrency = s.rejected.concurrency or 0
   local total = 0
   for _, n in pairs(s.rejected) do total = total + n end
   s.rejected.total = total
