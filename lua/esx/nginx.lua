@@ -80,11 +80,6 @@ local function read_body(max)
   return body or ""
 end
 
-local function first(v)
-  if type(v) == "table" then return v[1] end
-  return v
-end
-
 --- esx.nginx.collect(col) -- the collector as an nginx content handler:
 --   location = /collect { content_by_lua_block { require("esx.nginx").collect(col) } }
 -- Counts the request as in progress from the start of the handler to the response (so
@@ -106,13 +101,14 @@ function _M.collect(col)
       raw, rerr = read_body(col.o.max_body)
       if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
     end
-    local h = ngx.req.get_headers(64)
+    -- the three headers the collector reads, without building the whole header table
+    local var = ngx.var
     local req = {
-      method = method, path = ngx.var.uri, query = ngx.var.args or "", body = raw,
-      headers = { ["content-type"] = first(h["content-type"]),
-                  ["content-encoding"] = first(h["content-encoding"]),
-                  origin = first(h["origin"]) },
-      remote_addr = ngx.var.remote_addr,
+      method = method, path = var.uri, query = var.args or "", body = raw,
+      headers = { ["content-type"] = var.http_content_type,
+                  ["content-encoding"] = var.http_content_encoding,
+                  origin = var.http_origin },
+      remote_addr = var.remote_addr,
     }
     return col:handle(req, true)
   end)
