@@ -860,7 +860,8 @@ static void *io_main(void *arg)
         int64_t now = esx_now_ms();
         take_submissions(e, now);
         start_waiting(e, now); /* before expiring: pool_timeout 0 means "only if a slot is free" */
-        expire(e, now);
+        expire(e, now);        /* also moves due back-offs to the waiting list ... */
+        start_waiting(e, now); /* ... which start now, not at the next wake-up */
         int running = 0;
         CURLMcode mc = curl_multi_perform(e->multi, &running);
         if (mc != CURLM_OK) {
@@ -869,7 +870,6 @@ static void *io_main(void *arg)
         }
         CURLMsg *msg;
         int left;
-        int finished = 0;
         now = esx_now_ms();
         while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
             if (msg->msg != CURLMSG_DONE)
@@ -878,11 +878,9 @@ static void *io_main(void *arg)
             curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&req);
             CURLcode rc = msg->data.result;
             on_transfer_done(e, req, rc, now);
-            finished = 1;
         }
         expire(e, now);
-        if (finished)
-            start_waiting(e, now); /* freed slots go to waiting requests at once */
+        start_waiting(e, now); /* freed slots and due retries go to waiting requests at once */
 
         long curl_ms = -1;
         curl_multi_timeout(e->multi, &curl_ms);
