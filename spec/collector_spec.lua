@@ -418,6 +418,18 @@ describe("col:rollups", function()
 end)
 
 describe("spool", function()
+  it("creates a spool_dir that does not exist yet, parents included", function()
+    local dir = tmpdir() .. "/a/b"
+    local col = new{ spool_dir = dir }
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    assert.is_true(col:flush(5000))
+    col:close()
+    local f = io.open(dir .. "/dead-letter.ndjson")
+    assert.is_not_nil(f)
+    f:close()
+    os.execute("rm -rf " .. dir:gsub("/a/b$", ""))
+  end)
+
   it("writes events ahead before answering and deletes segments once acknowledged", function()
     local dir = tmpdir()
     local col = new{ spool_dir = dir }

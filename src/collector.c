@@ -616,6 +616,11 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
         snprintf(why, 256, "out of memory");
         goto fail;
     }
+    /* the spool directory (home of the default dead-letter file) exists from the start */
+    if (cfg->spool_dir[0] && esx_mkdirs(cfg->spool_dir) != 0) {
+        snprintf(why, 256, "cannot create spool_dir %.170s: %.40s", cfg->spool_dir, strerror(errno));
+        goto fail;
+    }
     if (open_dead_letter(col) != 0) {
         snprintf(why, 256, "cannot open dead_letter file %.170s: %.40s",
                  cfg->dead_letter_path, strerror(errno));

@@ -17,7 +17,7 @@
 
 #define MAX_RECORD (64u << 20)
 
-static int mkdirs(const char *dir)
+int esx_mkdirs(const char *dir)
 {
     char tmp[512];
     snprintf(tmp, sizeof tmp, "%s", dir);
@@ -38,7 +38,7 @@ esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
         snprintf(why, 256, "spool_dir is too long");
         return NULL;
     }
-    if (mkdirs(dir) != 0) {
+    if (esx_mkdirs(dir) != 0) {
         snprintf(why, 256, "cannot create spool_dir %.150s: %.60s", dir, strerror(errno));
         return NULL;
     }

@@ -48,6 +48,9 @@ typedef struct esx_spool {
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
 } esx_spool;
 
+/* Creates dir and its missing parents (mode 0700).  Returns 0, or -1 with errno set. */
+int esx_mkdirs(const char *dir);
+
 /* Opens (creating if needed, mode 0700) the spool directory for this process.  Returns
  * NULL with a reason in why (256 bytes). */
 esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why);
