@@ -11,14 +11,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#include <stdio.h>
-#define check(ok) \
-    do { \
-        if (!(ok)) { \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #ok); \
-            abort(); \
-        } \
-    } while (0)
+#include "check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

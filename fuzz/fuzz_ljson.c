@@ -14,13 +14,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define check(ok) \
-    do { \
-        if (!(ok)) { \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #ok); \
-            abort(); \
-        } \
-    } while (0)
+#include "check.h"
 
 static lua_State *L;
 

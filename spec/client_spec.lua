@@ -3,6 +3,7 @@
 -- (these are shared 2-core machines); they prove a bound, not a speed.
 local esx = require "esx"
 local ds = require "spec.support.devserver"
+local net = require "spec.support.net"
 local socket = require "socket"
 
 local srv
@@ -19,12 +20,7 @@ local function timed(f)
 end
 
 -- a loopback port nothing listens on
-local function closed_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
+local function closed_port() return tonumber(net.closed_port():match("%d+$")) end
 
 local function client(opts)
   opts = opts or {}
@@ -241,25 +237,14 @@ describe("error kinds and deadlines", function()
 
   it("returns nil, err with kind 'connect_timeout' within connect_timeout when the listener's backlog is full", function()
     -- a listener that never accepts, with its queue filled: further SYNs go unanswered
-    local l = assert(socket.tcp())
-    assert(l:bind("127.0.0.1", 0))
-    assert(l:listen(0))
-    local _, port = l:getsockname()
-    local fillers = {}
-    for i = 1, 4 do
-      local s = socket.tcp()
-      s:settimeout(0.2)
-      s:connect("127.0.0.1", port)
-      fillers[i] = s
-    end
-    local c = client{ hosts = { "http://127.0.0.1:" .. port }, connect_timeout = 200, max_retries = 0 }
+    local url, close = net.full_backlog()
+    local c = client{ hosts = { url }, connect_timeout = 200, max_retries = 0 }
     local res, err, ms = timed(function() return c:request("GET", "/") end)
     assert.is_nil(res)
     assert.equal("connect_timeout", err.kind)
     assert.is_true(ms >= 190 and ms < 1200 * SCALE, "took " .. ms .. " ms")
     c:close()
-    for _, s in ipairs(fillers) do s:close() end
-    l:close()
+    close()
   end)
 
   it("returns nil, err with kind 'socket_timeout' within socket_timeout when the server stalls", function()

@@ -4,6 +4,7 @@
 -- README.md's "Fault matrix" table lists the same rows.
 local esx = require "esx"
 local ds = require "spec.support.devserver"
+local net = require "spec.support.net"
 local socket = require "socket"
 local cjson = require "cjson"
 
@@ -40,31 +41,7 @@ local function open_fds()
   return n
 end
 
--- a listener whose accept queue is full: connects to it time out
-local function full_backlog()
-  local l = assert(socket.tcp())
-  assert(l:bind("127.0.0.1", 0))
-  assert(l:listen(0))
-  local _, port = l:getsockname()
-  local fill = {}
-  for i = 1, 4 do
-    local s = socket.tcp()
-    s:settimeout(0.2)
-    s:connect("127.0.0.1", port)
-    fill[i] = s
-  end
-  return "http://127.0.0.1:" .. port, function()
-    for _, s in ipairs(fill) do s:close() end
-    l:close()
-  end
-end
-
-local function closed_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return "http://127.0.0.1:" .. port
-end
+local full_backlog, closed_port = net.full_backlog, net.closed_port
 
 -- Each row: fault (dev server rule, or a host maker), client options, expected outcome
 -- (kind, or status for a response), and the bound the call must return within (ms).
