@@ -42,6 +42,42 @@ describe("credentials", function()
   end)
 end)
 
+describe("credentials in nginx #nginx", function()
+  it("never reach nginx's error log, through failed calls logged as users log them", function()
+    local srv = ds.start{ user = "elastic", password = SECRET }
+    local web = nginx.start{
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.clients = {
+            esx.client{ hosts = { "%s" }, username = "elastic", password = "wrong-%s" },
+            esx.client{ hosts = { "http://elastic:%s@127.0.0.1:1" }, max_retries = 0 },
+            esx.client{ hosts = { "%s" }, api_key = "%s" },
+          }
+        }
+      ]]):format(srv.url, SECRET, SECRET, srv.url, SECRET),
+      server = [[
+        location = /t {
+          content_by_lua_block {
+            for _, c in ipairs(package.loaded.clients) do
+              local _, err = c:info()
+              ngx.log(ngx.ERR, "search failed: ", tostring(err), " node ", tostring(err and err.node))
+            end
+            ngx.say("done")
+          }
+        }
+      ]],
+    }
+    local status = web:get("/t")
+    local log = web:error_log()
+    web:stop()
+    srv:stop()
+    assert.equal(200, status)
+    assert.truthy(log:find("search failed: http: GET /: HTTP 401", 1, true), log)
+    assert.falsy(log:find(SECRET, 1, true), "credential in the error log")
+  end)
+end)
+
 describe("refused before anything is sent", function()
   local srv, c
   setup(function()
