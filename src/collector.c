@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,13 +34,13 @@ const char *const esx_reject_names[ESX_RJ_COUNT] = {
 
 typedef struct item {
     struct item *next;
-    char *data;              /* action line + document line, '\n'-terminated */
     size_t len;
     int attempts;
     int64_t due;             /* monotonic ms when a delayed retry may go */
     int64_t queued_at;       /* monotonic ms */
     esx_segment *seg;
     int rollup;              /* a rollup row, not an event */
+    char data[];             /* action line + document line, '\n'-terminated */
 } item;
 
 typedef struct batch {
@@ -98,14 +99,11 @@ static size_t item_cost(const item *it)
 
 static item *item_new(const char *data, size_t len, int64_t now, esx_segment *seg)
 {
-    item *it = malloc(sizeof *it);
+    if (len > SIZE_MAX - sizeof(item))
+        return NULL;
+    item *it = malloc(sizeof *it + len); /* one allocation per queued event */
     if (it == NULL)
         return NULL;
-    it->data = malloc(len);
-    if (it->data == NULL) {
-        free(it);
-        return NULL;
-    }
     memcpy(it->data, data, len);
     it->len = len;
     it->attempts = 0;
@@ -156,7 +154,6 @@ static void item_done(esx_collector *col, item *it)
         col->queue_rollups--;
     if (it->seg && col->spool)
         esx_spool_release(col->spool, it->seg, 1);
-    free(it->data);
     free(it);
 }
 
@@ -551,7 +548,6 @@ static void free_list(item *it)
 {
     while (it) {
         item *next = it->next;
-        free(it->data);
         free(it);
         it = next;
     }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -153,18 +154,25 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     return seg;
 }
 
-static int write_all(int fd, const void *p, size_t n)
+/* Writes every byte of the iovecs (consumed as it goes).  Returns 0 or -1 with errno. */
+static int writev_all(int fd, struct iovec *iov, int cnt)
 {
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
+    while (cnt > 0) {
+        ssize_t w = writev(fd, iov, cnt);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
             return -1;
         }
-        c += w;
-        n -= (size_t)w;
+        while (cnt > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
     }
     return 0;
 }
@@ -187,17 +195,10 @@ int esx_spool_append(esx_spool *sp, const char *data, size_t len, int overflow,
     uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)data, (uInt)len);
     memcpy(head, &n, 4);
     memcpy(head + 4, &crc, 4);
-    /* one writev-sized record: header then payload; a cut-short write is a torn record */
-    char *rec = malloc(len + 8);
-    if (rec == NULL) {
-        snprintf(why, 256, "out of memory");
-        return -1;
-    }
-    memcpy(rec, head, 8);
-    memcpy(rec + 8, data, len);
-    int rc = write_all(seg->fd, rec, len + 8);
-    free(rec);
-    if (rc != 0) {
+    /* header and payload in one writev, without copying the payload; a cut-short write
+     * is a torn record */
+    struct iovec iov[2] = {{head, 8}, {(void *)data, len}};
+    if (writev_all(seg->fd, iov, 2) != 0) {
         snprintf(why, 256, "cannot write the spool: %s", strerror(errno));
         /* the segment may now end in a torn record: start a new one */
         seal(sp, seg);
