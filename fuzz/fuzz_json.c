@@ -38,15 +38,22 @@ static void walk(const esx_json_val *v, int flawless, int level)
         return;
     if (level > 40)
         return;
-    esx_json_iter it;
-    esx_json_val k, m;
+    esx_json_iter it, ci;
+    esx_json_val k, m, ck, cm;
     esx_json_iter_init(&it, v);
+    esx_json_iter_init_checked(&ci, v);
     while (esx_json_iter_next(&it, &k, &m)) {
+        /* the iterator's quick walk finds what a full scan of each member finds */
+        check(esx_json_iter_next(&ci, &ck, &cm));
+        check(m.p == cm.p && m.len == cm.len && m.type == cm.type && m.depth == cm.depth);
+        if (v->type == ESX_JSON_OBJECT)
+            check(k.p == ck.p && k.len == ck.len && k.type == ck.type);
         check(m.depth < v->depth);
         if (v->type == ESX_JSON_OBJECT)
             check_string(&k, flawless);
         walk(&m, flawless, level + 1);
     }
+    check(!esx_json_iter_next(&ci, &ck, &cm));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

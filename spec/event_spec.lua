@@ -190,6 +190,25 @@ describe("core.events_parse", function()
     it("are fine in different objects", function()
       assert.truthy(accepted(ev(',"a":{"x":1},"b":{"x":1},"c":[{"x":1},{"x":1}]')))
     end)
+
+    -- the check runs within the pass that writes the document: a member rejected for
+    -- another reason before the duplicate is reached still gives "duplicate member name"
+    it("are reported before any other reason, wherever they are", function()
+      assert.equal("duplicate member name", reason('{"site_id":"bad id","type":"t","a":1,"a":2}'))
+      assert.equal("duplicate member name", reason('{"_x":1,"site_id":"s","type":"t","o":{"k":1,"k":2}}'))
+      assert.equal("duplicate member name", reason('{"":1,"site_id":"s","type":"t","\\u0074ype":"u"}'))
+      assert.equal("duplicate member name", reason('{"type":"t","a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"a":9}'))
+      assert.equal("duplicate member name", reason('{"user_id":[],"site_id":"s","type":"t","site_id":"s"}'))
+      -- and without a duplicate the member's own reason is given
+      assert.equal("site_id: invalid characters", reason('{"site_id":"bad id","type":"t","a":1,"b":2}'))
+      assert.equal("reserved field _x", reason('{"_x":1,"site_id":"s","type":"t","o":{"k":1,"j":2}}'))
+    end)
+
+    it("are told apart from names that only look alike", function()
+      -- escaped quotes and backslashes in names and values, nested containers as values
+      local d = accepted(ev(',"a\\"":1,"a\\\\":2,"a":"x\\"}","o":{"q":"]\\\\","r":[{"s":"{"}]},"n":-1.5e3,"t":true,"f":false,"z":null'))
+      assert.truthy(d.doc:find('"a\\"":1,"a\\\\":2,"a":"x\\"}","o":{"q":"]\\\\","r":[{"s":"{"}]},"n":-1.5e3,"t":true,"f":false,"z":null,', 1, true))
+    end)
   end)
 
   describe("nesting", function()

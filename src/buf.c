@@ -74,3 +74,19 @@ char *esx_buf_take(esx_buf *b, size_t *len)
     b->len = b->cap = 0;
     return p;
 }
+
+size_t esx_format_i64(char *out, long long v)
+{
+    char tmp[20];
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    size_t n = 0, o = 0;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        out[o++] = '-';
+    while (n)
+        out[o++] = tmp[--n];
+    return o;
+}

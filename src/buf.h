@@ -41,4 +41,7 @@ void esx_buf_free(esx_buf *b);
  * *len receives the length.  Returns NULL for an empty buffer. */
 char *esx_buf_take(esx_buf *b, size_t *len);
 
+/* Writes v in decimal (no NUL) to out, which has room for 20 bytes.  Returns the length. */
+size_t esx_format_i64(char *out, long long v);
+
 #endif

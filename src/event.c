@@ -186,25 +186,35 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
         snprintf(reason, 96, "nesting deeper than %d", ESX_EVENT_MAX_DEPTH);
         return 0;
     }
-    int dup = esx_json_duplicate(obj);
-    if (dup < 0)
-        return ESX_EV_NOMEM;
-    if (dup) {
-        snprintf(reason, 96, "duplicate member name");
-        return 0;
-    }
-
     memset(ev, 0, sizeof *ev);
-    /* one pass: each member is checked, then written; a reject rolls the output back */
+    /* One pass: each member is checked, then written; a reject rolls the output back.  The
+     * duplicate-name check rides along (names kept, nested objects checked as met) and is
+     * decided first, as if it had run before the pass: a member rejected for another reason
+     * sends the object to the full check before that reason is given. */
     esx_buf *out = c->out;
     size_t save = out->len;
     int rc, seen_site = 0, seen_type = 0, seen_event = 0;
     esx_json_iter it;
-    esx_json_val key, val;
+    esx_json_val key, val, names[8];
+    size_t n_names = 0;
     if ((rc = put(out, "{", 1)) != 0)
         goto fail;
     esx_json_iter_init(&it, obj);
     while (esx_json_iter_next(&it, &key, &val)) {
+        if (n_names < 8)
+            names[n_names] = key;
+        n_names++;
+        if (val.depth > 0 && memchr(val.p, '{', val.len)) {
+            int dup = esx_json_duplicate(&val);
+            if (dup < 0) {
+                rc = ESX_EV_NOMEM;
+                goto fail;
+            }
+            if (dup) {
+                snprintf(reason, 96, "duplicate member name");
+                goto reject;
+            }
+        }
         char first;
         size_t kl = esx_json_str_decode(&key, &first, 1);
         if (kl == 0) {
@@ -259,6 +269,23 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             goto fail;
         }
     }
+    {
+        int dup = 0;
+        if (n_names > 8)
+            dup = esx_json_duplicate(obj);
+        else
+            for (size_t x = 0; x < n_names && !dup; x++)
+                for (size_t y = x + 1; y < n_names && !dup; y++)
+                    dup = esx_json_same_name(&names[x], &names[y]);
+        if (dup < 0) {
+            rc = ESX_EV_NOMEM;
+            goto fail;
+        }
+        if (dup) {
+            snprintf(reason, 96, "duplicate member name");
+            goto reject;
+        }
+    }
     if (!seen_site) {
         snprintf(reason, 96, "missing site_id");
         goto reject;
@@ -268,21 +295,34 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
         goto reject;
     }
     char tail[96];
-    int tl;
+    size_t tl = sizeof "\"received_at\":" - 1;
+    memcpy(tail, "\"received_at\":", tl);
+    tl += esx_format_i64(tail + tl, c->received_at);
     if (!seen_event) {
         esx_idgen_next(c->ids, ev->event_id);
-        tl = snprintf(tail, sizeof tail, "\"received_at\":%" PRId64 ",\"event_id\":\"%s\"}\n",
-                      c->received_at, ev->event_id);
-    } else {
-        tl = snprintf(tail, sizeof tail, "\"received_at\":%" PRId64 "}\n", c->received_at);
+        memcpy(tail + tl, ",\"event_id\":\"", 13);
+        memcpy(tail + tl + 13, ev->event_id, 20);
+        tl += 33;
+        tail[tl++] = '"';
     }
-    if ((rc = put(out, tail, (size_t)tl)) != 0)
+    tail[tl++] = '}';
+    tail[tl++] = '\n';
+    if ((rc = put(out, tail, tl)) != 0)
         goto fail;
     ev->doc_off = save;
     ev->doc_len = out->len - save - 1;
     return 1;
 reject:
     rc = 0;
+    if (n_names > 0 && strcmp(reason, "duplicate member name") != 0) {
+        /* rejected for another reason before every name was seen: a duplicate anywhere in
+         * the object is still what the client is told */
+        int dup = esx_json_duplicate(obj);
+        if (dup < 0)
+            rc = ESX_EV_NOMEM;
+        else if (dup)
+            snprintf(reason, 96, "duplicate member name");
+    }
 fail:
     out->len = save;
     if (out->data)
@@ -388,7 +428,7 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
         esx_json_iter it;
         esx_json_val el;
         int index = 0;
-        esx_json_iter_init(&it, &v);
+        esx_json_iter_init_checked(&it, &v); /* each element's own flaw rejects it alone */
         while (esx_json_iter_next(&it, NULL, &el)) {
             if (index >= max_events)
                 return ESX_EV_TOO_MANY;

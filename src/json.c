@@ -366,6 +366,83 @@ void esx_json_iter_init(esx_json_iter *it, const esx_json_val *c)
     it->len = c->len - 1; /* stop before the closing bracket */
     it->pos = 1;
     it->object = c->type == ESX_JSON_OBJECT;
+    it->checked = 0;
+}
+
+void esx_json_iter_init_checked(esx_json_iter *it, const esx_json_val *c)
+{
+    esx_json_iter_init(it, c);
+    it->checked = 1;
+}
+
+/* Past the end of the string whose opening quote is at s[i] (len if unterminated). */
+static size_t skip_string(const char *s, size_t len, size_t i)
+{
+    for (i++; i < len; i++) {
+        const char *q = memchr(s + i, '"', len - i);
+        if (q == NULL)
+            return len;
+        /* the quote ends the string unless an odd number of backslashes precede it */
+        size_t at = (size_t)(q - s), b = at;
+        while (b > i && s[b - 1] == '\\')
+            b--;
+        if ((at - b) % 2 == 0)
+            return at + 1;
+        i = at;
+    }
+    return len;
+}
+
+/* Finds the extent, type and depth of the value at s[*pos] without checking it again: the
+ * container it is in was accepted by esx_json_scan.  Bounded by len whatever the bytes. */
+static int skip_value(const char *s, size_t len, size_t *pos, esx_json_val *v)
+{
+    size_t i = *pos, start = i;
+    if (i >= len)
+        return -1;
+    unsigned char c = (unsigned char)s[i];
+    int type, depth = 0;
+    if (c == '"') {
+        type = ESX_JSON_STRING;
+        i = skip_string(s, len, i);
+    } else if (c == '{' || c == '[') {
+        type = c == '{' ? ESX_JSON_OBJECT : ESX_JSON_ARRAY;
+        int d = 0;
+        while (i < len) {
+            c = (unsigned char)s[i];
+            if (c == '"') {
+                i = skip_string(s, len, i);
+                continue;
+            }
+            i++;
+            if (c == '{' || c == '[') {
+                if (++d > depth)
+                    depth = d;
+            } else if ((c == '}' || c == ']') && --d == 0) {
+                break;
+            }
+        }
+    } else {
+        type = c == 't' ? ESX_JSON_TRUE : c == 'f' ? ESX_JSON_FALSE : c == 'n' ? ESX_JSON_NULL
+                                                                               : ESX_JSON_NUMBER;
+        while (i < len && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ':' &&
+               !is_ws((unsigned char)s[i]))
+            i++;
+    }
+    v->p = s + start;
+    v->len = i - start;
+    v->type = type;
+    v->depth = depth;
+    v->flaw = 0;
+    *pos = i;
+    return 0;
+}
+
+static int iter_value(esx_json_iter *it, size_t *i, esx_json_val *v)
+{
+    if (it->checked)
+        return esx_json_scan(it->s, it->len, i, v, NULL, 0);
+    return skip_value(it->s, it->len, i, v);
 }
 
 int esx_json_iter_next(esx_json_iter *it, esx_json_val *key, esx_json_val *val)
@@ -375,14 +452,15 @@ int esx_json_iter_next(esx_json_iter *it, esx_json_val *key, esx_json_val *val)
         return 0;
     if (it->object) {
         esx_json_val k;
-        if (esx_json_scan(it->s, it->len, &i, &k, NULL, 0) < 0)
+        if (iter_value(it, &i, &k) < 0)
             return 0;
         if (key)
             *key = k;
         i = esx_json_skip_ws(it->s, it->len, i);
         i++; /* ':' */
+        i = esx_json_skip_ws(it->s, it->len, i);
     }
-    if (esx_json_scan(it->s, it->len, &i, val, NULL, 0) < 0)
+    if (iter_value(it, &i, val) < 0)
         return 0;
     i = esx_json_skip_ws(it->s, it->len, i);
     if (i < it->len && it->s[i] == ',')
@@ -471,6 +549,11 @@ size_t esx_json_str_decode(const esx_json_val *str, char *out, size_t cap)
 {
     const unsigned char *s = (const unsigned char *)str->p;
     size_t end = str->len ? str->len - 1 : 0, i = 1, n = 0, k;
+    if (end > 1 && memchr(s + 1, '\\', end - 1) == NULL) {
+        /* no escape: the decoded bytes are the bytes between the quotes */
+        memcpy(out, s + 1, end - 1 < cap ? end - 1 : cap);
+        return end - 1;
+    }
     unsigned char u[4];
     while ((k = next_unit(s, end, &i, u)) != 0) {
         for (size_t j = 0; j < k; j++, n++)
@@ -598,8 +681,10 @@ static uint64_t dup_seed(void)
     return s;
 }
 
-static int key_equal(const esx_json_val *a, const esx_json_val *b)
+int esx_json_same_name(const esx_json_val *a, const esx_json_val *b)
 {
+    if (!memchr(a->p, '\\', a->len) && !memchr(b->p, '\\', b->len))
+        return a->len == b->len && memcmp(a->p, b->p, a->len) == 0; /* no escapes: the bytes */
     char x[64], y[64];
     size_t la = esx_json_str_decode(a, x, sizeof x);
     size_t lb = esx_json_str_decode(b, y, sizeof y);
@@ -694,7 +779,7 @@ int esx_json_duplicate(const esx_json_val *v)
         return many_dup(v);
     for (size_t x = 0; x < n; x++)
         for (size_t y = x + 1; y < n; y++) {
-            int rc = key_equal(&k[x], &k[y]);
+            int rc = esx_json_same_name(&k[x], &k[y]);
             if (rc)
                 return rc;
         }

@@ -64,14 +64,19 @@ size_t esx_json_skip_ws(const char *s, size_t len, size_t pos);
 const char *esx_json_flaw_str(int flaw);
 
 /* Walks the members of an object or the elements of an array that esx_json_scan accepted
- * (calling it on anything else is undefined). */
+ * (calling it on anything else is undefined, but stays within the container's bytes).
+ * esx_json_iter_init does not check the members again (the container's scan did): their
+ * `flaw` is 0 -- the container's flaw covers them.  esx_json_iter_init_checked scans each
+ * member in full, for callers that need every member's own flaw. */
 typedef struct esx_json_iter {
     const char *s;
     size_t len, pos;
     int object;
+    int checked;
 } esx_json_iter;
 
 void esx_json_iter_init(esx_json_iter *it, const esx_json_val *container);
+void esx_json_iter_init_checked(esx_json_iter *it, const esx_json_val *container);
 
 /* Returns 1 with the next member (key is NULL-safe: for arrays it is left untouched) or 0
  * at the end. */
@@ -94,6 +99,10 @@ int esx_json_write_min(const esx_json_val *v, esx_buf *out);
 /* Looks for two members of one object (at any depth inside v) whose names decode to the same
  * bytes.  Returns 1 when there are some, 0 when not, -1 when out of memory. */
 int esx_json_duplicate(const esx_json_val *v);
+
+/* 1 when two member names (strings) decode to the same bytes, 0 when not, -1 when out of
+ * memory (names longer than 64 bytes with escapes). */
+int esx_json_same_name(const esx_json_val *a, const esx_json_val *b);
 
 /* Appends s (n bytes of valid UTF-8) as a JSON string with quotes, escaping '"', '\\' and
  * control bytes.  Returns as esx_buf_append (out->len unchanged on failure). */
