@@ -289,6 +289,16 @@ describe("core.events_parse", function()
                     { index = 4, error = "not an object" } }, rejects)
     end)
 
+    it("rejects only the elements with a flaw of their own (escapes, UTF-8, control bytes)", function()
+      local docs, rejects = parse("[" .. ev(',"m":"\\x"') .. "," .. ev(',"m":"a\\"b"') .. ","
+        .. ev(',"m":"\255"') .. "," .. ev(',"m":{"n":["\\\\",1]}') .. "," .. ev(',"m":"a\tb"') .. "]")
+      assert.equal(2, #docs)
+      assert.same({ { index = 0, error = "invalid escape" }, { index = 2, error = "invalid UTF-8" },
+                    { index = 4, error = "control character in string" } }, rejects)
+      assert.truthy(docs[1].doc:find('"m":"a\\"b"', 1, true))
+      assert.truthy(docs[2].doc:find('"m":{"n":["\\\\",1]}', 1, true))
+    end)
+
     it("returns empty lists for []", function()
       local docs, rejects = parse(" [ ] ")
       assert.same({}, docs)

@@ -82,6 +82,9 @@ struct esx_collector {
     esx_collector_counters st;
 
     /* intake scratch, under intake_mu */
+    char action[300];        /* {"create":{"_index":"<index of action_secs>","_id":" */
+    size_t action_len;       /* 0: not made yet */
+    time_t action_secs;
     esx_event *events;
     esx_event_reject *rejects;
     size_t *offs;
@@ -756,21 +759,32 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         return;
     }
 
-    /* bulk lines: create with _id = event_id into the index of received_at's date */
-    char index[256];
+    /* bulk lines: create with _id = event_id into the index of received_at's date (the
+     * action line's start is made once per second of received_at, under intake_mu) */
     time_t secs = (time_t)(received_at / 1000);
-    struct tm tm;
-    gmtime_r(&secs, &tm);
-    if (strftime(index, sizeof index, col->cfg.index_fmt, &tm) == 0)
-        snprintf(index, sizeof index, "events");
+    if (!col->action_len || secs != col->action_secs) {
+        char index[256];
+        struct tm tm;
+        gmtime_r(&secs, &tm);
+        if (strftime(index, sizeof index, col->cfg.index_fmt, &tm) == 0)
+            snprintf(index, sizeof index, "events");
+        int al = snprintf(col->action, sizeof col->action, "{\"create\":{\"_index\":\"%s\",\"_id\":\"",
+                          index); /* 21 + 255 + 9 bytes at most: fits */
+        col->action_len = al > 0 && (size_t)al < sizeof col->action ? (size_t)al : 0;
+        col->action_secs = secs;
+    }
     size_t *offs = col->offs;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         offs[i] = col->lines.len;
-        char head[512];
-        int hl = snprintf(head, sizeof head, "{\"create\":{\"_index\":\"%s\",\"_id\":\"%s\"}}\n",
-                          index, col->events[i].event_id);
-        if (esx_buf_append(&col->lines, head, (size_t)hl) != ESX_BUF_OK ||
+        char head[sizeof col->action + 80];
+        size_t idl = strnlen(col->events[i].event_id, 64), hl = col->action_len;
+        memcpy(head, col->action, hl);
+        memcpy(head + hl, col->events[i].event_id, idl);
+        hl += idl;
+        memcpy(head + hl, "\"}}\n", 4);
+        hl += 4;
+        if (esx_buf_append(&col->lines, head, hl) != ESX_BUF_OK ||
             esx_buf_append(&col->lines, col->docs.data + col->events[i].doc_off,
                            col->events[i].doc_len) != ESX_BUF_OK ||
             esx_buf_append(&col->lines, "\n", 1) != ESX_BUF_OK) {

@@ -146,6 +146,26 @@ static void reserved_reason(const esx_json_val *key, char *reason)
 
 enum { F_OTHER, F_SITE, F_TYPE, F_BLOCK, F_VARIANT, F_USER, F_EVENT, F_TS, F_RECEIVED };
 
+/* A name without escapes is its bytes: matched by length, then bytes. */
+static int field_of_plain(const char *p, size_t n)
+{
+    switch (n) {
+    case 2: return memcmp(p, "ts", 2) == 0 ? F_TS : F_OTHER;
+    case 4: return memcmp(p, "type", 4) == 0 ? F_TYPE : F_OTHER;
+    case 7:
+        return memcmp(p, "site_id", 7) == 0   ? F_SITE
+               : memcmp(p, "variant", 7) == 0 ? F_VARIANT
+               : memcmp(p, "user_id", 7) == 0 ? F_USER
+                                              : F_OTHER;
+    case 8:
+        return memcmp(p, "block_id", 8) == 0   ? F_BLOCK
+               : memcmp(p, "event_id", 8) == 0 ? F_EVENT
+                                               : F_OTHER;
+    case 11: return memcmp(p, "received_at", 11) == 0 ? F_RECEIVED : F_OTHER;
+    default: return F_OTHER;
+    }
+}
+
 static int field_of(const esx_json_val *key)
 {
     static const struct {
@@ -196,13 +216,17 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
     int rc, seen_site = 0, seen_type = 0, seen_event = 0;
     esx_json_iter it;
     esx_json_val key, val, names[8];
+    int names_esc[8];
     size_t n_names = 0;
     if ((rc = put(out, "{", 1)) != 0)
         goto fail;
     esx_json_iter_init(&it, obj);
     while (esx_json_iter_next(&it, &key, &val)) {
-        if (n_names < 8)
+        int esc = memchr(key.p, '\\', key.len) != NULL;
+        if (n_names < 8) {
             names[n_names] = key;
+            names_esc[n_names] = esc;
+        }
         n_names++;
         if (val.depth > 0 && memchr(val.p, '{', val.len)) {
             int dup = esx_json_duplicate(&val);
@@ -215,8 +239,10 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
                 goto reject;
             }
         }
-        char first;
-        size_t kl = esx_json_str_decode(&key, &first, 1);
+        char first = 0;
+        size_t kl = esc ? esx_json_str_decode(&key, &first, 1) : key.len - 2;
+        if (!esc && kl)
+            first = key.p[1];
         if (kl == 0) {
             snprintf(reason, 96, "empty member name");
             goto reject;
@@ -225,7 +251,7 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             reserved_reason(&key, reason);
             goto reject;
         }
-        int ok = 1, f = field_of(&key);
+        int ok = 1, f = esc ? field_of(&key) : field_of_plain(key.p + 1, kl);
         switch (f) {
         case F_SITE:
             ok = check_ident(&val, "site_id", 64, 0, ev->site_id, reason);
@@ -261,6 +287,22 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             goto reject;
         if (f == F_RECEIVED)
             continue;
+        if (val.depth == 0) {
+            /* a scalar: name, ':', value and ',' are copied as they are, in one go */
+            size_t need = key.len + val.len + 2;
+            if ((rc = esx_buf_reserve(out, need)) != ESX_BUF_OK) {
+                rc = rc == ESX_BUF_TOOBIG ? ESX_EV_TOOBIG : ESX_EV_NOMEM;
+                goto fail;
+            }
+            char *o = out->data + out->len;
+            memcpy(o, key.p, key.len);
+            o[key.len] = ':';
+            memcpy(o + key.len + 1, val.p, val.len);
+            o[need - 1] = ',';
+            out->len += need;
+            out->data[out->len] = '\0';
+            continue;
+        }
         if ((rc = esx_json_write_min(&key, out)) != ESX_BUF_OK ||
             (rc = esx_buf_append(out, ":", 1)) != ESX_BUF_OK ||
             (rc = esx_json_write_min(&val, out)) != ESX_BUF_OK ||
@@ -276,7 +318,10 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
         else
             for (size_t x = 0; x < n_names && !dup; x++)
                 for (size_t y = x + 1; y < n_names && !dup; y++)
-                    dup = esx_json_same_name(&names[x], &names[y]);
+                    dup = names_esc[x] || names_esc[y]
+                              ? esx_json_same_name(&names[x], &names[y])
+                              : names[x].len == names[y].len &&
+                                    memcmp(names[x].p, names[y].p, names[x].len) == 0;
         if (dup < 0) {
             rc = ESX_EV_NOMEM;
             goto fail;
@@ -428,7 +473,11 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
         esx_json_iter it;
         esx_json_val el;
         int index = 0;
-        esx_json_iter_init_checked(&it, &v); /* each element's own flaw rejects it alone */
+        /* each element's own flaw rejects it alone: with a flaw somewhere, scan them in full */
+        if (v.flaw)
+            esx_json_iter_init_checked(&it, &v);
+        else
+            esx_json_iter_init(&it, &v);
         while (esx_json_iter_next(&it, NULL, &el)) {
             if (index >= max_events)
                 return ESX_EV_TOO_MANY;

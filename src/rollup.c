@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "base64.h"
+#include "buf.h"
 #include "hash.h"
 #include "rollup.h"
 
@@ -61,10 +62,24 @@ void esx_rollups_free(esx_rollups *r)
 }
 
 /* The key bytes: window and the four dimensions, NUL-separated. */
+static size_t key_part(char *out, size_t o, const char *s, size_t max)
+{
+    size_t n = strnlen(s, max);
+    out[o++] = '\0';
+    memcpy(out + o, s, n);
+    return o + n;
+}
+
+/* (window 20 bytes at most, 4 separators, the event's fields of 64, 64, 64 and 32 bytes:
+ * 248 bytes; out has 256) */
 static size_t key_bytes(char *out, int64_t w, const char *s, const char *b, const char *v,
                         const char *t)
 {
-    return (size_t)snprintf(out, 256, "%lld%c%s%c%s%c%s%c%s", (long long)w, 0, s, 0, b, 0, v, 0, t);
+    size_t o = esx_format_i64(out, (long long)w);
+    o = key_part(out, o, s, 64);
+    o = key_part(out, o, b, 64);
+    o = key_part(out, o, v, 64);
+    return key_part(out, o, t, 32);
 }
 
 static int64_t window_of(const esx_rollups *r, int64_t at)
