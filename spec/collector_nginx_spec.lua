@@ -138,6 +138,33 @@ describe("esx.nginx.collect #nginx", function()
     assert.equal("*", headers["access-control-allow-origin"])
   end)
 
+  it("sends each answer's headers: 204, 405, 415, with and without an Origin", function()
+    local ev = cjson.encode({ site_id = "s1", type = "view" })
+    for _ = 1, 3 do -- the common answers' header lists are shared between requests
+      local status, body, headers = web:request("POST", "/collect", ev, { ["Content-Type"] = "text/plain" })
+      assert.equal(204, status)
+      assert.equal("", body)
+      assert.equal("no-store", headers["cache-control"])
+      assert.is_nil(headers["access-control-allow-origin"])
+      status, _, headers = web:request("POST", "/collect", ev,
+        { ["Content-Type"] = "text/plain;charset=UTF-8", Origin = "https://a.example" })
+      assert.equal(204, status)
+      assert.equal("no-store", headers["cache-control"])
+      assert.equal("*", headers["access-control-allow-origin"])
+      assert.is_nil(headers["access-control-allow-credentials"])
+      status, body, headers = web:request("PUT", "/collect", ev, { Origin = "https://a.example" })
+      assert.equal(405, status)
+      assert.equal("GET, POST, OPTIONS", headers["allow"])
+      assert.equal("application/json", headers["content-type"])
+      assert.equal("*", headers["access-control-allow-origin"])
+      assert.equal("method not allowed", cjson.decode(body).error)
+      status, _, headers = web:request("POST", "/collect", ev, { ["Content-Type"] = "text/html" })
+      assert.equal(415, status)
+      assert.equal("no-store", headers["cache-control"])
+      assert.is_nil(headers["allow"])
+    end
+  end)
+
   it("loses nothing a worker acknowledged when it is killed with SIGKILL", function()
     es:reset()
     local port = es.port

@@ -207,6 +207,50 @@ describe("col:handle", function()
     assert.is_nil(headers["Access-Control-Allow-Credentials"])
   end)
 
+  -- the common answers' headers come from lists made once per collector and origin: each
+  -- call still gets its own table, and what a caller does to it changes no later answer
+  it("returns a fresh headers table each time, with exactly the answer's headers", function()
+    local c2 = new{ allowed_origins = { "https://shop.example", "*" } }
+    local body = cjson.encode(ev())
+    local cases = {
+      { nil, { ["Cache-Control"] = "no-store" } },
+      { "https://shop.example", { ["Cache-Control"] = "no-store", ["Access-Control-Allow-Origin"] = "https://shop.example",
+                                  ["Access-Control-Allow-Credentials"] = "true", Vary = "Origin" } },
+      { "https://other.example", { ["Cache-Control"] = "no-store", ["Access-Control-Allow-Origin"] = "*" } },
+    }
+    for round = 1, 2 do
+      for _, c in ipairs(cases) do
+        local status, headers = post(c2, body, { ["content-type"] = "text/plain", origin = c[1] })
+        assert.equal(204, status)
+        assert.same(c[2], headers)
+        headers["Cache-Control"] = "public"
+        headers.Extra = tostring(round)
+      end
+    end
+    -- error answers add to the same lists without changing them
+    local status, headers = c2:handle{ method = "PUT", headers = { origin = "https://shop.example" } }
+    assert.equal(405, status)
+    assert.same({ ["Cache-Control"] = "no-store", ["Access-Control-Allow-Origin"] = "https://shop.example",
+                  ["Access-Control-Allow-Credentials"] = "true", Vary = "Origin",
+                  ["Content-Type"] = "application/json", Allow = "GET, POST, OPTIONS" }, headers)
+    local _, again = post(c2, body, { ["content-type"] = "text/plain", origin = "https://shop.example" })
+    assert.same(cases[2][2], again)
+    c2:close()
+  end)
+
+  it("judges every distinct content type on its own, however many there are", function()
+    -- the verdicts are cached for the first 256 values seen; the rest are parsed each time
+    for i = 1, 300 do
+      local ok_type = ("text/plain; charset=utf-%d"):format(i)
+      local bad_type = ("text/html; v=%d"):format(i)
+      assert.equal(204, (post(col, cjson.encode(ev()), { ["content-type"] = ok_type })))
+      assert.equal(415, (post(col, cjson.encode(ev()), { ["content-type"] = bad_type })))
+      assert.equal(415, (post(col, cjson.encode(ev()), { ["content-type"] = bad_type })))
+      assert.equal(204, (post(col, cjson.encode(ev()), { ["content-type"] = ok_type })))
+    end
+    assert.equal(204, (post(col, cjson.encode(ev()), { ["content-type"] = " Application/JSON " })))
+  end)
+
   it("raises on a request that is not a table", function()
     assert.has_error(function() col:handle("GET /") end,
       "bad argument #1 to 'handle' (request table with a method expected)")

@@ -94,7 +94,8 @@ static int col_tostring(lua_State *L)
 }
 
 /* col:ingest(body, from_query, received_at_ms) -> status, accepted, rejects, retry_after_ms,
- * message */
+ * message -- or only 204, accepted when every event was accepted (the common answer makes
+ * no table and no string) */
 static int col_ingest(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
@@ -106,6 +107,8 @@ static int col_ingest(lua_State *L)
     esx_collector_ingest(col, body, len, from_query, received_at, &out);
     lua_pushinteger(L, out.status);
     lua_pushinteger(L, out.accepted);
+    if (out.status == 204 && out.n_rejects == 0)
+        return 2;
     lua_createtable(L, out.n_rejects, 0);
     for (int i = 0; i < out.n_rejects; i++) {
         lua_createtable(L, 0, 2);

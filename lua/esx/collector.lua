@@ -10,8 +10,8 @@ local options = require "esx.options"
 local registry = require "esx.registry"
 local cjson = require "cjson.safe"
 
-local type, pairs, ipairs, tostring, setmetatable, error, tonumber =
-  type, pairs, ipairs, tostring, setmetatable, error, tonumber
+local type, pairs, ipairs, tostring, setmetatable, error, tonumber, select =
+  type, pairs, ipairs, tostring, setmetatable, error, tonumber, select
 local concat, format, lower, ceil = table.concat, string.format, string.lower, math.ceil
 
 local _M = {}
@@ -131,8 +131,8 @@ function _M.new(opts)
   for _, origin in ipairs(o.allowed_origins) do
     if origin == "*" then any = true else allowed[origin] = true end
   end
-  local self = setmetatable({ c = c, o = o, sink = o.sink, any_origin = any,
-                              origins = allowed, dead_letter = dead_letter, refused = {} }, Collector)
+  local self = setmetatable({ c = c, o = o, sink = o.sink, any_origin = any, origins = allowed,
+                              cors_lists = {}, dead_letter = dead_letter, refused = {} }, Collector)
   self.name = registry.add(self, "collector", o.name, Collector.stats)
   return self
 end
@@ -141,20 +141,36 @@ local JSON_TYPE = "application/json"
 
 local function json_body(t) return (cjson.encode(t)) end
 
--- CORS headers for an allowed origin, or nil, reason for a refused one.
-local function cors(self, headers, origin)
-  if not origin then return true end
+-- Answers carry their headers as a flat list {name, value, name, value, ...}.  The lists of
+-- the common answers are made once and shared (read only): no table per request.  col:handle
+-- gives its caller a fresh map; esx.nginx.collect sets the list's headers directly.
+local NO_STORE = { "Cache-Control", "no-store" }
+local STAR = { "Cache-Control", "no-store", "Access-Control-Allow-Origin", "*" }
+
+-- The CORS part of an answer: the shared list for that origin (no Origin header, a listed
+-- origin, any origin under "*"), or nil for a refused origin.  A listed origin's list is made
+-- on its first request and kept: there are at most #allowed_origins of them.
+local function cors(self, origin)
+  if not origin then return NO_STORE end
+  local h = self.cors_lists[origin]
+  if h then return h end
   if self.origins[origin] then
-    headers["Access-Control-Allow-Origin"] = origin
-    headers["Access-Control-Allow-Credentials"] = "true"
-    headers["Vary"] = "Origin"
-    return true
+    h = { "Cache-Control", "no-store", "Access-Control-Allow-Origin", origin,
+          "Access-Control-Allow-Credentials", "true", "Vary", "Origin" }
+    self.cors_lists[origin] = h
+    return h
   end
-  if self.any_origin then
-    headers["Access-Control-Allow-Origin"] = "*"
-    return true
-  end
-  return false
+  if self.any_origin then return STAR end
+  return nil
+end
+
+-- a new list: base's headers, then the given name/value pairs
+local function with(base, ...)
+  local h = {}
+  for i = 1, #base do h[i] = base[i] end
+  local n = #h
+  for i = 1, select("#", ...) do h[n + i] = (select(i, ...)) end
+  return h
 end
 
 local function first(v)
@@ -170,11 +186,10 @@ local function count(self, reason)
   r[reason] = (r[reason] or 0) + 1
 end
 
-local function error_answer(headers, status, message, extra)
-  headers["Content-Type"] = JSON_TYPE
+local function error_answer(base, status, message, extra, ...)
   local doc = { error = message }
   if extra then for k, v in pairs(extra) do doc[k] = v end end
-  return status, headers, json_body(doc)
+  return status, with(base, "Content-Type", JSON_TYPE, ...), json_body(doc)
 end
 
 local function rejects_list(rejects)
@@ -186,6 +201,22 @@ end
 local accepted_types = {
   ["application/json"] = true, ["text/plain"] = true, ["application/x-ndjson"] = true,
 }
+
+-- Content-Type values seen, and whether their media type is accepted.  The key is what the
+-- client sent, so the cache is bounded; past the bound a value is simply parsed again.
+local ctype_seen, ctype_count, CTYPE_CACHE_MAX = {}, 0, 256
+
+local function ctype_accepted(ctype)
+  local ok = ctype_seen[ctype]
+  if ok == nil then
+    ok = accepted_types[lower(ctype:match("^%s*([^;%s]+)") or "")] == true
+    if ctype_count < CTYPE_CACHE_MAX then
+      ctype_seen[ctype] = ok
+      ctype_count = ctype_count + 1
+    end
+  end
+  return ok
+end
 
 local function query_string(q)
   if q == nil then return "" end
@@ -200,85 +231,83 @@ local function query_string(q)
   return concat(parts, "&")
 end
 
-local handle_inner
-
-local function handle(self, req)
-  local status, headers, body, from_core = handle_inner(self, req)
-  local reason = not from_core and lua_reasons[status]
-  if reason then count(self, reason) end -- the core counts its own refusals
-  return status, headers, body
-end
-
-handle_inner = function(self, req)
-  local headers = { ["Cache-Control"] = "no-store" }
-  local h = req.headers or {}
-  local method = req.method
-  local origin = first(h.origin)
-  if not cors(self, headers, origin) then
-    return error_answer(headers, 403, "origin not allowed")
+-- The answer to one request: status, header list (shared for the common answers: do not
+-- change it), body, and whether the C core made the decision (it counts its own refusals).
+local function answer(self, method, query, body, ctype, coding, origin)
+  local base = cors(self, origin)
+  if not base then
+    return error_answer(NO_STORE, 403, "origin not allowed")
   end
   if method == "OPTIONS" then
-    headers["Access-Control-Allow-Methods"] = "POST, GET, OPTIONS"
-    headers["Access-Control-Allow-Headers"] = "Content-Type, Content-Encoding"
-    headers["Access-Control-Max-Age"] = "86400"
-    return 204, headers, ""
+    return 204, with(base, "Access-Control-Allow-Methods", "POST, GET, OPTIONS",
+                     "Access-Control-Allow-Headers", "Content-Type, Content-Encoding",
+                     "Access-Control-Max-Age", "86400"), ""
   end
-  local from_query, body = false, req.body
+  local from_query = false
   if method == "GET" then
-    from_query, body = true, query_string(req.query)
+    from_query, body = true, query_string(query)
   elseif method ~= "POST" then
-    headers["Allow"] = "GET, POST, OPTIONS"
-    return error_answer(headers, 405, "method not allowed")
+    return error_answer(base, 405, "method not allowed", nil, "Allow", "GET, POST, OPTIONS")
   else
-    local ctype = first(h["content-type"])
-    if ctype then
-      ctype = lower(ctype:match("^%s*([^;%s]+)") or "")
-      if not accepted_types[ctype] then
-        return error_answer(headers, 415, "unsupported content type")
-      end
+    if ctype and not ctype_accepted(ctype) then
+      return error_answer(base, 415, "unsupported content type")
     end
     body = body or ""
     local max = self.o.max_body
-    if #body > max then return error_answer(headers, 413, "body larger than " .. max .. " bytes") end
-    local coding = first(h["content-encoding"])
+    if #body > max then return error_answer(base, 413, "body larger than " .. max .. " bytes") end
     if coding then
       coding = lower(coding:match("^%s*(.-)%s*$"))
       if coding == "gzip" then
         local plain, why = core.gunzip(body, max)
         if not plain then
           if why == "too_large" then
-            return error_answer(headers, 413, "body inflates past " .. max .. " bytes")
+            return error_answer(base, 413, "body inflates past " .. max .. " bytes")
           end
-          return error_answer(headers, 400, "body is not valid gzip")
+          return error_answer(base, 400, "body is not valid gzip")
         end
         body = plain
       elseif coding ~= "identity" and coding ~= "" then
-        return error_answer(headers, 415, "unsupported content encoding")
+        return error_answer(base, 415, "unsupported content encoding")
       end
     end
-    if body == "" then return error_answer(headers, 400, "empty body") end
+    if body == "" then return error_answer(base, 400, "empty body") end
   end
   local status, accepted, rejects, retry_after, message = self.c:ingest(body, from_query)
-  local s, h, b
   if status == 204 then
     if from_query then
-      headers["Content-Type"] = "image/gif"
-      s, h, b = 200, headers, PIXEL
-    else
-      s, h, b = 204, headers, ""
+      return 200, with(base, "Content-Type", "image/gif"), PIXEL, true
     end
-  elseif status == 200 then
-    headers["Content-Type"] = JSON_TYPE
-    s, h, b = 200, headers, json_body({ accepted = accepted, rejected = rejects_list(rejects) })
+    return 204, base, "", true
+  end
+  local s, h, b
+  if status == 200 then
+    s, h, b = 200, with(base, "Content-Type", JSON_TYPE),
+      json_body({ accepted = accepted, rejected = rejects_list(rejects) })
   elseif status == 429 or status == 503 then
-    headers["Retry-After"] = tostring(ceil(retry_after / 1000))
-    s, h, b = error_answer(headers, status, message)
+    s, h, b = error_answer(base, status, message, nil, "Retry-After", tostring(ceil(retry_after / 1000)))
   elseif status == 400 and #rejects > 0 then
-    s, h, b = error_answer(headers, 400, message, { rejected = rejects_list(rejects) })
+    s, h, b = error_answer(base, 400, message, { rejected = rejects_list(rejects) })
   else
-    s, h, b = error_answer(headers, status, message)
+    s, h, b = error_answer(base, status, message)
   end
   return s, h, b, true
+end
+
+-- for esx.nginx.collect: status, header list (read only), body; refusals counted
+function Collector:_answer(method, query, body, ctype, coding, origin)
+  local status, list, b, from_core = answer(self, method, query, body, ctype, coding, origin)
+  local reason = not from_core and lua_reasons[status]
+  if reason then count(self, reason) end -- the core counts its own refusals
+  return status, list, b
+end
+
+local function handle(self, req)
+  local h = req.headers or {}
+  local status, list, body = self:_answer(req.method, req.query, req.body, first(h["content-type"]),
+                                          first(h["content-encoding"]), first(h.origin))
+  local headers = {}
+  for i = 1, #list, 2 do headers[list[i]] = list[i + 1] end
+  return status, headers, body
 end
 
 --- col:handle(req[, entered]) -> status, headers, body

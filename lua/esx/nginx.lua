@@ -6,7 +6,7 @@
 -- No polling: a worker with many requests in flight costs nothing while it waits.
 
 local ngx = ngx
-local tostring, error, type, pairs, pcall = tostring, error, type, pairs, pcall
+local tostring, error, type, pcall = tostring, error, type, pcall
 local core = require "esx.core"
 
 local _M = {}
@@ -80,11 +80,28 @@ local function read_body(max)
   return body or ""
 end
 
+-- The request's answer from the collector: method, body (POST), query (GET) and the three
+-- headers it reads, taken one by one from ngx.var rather than from a header table.
+local function collect_answer(col)
+  local method = ngx.req.get_method()
+  local var = ngx.var
+  local raw, query
+  if method == "POST" then
+    local rerr
+    raw, rerr = read_body(col.o.max_body)
+    if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
+  elseif method == "GET" then
+    query = var.args or ""
+  end
+  return col:_answer(method, query, raw, var.http_content_type, var.http_content_encoding,
+                     var.http_origin)
+end
+
 --- esx.nginx.collect(col) -- the collector as an nginx content handler:
 --   location = /collect { content_by_lua_block { require("esx.nginx").collect(col) } }
 -- Counts the request as in progress from the start of the handler to the response (so
 -- slow uploads count against max_concurrent), reads the body even when nginx buffered it
--- to a file, and sends col:handle's status, headers and body.
+-- to a file, and sends the collector's status, headers and body.
 function _M.collect(col)
   if not col:enter() then
     ngx.status = 503
@@ -93,32 +110,15 @@ function _M.collect(col)
     ngx.print('{"error":"too many requests in progress"}')
     return ngx.exit(ngx.OK)
   end
-  local ok, status, headers, body = pcall(function()
-    local method = ngx.req.get_method()
-    local raw
-    if method == "POST" then
-      local rerr
-      raw, rerr = read_body(col.o.max_body)
-      if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
-    end
-    -- the three headers the collector reads, without building the whole header table
-    local var = ngx.var
-    local req = {
-      method = method, path = var.uri, query = var.args or "", body = raw,
-      headers = { ["content-type"] = var.http_content_type,
-                  ["content-encoding"] = var.http_content_encoding,
-                  origin = var.http_origin },
-      remote_addr = var.remote_addr,
-    }
-    return col:handle(req, true)
-  end)
+  local ok, status, headers, body = pcall(collect_answer, col)
   col:leave()
   if not ok then
     ngx.log(ngx.ERR, "esx collector: ", status)
     return ngx.exit(500)
   end
   ngx.status = status
-  for k, v in pairs(headers) do ngx.header[k] = v end
+  local header = ngx.header
+  for i = 1, #headers, 2 do header[headers[i]] = headers[i + 1] end
   if body ~= "" then ngx.print(body) else ngx.send_headers() end
   return ngx.exit(ngx.OK)
 end
