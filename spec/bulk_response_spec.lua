@@ -71,6 +71,10 @@ describe("core.bulk_response_parse", function()
     { '{"items":[{}]}', 1, 'not a bulk response: item 0 is not {"<action>":{...}}' },
     { '{"items":[{"index":{},"create":{}}]}', 1, 'not a bulk response: item 0 is not {"<action>":{...}}' },
     { '{"items":[{"index":{}},{"index":5}]}', 2, 'not a bulk response: item 1 is not {"<action>":{...}}' },
+    -- items are read and counted in one walk: a wrong count is still what is reported
+    { '{"items":[{"index":{}},{"index":5},{"index":{}}]}', 2, "bulk response lists 3 items, expected 2" },
+    { '{"items":[{"index":5},{"index":{}}]}', 3, "bulk response lists 2 items, expected 3" },
+    { '{"items":[{"index":{}},{"index":5},{"x":1,"y":2}]}', 3, 'not a bulk response: item 1 is not {"<action>":{...}}' },
     { '{"error":{"type":"x"},"status":400}', 0, 'not a bulk response: no "items" array' },
   }
   for _, c in ipairs(bad) do

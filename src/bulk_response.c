@@ -116,40 +116,26 @@ int esx_bulk_response_parse(const char *body, size_t len, esx_bulk_item *items, 
             snprintf(why, 128, "not a bulk response: no \"items\" array");
         return -1;
     }
-    int count = 0;
+    /* one walk: items are read as they come and counted to the end; a wrong count is
+     * reported before a malformed item, as when they were two walks */
+    int count = 0, bad = -1;
     esx_json_iter_init(&it, &items_v);
-    while (esx_json_iter_next(&it, NULL, &v))
-        count++;
-    if (count != n || n < 0) {
-        if (why)
-            snprintf(why, 128, "bulk response lists %d items, expected %d", count, n);
-        return -1;
-    }
-    int i = 0;
-    esx_json_iter_init(&it, &items_v);
-    while (i < n && esx_json_iter_next(&it, NULL, &v)) {
-        esx_bulk_item *item = &items[i];
+    while (esx_json_iter_next(&it, NULL, &v)) {
+        if (count++ >= n || bad >= 0)
+            continue;
+        esx_bulk_item *item = &items[count - 1];
         memset(item, 0, sizeof *item);
         /* {"<action>": {...}} */
         esx_json_iter ai;
-        esx_json_val ak, av;
-        int members = 0;
+        esx_json_val ak, av = {0}, extra;
+        int one = 0;
         if (v.type == ESX_JSON_OBJECT) {
             esx_json_iter_init(&ai, &v);
-            while (esx_json_iter_next(&ai, &ak, &av))
-                members++;
+            one = esx_json_iter_next(&ai, &ak, &av) && !esx_json_iter_next(&ai, &ak, &extra);
         }
-        if (members != 1) {
-            if (why)
-                snprintf(why, 128, "not a bulk response: item %d is not {\"<action>\":{...}}", i);
-            return -1;
-        }
-        esx_json_iter_init(&ai, &v);
-        esx_json_iter_next(&ai, &ak, &av);
-        if (av.type != ESX_JSON_OBJECT) {
-            if (why)
-                snprintf(why, 128, "not a bulk response: item %d is not {\"<action>\":{...}}", i);
-            return -1;
+        if (!one || av.type != ESX_JSON_OBJECT) {
+            bad = count - 1;
+            continue;
         }
         esx_json_iter fi;
         esx_json_val fk, fv;
@@ -160,7 +146,16 @@ int esx_bulk_response_parse(const char *body, size_t len, esx_bulk_item *items, 
             else if (esx_json_str_eq(&fk, "error", 5))
                 read_error(&fv, item);
         }
-        i++;
+    }
+    if (count != n || n < 0) {
+        if (why)
+            snprintf(why, 128, "bulk response lists %d items, expected %d", count, n);
+        return -1;
+    }
+    if (bad >= 0) {
+        if (why)
+            snprintf(why, 128, "not a bulk response: item %d is not {\"<action>\":{...}}", bad);
+        return -1;
     }
     return 0;
 }
