@@ -172,7 +172,7 @@ describe("esx.nginx.collect #nginx", function()
     local accepted = 0
     for i = 1, 30 do
       local status = web:request("POST", "/collect",
-        cjson.encode({ site_id = "s1", type = "view", event_id = "k" .. i }),
+        cjson.encode({ site_id = "s1", type = "view", event_id = "sigkill" .. i }),
         { ["Content-Type"] = "application/json" })
       if status == 204 then accepted = accepted + 1 end
     end
@@ -184,11 +184,13 @@ describe("esx.nginx.collect #nginx", function()
     local deadline = socket.gettime() + 15
     while socket.gettime() < deadline do
       web:get("/stats")
-      if indexed("k") >= 30 then break end
+      if indexed("sigkill") >= 30 then break end
       socket.sleep(0.2)
     end
-    assert.equal(30, indexed("k"))
+    -- (a prefix no generated event_id has: with "k", an event of an earlier test still being
+    -- shipped or replayed whose generated id began with "k" -- 1 in 64 -- counted here too)
+    assert.equal(30, indexed("sigkill"))
     socket.sleep(0.5)
-    assert.equal(30, indexed("k")) -- exactly once
+    assert.equal(30, indexed("sigkill")) -- exactly once
   end)
 end)
