@@ -6,8 +6,10 @@
  * waiting/active/back-off lists, the socket table and the waiter connections -- belongs to
  * the I/O thread alone.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +19,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "base64.h"
 #include "clock.h"
 #include "engine.h"
+#include "h1conn.h"
 #include "proc.h"
 #include "retry_after.h"
 #include "version.h"
@@ -41,6 +45,15 @@ typedef struct waiter_conn {
     int len;
     char buf[32];
 } waiter_conn;
+
+/* How the engine reaches a node over plain HTTP/1.1 (h1.h); fast = 0: through libcurl. */
+typedef struct h1_node {
+    int fast;
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    char host[300];   /* the Host header: the URL's authority */
+    char prefix[512]; /* the URL's path prefix ("" or "/prefix") */
+} h1_node;
 
 struct esx_engine {
     const esx_config *cfg;
@@ -72,6 +85,14 @@ struct esx_engine {
     waiter_conn *conns;
     int nconns, capconns;
     unsigned int rng;
+    h1_node h1n[ESX_MAX_NODES];
+    esx_h1_conn **h1c;       /* every plain HTTP/1.1 connection, busy or idle */
+    int nh1, caph1;
+    int h1_kick;             /* a connection has work to do before the next poll */
+    char auth[700];          /* "Basic ..." for h1 connections, "" without credentials */
+    struct curl_waitfd *pfd; /* poll set beyond libcurl's own sockets */
+    int cappfd;
+    char rbuf[64 * 1024];    /* read scratch for h1 connections */
 
     /* set by any thread once, read by the I/O thread */
     atomic_int listen_fd;
@@ -188,16 +209,16 @@ static void abort_with(esx_request *req, const char *kind, const char *msg)
     snprintf(req->abort_msg, sizeof req->abort_msg, "%s", msg);
 }
 
-static size_t on_header(char *buf, size_t size, size_t n, void *ud)
+/* One response header line (with or without its line end); the status line starts a new
+ * response.  Returns 0 when the request was aborted (headers too big). */
+static int record_header(esx_request *req, const char *buf, size_t len)
 {
-    esx_request *req = ud;
-    size_t len = size * n;
     req->last_activity = esx_now_ms();
     if (len >= 5 && memcmp(buf, "HTTP/", 5) == 0) {
         /* a new response (after 1xx): forget the previous headers */
         esx_buf_reset(&req->resp_headers);
         req->resp_gzip = 0;
-        return len;
+        return 1;
     }
     size_t end = len;
     while (end && (buf[end - 1] == '\r' || buf[end - 1] == '\n'))
@@ -212,7 +233,7 @@ static size_t on_header(char *buf, size_t size, size_t n, void *ud)
     size_t vlen = (size_t)(buf + end - v);
     char name[64];
     if (nlen == 0 || nlen >= sizeof name)
-        return len; /* no header esx reads has a name this long; skip it */
+        return 1; /* no header esx reads has a name this long; skip it */
     for (size_t i = 0; i < nlen; i++) {
         char c = buf[i];
         name[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
@@ -227,13 +248,18 @@ static size_t on_header(char *buf, size_t size, size_t n, void *ud)
         abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
         return 0;
     }
-    return len;
+    return 1;
 }
 
-static size_t on_body(char *buf, size_t size, size_t n, void *ud)
+static size_t on_header(char *buf, size_t size, size_t n, void *ud)
 {
-    esx_request *req = ud;
-    size_t len = size * n;
+    return record_header(ud, buf, size * n) ? size * n : 0;
+}
+
+/* Response body bytes as they came on the wire.  Returns 0 when the request was aborted
+ * (too big, corrupt gzip, out of memory). */
+static int record_body(esx_request *req, const char *buf, size_t len)
+{
     req->last_activity = esx_now_ms();
     req->wire_in += len;
     int rc;
@@ -244,7 +270,7 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
         }
         rc = esx_inflate_feed(&req->inflater, buf, len, &req->resp_body);
         if (rc == ESX_GZIP_OK || rc == ESX_GZIP_MORE)
-            return len;
+            return 1;
         if (rc == ESX_GZIP_TOOBIG) {
             char msg[128];
             snprintf(msg, sizeof msg, "gzip response inflates past max_response_bytes (%zu)",
@@ -259,7 +285,7 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
     }
     rc = esx_buf_append(&req->resp_body, buf, len);
     if (rc == ESX_BUF_OK)
-        return len;
+        return 1;
     if (rc == ESX_BUF_TOOBIG) {
         char msg[128];
         snprintf(msg, sizeof msg, "response body exceeds max_response_bytes (%zu)",
@@ -269,6 +295,11 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
         abort_with(req, ESX_EINTERNAL, "out of memory reading the response");
     }
     return 0;
+}
+
+static size_t on_body(char *buf, size_t size, size_t n, void *ud)
+{
+    return record_body(ud, buf, size * n) ? size * n : 0;
 }
 
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
@@ -283,6 +314,25 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     return 0;
 }
 
+/* The engine's table of open sockets (libcurl's and its own), for stats and fork. */
+static int sock_register(esx_engine *e, int fd)
+{
+    if (e->nsockets >= MAX_SOCKETS)
+        return -1;
+    e->sockets[e->nsockets++] = fd;
+    return 0;
+}
+
+static void sock_forget(esx_engine *e, int fd)
+{
+    for (int i = 0; i < e->nsockets; i++) {
+        if (e->sockets[i] == fd) {
+            e->sockets[i] = e->sockets[--e->nsockets];
+            break;
+        }
+    }
+}
+
 static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr)
 {
     esx_engine *e = ud;
@@ -291,24 +341,22 @@ static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_
     int fd = socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
     if (fd < 0)
         return CURL_SOCKET_BAD;
-    e->sockets[e->nsockets++] = fd;
+    sock_register(e, fd);
     return fd;
 }
 
 static int on_close_socket(void *ud, curl_socket_t fd)
 {
-    esx_engine *e = ud;
-    for (int i = 0; i < e->nsockets; i++) {
-        if (e->sockets[i] == fd) {
-            e->sockets[i] = e->sockets[--e->nsockets];
-            break;
-        }
-    }
+    sock_forget(ud, fd);
     return close(fd);
 }
 
 /* ---------------------------------------------------------------- attempts */
 
+static void h1_drop(esx_engine *e, esx_h1_conn *c);
+
+/* Ends the running attempt's use of its transfer and connection slot.  A plain HTTP/1.1
+ * connection still attached is mid-request and is closed. */
 static void release_attempt(esx_engine *e, esx_request *req)
 {
     if (req->easy) {
@@ -318,6 +366,13 @@ static void release_attempt(esx_engine *e, esx_request *req)
         else
             curl_easy_cleanup(req->easy);
         req->easy = NULL;
+    }
+    if (req->h1) {
+        h1_drop(e, req->h1);
+        req->h1 = NULL;
+    }
+    if (req->slot) {
+        req->slot = 0;
         e->in_use--;
         if (req->node >= 0) {
             pthread_mutex_lock(&e->mu);
@@ -416,31 +471,46 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     return 0;
 }
 
-/* Starts req on node; on failure the request is finished with "internal". */
-static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64_t now)
+/* Prepares a libcurl transfer for req on node.  Returns 0, or -1 with req finished. */
+static int curl_start(esx_engine *e, esx_request *req, const esx_node *node, int64_t now)
 {
-    esx_node *node = &e->nodes.v[node_index];
     req->easy = e->nspare ? e->spare[--e->nspare] : curl_easy_init();
     if (req->easy == NULL) {
         finish(e, req, ESX_EINTERNAL, "out of memory creating a transfer");
-        return;
+        return -1;
     }
     curl_easy_reset(req->easy);
-    reset_response(req);
     if (setup_easy(e, req, node, now) != 0) {
         curl_easy_cleanup(req->easy);
         req->easy = NULL;
         finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
-        return;
+        return -1;
     }
     CURLMcode mc = curl_multi_add_handle(e->multi, req->easy);
     if (mc != CURLM_OK) {
         curl_easy_cleanup(req->easy);
         req->easy = NULL;
         finish(e, req, ESX_EINTERNAL, "cannot start a transfer: %s", curl_multi_strerror(mc));
-        return;
+        return -1;
     }
+    return 0;
+}
+
+static int h1_start(esx_engine *e, esx_request *req, int node_index, int64_t now);
+
+/* Starts req on node, over plain HTTP/1.1 or libcurl; on failure the request is finished
+ * with "internal". */
+static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64_t now)
+{
+    esx_node *node = &e->nodes.v[node_index];
+    reset_response(req);
+    req->h1_redone = 0;
+    int rc = e->h1n[node_index].fast ? h1_start(e, req, node_index, now)
+                                     : curl_start(e, req, node, now);
+    if (rc != 0)
+        return;
     e->in_use++;
+    req->slot = 1;
     req->node = node_index;
     req->tried |= 1ULL << node_index;
     req->state = ESX_REQ_ACTIVE;
@@ -558,6 +628,43 @@ static const char *transport_kind(CURLcode rc, CURL *h, int *node_dead, int *ret
     }
 }
 
+/* An attempt ended with an HTTP response (its slot released): finish or retry the call.
+ * truncated: a gzip body ended early. */
+static void on_response(esx_engine *e, esx_request *req, int node_index, int truncated,
+                        int64_t now)
+{
+    if (truncated) {
+        finish(e, req, ESX_EDECODE, "truncated gzip response body");
+        return;
+    }
+    if (is_retry_status(e->cfg, req->status)) {
+        mark_node(e, node_index, 0, now);
+        if (!schedule_retry(e, req, now, 0))
+            finish(e, req, NULL, NULL);
+        return;
+    }
+    if (req->status == 429) {
+        req->n429++;
+        int64_t delay = backoff_429(e, req);
+        if (delay > RETRY_AFTER_CAP_MS || !schedule_retry(e, req, now, delay))
+            finish(e, req, NULL, NULL);
+        return;
+    }
+    mark_node(e, node_index, 1, now);
+    finish(e, req, NULL, NULL);
+}
+
+/* An attempt failed in transport (its slot released): retry the call or finish it. */
+static void on_failure(esx_engine *e, esx_request *req, int node_index, const char *kind,
+                       int node_dead, int retryable, const char *msg, int64_t now)
+{
+    if (node_dead)
+        mark_node(e, node_index, 0, now);
+    if (retryable && schedule_retry(e, req, now, 0))
+        return;
+    finish(e, req, kind, "%s", msg);
+}
+
 /* A transfer ended (CURLMSG_DONE): finish the call or schedule its next attempt. */
 static void on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64_t now)
 {
@@ -568,25 +675,7 @@ static void on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &req->status);
         int truncated = req->resp_gzip && req->wire_in > 0 && !req->inflater.finished;
         release_attempt(e, req);
-        if (truncated) {
-            finish(e, req, ESX_EDECODE, "truncated gzip response body");
-            return;
-        }
-        if (is_retry_status(e->cfg, req->status)) {
-            mark_node(e, node_index, 0, now);
-            if (!schedule_retry(e, req, now, 0))
-                finish(e, req, NULL, NULL);
-            return;
-        }
-        if (req->status == 429) {
-            req->n429++;
-            int64_t delay = backoff_429(e, req);
-            if (delay > RETRY_AFTER_CAP_MS || !schedule_retry(e, req, now, delay))
-                finish(e, req, NULL, NULL);
-            return;
-        }
-        mark_node(e, node_index, 1, now);
-        finish(e, req, NULL, NULL);
+        on_response(e, req, node_index, truncated, now);
         return;
     }
     if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
@@ -599,11 +688,391 @@ static void on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64
     char msg[256];
     snprintf(msg, sizeof msg, "%.60s (%.180s)", curl_easy_strerror(rc), req->node_url);
     release_attempt(e, req);
-    if (node_dead)
-        mark_node(e, node_index, 0, now);
-    if (retryable && schedule_retry(e, req, now, 0))
+    on_failure(e, req, node_index, kind, node_dead, retryable, msg, now);
+}
+
+/* ---------------------------------------------------------------- plain HTTP/1.1 */
+
+/* Fills hn from a node URL: fast when it is http:// with an IP address or "localhost" (no
+ * name to resolve, which would block this thread; libcurl resolves asynchronously). */
+static void h1_node_setup(h1_node *hn, const char *url)
+{
+    memset(hn, 0, sizeof *hn);
+    if (strncmp(url, "http://", 7) != 0)
         return;
+    const char *authority = url + 7;
+    size_t alen = strcspn(authority, "/");
+    const char *prefix = authority + alen;
+    if (alen == 0 || alen >= sizeof hn->host || strlen(prefix) >= sizeof hn->prefix)
+        return;
+    char host[sizeof hn->host];
+    const char *port = NULL, *end = authority + alen;
+    size_t hlen;
+    if (authority[0] == '[') {
+        const char *close = memchr(authority, ']', alen);
+        if (close == NULL)
+            return;
+        hlen = (size_t)(close - authority - 1);
+        memcpy(host, authority + 1, hlen);
+        if (close + 1 < end) {
+            if (close[1] != ':')
+                return;
+            port = close + 2;
+        }
+    } else {
+        const char *colon = memchr(authority, ':', alen);
+        hlen = colon ? (size_t)(colon - authority) : alen;
+        memcpy(host, authority, hlen);
+        if (colon)
+            port = colon + 1;
+    }
+    host[hlen] = '\0';
+    long portnum = 80;
+    if (port) {
+        if (port == end || end - port > 5)
+            return;
+        portnum = 0;
+        for (const char *q = port; q < end; q++) {
+            if (*q < '0' || *q > '9')
+                return;
+            portnum = portnum * 10 + (*q - '0');
+        }
+        if (portnum < 1 || portnum > 65535)
+            return;
+    }
+    if (strcasecmp(host, "localhost") == 0)
+        strcpy(host, "127.0.0.1");
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&hn->sa;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&hn->sa;
+    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)portnum);
+        hn->salen = sizeof *v4;
+    } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)portnum);
+        hn->salen = sizeof *v6;
+    } else {
+        return;
+    }
+    memcpy(hn->host, authority, alen);
+    hn->host[alen] = '\0';
+    strcpy(hn->prefix, prefix);
+    hn->fast = 1;
+}
+
+static int h1_on_header(void *ud, const char *line, size_t len)
+{
+    return record_header(ud, line, len);
+}
+
+static int h1_on_body(void *ud, const char *data, size_t len)
+{
+    return record_body(ud, data, len);
+}
+
+/* Closes c and forgets it. */
+static void h1_remove(esx_engine *e, esx_h1_conn *c)
+{
+    if (c->fd >= 0)
+        sock_forget(e, c->fd);
+    esx_h1_conn_close(c);
+    for (int i = 0; i < e->nh1; i++) {
+        if (e->h1c[i] == c) {
+            e->h1c[i] = e->h1c[--e->nh1];
+            break;
+        }
+    }
+    free(c);
+}
+
+/* A connection dropped with its request unfinished (timeouts, failures, shutdown). */
+static void h1_drop(esx_engine *e, esx_h1_conn *c)
+{
+    c->req = NULL;
+    h1_remove(e, c);
+}
+
+/* A new connection to node, connecting.  A connect that failed at once is kept in
+ * c->error and reported by h1_service.  Returns NULL when out of memory. */
+static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
+{
+    if (e->nh1 == e->caph1) {
+        int cap = e->caph1 ? e->caph1 * 2 : 16;
+        esx_h1_conn **v = realloc(e->h1c, (size_t)cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        e->h1c = v;
+        e->caph1 = cap;
+    }
+    esx_h1_conn *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->fd = -1;
+    c->pidx = -1;
+    esx_buf_init(&c->head, 1024 * 1024);
+    const h1_node *hn = &e->h1n[node];
+    if (e->nsockets >= MAX_SOCKETS)
+        c->error = EMFILE;
+    else if (esx_h1_conn_open(c, node, (const struct sockaddr *)&hn->sa, hn->salen) < 0)
+        c->error = errno;
+    else
+        sock_register(e, c->fd);
+    c->node = node;
+    c->state = ESX_H1C_CONNECTING;
+    c->connect_deadline = e->cfg->connect_timeout > 0 ? now + e->cfg->connect_timeout : 0;
+    if (c->error)
+        e->h1_kick = 1;
+    e->h1c[e->nh1++] = c;
+    return c;
+}
+
+/* Gives req to connection c (idle or connecting).  Returns 0, or -1 when out of memory. */
+static int h1_attach(esx_engine *e, esx_h1_conn *c, esx_request *req)
+{
+    const h1_node *hn = &e->h1n[c->node];
+    if (esx_h1_request_head(&c->head, req->method, hn->prefix, req->target, hn->host,
+                            "esx/" ESX_VERSION, e->cfg->compression, e->auth[0] ? e->auth : NULL,
+                            req->headers, req->body != NULL, req->body_len) != 0)
+        return -1;
+    c->body = req->body;
+    c->body_len = req->body ? req->body_len : 0;
+    c->sent = c->got = 0;
+    c->reusable = 0;
+    esx_h1_parser_init(&c->parser, strcmp(req->method, "HEAD") == 0, h1_on_header, h1_on_body,
+                       req);
+    c->req = req;
+    req->h1 = c;
+    if (c->state == ESX_H1C_IDLE)
+        c->state = ESX_H1C_SENDING;
+    e->h1_kick = 1; /* sent by h1_service before the next poll */
+    return 0;
+}
+
+static int h1_start(esx_engine *e, esx_request *req, int node_index, int64_t now)
+{
+    esx_h1_conn *c = NULL;
+    for (int i = e->nh1 - 1; i >= 0 && c == NULL; i--)
+        if (e->h1c[i]->state == ESX_H1C_IDLE && e->h1c[i]->node == node_index)
+            c = e->h1c[i];
+    if (c == NULL) {
+        /* max_total bounds open connections: make room by closing an idle one elsewhere */
+        for (int i = 0; i < e->nh1 && e->nsockets >= e->cfg->max_total; i++) {
+            if (e->h1c[i]->state == ESX_H1C_IDLE) {
+                h1_remove(e, e->h1c[i]);
+                break;
+            }
+        }
+        c = h1_open(e, node_index, now);
+    }
+    if (c == NULL || h1_attach(e, c, req) != 0) {
+        finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
+        return -1;
+    }
+    return 0;
+}
+
+/* Ends the attempt on c's request with a transport failure. */
+static void h1_fail(esx_engine *e, esx_h1_conn *c, const char *kind, int node_dead,
+                    const char *why, int64_t now)
+{
+    esx_request *req = c->req;
+    int node = c->node;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%.60s (%.180s)", why, req->node_url);
+    list_remove(&e->active, req);
+    release_attempt(e, req); /* closes c */
+    on_failure(e, req, node, kind, node_dead, 1, msg, now);
+}
+
+/* A connect that did not finish within connect_timeout (c's request is off the active list). */
+static void h1_fail_detached(esx_engine *e, esx_h1_conn *c, const char *kind, int64_t now)
+{
+    esx_request *req = c->req;
+    int node = c->node;
+    char msg[256];
+    snprintf(msg, sizeof msg, "connection timed out after %lld ms (%.180s)",
+             (long long)e->cfg->connect_timeout, req->node_url);
+    release_attempt(e, req);
+    on_failure(e, req, node, kind, 1, 1, msg, now);
+}
+
+static void h1_connect_failed(esx_engine *e, esx_h1_conn *c, int err, int64_t now)
+{
+    if (c->req == NULL) {
+        h1_remove(e, c);
+        return;
+    }
+    char why[96];
+    snprintf(why, sizeof why, "cannot connect: %s", strerror(err));
+    h1_fail(e, c, ESX_ECONNECT, 1, why, now);
+}
+
+/* The connection broke (reset, closed early, write error). */
+static void h1_broken(esx_engine *e, esx_h1_conn *c, const char *why, int64_t now)
+{
+    esx_request *req = c->req;
+    if (req == NULL) {
+        h1_remove(e, c);
+        return;
+    }
+    if (c->served > 0 && c->got == 0 && !req->h1_redone) {
+        /* A kept-alive connection the server had closed: the request goes once more, on a
+         * fresh connection, without counting as a retry (as libcurl does). */
+        int node = c->node;
+        req->h1_redone = 1;
+        h1_drop(e, c);
+        req->h1 = NULL;
+        esx_h1_conn *n = h1_open(e, node, now);
+        if (n == NULL || h1_attach(e, n, req) != 0) {
+            list_remove(&e->active, req);
+            release_attempt(e, req);
+            finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
+        }
+        return;
+    }
+    char text[128];
+    snprintf(text, sizeof text, "connection broken: %s", why ? why : "closed");
+    h1_fail(e, c, ESX_ERESET, 1, text, now);
+}
+
+static void h1_send(esx_engine *e, esx_h1_conn *c, int64_t now)
+{
+    esx_request *req = c->req;
+    size_t before = c->sent;
+    int rc = esx_h1_conn_send(c);
+    if (rc < 0) {
+        h1_broken(e, c, strerror(errno), now);
+        return;
+    }
+    if (c->sent != before)
+        req->last_activity = now; /* upload progress counts for the silence watchdog */
+    if (rc > 0)
+        c->state = ESX_H1C_READING;
+}
+
+static void h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
+{
+    const char *why = NULL;
+    int rc = esx_h1_conn_recv(c, e->rbuf, sizeof e->rbuf, &why);
+    esx_request *req = c->req;
+    if (rc == ESX_H1_MORE)
+        return;
+    if (rc == ESX_H1C_BROKEN) {
+        h1_broken(e, c, why, now);
+        return;
+    }
+    int node = c->node;
+    if (rc == ESX_H1_DONE) {
+        int truncated = req->resp_gzip && req->wire_in > 0 && !req->inflater.finished;
+        int keep = c->reusable && c->sent == c->head.len + c->body_len &&
+                   !esx_h1_asks_close(req->headers);
+        req->status = c->parser.status;
+        c->served++;
+        c->req = NULL;
+        c->body = NULL;
+        req->h1 = NULL;
+        if (keep)
+            c->state = ESX_H1C_IDLE;
+        else
+            h1_remove(e, c);
+        list_remove(&e->active, req);
+        release_attempt(e, req);
+        on_response(e, req, node, truncated, now);
+        return;
+    }
+    if (rc == ESX_H1_ERROR && !c->parser.head_too_big) {
+        char text[128];
+        snprintf(text, sizeof text, "bad HTTP response: %s", c->parser.error);
+        h1_fail(e, c, ESX_ERESET, 1, text, now);
+        return;
+    }
+    /* a callback stopped (body too big, bad gzip) or the headers are too big */
+    const char *kind = rc == ESX_H1_ABORT ? req->abort_kind : ESX_EDECODE;
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s", rc == ESX_H1_ABORT ? req->abort_msg : c->parser.error);
+    list_remove(&e->active, req);
+    release_attempt(e, req);
     finish(e, req, kind, "%s", msg);
+}
+
+/* Work that needs no wait: connects that failed at once, and requests given to connected
+ * connections.  Iterates downwards: removing swaps the last connection in, adding appends. */
+static void h1_service(esx_engine *e, int64_t now)
+{
+    if (!e->h1_kick)
+        return;
+    e->h1_kick = 0;
+    for (int i = e->nh1 - 1; i >= 0; i--) {
+        if (i >= e->nh1)
+            continue;
+        esx_h1_conn *c = e->h1c[i];
+        if (c->error)
+            h1_connect_failed(e, c, c->error, now);
+        else if (c->state == ESX_H1C_SENDING && c->req && c->sent == 0)
+            h1_send(e, c, now);
+    }
+}
+
+/* Adds the connections to the poll set (from index *n, at most cap entries). */
+static void h1_poll_set(esx_engine *e, struct curl_waitfd *set, unsigned int *n, unsigned int cap)
+{
+    for (int i = 0; i < e->nh1; i++) {
+        esx_h1_conn *c = e->h1c[i];
+        c->pidx = -1;
+        if (c->fd < 0 || *n >= cap)
+            continue;
+        short ev = CURL_WAIT_POLLIN;
+        if (c->state == ESX_H1C_CONNECTING)
+            ev = CURL_WAIT_POLLOUT;
+        else if (c->state == ESX_H1C_SENDING)
+            ev = CURL_WAIT_POLLIN | CURL_WAIT_POLLOUT;
+        c->pidx = (int)*n;
+        set[(*n)++] = (struct curl_waitfd){.fd = c->fd, .events = ev};
+    }
+}
+
+/* Handles what the poll reported for each connection. */
+static void h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now)
+{
+    for (int i = e->nh1 - 1; i >= 0; i--) {
+        if (i >= e->nh1)
+            continue;
+        esx_h1_conn *c = e->h1c[i];
+        if (c->pidx < 0)
+            continue;
+        short rev = set[c->pidx].revents;
+        c->pidx = -1;
+        if (!rev)
+            continue;
+        switch (c->state) {
+        case ESX_H1C_CONNECTING: {
+            int err = esx_h1_conn_connected(c);
+            if (err) {
+                h1_connect_failed(e, c, err, now);
+            } else if (c->req) {
+                c->state = ESX_H1C_SENDING;
+                h1_send(e, c, now);
+            } else {
+                c->state = ESX_H1C_IDLE;
+            }
+            break;
+        }
+        case ESX_H1C_IDLE:
+            h1_remove(e, c); /* the server closed it, or sent what nobody asked for */
+            break;
+        case ESX_H1C_SENDING:
+            if (rev & CURL_WAIT_POLLIN)
+                h1_recv(e, c, now); /* an early answer (or a close) */
+            if ((rev & CURL_WAIT_POLLOUT) && i < e->nh1 && e->h1c[i] == c &&
+                c->state == ESX_H1C_SENDING && c->req)
+                h1_send(e, c, now);
+            break;
+        default:
+            h1_recv(e, c, now);
+            break;
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -687,6 +1156,14 @@ static void expire(esx_engine *e, int64_t now)
     }
     for (esx_request **p = &e->active; *p;) {
         req = *p;
+        esx_h1_conn *c = req->h1;
+        if (c && c->state == ESX_H1C_CONNECTING && !c->error && c->connect_deadline > 0 &&
+            now >= c->connect_deadline && (req->deadline <= 0 || now < req->deadline)) {
+            *p = req->next;
+            req->next = NULL;
+            h1_fail_detached(e, c, ESX_ECONNECT_TIMEOUT, now);
+            continue;
+        }
         int timed_out = req->deadline > 0 && now >= req->deadline;
         int silent = cfg->socket_timeout > 0 && now - req->last_activity >= cfg->socket_timeout;
         if (timed_out || silent) {
@@ -723,6 +1200,9 @@ static int64_t next_wakeup(esx_engine *e)
         t = min_pos(t, min_pos(r->deadline, r->retry_at));
     for (esx_request *r = e->active; r; r = r->next) {
         t = min_pos(t, r->deadline);
+        esx_h1_conn *c = r->h1;
+        if (c && c->state == ESX_H1C_CONNECTING)
+            t = min_pos(t, c->connect_deadline);
         if (e->cfg->socket_timeout > 0)
             t = min_pos(t, r->last_activity + e->cfg->socket_timeout);
     }
@@ -879,8 +1359,10 @@ static void *io_main(void *arg)
             CURLcode rc = msg->data.result;
             on_transfer_done(e, req, rc, now);
         }
+        h1_service(e, now);
         expire(e, now);
         start_waiting(e, now); /* freed slots and due retries go to waiting requests at once */
+        h1_service(e, now);    /* ... and their requests are written before the poll */
 
         long curl_ms = -1;
         curl_multi_timeout(e->multi, &curl_ms);
@@ -890,23 +1372,39 @@ static void *io_main(void *arg)
             timeout = wake - now < timeout ? (wake - now < 0 ? 0 : wake - now) : timeout;
         if (curl_ms >= 0 && curl_ms < timeout)
             timeout = curl_ms;
+        if (e->h1_kick)
+            timeout = 0;
 
-        struct curl_waitfd extra[1 + 64];
-        unsigned int nextra = 0;
+        /* the poll set beyond libcurl's sockets: waiter socket, waiters, h1 connections */
+        int want = 1 + (e->nconns < 64 ? e->nconns : 64) + e->nh1;
+        if (want > e->cappfd) {
+            struct curl_waitfd *v = realloc(e->pfd, (size_t)want * sizeof *v);
+            if (v) {
+                e->pfd = v;
+                e->cappfd = want;
+            }
+        }
+        struct curl_waitfd *extra = e->pfd;
+        unsigned int nextra = 0, cap = extra ? (unsigned int)e->cappfd : 0;
         int lfd = atomic_load(&e->listen_fd);
-        if (lfd >= 0)
+        int lidx = -1;
+        if (lfd >= 0 && nextra < cap) {
+            lidx = (int)nextra;
             extra[nextra++] = (struct curl_waitfd){.fd = lfd, .events = CURL_WAIT_POLLIN};
-        for (int i = 0; i < e->nconns && nextra < sizeof extra / sizeof extra[0]; i++)
+        }
+        for (int i = 0; i < e->nconns && i < 64 && nextra < cap; i++)
             extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
+        h1_poll_set(e, extra, &nextra, cap);
         mc = curl_multi_poll(e->multi, extra, nextra, (int)timeout, NULL);
         if (mc != CURLM_OK && mc != CURLM_UNRECOVERABLE_POLL) {
             fail_all(e, ESX_EINTERNAL, curl_multi_strerror(mc));
             break;
         }
-        if (lfd >= 0 && extra[0].revents)
+        if (lidx >= 0 && extra[lidx].revents)
             accept_waiters(e);
         for (int i = e->nconns - 1; i >= 0; i--)
             read_waiter(e, i);
+        h1_events(e, extra, esx_now_ms());
     }
     if (atomic_load(&e->stop))
         fail_all(e, ESX_ECLOSED, "the client was closed");
@@ -940,6 +1438,18 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
             e->nodes.v[i].in_flight = 0;
     } else {
         e->nodes = cfg->nodes;
+    }
+    /* ESX_TRANSPORT=curl: every node through libcurl (diagnostics, and the specs of that path) */
+    const char *transport = getenv("ESX_TRANSPORT");
+    int curl_only = transport && strcmp(transport, "curl") == 0;
+    for (int i = 0; i < e->nodes.n && !curl_only; i++)
+        h1_node_setup(&e->h1n[i], e->nodes.v[i].url);
+    if (cfg->username[0]) {
+        char cred[sizeof cfg->username + sizeof cfg->password + 1];
+        int n = snprintf(cred, sizeof cred, "%s:%s", cfg->username, cfg->password);
+        memcpy(e->auth, "Basic ", 6);
+        esx_base64_encode((const unsigned char *)cred, (size_t)n, e->auth + 6);
+        explicit_bzero(cred, sizeof cred);
     }
     if (pthread_mutex_init(&e->mu, NULL) != 0) {
         free(e);
@@ -1008,6 +1518,13 @@ uint64_t esx_engine_generation(const esx_engine *e)
 
 static void free_rest(esx_engine *e)
 {
+    for (int i = 0; i < e->nh1; i++) {
+        esx_h1_conn_close(e->h1c[i]);
+        free(e->h1c[i]);
+    }
+    free(e->h1c);
+    free(e->pfd);
+    explicit_bzero(e->auth, sizeof e->auth);
     for (int i = 0; i < e->nspare; i++)
         curl_easy_cleanup(e->spare[i]);
     curl_multi_cleanup(e->multi);
@@ -1056,6 +1573,8 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
                 curl_easy_cleanup(req->easy);
                 req->easy = NULL;
             }
+            req->h1 = NULL; /* its connection is closed with the rest below */
+            req->slot = 0;
             esx_inflate_end(&req->inflater);
             memset(&req->inflater, 0, sizeof req->inflater);
             req->node = -1;

@@ -62,7 +62,10 @@ struct esx_request {
     uint64_t tried;             /* bit i: node i was tried in this call */
     int node;                   /* node index of the running attempt, -1 none */
     int64_t submitted_at, deadline, pool_deadline, retry_at, last_activity;
-    CURL *easy;
+    CURL *easy;                 /* the attempt's libcurl transfer, or NULL */
+    void *h1;                   /* the attempt's plain HTTP/1.1 connection (h1conn.h), or NULL */
+    int slot;                   /* the attempt holds a connection slot */
+    int h1_redone;              /* the attempt moved once to a fresh connection (stale reuse) */
     int resp_gzip;
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */

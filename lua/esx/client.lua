@@ -58,12 +58,18 @@ local function check_statuses(v)
   return v
 end
 
+-- esx frames every request itself: a caller's copy of these would contradict it.
+local framing_headers = { ["content-length"] = true, ["transfer-encoding"] = true }
+
 local function check_headers(v)
   local n = 0
   for k, val in pairs(v) do
     n = n + 1
     if type(k) ~= "string" or not k:match("^[!#$%%&'*+.^_`|~%w-]+$") then
       return nil, "header names must be HTTP tokens"
+    end
+    if framing_headers[k:lower()] then
+      return nil, "header '" .. k .. "' is esx's to set (request framing)"
     end
     if type(val) ~= "string" or val:find("[%z\r\n]") then
       return nil, "header '" .. k .. "' must be a string without CR, LF or NUL"
@@ -232,6 +238,13 @@ function Client:send(method, path, body, opts)
   else
     opts = {}
   end
+  if opts.headers ~= nil then
+    if type(opts.headers) ~= "table" then
+      error("bad option 'headers' to 'send' (table expected)", 2)
+    end
+    local ok, herr = check_headers(opts.headers)
+    if not ok then error("bad option 'headers' to 'send' (" .. herr .. ")", 2) end
+  end
   local encoded, err = encode_body(body)
   if body ~= nil and not encoded then
     return nil, new_error("decode", "cannot encode the body as JSON: " .. tostring(err))
@@ -263,6 +276,14 @@ local function decode(self, res, err)
       { status = res.status, body = res.body, node = res.node })
   end
   return doc
+end
+
+--- pending:json() -> the result's body decoded as JSON (as c:search decodes) | nil, err.
+-- Before the request is done: nil, nil.  An empty body decodes to {}.
+function Pending:json()
+  local res, err = self:result()
+  if res == nil and err == nil then return nil, nil end
+  return decode(self.client, res, err)
 end
 
 local function call(self, method, path, body, opts)

@@ -1,0 +1,333 @@
+-- The client's HTTP/1.1 on the wire, against a loopback server each spec answers by hand:
+-- the request head esx writes, keep-alive reuse, every way a response body can end, responses
+-- split at every byte, and the broken answers that must become clear errors.  tools/run-tests
+-- runs this file once more with ESX_TRANSPORT=curl: both transports must behave alike.
+local esx = require "esx"
+local net = require "spec.support.net"
+
+local l
+
+local function client(opts)
+  opts = opts or {}
+  opts.hosts = opts.hosts or { l.url }
+  if opts.max_retries == nil then opts.max_retries = 0 end
+  opts.request_timeout = opts.request_timeout or 5000
+  return assert(esx.client(opts))
+end
+
+-- Sends method/path on c, accepts its connection (or takes `conn`), reads the request and
+-- answers `raw` (a string, or a function(conn, req)).  Returns res, err, req, conn.
+local function exchange(c, method, path, body, raw, conn, opts)
+  local p = assert(c:send(method, path, body, opts))
+  conn = conn or assert(l:accept(), "no connection")
+  local req = assert(net.read_request(conn))
+  if type(raw) == "function" then raw(conn, req) else assert(conn:send(raw)) end
+  assert.is_true(p:wait(5000))
+  local res, err = p:result()
+  return res, err, req, conn
+end
+
+local OK = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n" ..
+  '{"ok":true}'
+
+before_each(function() l = net.listener() end)
+after_each(function() l:close() end)
+
+describe("the request head", function()
+  it("carries method, target, Host, User-Agent, Content-Type, Content-Length and the body", function()
+    local c = client{ headers = { ["X-Opaque-Id"] = "spec" } }
+    local res, err, req = exchange(c, "POST", "/idx/_search?size=1", { size = 1 }, OK)
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    assert.equal("POST", req.method)
+    assert.equal("/idx/_search?size=1", req.target)
+    assert.equal("HTTP/1.1", req.version)
+    assert.equal("127.0.0.1:" .. l.port, req.headers.host)
+    assert.equal("esx/" .. esx.version, req.headers["user-agent"])
+    assert.equal("application/json", req.headers["content-type"])
+    assert.equal("spec", req.headers["x-opaque-id"])
+    assert.equal('{"size":1}', req.body)
+    assert.equal("10", req.headers["content-length"])
+    assert.is_nil(req.headers["transfer-encoding"])
+    assert.is_nil(req.headers.expect)
+    assert.is_nil(req.headers["accept-encoding"])
+    c:close()
+  end)
+
+  it("prefixes the node URL's path and sends its credentials as basic auth", function()
+    local c = client{ hosts = { "http://user:s3cret@127.0.0.1:" .. l.port .. "/es/" } }
+    local res, err, req = exchange(c, "GET", "/_cluster/health", nil, OK)
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    assert.equal("/es/_cluster/health", req.target)
+    assert.equal("Basic dXNlcjpzM2NyZXQ=", req.headers.authorization)
+    assert.is_nil(req.headers["content-length"])
+    c:close()
+  end)
+
+  it("sends Content-Length: 0 for a POST without a body and asks for gzip with compression", function()
+    local c = client{ compression = true }
+    local _, err, req = exchange(c, "POST", "/_refresh", nil, OK)
+    assert.is_nil(err)
+    assert.equal("0", req.headers["content-length"])
+    assert.equal("gzip", req.headers["accept-encoding"])
+    c:close()
+  end)
+
+  it("raises when a caller sets a framing header", function()
+    local c = client()
+    for _, name in ipairs{ "Content-Length", "transfer-encoding" } do
+      assert.has_error(function() c:send("GET", "/", nil, { headers = { [name] = "1" } }) end,
+        "bad option 'headers' to 'send' (header '" .. name .. "' is esx's to set (request framing))")
+      assert.has_error(function() esx.client{ hosts = { l.url }, headers = { [name] = "1" } } end)
+    end
+    c:close()
+  end)
+end)
+
+describe("keep-alive", function()
+  it("reuses one connection for sequential requests", function()
+    local c = client()
+    local _, err, _, conn = exchange(c, "GET", "/a", nil, OK)
+    assert.is_nil(err)
+    for i = 1, 3 do
+      local res, err2, req = exchange(c, "GET", "/b" .. i, nil, OK, conn)
+      assert.is_nil(err2)
+      assert.equal(200, res.status)
+      assert.equal("/b" .. i, req.target)
+    end
+    assert.equal(1, c:stats().pool.idle)
+    c:close()
+  end)
+
+  it("retries once, transparently, a kept-alive connection the server had closed", function()
+    local c = client()
+    local _, err, _, conn = exchange(c, "GET", "/a", nil, OK)
+    assert.is_nil(err)
+    conn:close()
+    local res, err2, req = exchange(c, "GET", "/again", nil, OK)
+    assert.is_nil(err2)
+    assert.equal(200, res.status)
+    assert.equal("/again", req.target)
+    assert.equal(0, res.retries)
+    assert.equal(0, c:stats().retries)
+    c:close()
+  end)
+
+  it("does not reuse a connection after a request with Connection: close", function()
+    local c = client()
+    local res, err, req, conn = exchange(c, "GET", "/a", nil, OK, nil,
+      { headers = { Connection = "close" } })
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    assert.equal("close", req.headers.connection)
+    if os.getenv("ESX_TRANSPORT") ~= "curl" then -- libcurl keeps it until the server closes
+      assert.equal(0, c:stats().pool.idle)
+      res, err = exchange(c, "GET", "/b", nil, OK) -- accepts a new connection
+      assert.is_nil(err)
+      assert.equal(200, res.status)
+    end
+    conn:close()
+    c:close()
+  end)
+
+  it("does not reuse a connection after a response with Connection: close", function()
+    local c = client()
+    local res, err, _, conn = exchange(c, "GET", "/a", nil,
+      "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi")
+    assert.is_nil(err)
+    assert.equal("hi", res.body)
+    conn:close()
+    res, err = exchange(c, "GET", "/b", nil, OK) -- accepts a new connection
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    c:close()
+  end)
+end)
+
+describe("response bodies", function()
+  it("reads a chunked body with extensions and trailers, split at every byte", function()
+    local c = client()
+    local raw = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n" ..
+      "5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n"
+    local res, err, _, conn = exchange(c, "GET", "/", nil, function(conn) net.send_bytes(conn, raw) end)
+    assert.is_nil(err)
+    assert.equal("hello 0123456789", res.body)
+    assert.equal("1", res.headers["x-a"])
+    -- the connection is still good for the next response
+    res, err = exchange(c, "GET", "/", nil, OK, conn)
+    assert.is_nil(err)
+    assert.equal('{"ok":true}', res.body)
+    c:close()
+  end)
+
+  it("reads a Content-Length body split at every byte", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn) net.send_bytes(conn, OK) end)
+    assert.is_nil(err)
+    assert.equal('{"ok":true}', res.body)
+    assert.equal("application/json", res.headers["content-type"])
+    c:close()
+  end)
+
+  it("reads a body that ends with the connection (HTTP/1.0, no length)", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end")
+      conn:close()
+    end)
+    assert.is_nil(err)
+    assert.equal("until the end", res.body)
+    res, err = exchange(c, "GET", "/", nil, OK) -- a new connection
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    c:close()
+  end)
+
+  it("skips interim 100 responses", function()
+    local c = client()
+    local res, err = exchange(c, "POST", "/", "x",
+      "HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\n" .. OK)
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    assert.is_nil(res.headers["x-interim"])
+    assert.equal('{"ok":true}', res.body)
+    c:close()
+  end)
+
+  it("does not wait for a body after HEAD, 204 or 304", function()
+    local c = client()
+    local res, err, _, conn = exchange(c, "HEAD", "/idx", nil,
+      "HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+    assert.equal("", res.body)
+    res, err = exchange(c, "DELETE", "/x", nil, "HTTP/1.1 204 No Content\r\n\r\n", conn,
+      { ok_status = { 204 } })
+    assert.is_nil(err)
+    assert.equal(204, res.status)
+    res, err = exchange(c, "GET", "/x", nil, "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+      conn, { ok_status = { 304 } })
+    assert.is_nil(err)
+    assert.equal(304, res.status)
+    c:close()
+  end)
+end)
+
+describe("broken responses", function()
+  it("returns nil, err reset when the server closes without answering", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn) conn:close() end)
+    assert.is_nil(res)
+    assert.equal("reset", err.kind)
+    c:close()
+  end)
+
+  it("returns nil, err reset when the server closes mid-body", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+      conn:close()
+    end)
+    assert.is_nil(res)
+    assert.equal("reset", err.kind)
+    c:close()
+  end)
+
+  it("returns nil, err reset when a chunked body is cut short", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel")
+      conn:close()
+    end)
+    assert.is_nil(res)
+    assert.equal("reset", err.kind)
+    c:close()
+  end)
+
+  it("returns nil, err reset on conflicting Content-Length headers", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc")
+    if os.getenv("ESX_TRANSPORT") == "curl" then
+      assert.equal("abc", res.body) -- libcurl 7.88 takes the last one
+    else
+      assert.is_nil(res)
+      assert.equal("reset", err.kind)
+    end
+    c:close()
+  end)
+
+  it("returns nil, err reset on a bad chunk size", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n")
+    assert.is_nil(res)
+    assert.equal("reset", err.kind)
+    c:close()
+  end)
+
+  it("returns nil, err decode when the response head passes 64 KiB", function()
+    local c = client()
+    local big = ("X-Big: " .. ("b"):rep(1000) .. "\r\n"):rep(70)
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\n" .. big .. "Content-Length: 0\r\n\r\n")
+    end)
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("response headers exceed 64 KiB", err.message)
+    c:close()
+  end)
+
+  it("returns nil, err decode when a chunked body passes max_response_bytes", function()
+    local c = client{ max_response_bytes = 65536 }
+    local chunk = ("%x\r\n%s\r\n"):format(40000, ("z"):rep(40000))
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" .. chunk .. chunk)
+    end)
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("response body exceeds max_response_bytes (65536)", err.message)
+    c:close()
+  end)
+end)
+
+describe("pending:json", function()
+  it("returns the decoded body once done, and nil, nil before", function()
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    assert.same({ nil, nil }, { p:json() })
+    local conn = assert(l:accept())
+    assert(net.read_request(conn))
+    conn:send(OK)
+    assert.is_true(p:wait(5000))
+    assert.same({ ok = true }, p:json())
+    c:close()
+  end)
+
+  it("returns nil, err decode when the body is not JSON", function()
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local conn = assert(l:accept())
+    assert(net.read_request(conn))
+    conn:send("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nnot")
+    assert.is_true(p:wait(5000))
+    local doc, err = p:json()
+    assert.is_nil(doc)
+    assert.equal("decode", err.kind)
+    c:close()
+  end)
+
+  it("returns nil, err with the result's error on an HTTP failure", function()
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local conn = assert(l:accept())
+    assert(net.read_request(conn))
+    conn:send("HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
+    assert.is_true(p:wait(5000))
+    local doc, err = p:json()
+    assert.is_nil(doc)
+    assert.equal("not_found", err.kind)
+    c:close()
+  end)
+end)
