@@ -63,7 +63,8 @@ struct esx_engine {
     atomic_int alive;
     atomic_int stop;
     atomic_int kill;
-    atomic_int wake_pending;    /* a wakeup is on its way: submitters need not send another */
+    atomic_int wake_pending;    /* the I/O thread is awake, or a wakeup is on its way:
+                                 * submitters need not send another */
     pid_t pid;
     uint64_t generation;
     CURLM *multi;
@@ -1079,8 +1080,6 @@ static void h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now)
 
 static void take_submissions(esx_engine *e, int64_t now)
 {
-    /* cleared before taking the queue: a request queued after this sends a new wakeup */
-    atomic_store(&e->wake_pending, 0);
     pthread_mutex_lock(&e->mu);
     esx_request *req = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
@@ -1395,7 +1394,15 @@ static void *io_main(void *arg)
         for (int i = 0; i < e->nconns && i < 64 && nextra < cap; i++)
             extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
         h1_poll_set(e, extra, &nextra, cap);
+        /* Asleep from here: a request queued after the check below sends a wakeup.  While the
+         * thread works, submitters send none (one system call saved per request under load). */
+        atomic_store(&e->wake_pending, 0);
+        pthread_mutex_lock(&e->mu);
+        if (e->sub_head)
+            timeout = 0;
+        pthread_mutex_unlock(&e->mu);
         mc = curl_multi_poll(e->multi, extra, nextra, (int)timeout, NULL);
+        atomic_store(&e->wake_pending, 1);
         if (mc != CURLM_OK && mc != CURLM_UNRECOVERABLE_POLL) {
             fail_all(e, ESX_EINTERNAL, curl_multi_strerror(mc));
             break;
@@ -1429,7 +1436,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     atomic_init(&e->alive, 0);
     atomic_init(&e->stop, 0);
     atomic_init(&e->kill, 0);
-    atomic_init(&e->wake_pending, 0);
+    atomic_init(&e->wake_pending, 1); /* awake until its first poll */
     if (prev) {
         e->nodes = prev->nodes;
         e->stats = prev->stats;

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "lclient.h"
 #include "lerror.h"
+#include "ljson.h"
 #include "lopts.h"
 
 #define CLIENT_MT "esx.client"
@@ -465,6 +466,30 @@ static int pending_result(lua_State *L)
     return 1;
 }
 
+/* pending:json_body() -> the 2xx response body decoded (an empty body: {}) | false (not a
+ * 2xx answer, or not JSON: the caller takes the result() path for its error) | nothing (not
+ * done).  Decodes straight from the response buffer: no body string, no headers table. */
+static int pending_json_body(lua_State *L)
+{
+    lpending *p = check_pending(L, 1);
+    esx_request *req = p->req;
+    if (!esx_client_poll(p->c, req))
+        return 0;
+    if (req->err_kind || req->status < 200 || req->status > 299) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    if (req->resp_body.len == 0) {
+        lua_newtable(L);
+        return 1;
+    }
+    if (esx_ljson_decode(L, req->resp_body.data, req->resp_body.len) != 1) {
+        lua_pop(L, 2);
+        lua_pushboolean(L, 0);
+    }
+    return 1;
+}
+
 static const luaL_Reg client_methods[] = {
     {"send", client_send},
     {"stats", client_stats},
@@ -478,6 +503,7 @@ static const luaL_Reg pending_methods[] = {
     {"ready", pending_ready},
     {"wait", pending_wait},
     {"result", pending_result},
+    {"json_body", pending_json_body},
     {"id", pending_id},
     {"waiter_path", pending_waiter_path},
     {NULL, NULL},

@@ -354,11 +354,8 @@ static int value(dec *d)
     }
 }
 
-/* core.json_decode(s) -> value | nil, err (kind "decode") */
-static int json_decode(lua_State *L)
+int esx_ljson_decode(lua_State *L, const char *s, size_t len)
 {
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
     dec d = {L, s, s + len, NULL, 0};
     int top = lua_gettop(L);
     if (value(&d) == 0) {
@@ -369,6 +366,14 @@ static int json_decode(lua_State *L)
     }
     lua_settop(L, top);
     return esx_lerror_fail(L, "decode", "invalid JSON at byte %ld: %s", (long)(d.p - s), d.err);
+}
+
+/* core.json_decode(s) -> value | nil, err (kind "decode") */
+static int json_decode(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    return esx_ljson_decode(L, s, len);
 }
 
 void esx_ljson_open(lua_State *L)

@@ -10,9 +10,9 @@
 -- Node client parses it), so both peers do the same work per search.  The decoder is the one
 -- c:search uses (pending:json()).
 --   concurrency 1:  c:search(index, query) in a loop -- the synchronous API.
---   concurrency N:  one process, N outstanding c:send pendings; each finished one is decoded
---                   and re-issued at once.  Finished pendings are found with p:ready(); when
---                   none is ready the loop blocks in p:wait on the oldest.
+--   concurrency N:  one process, N outstanding c:send pendings in a ring: the loop waits for
+--                   the oldest (p:wait), decodes it (p:json) and sends the next search in its
+--                   place, so N requests stay in flight.
 
 local esx = require "esx"
 
@@ -69,45 +69,25 @@ end
 
 local function run_async(deadline)
   local n, errors = 0, 0
-  local slots, issued = {}, {}
-  local seq = 0
+  local ring = {}
   local function issue(i)
     local p, err = c:send("POST", PATH, QUERY)
     if not p then error("send failed: " .. tostring(err)) end
-    slots[i] = p
-    seq = seq + 1
-    issued[i] = seq
-  end
-  local function finish(i)
-    if good_pending(slots[i]) then
-      n = n + 1
-    else
-      errors = errors + 1
-    end
+    ring[i] = p
   end
   for i = 1, conc do issue(i) end
-  local stop = false
-  while true do
-    local progressed = false
-    for i = 1, conc do
-      local p = slots[i]
-      if p and p:ready() then
-        finish(i)
-        progressed = true
-        if stop then slots[i] = nil else issue(i) end
-      end
+  -- a ring in send order: wait for the oldest, decode it, send the next search in its place
+  local i = 1
+  repeat
+    for _ = 1, 32 do
+      local p = ring[i]
+      p:wait(1000)
+      if good_pending(p) then n = n + 1 else errors = errors + 1 end
+      issue(i)
+      i = i % conc + 1
     end
-    if not stop and clock() >= deadline then stop = true end
-    if not progressed then
-      -- block on the oldest outstanding request
-      local oldest, best
-      for i = 1, conc do
-        if slots[i] and (best == nil or issued[i] < best) then oldest, best = i, issued[i] end
-      end
-      if oldest == nil then break end
-      slots[oldest]:wait(1000)
-    end
-  end
+  until clock() >= deadline
+  for k = 1, conc do ring[k]:wait(1000) end -- let the last ones finish before closing
   return n, errors
 end
 

@@ -281,9 +281,9 @@ end
 --- pending:json() -> the result's body decoded as JSON (as c:search decodes) | nil, err.
 -- Before the request is done: nil, nil.  An empty body decodes to {}.
 function Pending:json()
-  local res, err = self:result()
-  if res == nil and err == nil then return nil, nil end
-  return decode(self.client, res, err)
+  local doc = self.p:json_body() -- a 2xx body decoded in C, without the res table
+  if doc ~= false then return doc end
+  return decode(self.client, self:result())
 end
 
 local function call(self, method, path, body, opts)
