@@ -62,17 +62,31 @@ function _M.bulk()
   while pos <= len do
     local nl = find(body, "\n", pos, true) or (len + 1)
     if nl > pos then
-      local line = sub(body, pos, nl - 1)
-      local action = cjson.decode(line)
-      local op, meta = nil, nil
-      if type(action) == "table" then op, meta = next(action) end
+      -- the action line: the shape both collectors write is matched directly (no escapes in
+      -- its strings, so they can be echoed as they are); anything else is decoded by cjson
+      local op, index, id, quoted
+      local _, e, o, i, d = find(body, '^{"(%l+)":{"_index":"([^"\\]*)","_id":"([^"\\]*)"}}', pos)
+      if e == nl - 1 then
+        op, index, id = o, i, d
+      else
+        local action = cjson.decode(sub(body, pos, nl - 1))
+        local meta
+        if type(action) == "table" then op, meta = next(action) end
+        if type(meta) == "table" and type(meta._index) == "string" and type(meta._id) == "string" then
+          index, id, quoted = json_str(meta._index), json_str(meta._id), true
+        end
+      end
       local doc_end = find(body, "\n", nl + 1, true) or (len + 1)
       n = n + 1
-      if (op == "create" or op == "index") and type(meta) == "table" and type(meta._index) == "string"
-          and type(meta._id) == "string" and doc_end > nl + 1 then
-        items[n] = '{"' .. op .. '":{"_index":' .. json_str(meta._index) .. ',"_id":' .. json_str(meta._id)
-          .. ',"_version":1,"result":"created","status":201}}'
-        if op == "create" and find(meta._index, "^events%-") then events = events + 1 else other = other + 1 end
+      if (op == "create" or op == "index") and index and doc_end > nl + 1 then
+        if quoted then
+          items[n] = '{"' .. op .. '":{"_index":' .. index .. ',"_id":' .. id
+            .. ',"_version":1,"result":"created","status":201}}'
+        else
+          items[n] = '{"' .. op .. '":{"_index":"' .. index .. '","_id":"' .. id
+            .. '","_version":1,"result":"created","status":201}}'
+        end
+        if op == "create" and find(index, '^"?events%-') then events = events + 1 else other = other + 1 end
         pos = doc_end + 1
       else
         failed = failed + 1
