@@ -284,6 +284,8 @@ describe("shipping", function()
     assert.is_true(col:flush(5000))
     local seen = srv:requests("/_bulk").requests[1]
     assert.is_true(seen.body_bytes > 0)
+    -- only the items' status and error come back (errors: kept as Elasticsearch's clients do)
+    assert.equal("filter_path=errors,items.*.status,items.*.error", seen.query)
     local doc = assert(client:get(col.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "n1"))
     assert.equal("a\nb \"q\" \226\128\168", doc._source.note)
     col:close()

@@ -111,7 +111,7 @@ function send(batch) {
   inFlight++;
   const body = Buffer.from(batch.join(''));
   const post = (payload, gz) => {
-    const req = http.request({ host: es.hostname, port: es.port, path: '/_bulk', method: 'POST', agent,
+    const req = http.request({ host: es.hostname, port: es.port, path: '/_bulk?filter_path=errors,items.*.status,items.*.error', method: 'POST', agent,
       headers: Object.assign({ 'Content-Type': 'application/x-ndjson', 'Content-Length': payload.length },
         gz ? { 'Content-Encoding': 'gzip' } : {}) }, (res) => {
       const parts = [];
