@@ -287,8 +287,11 @@ function Pending:json()
 end
 
 local function call(self, method, path, body, opts)
-  local res, err = self:request(method, path, body, opts)
-  return decode(self, res, err)
+  local p, err = self:send(method, path, body, opts)
+  if not p then return nil, err end
+  local _, werr = await(p)
+  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
+  return p:json()
 end
 
 -- Elasticsearch index names: lowercase, not "." or "..", no \ / * ? " < > | space , #,
