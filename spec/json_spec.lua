@@ -75,6 +75,29 @@ describe("core.json_decode", function()
     assert.equal(1.5e300, decode("1.5e300"))
   end)
 
+  it("decodes decimals to the same double as strtod, on the fast path and off it", function()
+    local rng = math.random
+    math.randomseed(20261130)
+    local cases = { "0.1", "-0.0", "0.30000000000000004", "123456789012345.6", "1.7976931348623157e308",
+      "5e-324", "9007199254740993.0", "1e22", "1e23", "1.5e-22", "1.5e-23", "0.000001234",
+      "12.5e+3", "-3.14159", "2.2250738585072014e-308", "1.00000000000000000001" }
+    for _ = 1, 20000 do
+      local digits = rng(1, 18)
+      local m = tostring(rng(0, 10 ^ math.min(digits, 9))) .. tostring(rng(0, 10 ^ math.max(0, digits - 9)))
+      local point = rng(1, #m)
+      local int = m:sub(1, point):gsub("^0+", "")
+      local text = (int ~= "" and int or "0") .. "." .. (m:sub(point + 1) ~= "" and m:sub(point + 1) or "0")
+      if rng(3) == 1 then text = text .. "e" .. tostring(rng(-30, 30)) end
+      if rng(2) == 1 then text = "-" .. text end
+      cases[#cases + 1] = text
+    end
+    for _, text in ipairs(cases) do
+      local v = decode(text)
+      local want = tonumber(text)
+      assert(v == want and 1 / v == 1 / want, ("%s: got %.17g, strtod %.17g"):format(text, v, want))
+    end
+  end)
+
   it("decodes escapes and surrogate pairs to UTF-8", function()
     assert.equal('"\\/\b\f\n\r\t', decode('"\\"\\\\\\/\\b\\f\\n\\r\\t"'))
     assert.equal("\195\169\240\159\152\128", decode('"\\u00e9\\ud83d\\ude00"'))
