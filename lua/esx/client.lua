@@ -206,6 +206,8 @@ Pending.waiter_path = function(self) return self.p:waiter_path() end
 
 local send_opts = { ok_status = true, retries = true, timeout = true, headers = true,
                     content_type = true }
+local NO_OPTS = setmetatable({}, { __newindex = function() error("NO_OPTS is read-only", 2) end })
+local upper = string.upper
 
 local function encode_body(body)
   if body == nil or type(body) == "string" then return body end
@@ -236,7 +238,7 @@ function Client:send(method, path, body, opts)
       if not send_opts[k] then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
     end
   else
-    opts = {}
+    opts = NO_OPTS
   end
   if opts.headers ~= nil then
     if type(opts.headers) ~= "table" then
@@ -251,10 +253,11 @@ function Client:send(method, path, body, opts)
   end
   local retries = opts.retries
   if retries == false then retries = 0 elseif retries == true then retries = nil end
-  local p, serr = self.c:send(method:upper(), path, encoded, opts.content_type,
+  method = upper(method)
+  local p, serr = self.c:send(method, path, encoded, opts.content_type,
     header_lines(opts.headers), retries, opts.timeout)
   if not p then return nil, serr end
-  return setmetatable({ p = p, client = self, method = method:upper(), path = path,
+  return setmetatable({ p = p, client = self, method = method, path = path,
                         ok_status = opts.ok_status }, Pending)
 end
 
