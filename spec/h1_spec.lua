@@ -4,6 +4,7 @@
 -- runs this file once more with ESX_TRANSPORT=curl: both transports must behave alike.
 local esx = require "esx"
 local net = require "spec.support.net"
+local socket = require "socket"
 
 local l
 
@@ -184,6 +185,33 @@ describe("response bodies", function()
     c:close()
   end)
 
+  it("reads a long header line that arrives in two pieces", function()
+    local c = client()
+    local line = "X-Long: " .. ("l"):rep(40000) .. "\r\n"
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      local raw = "HTTP/1.1 200 OK\r\n" .. line .. "Content-Length: 2\r\n\r\nok"
+      conn:send(raw:sub(1, 30000))
+      socket.sleep(0.05)
+      conn:send(raw:sub(30001))
+    end)
+    assert.is_nil(err)
+    assert.equal("ok", res.body)
+    assert.equal(40000, #res.headers["x-long"])
+    c:close()
+  end)
+
+  it("ignores empty lines before the status line", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, "\r\n" .. OK)
+    if os.getenv("ESX_TRANSPORT") == "curl" then
+      assert.equal("internal", err.kind) -- libcurl 7.88 takes it for HTTP/0.9 and refuses
+    else
+      assert.is_nil(err)
+      assert.equal('{"ok":true}', res.body)
+    end
+    c:close()
+  end)
+
   it("skips interim 100 responses", function()
     local c = client()
     local res, err = exchange(c, "POST", "/", "x",
@@ -210,6 +238,45 @@ describe("response bodies", function()
       conn, { ok_status = { 304 } })
     assert.is_nil(err)
     assert.equal(304, res.status)
+    c:close()
+  end)
+end)
+
+describe("nodes", function()
+  it("reaches a localhost node that listens on ::1 only", function()
+    local l6 = net.listener("::1")
+    local c = client{ hosts = { "http://localhost:" .. l6.port } }
+    local p = assert(c:send("GET", "/six"))
+    local conn = assert(l6:accept(), "no connection on ::1")
+    local req = assert(net.read_request(conn))
+    assert.equal("/six", req.target)
+    assert.equal("localhost:" .. l6.port, req.headers.host)
+    conn:send(OK)
+    assert.is_true(p:wait(5000))
+    local res = assert(p:result())
+    assert.equal(200, res.status)
+    assert.equal(0, res.retries)
+    c:close()
+    l6:close()
+  end)
+
+  it("reads an early answer when the server stops reading a big body", function()
+    local c = client()
+    local p = assert(c:send("POST", "/_bulk", ("x"):rep(8 * 1024 * 1024), { ok_status = { 413 } }))
+    local conn = assert(l:accept())
+    repeat local line = assert(conn:receive("*l")) until line == "" -- the head only
+    conn:send("HTTP/1.1 413 Request Entity Too Large\r\nConnection: close\r\n" ..
+      "Content-Length: 0\r\n\r\n")
+    socket.sleep(0.05)
+    conn:close()
+    assert.is_true(p:wait(5000))
+    local res, err = p:result()
+    if os.getenv("ESX_TRANSPORT") == "curl" and err then
+      assert.equal("reset", err.kind) -- libcurl gives up on the failed send
+    else
+      assert.is_nil(err)
+      assert.equal(413, res.status)
+    end
     c:close()
   end)
 end)

@@ -51,6 +51,8 @@ typedef struct h1_node {
     int fast;
     struct sockaddr_storage sa;
     socklen_t salen;
+    struct sockaddr_in6 alt; /* "localhost": [::1], tried when 127.0.0.1 refuses */
+    int has_alt, use_alt;    /* use_alt: the last connect that worked went to alt */
     char host[300];   /* the Host header: the URL's authority */
     char prefix[512]; /* the URL's path prefix ("" or "/prefix") */
 } h1_node;
@@ -556,6 +558,7 @@ static int schedule_retry(esx_engine *e, esx_request *req, int64_t now, int64_t 
     } else {
         req->state = ESX_REQ_QUEUED;
         wait_prepend(e, req); /* it has waited its turn already */
+        e->h1_kick = 1;       /* ... and starts on the next pass, without waiting for a poll */
     }
     return 1;
 }
@@ -741,8 +744,14 @@ static void h1_node_setup(h1_node *hn, const char *url)
         if (portnum < 1 || portnum > 65535)
             return;
     }
-    if (strcasecmp(host, "localhost") == 0)
+    if (strcasecmp(host, "localhost") == 0) {
+        /* 127.0.0.1 first, then ::1 (a server may listen on either), as libcurl would */
         strcpy(host, "127.0.0.1");
+        hn->alt.sin6_family = AF_INET6;
+        hn->alt.sin6_port = htons((uint16_t)portnum);
+        hn->alt.sin6_addr = in6addr_loopback;
+        hn->has_alt = 1;
+    }
     struct sockaddr_in *v4 = (struct sockaddr_in *)&hn->sa;
     struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&hn->sa;
     if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
@@ -798,6 +807,7 @@ static void h1_drop(esx_engine *e, esx_h1_conn *c)
  * c->error and reported by h1_service.  Returns NULL when out of memory. */
 static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
 {
+    const h1_node *hn = &e->h1n[node];
     if (e->nh1 == e->caph1) {
         int cap = e->caph1 ? e->caph1 * 2 : 16;
         esx_h1_conn **v = realloc(e->h1c, (size_t)cap * sizeof *v);
@@ -812,10 +822,13 @@ static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
     c->fd = -1;
     c->pidx = -1;
     esx_buf_init(&c->head, 1024 * 1024);
-    const h1_node *hn = &e->h1n[node];
+    c->alt = hn->has_alt && hn->use_alt;
+    const struct sockaddr *sa = c->alt ? (const struct sockaddr *)&hn->alt
+                                       : (const struct sockaddr *)&hn->sa;
+    socklen_t salen = c->alt ? (socklen_t)sizeof hn->alt : hn->salen;
     if (e->nsockets >= MAX_SOCKETS)
         c->error = EMFILE;
-    else if (esx_h1_conn_open(c, node, (const struct sockaddr *)&hn->sa, hn->salen) < 0)
+    else if (esx_h1_conn_open(c, node, sa, salen) < 0)
         c->error = errno;
     else
         sock_register(e, c->fd);
@@ -865,9 +878,15 @@ static int h1_start(esx_engine *e, esx_request *req, int node_index, int64_t now
             }
         }
         c = h1_open(e, node_index, now);
+        if (c && h1_attach(e, c, req) != 0) {
+            h1_remove(e, c);
+            c = NULL;
+        }
+    } else if (h1_attach(e, c, req) != 0) {
+        c = NULL;
     }
-    if (c == NULL || h1_attach(e, c, req) != 0) {
-        finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
+    if (c == NULL) {
+        finish(e, req, ESX_EINTERNAL, "cannot prepare the request (head over 1 MiB, or out of memory)");
         return -1;
     }
     return 0;
@@ -904,6 +923,26 @@ static void h1_connect_failed(esx_engine *e, esx_h1_conn *c, int err, int64_t no
         h1_remove(e, c);
         return;
     }
+    h1_node *hn = &e->h1n[c->node];
+    if (hn->has_alt && !c->tried_other) {
+        /* "localhost" refused on one loopback address: the same attempt tries the other */
+        esx_request *req = c->req;
+        int node = c->node;
+        hn->use_alt = !c->alt;
+        h1_drop(e, c);
+        req->h1 = NULL;
+        esx_h1_conn *n = h1_open(e, node, now);
+        if (n && h1_attach(e, n, req) == 0) {
+            n->tried_other = 1;
+            return;
+        }
+        if (n)
+            h1_remove(e, n);
+        list_remove(&e->active, req);
+        release_attempt(e, req);
+        finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
+        return;
+    }
     char why[96];
     snprintf(why, sizeof why, "cannot connect: %s", strerror(err));
     h1_fail(e, c, ESX_ECONNECT, 1, why, now);
@@ -925,11 +964,13 @@ static void h1_broken(esx_engine *e, esx_h1_conn *c, const char *why, int64_t no
         h1_drop(e, c);
         req->h1 = NULL;
         esx_h1_conn *n = h1_open(e, node, now);
-        if (n == NULL || h1_attach(e, n, req) != 0) {
-            list_remove(&e->active, req);
-            release_attempt(e, req);
-            finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
-        }
+        if (n && h1_attach(e, n, req) == 0)
+            return;
+        if (n)
+            h1_remove(e, n);
+        list_remove(&e->active, req);
+        release_attempt(e, req);
+        finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
         return;
     }
     char text[128];
@@ -937,12 +978,20 @@ static void h1_broken(esx_engine *e, esx_h1_conn *c, const char *why, int64_t no
     h1_fail(e, c, ESX_ERESET, 1, text, now);
 }
 
+static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now);
+
 static void h1_send(esx_engine *e, esx_h1_conn *c, int64_t now)
 {
     esx_request *req = c->req;
     size_t before = c->sent;
     int rc = esx_h1_conn_send(c);
     if (rc < 0) {
+        if (errno == EPIPE || errno == ECONNRESET) {
+            /* the server may have answered early and closed (a 413 to a big bulk): read it */
+            c->state = ESX_H1C_READING;
+            h1_recv(e, c, now);
+            return;
+        }
         h1_broken(e, c, strerror(errno), now);
         return;
     }
@@ -952,16 +1001,18 @@ static void h1_send(esx_engine *e, esx_h1_conn *c, int64_t now)
         c->state = ESX_H1C_READING;
 }
 
-static void h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
+/* Reads what c has.  Returns 1 when c is still waiting for more, 0 when the attempt on it
+ * ended (c may be freed). */
+static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
 {
     const char *why = NULL;
     int rc = esx_h1_conn_recv(c, e->rbuf, sizeof e->rbuf, &why);
     esx_request *req = c->req;
     if (rc == ESX_H1_MORE)
-        return;
+        return 1;
     if (rc == ESX_H1C_BROKEN) {
         h1_broken(e, c, why, now);
-        return;
+        return 0;
     }
     int node = c->node;
     if (rc == ESX_H1_DONE) {
@@ -980,13 +1031,13 @@ static void h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
         list_remove(&e->active, req);
         release_attempt(e, req);
         on_response(e, req, node, truncated, now);
-        return;
+        return 0;
     }
     if (rc == ESX_H1_ERROR && !c->parser.head_too_big) {
         char text[128];
         snprintf(text, sizeof text, "bad HTTP response: %s", c->parser.error);
         h1_fail(e, c, ESX_ERESET, 1, text, now);
-        return;
+        return 0;
     }
     /* a callback stopped (body too big, bad gzip) or the headers are too big */
     const char *kind = rc == ESX_H1_ABORT ? req->abort_kind : ESX_EDECODE;
@@ -995,6 +1046,7 @@ static void h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
     list_remove(&e->active, req);
     release_attempt(e, req);
     finish(e, req, kind, "%s", msg);
+    return 0;
 }
 
 /* Work that needs no wait: connects that failed at once, and requests given to connected
@@ -1063,10 +1115,9 @@ static void h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now)
             h1_remove(e, c); /* the server closed it, or sent what nobody asked for */
             break;
         case ESX_H1C_SENDING:
-            if (rev & CURL_WAIT_POLLIN)
-                h1_recv(e, c, now); /* an early answer (or a close) */
-            if ((rev & CURL_WAIT_POLLOUT) && i < e->nh1 && e->h1c[i] == c &&
-                c->state == ESX_H1C_SENDING && c->req)
+            if ((rev & CURL_WAIT_POLLIN) && !h1_recv(e, c, now))
+                break; /* an early answer (or a close) ended the attempt */
+            if ((rev & CURL_WAIT_POLLOUT) && c->state == ESX_H1C_SENDING)
                 h1_send(e, c, now);
             break;
         default:

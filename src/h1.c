@@ -251,7 +251,9 @@ int esx_h1_feed(esx_h1_parser *p, const char *data, size_t n, size_t *used)
         switch (p->state) {
         case S_HEAD:
         case S_TRAILER: {
-            size_t left = ESX_H1_MAX_HEAD - p->head_bytes;
+            /* the budget left for this line: what is already held in `partial` was counted */
+            size_t held = p->partial_used ? 0 : p->partial.len;
+            size_t left = ESX_H1_MAX_HEAD - p->head_bytes + held;
             got = take_line(p, data, n, &i, left, &line, &len);
             p->head_bytes += i - before;
             if (got < 0) {
@@ -266,6 +268,8 @@ int esx_h1_feed(esx_h1_parser *p, const char *data, size_t n, size_t *used)
                     p->state = S_DONE;
                 break;
             }
+            if (!p->status_seen && len == 0)
+                break; /* RFC 9112 2.2: empty lines before the status line are ignored */
             if (!p->status_seen) {
                 rc = status_line(p, line, len);
             } else if (len == 0) {
@@ -442,7 +446,8 @@ int esx_h1_asks_close(const struct curl_slist *headers)
     for (const struct curl_slist *h = headers; h; h = h->next) {
         int kind;
         size_t nlen = custom_name(h->data, &kind);
-        if (kind == 0 && nlen == 10 && strncasecmp(h->data, "Connection", 10) == 0) {
+        if (kind == 0 && nlen == 10 && h->data[10] == ':' &&
+            strncasecmp(h->data, "Connection", 10) == 0) {
             const char *v = h->data + nlen + 1;
             if (has_token(v, strlen(v), "close"))
                 return 1;

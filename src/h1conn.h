@@ -29,6 +29,8 @@ typedef struct esx_h1_conn {
     int reusable;            /* the finished response allows another request */
     int error;               /* errno of a connect that failed at once (the engine reports it) */
     int pidx;                /* the engine's poll-set index, -1 when not polled */
+    int alt;                 /* connected (or connecting) to the node's alternative address */
+    int tried_other;         /* the request on it already tried the other address */
     void *req;               /* the request it serves, NULL when idle (the engine's) */
     esx_h1_parser parser;
 } esx_h1_conn;

@@ -36,12 +36,20 @@ function _M.full_backlog()
   end
 end
 
---- A loopback listener a spec answers by hand, byte by byte if it likes:
+--- A loopback listener (127.0.0.1, or "::1" only) a spec answers by hand, byte by byte if it likes:
 --   local l = net.listener(); ...; local conn = l:accept(); local req = l.read_request(conn)
 -- l.url is its http:// URL; l:accept(timeout_s) returns the next connection (nil on timeout);
 -- l:close() closes it.
-function _M.listener()
-  local l = assert(socket.bind("127.0.0.1", 0))
+function _M.listener(address)
+  local l
+  if address == "::1" then -- IPv6 loopback only
+    l = assert(socket.tcp6())
+    assert(l:setoption("ipv6-v6only", true))
+    assert(l:bind("::1", 0))
+    assert(l:listen(32))
+  else
+    l = assert(socket.bind("127.0.0.1", 0))
+  end
   local _, port = l:getsockname()
   local self = { url = "http://127.0.0.1:" .. port, port = port }
   function self:accept(timeout)
