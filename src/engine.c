@@ -917,6 +917,26 @@ static void h1_fail_detached(esx_engine *e, esx_h1_conn *c, const char *kind, in
     on_failure(e, req, node, kind, 1, 1, msg, now);
 }
 
+/* Moves c's request, within the same attempt and slot, to a fresh connection to the same
+ * node; c is closed.  Returns the new connection, or NULL with the request finished
+ * ("internal": out of memory). */
+static esx_h1_conn *h1_reopen(esx_engine *e, esx_h1_conn *c, int64_t now)
+{
+    esx_request *req = c->req;
+    int node = c->node;
+    h1_drop(e, c);
+    req->h1 = NULL;
+    esx_h1_conn *n = h1_open(e, node, now);
+    if (n && h1_attach(e, n, req) == 0)
+        return n;
+    if (n)
+        h1_remove(e, n);
+    list_remove(&e->active, req);
+    release_attempt(e, req);
+    finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
+    return NULL;
+}
+
 static void h1_connect_failed(esx_engine *e, esx_h1_conn *c, int err, int64_t now)
 {
     if (c->req == NULL) {
@@ -926,21 +946,10 @@ static void h1_connect_failed(esx_engine *e, esx_h1_conn *c, int err, int64_t no
     h1_node *hn = &e->h1n[c->node];
     if (hn->has_alt && !c->tried_other) {
         /* "localhost" refused on one loopback address: the same attempt tries the other */
-        esx_request *req = c->req;
-        int node = c->node;
         hn->use_alt = !c->alt;
-        h1_drop(e, c);
-        req->h1 = NULL;
-        esx_h1_conn *n = h1_open(e, node, now);
-        if (n && h1_attach(e, n, req) == 0) {
-            n->tried_other = 1;
-            return;
-        }
+        esx_h1_conn *n = h1_reopen(e, c, now);
         if (n)
-            h1_remove(e, n);
-        list_remove(&e->active, req);
-        release_attempt(e, req);
-        finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
+            n->tried_other = 1;
         return;
     }
     char why[96];
@@ -959,18 +968,8 @@ static void h1_broken(esx_engine *e, esx_h1_conn *c, const char *why, int64_t no
     if (c->served > 0 && c->got == 0 && !req->h1_redone) {
         /* A kept-alive connection the server had closed: the request goes once more, on a
          * fresh connection, without counting as a retry (as libcurl does). */
-        int node = c->node;
         req->h1_redone = 1;
-        h1_drop(e, c);
-        req->h1 = NULL;
-        esx_h1_conn *n = h1_open(e, node, now);
-        if (n && h1_attach(e, n, req) == 0)
-            return;
-        if (n)
-            h1_remove(e, n);
-        list_remove(&e->active, req);
-        release_attempt(e, req);
-        finish(e, req, ESX_EINTERNAL, "out of memory reconnecting");
+        h1_reopen(e, c, now);
         return;
     }
     char text[128];
