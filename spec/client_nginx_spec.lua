@@ -62,6 +62,17 @@ setup(function()
           ngx.say(res and res.status or tostring(err))
         }
       }
+      location = /await {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local p = assert(c:send("GET", "/_cluster/health"))
+          local ok, err = require("esx.nginx").await(p)
+          local doc = ok and p:json()
+          ngx.say(tostring(ok), " ", doc and doc.status or tostring(err))
+          ok, err = require("esx.nginx").await(assert(c:send("GET", "/awaitslow/_search")), 50)
+          ngx.say(tostring(ok), " ", err and err.kind)
+        }
+      }
       location = /fast {
         content_by_lua_block { ngx.say("fast ", ngx.worker.pid()) }
       }
@@ -95,6 +106,15 @@ describe("esx.client in nginx #nginx", function()
     local status, body = web:get("/send")
     assert.equal(200, status)
     assert.equal("200\n", body)
+  end)
+
+  it("waits with esx.nginx.await and reads the answer with pending:json", function()
+    es:fault{ path = "/awaitslow/_search", stall_ms = 1000, count = 1 }
+    local status, body = web:get("/await")
+    assert.equal(200, status)
+    local first, second = body:match("^([^\n]*)\n([^\n]*)\n$")
+    assert.matches("^true %a+$", first) -- the cluster's health colour
+    assert.equal("nil request_timeout", second)
   end)
 
   it("does not stall other requests on the worker while a search is slow", function()

@@ -152,7 +152,7 @@ end
 -- Waits for a pending request without blocking nginx when possible.
 local function await(p, timeout)
   if can_yield() then
-    return require("esx.nginx").wait(p, timeout)
+    return require("esx.nginx").await(p, timeout)
   end
   return p:wait(timeout)
 end

@@ -23,11 +23,11 @@ end
 --- esx.nginx.wait(pending, timeout_ms?) -> res | nil, err   (yields; never blocks the worker)
 -- Returns what pending:result() returns once the request is done.  With timeout_ms, gives
 -- up after that long with nil, {kind = "request_timeout"} (the request itself goes on).
-function _M.wait(pending, timeout)
-  if type(pending) ~= "table" or not pending.ready then
-    error("bad argument #1 to 'wait' (esx pending request expected)", 2)
-  end
-  if pending:ready() then return pending:result() end
+-- Waits until pending is done: true, or nil, err (the waiter socket failed, or timeout_ms
+-- passed: the request itself goes on).  What wait and the client's own calls share; the
+-- client's decoded calls then read the answer with pending:json(), without a res table.
+function _M.await(pending, timeout)
+  if pending:ready() then return true end
   local deadline = timeout and (now_ms() + timeout)
   local path, perr = pending:waiter_path()
   if not path then return nil, perr end
@@ -47,7 +47,7 @@ function _M.wait(pending, timeout)
       local left = deadline - now_ms()
       if left <= 0 then
         sock:close()
-        if pending:ready() then return pending:result() end
+        if pending:ready() then return true end
         return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
       end
       if left < slice then slice = left end
@@ -61,8 +61,17 @@ function _M.wait(pending, timeout)
   sock:close()
   if not pending:ready() then
     -- the waiter connection ended early (engine rebuilt): wait again on the new one
-    return _M.wait(pending, deadline and (deadline - now_ms()) or nil)
+    return _M.await(pending, deadline and (deadline - now_ms()) or nil)
   end
+  return true
+end
+
+function _M.wait(pending, timeout)
+  if type(pending) ~= "table" or not pending.ready then
+    error("bad argument #1 to 'wait' (esx pending request expected)", 2)
+  end
+  local ok, err = _M.await(pending, timeout)
+  if not ok then return nil, err end
   return pending:result()
 end
 
