@@ -357,6 +357,33 @@ describe("shipping", function()
     c2:close()
   end)
 
+  it("counts the events waiting for a retry and their age (lag_ms) in stats()", function()
+    local port = srv.port
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0, connect_timeout = 200,
+                                  dead_backoff_min = 50, dead_backoff_max = 100 })
+    local col = new{ sink = c2, retry_backoff_min = 60000, retry_backoff_max = 60000,
+                     rollup = false, flush_interval = 10 }
+    srv:stop()
+    finally(function() if srv.stopped then srv = ds.start{ port = port } end end)
+    local t0 = socket.gettime()
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev(), ev() }))))
+    local deadline = t0 + 10
+    while col:stats().delayed < 3 and socket.gettime() < deadline do socket.sleep(0.02) end
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    while col:stats().delayed < 5 and socket.gettime() < deadline do socket.sleep(0.02) end
+    socket.sleep(0.1)
+    local s = col:stats()
+    assert.equal(5, s.delayed) -- two failed batches, each waiting its back-off
+    assert.equal(5, s.queued_events)
+    assert.equal(5, s.retried)
+    assert.equal(0, s.in_flight)
+    local age = (socket.gettime() - t0) * 1000
+    assert.is_true(s.lag_ms >= 100 and s.lag_ms <= age + 5,
+                   "lag_ms " .. s.lag_ms .. ", posted " .. age .. " ms ago")
+    col:close(0)
+    c2:close()
+  end)
+
   it("keeps at most bulk_concurrency bulk requests in flight", function()
     srv:fault{ path = "/_bulk", stall_ms = 200, count = -1 }
     local col = new{ bulk_concurrency = 2, batch_max_events = 1, flush_interval = 1 }

@@ -37,12 +37,25 @@ typedef struct item {
     struct item *next;
     size_t len;
     int attempts;
-    int64_t due;             /* monotonic ms when a delayed retry may go */
     int64_t queued_at;       /* monotonic ms */
     esx_segment *seg;
     int rollup;              /* a rollup row, not an event */
     char data[];             /* action line + document line, '\n'-terminated */
 } item;
+
+/* Items waiting for a retry.  Those that failed together share one due time (see batch_due)
+ * and wait as one run, so they come back as one batch -- per-item jitter would split a failed
+ * bulk of N events into up to N tiny bulks against a sink that is down -- and the shipper's
+ * wake-ups and stats() look at runs, not at every delayed event (a long outage can delay
+ * hundreds of thousands). */
+typedef struct run {
+    struct run *next;        /* the next run, due later */
+    int64_t due;             /* monotonic ms when the items may go again */
+    int64_t oldest;          /* earliest queued_at of its items */
+    item *head, *tail;
+    size_t bytes;            /* sum of the items' len */
+    int count;
+} run;
 
 typedef struct batch {
     esx_collector *col;
@@ -64,7 +77,8 @@ struct esx_collector {
     item *ready_head, *ready_tail;
     size_t ready_bytes;
     int ready_count;
-    item *delayed;
+    run *delayed;            /* sorted by due */
+    int64_t delayed_count;
     int inflight;
     size_t queue_bytes;
     int64_t queue_events;    /* items queued, rollup rows included */
@@ -111,7 +125,6 @@ static item *item_new(const char *data, size_t len, int64_t now, esx_segment *se
     memcpy(it->data, data, len);
     it->len = len;
     it->attempts = 0;
-    it->due = 0;
     it->queued_at = now;
     it->seg = seg;
     it->rollup = 0;
@@ -172,17 +185,85 @@ static int64_t backoff(esx_collector *col, int attempts)
     return base / 2 + (int64_t)((col->rng >> 8) % (unsigned)(base / 2 + 1));
 }
 
-/* Delays it until due.  Items that failed together share one due time (see batch_due), so
- * they come back as one batch: per-item jitter would split a failed bulk of N events into
- * up to N tiny bulks against a sink that is down. */
-static void retry_later(esx_collector *col, item *it, int64_t due)
+/* Adds it to r, a run being filled on the caller's stack (see delay_run). */
+static void retry_later(esx_collector *col, run *r, item *it)
 {
     it->attempts++;
-    it->due = due;
-    it->next = col->delayed;
-    col->delayed = it;
+    it->next = NULL;
+    if (r->tail)
+        r->tail->next = it;
+    else
+        r->head = it;
+    r->tail = it;
+    r->bytes += it->len;
+    r->count++;
+    if (r->count == 1 || it->queued_at < r->oldest)
+        r->oldest = it->queued_at;
     if (!it->rollup)
         col->st.retried++;
+}
+
+/* Puts the items back at the front of the ready queue, in their order. */
+static void ready_prepend_run(esx_collector *col, const run *r)
+{
+    r->tail->next = col->ready_head;
+    col->ready_head = r->head;
+    if (!col->ready_tail)
+        col->ready_tail = r->tail;
+    col->ready_bytes += r->bytes;
+    col->ready_count += r->count;
+}
+
+/* Files the stack run r (filled by retry_later) among the delayed runs, by due time.  Without
+ * memory for its header the items join the latest run, or go back to the ready queue. */
+static void delay_run(esx_collector *col, const run *r)
+{
+    if (r->count == 0)
+        return;
+    col->delayed_count += r->count;
+    run *copy = malloc(sizeof *copy);
+    if (copy == NULL) {
+        run *last = col->delayed;
+        while (last && last->next)
+            last = last->next;
+        if (last == NULL) {
+            col->delayed_count -= r->count;
+            ready_prepend_run(col, r);
+            return;
+        }
+        last->tail->next = r->head;
+        last->tail = r->tail;
+        last->bytes += r->bytes;
+        last->count += r->count;
+        if (r->oldest < last->oldest)
+            last->oldest = r->oldest;
+        return;
+    }
+    *copy = *r;
+    run **p = &col->delayed;
+    while (*p && (*p)->due <= copy->due)
+        p = &(*p)->next;
+    copy->next = *p;
+    *p = copy;
+}
+
+static void free_list(item *it)
+{
+    while (it) {
+        item *next = it->next;
+        free(it);
+        it = next;
+    }
+}
+
+static void free_runs(run *r)
+{
+    while (r) {
+        run *next = r->next;
+        free_list(r->head);
+        free(r);
+        r = next;
+    }
 }
 
 /* ---------------------------------------------------------------- dead letters */
@@ -286,18 +367,19 @@ static void batch_done(esx_request *req, void *ud)
             ready_prepend(col, b->items[i]);
     } else if (!parsed) {
         col->st.bulk_failures++;
-        int64_t due = batch_due(col, b, now);
+        run r = { .due = batch_due(col, b, now) };
         for (int i = 0; i < b->n; i++) {
             if (status == 413) {
                 dead_letter(col, b->items[i], 413, "request_too_large",
                             "the server refused a single event as too large");
                 item_done(col, b->items[i]);
             } else {
-                retry_later(col, b->items[i], due);
+                retry_later(col, &r, b->items[i]);
             }
         }
+        delay_run(col, &r);
     } else {
-        int64_t due = batch_due(col, b, now);
+        run r = { .due = batch_due(col, b, now) };
         for (int i = 0; i < b->n; i++) {
             int s = results[i].status;
             if ((s >= 200 && s < 300) || s == 409) { /* 409: created by an earlier attempt */
@@ -305,12 +387,13 @@ static void batch_done(esx_request *req, void *ud)
                     col->st.shipped++;
                 item_done(col, b->items[i]);
             } else if (s == 429 || s >= 500) {
-                retry_later(col, b->items[i], due);
+                retry_later(col, &r, b->items[i]);
             } else {
                 dead_letter(col, b->items[i], s, results[i].error_type, results[i].reason);
                 item_done(col, b->items[i]);
             }
         }
+        delay_run(col, &r);
     }
     col->inflight--;
     pthread_cond_broadcast(&col->wake);
@@ -388,9 +471,10 @@ static void send_batch(esx_collector *col, batch *b)
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
     col->st.bulk_failures++;
-    int64_t due = batch_due(col, b, now);
+    run r = { .due = batch_due(col, b, now) };
     for (int i = 0; i < b->n; i++)
-        retry_later(col, b->items[i], due);
+        retry_later(col, &r, b->items[i]);
+    delay_run(col, &r);
     col->inflight--;
     pthread_cond_broadcast(&col->idle);
     pthread_mutex_unlock(&col->mu);
@@ -438,14 +522,12 @@ static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_
 static void housekeeping(esx_collector *col, int64_t now)
 {
     /* delayed retries that are due go back to the front */
-    for (item **p = &col->delayed; *p;) {
-        item *it = *p;
-        if (it->due <= now) {
-            *p = it->next;
-            ready_prepend(col, it);
-        } else {
-            p = &it->next;
-        }
+    while (col->delayed && col->delayed->due <= now) {
+        run *r = col->delayed;
+        col->delayed = r->next;
+        col->delayed_count -= r->count;
+        ready_prepend_run(col, r);
+        free(r);
     }
     if (col->rollups) {
         /* The table is walked only when there is something to write: every rollup.interval
@@ -492,9 +574,8 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
     if (col->ready_head && col->inflight < col->cfg.bulk_concurrency &&
         col->ready_head->queued_at + col->cfg.flush_interval < t)
         t = col->ready_head->queued_at + col->cfg.flush_interval;
-    for (item *it = col->delayed; it; it = it->next)
-        if (it->due < t)
-            t = it->due;
+    if (col->delayed && col->delayed->due < t)
+        t = col->delayed->due;
     if (col->rollups && col->last_rollup_emit + col->cfg.rollup_interval < t)
         t = col->last_rollup_emit + col->cfg.rollup_interval;
     if (col->spool && col->last_sync + col->cfg.spool_sync_interval < t)
@@ -549,15 +630,6 @@ static int init_locks(esx_collector *col)
              pthread_cond_init(&col->wake, &ca) || pthread_cond_init(&col->idle, &ca);
     pthread_condattr_destroy(&ca);
     return rc ? -1 : 0;
-}
-
-static void free_list(item *it)
-{
-    while (it) {
-        item *next = it->next;
-        free(it);
-        it = next;
-    }
 }
 
 static int open_dead_letter(esx_collector *col)
@@ -652,8 +724,10 @@ static int ensure_running(esx_collector *col, char *why)
          * parent and child never mint the same event_id. */
         init_locks(col);
         free_list(col->ready_head);
-        free_list(col->delayed);
-        col->ready_head = col->ready_tail = col->delayed = NULL;
+        free_runs(col->delayed);
+        col->ready_head = col->ready_tail = NULL;
+        col->delayed = NULL;
+        col->delayed_count = 0;
         col->ready_bytes = 0;
         col->ready_count = 0;
         col->inflight = 0;
@@ -1002,10 +1076,7 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     out->queued_events = (uint64_t)(col->queue_events - col->queue_rollups);
     out->queued_bytes = col->queue_bytes;
     out->in_flight = (uint64_t)col->inflight;
-    uint64_t delayed = 0;
-    for (item *it = col->delayed; it; it = it->next)
-        delayed++;
-    out->delayed = delayed;
+    out->delayed = (uint64_t)col->delayed_count;
     if (col->rollups) {
         out->rollup_rows = esx_rollups_rows(col->rollups);
         out->rollup_dropped = esx_rollups_dropped(col->rollups);
@@ -1017,9 +1088,9 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     int64_t oldest = 0, now = esx_now_ms();
     if (col->ready_head)
         oldest = now - col->ready_head->queued_at;
-    for (item *it = col->delayed; it; it = it->next)
-        if (now - it->queued_at > oldest)
-            oldest = now - it->queued_at;
+    for (run *r = col->delayed; r; r = r->next)
+        if (now - r->oldest > oldest)
+            oldest = now - r->oldest;
     out->oldest_queued_ms = oldest;
     pthread_mutex_unlock(&col->mu);
 }
@@ -1062,7 +1133,7 @@ static void col_unref(esx_collector *col)
         return;
     /* last reference: nothing can touch the queue any more */
     free_list(col->ready_head);
-    free_list(col->delayed);
+    free_runs(col->delayed);
     if (col->spool)
         esx_spool_close(col->spool); /* segments with pending events stay for replay */
     if (col->dl_fd >= 0)
