@@ -317,6 +317,25 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("sends no new batch while a failed one waits out its back-off", function()
+    srv:fault{ path = "/_bulk", status = 503, count = 2 }
+    local col = new{ retry_backoff_min = 400, retry_backoff_max = 400, rollup = false,
+                     flush_interval = 10, batch_max_events = 2, bulk_concurrency = 1 }
+    local evs = {}
+    for i = 1, 20 do evs[i] = ev({ event_id = "p" .. i }) end
+    assert.equal(204, (post(col, cjson.encode(evs)))) -- ten batches' worth
+    -- the first batch fails at once; the back-off is 200-400 ms (equal jitter)
+    socket.sleep(0.15)
+    assert.equal(1, srv:requests("/_bulk").counts["/_bulk"])
+    assert.equal(2, col:stats().delayed)
+    assert.equal(20, col:stats().queued_events)
+    assert.is_true(col:flush(10000))
+    assert.equal(20, (indexed()))
+    -- two refusals (each the only bulk of its back-off), then the ten batches
+    assert.equal(12, srv:requests("/_bulk").counts["/_bulk"])
+    col:close()
+  end)
+
   it("writes items rejected for good to the dead-letter file with the reason", function()
     local dir = tmpdir()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
@@ -370,12 +389,11 @@ describe("shipping", function()
     local deadline = t0 + 10
     while col:stats().delayed < 3 and socket.gettime() < deadline do socket.sleep(0.02) end
     assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
-    while col:stats().delayed < 5 and socket.gettime() < deadline do socket.sleep(0.02) end
     socket.sleep(0.1)
     local s = col:stats()
-    assert.equal(5, s.delayed) -- two failed batches, each waiting its back-off
-    assert.equal(5, s.queued_events)
-    assert.equal(5, s.retried)
+    assert.equal(3, s.delayed) -- the failed batch waits out its back-off ...
+    assert.equal(5, s.queued_events) -- ... and the new events wait behind it
+    assert.equal(3, s.retried)
     assert.equal(0, s.in_flight)
     local age = (socket.gettime() - t0) * 1000
     assert.is_true(s.lag_ms >= 100 and s.lag_ms <= age + 5,

@@ -79,6 +79,7 @@ struct esx_collector {
     int ready_count;
     run *delayed;            /* sorted by due */
     int64_t delayed_count;
+    int64_t paused_until;    /* monotonic ms: no bulk goes before (the sink failed a whole bulk) */
     int inflight;
     size_t queue_bytes;
     int64_t queue_events;    /* items queued, rollup rows included */
@@ -344,6 +345,16 @@ static int64_t batch_due(esx_collector *col, batch *b, int64_t now)
     return now + backoff(col, attempts + 1);
 }
 
+/* A bulk failed as a whole (the sink is down, refuses or answers garbage): no bulk goes until
+ * that bulk's own retry is due, so the failed batch is the probe.  New events wait behind it
+ * in the queue -- sending each new batch would fail the same way, after compressing it, at the
+ * rate batches fill.  Called under mu. */
+static void pause_sink(esx_collector *col, int64_t due)
+{
+    if (due > col->paused_until)
+        col->paused_until = due;
+}
+
 static void batch_done(esx_request *req, void *ud)
 {
     batch *b = ud;
@@ -368,6 +379,8 @@ static void batch_done(esx_request *req, void *ud)
     } else if (!parsed) {
         col->st.bulk_failures++;
         run r = { .due = batch_due(col, b, now) };
+        if (status != 413)
+            pause_sink(col, r.due);
         for (int i = 0; i < b->n; i++) {
             if (status == 413) {
                 dead_letter(col, b->items[i], 413, "request_too_large",
@@ -379,6 +392,7 @@ static void batch_done(esx_request *req, void *ud)
         }
         delay_run(col, &r);
     } else {
+        col->paused_until = 0; /* the sink answers: new batches may go at once */
         run r = { .due = batch_due(col, b, now) };
         for (int i = 0; i < b->n; i++) {
             int s = results[i].status;
@@ -472,6 +486,7 @@ static void send_batch(esx_collector *col, batch *b)
     pthread_mutex_lock(&col->mu);
     col->st.bulk_failures++;
     run r = { .due = batch_due(col, b, now) };
+    pause_sink(col, r.due);
     for (int i = 0; i < b->n; i++)
         retry_later(col, &r, b->items[i]);
     delay_run(col, &r);
@@ -570,10 +585,15 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
 {
     int64_t t = now + 1000;
     /* With every bulk slot busy, a due flush waits for batch_done's wake-up, not a timer
-     * (a deadline already past would make the wait return at once: a busy loop). */
-    if (col->ready_head && col->inflight < col->cfg.bulk_concurrency &&
-        col->ready_head->queued_at + col->cfg.flush_interval < t)
+     * (a deadline already past would make the wait return at once: a busy loop); while the
+     * sink is paused, for the end of the pause. */
+    if (col->ready_head && now < col->paused_until) {
+        if (col->paused_until < t)
+            t = col->paused_until;
+    } else if (col->ready_head && col->inflight < col->cfg.bulk_concurrency &&
+               col->ready_head->queued_at + col->cfg.flush_interval < t) {
         t = col->ready_head->queued_at + col->cfg.flush_interval;
+    }
     if (col->delayed && col->delayed->due < t)
         t = col->delayed->due;
     if (col->rollups && col->last_rollup_emit + col->cfg.rollup_interval < t)
@@ -588,7 +608,8 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
 
 static int should_send(esx_collector *col, int64_t now)
 {
-    if (col->inflight >= col->cfg.bulk_concurrency || col->ready_count == 0)
+    if (col->inflight >= col->cfg.bulk_concurrency || col->ready_count == 0 ||
+        now < col->paused_until)
         return 0;
     return col->ready_bytes >= col->batch_cap || col->ready_count >= col->cfg.batch_max_events ||
            col->flush_requested || col->stop ||
@@ -728,6 +749,7 @@ static int ensure_running(esx_collector *col, char *why)
         col->ready_head = col->ready_tail = NULL;
         col->delayed = NULL;
         col->delayed_count = 0;
+        col->paused_until = 0;
         col->ready_bytes = 0;
         col->ready_count = 0;
         col->inflight = 0;
@@ -976,7 +998,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
      * wakes the shipper when one frees (a signal per request cost 20% of a worker's CPU
      * with a stalled sink) */
     if ((col->ready_bytes >= col->batch_cap || col->ready_count >= col->cfg.batch_max_events) &&
-        col->inflight < col->cfg.bulk_concurrency)
+        col->inflight < col->cfg.bulk_concurrency && now >= col->paused_until)
         pthread_cond_signal(&col->wake);
     pthread_mutex_unlock(&col->mu);
     out->accepted = queued;
