@@ -113,13 +113,36 @@ static void set_why(char *why, size_t whylen, const char *msg, size_t at)
         snprintf(why, whylen, "invalid JSON at byte %zu: %s", at, msg);
 }
 
+/* Nonzero when some byte of w equals c (exact as a yes/no answer). */
+static inline uint64_t has_byte(uint64_t w, unsigned char c)
+{
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    uint64_t x = w ^ (ones * c);
+    return (x - ones) & ~x & highs;
+}
+
+/* Nonzero when w holds a byte that ends the plain run of a string: a control character, a
+ * quote, a backslash or a non-ASCII byte (exact as a yes/no answer). */
+static inline uint64_t string_special(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    return ((w - ones * 0x20) & ~w & highs) | (w & highs) | has_byte(w, '"') | has_byte(w, '\\');
+}
+
 /* Scans a string whose opening quote is at s[*pos].  Returns 0 (pos past the closing quote)
  * or -1 when unterminated.  Flaws go to *flaw (first one wins). */
 static int scan_string(const unsigned char *s, size_t len, size_t *pos, int *flaw)
 {
     size_t i = *pos + 1;
     for (;;) {
-        /* fast path over plain bytes */
+        /* fast path over plain bytes, eight at a time */
+        while (len - i >= 8) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (string_special(w))
+                break;
+            i += 8;
+        }
         while (i < len && s[i] >= 0x20 && s[i] < 0x80 && s[i] != '"' && s[i] != '\\')
             i++;
         if (i >= len)
@@ -375,11 +398,20 @@ void esx_json_iter_init_checked(esx_json_iter *it, const esx_json_val *c)
     it->checked = 1;
 }
 
-/* Past the end of the string whose opening quote is at s[i] (len if unterminated).  A plain
- * loop: the strings of events and bulk responses are short. */
+/* Past the end of the string whose opening quote is at s[i] (len if unterminated).  Eight
+ * bytes at a time up to the first quote or backslash. */
 static size_t skip_string(const char *s, size_t len, size_t i)
 {
     for (i++; i < len; i++) {
+        while (len - i >= 8) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (has_byte(w, '"') | has_byte(w, '\\'))
+                break;
+            i += 8;
+        }
+        if (i >= len)
+            break;
         char c = s[i];
         if (c == '"')
             return i + 1;
@@ -387,6 +419,20 @@ static size_t skip_string(const char *s, size_t len, size_t i)
             i++; /* the escaped byte cannot end the string */
     }
     return len;
+}
+
+/* Past the bytes of a container that cannot change the nesting: none of " { } [ ]. */
+static size_t skip_plain(const char *s, size_t len, size_t i)
+{
+    while (len - i >= 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (has_byte(w, '"') | has_byte(w, '{') | has_byte(w, '}') | has_byte(w, '[') |
+            has_byte(w, ']'))
+            break;
+        i += 8;
+    }
+    return i;
 }
 
 /* Finds the extent, type and depth of the value at s[*pos] without checking it again: the
@@ -405,6 +451,9 @@ static int skip_value(const char *s, size_t len, size_t *pos, esx_json_val *v)
         type = c == '{' ? ESX_JSON_OBJECT : ESX_JSON_ARRAY;
         int d = 0;
         while (i < len) {
+            i = skip_plain(s, len, i);
+            if (i >= len)
+                break;
             c = (unsigned char)s[i];
             if (c == '"') {
                 i = skip_string(s, len, i);
