@@ -573,10 +573,9 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
-    local dir = tmpdir()
-    local lua = jit and "luajit" or "lua5.4"
-    -- a separate process accepts 25 events while Elasticsearch is unreachable, then is killed
+  -- Runs a separate process that accepts one request per event id (each one spool record)
+  -- while Elasticsearch is unreachable, then kills itself with SIGKILL.
+  local function spool_victim(dir, ids)
     local script = dir .. "/victim.lua"
     local f = assert(io.open(script, "w"))
     f:write(([[
@@ -585,18 +584,26 @@ describe("spool", function()
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
       local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 0 }
-      for i = 1, 25 do
+      for id in ("%s"):gmatch("[^,]+") do
         local s = col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
-          body = '{"site_id":"s1","type":"view","event_id":"k' .. i .. '"}' }
+          body = '{"site_id":"s1","type":"view","event_id":"' .. id .. '"}' }
         assert(s == 204)
       end
       io.stdout:write("accepted\n") io.stdout:flush()
       os.execute("kill -9 " .. io.open("/proc/self/stat"):read("*l"):match("^(%%d+)") .. " 2>/dev/null")
-    ]]):format(jit and "luajit" or "lua5.4", dir))
+    ]]):format(jit and "luajit" or "lua5.4", dir, table.concat(ids, ",")))
     f:close()
-    local p = io.popen(lua .. " " .. script .. " 2>/dev/null")
+    local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>/dev/null")
     assert.equal("accepted", p:read("*l"))
     p:close()
+    os.remove(script)
+  end
+
+  it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
+    local dir = tmpdir()
+    local ids = {}
+    for i = 1, 25 do ids[i] = "k" .. i end
+    spool_victim(dir, ids)
     local col = new{ spool_dir = dir }
     -- claiming happens on start; wait for the replay to be shipped
     post(col, cjson.encode(ev({ event_id = "live-1" })))
@@ -606,6 +613,48 @@ describe("spool", function()
     assert.is_true(col:flush(10000))
     assert.equal(26, (indexed()))
     col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("replays the records after a damaged one and skips a torn tail", function()
+    local dir = tmpdir()
+    spool_victim(dir, { "r1", "r2", "r3" })
+    local p = io.popen("ls " .. dir .. "/seg-*.log")
+    local path = p:read("*l")
+    p:close()
+    local f = assert(io.open(path, "rb"))
+    local bytes = f:read("*a")
+    f:close()
+    -- records: u32 length (little-endian), u32 CRC-32, payload
+    local function u32(at)
+      local a, b, c, d = bytes:byte(at, at + 3)
+      return a + b * 256 + c * 65536 + d * 16777216
+    end
+    local len1 = u32(1)
+    local at2 = 1 + 8 + len1
+    local len2 = u32(at2)
+    assert.equal(#bytes, 3 * 8 + len1 + len2 + u32(at2 + 8 + len2))
+    -- one byte of the second record's payload changes (its CRC no longer matches) ...
+    local flip = at2 + 8 + 20
+    local damaged = bytes:sub(1, flip - 1) .. (bytes:sub(flip, flip) == "x" and "y" or "x") .. bytes:sub(flip + 1)
+    -- ... and a write cut short follows the third: a header for 500 bytes, 10 written
+    local torn = string.char(244, 1, 0, 0, 1, 2, 3, 4) .. '{"create":'
+    f = assert(io.open(path, "wb"))
+    f:write(damaged, torn)
+    f:close()
+    local col = new{ spool_dir = dir }
+    local deadline = socket.gettime() + 10
+    while col:stats().replayed < 2 and socket.gettime() < deadline do socket.sleep(0.05) end
+    assert.is_true(col:flush(10000))
+    local s = col:stats()
+    assert.equal(2, s.replayed)
+    assert.equal(8 + len2 + #torn, s.spool_skipped_bytes)
+    assert.equal(2, (indexed()))
+    assert.is_truthy(client:get(col.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "r3"))
+    col:close()
+    p = io.popen("ls " .. dir .. " | grep -c seg- ")
+    assert.equal("0", p:read("*l"))
+    p:close()
     os.execute("rm -rf " .. dir)
   end)
 end)

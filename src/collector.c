@@ -1105,8 +1105,10 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     }
     if (col->rl)
         out->rate_unlimited = esx_ratelimit_unlimited(col->rl);
-    if (col->spool)
+    if (col->spool) {
         out->spool_bytes = col->spool->bytes_on_disk;
+        out->spool_skipped_bytes = col->spool->bytes_skipped;
+    }
     int64_t oldest = 0, now = esx_now_ms();
     if (col->ready_head)
         oldest = now - col->ready_head->queued_at;

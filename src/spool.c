@@ -222,21 +222,23 @@ int esx_spool_has_backlog(const esx_spool *sp)
     return sp->backlog_head != NULL;
 }
 
-/* Reads the record at seg->read_off into *buf.  Returns its length, 0 at the end of what is
- * written so far, or (size_t)-1 for a torn or corrupt record (the rest is unreadable). */
-static size_t read_record(esx_segment *seg, char **buf, size_t *cap)
+/* Reads the record at offset off of seg into *buf.  Returns its length, 0 when no record
+ * header is written there yet, or (size_t)-1 for a record that is torn or fails its checks: a
+ * length in bounds, a CRC-32 that matches, and the shape of bulk lines (it starts with '{' and
+ * ends with '\n'). */
+static size_t read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *cap)
 {
-    if (seg->read_off + 8 > seg->bytes)
+    if (off + 8 > seg->bytes)
         return 0;
     if (seg->rfd < 0 && (seg->rfd = open(seg->path, O_RDONLY | O_CLOEXEC)) < 0)
         return (size_t)-1;
     unsigned char head[8];
-    if (pread(seg->rfd, head, 8, (off_t)seg->read_off) != 8)
+    if (pread(seg->rfd, head, 8, (off_t)off) != 8)
         return (size_t)-1;
     uint32_t n, crc;
     memcpy(&n, head, 4);
     memcpy(&crc, head + 4, 4);
-    if (n == 0 || n > MAX_RECORD || seg->read_off + 8 + n > seg->bytes)
+    if (n == 0 || n > MAX_RECORD || off + 8 + n > seg->bytes)
         return (size_t)-1;
     if (n > *cap) {
         char *b = realloc(*buf, n);
@@ -247,14 +249,39 @@ static size_t read_record(esx_segment *seg, char **buf, size_t *cap)
     }
     size_t got = 0;
     while (got < n) {
-        ssize_t k = pread(seg->rfd, *buf + got, n - got, (off_t)(seg->read_off + 8 + got));
+        ssize_t k = pread(seg->rfd, *buf + got, n - got, (off_t)(off + 8 + got));
         if (k <= 0)
             return (size_t)-1;
         got += (size_t)k;
     }
-    if ((uint32_t)crc32(0L, (const Bytef *)*buf, (uInt)n) != crc)
+    if ((*buf)[0] != '{' || (*buf)[n - 1] != '\n' ||
+        (uint32_t)crc32(0L, (const Bytef *)*buf, (uInt)n) != crc)
         return (size_t)-1;
     return n;
+}
+
+/* After a record at seg->read_off that failed its checks: the offset of the next record that
+ * passes them, or seg->bytes when none does (a torn tail).  Candidates are the offsets 8 bytes
+ * before a '{'; a false match needs a length in bounds, a payload ending in '\n' and a CRC-32
+ * match, about 1 in 2^32 of the candidates that get that far. */
+static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
+{
+    char chunk[16384];
+    uint64_t from = seg->read_off + 9; /* the '{' of a record that starts one byte later */
+    while (from < seg->bytes) {
+        size_t want = seg->bytes - from < sizeof chunk ? (size_t)(seg->bytes - from) : sizeof chunk;
+        ssize_t got = pread(seg->rfd, chunk, want, (off_t)from);
+        if (got <= 0)
+            break;
+        for (const char *q = chunk; (q = memchr(q, '{', (size_t)(chunk + got - q))) != NULL; q++) {
+            uint64_t at = from + (uint64_t)(q - chunk) - 8;
+            size_t n = read_record_at(seg, at, buf, cap);
+            if (n != 0 && n != (size_t)-1)
+                return at;
+        }
+        from += (uint64_t)got;
+    }
+    return seg->bytes;
 }
 
 int esx_spool_load(esx_spool *sp, size_t max_bytes,
@@ -266,10 +293,20 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
     int records = 0;
     while (sp->backlog_head && given < max_bytes) {
         esx_segment *seg = sp->backlog_head;
-        size_t n = read_record(seg, &buf, &cap);
+        size_t n = read_record_at(seg, seg->read_off, &buf, &cap);
+        if (n == (size_t)-1 && seg->rfd >= 0) {
+            /* A torn tail (a write cut short by a kill: never acknowledged) or a damaged
+             * record: the records after it, if any, are acknowledged events -- go on from
+             * the next one that passes every check. */
+            uint64_t next = resync(seg, &buf, &cap);
+            sp->bytes_skipped += next - seg->read_off;
+            seg->read_off = next;
+            if (next < seg->bytes)
+                continue;
+        } else if (n == (size_t)-1) {
+            seg->read_off = seg->bytes; /* cannot be opened: nothing to read */
+        }
         if (n == 0 || n == (size_t)-1) {
-            if (n == (size_t)-1)
-                seg->read_off = seg->bytes; /* torn tail: never acknowledged, skip it */
             if (seg == sp->overflow && n == 0)
                 break; /* still being written: more may come */
             backlog_remove(sp, seg);

@@ -46,6 +46,7 @@ typedef struct esx_spool {
     esx_segment *backlog_head, *backlog_tail; /* segments with records not yet loaded */
     int dirty;               /* written since the last fdatasync */
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
+    uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged) */
 } esx_spool;
 
 /* Creates dir and its missing parents (mode 0700).  Returns 0, or -1 with errno set. */
