@@ -402,6 +402,20 @@ describe("shipping", function()
     c2:close()
   end)
 
+  it("counts the events of a bulk in flight in lag_ms", function()
+    srv:fault{ path = "/_bulk", stall_ms = 800, count = 1 }
+    local col = new{ rollup = false, flush_interval = 10 }
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    socket.sleep(0.4)
+    local s = col:stats()
+    assert.equal(1, s.in_flight)
+    assert.equal(2, s.queued_events)
+    assert.is_true(s.lag_ms >= 350, "lag_ms " .. s.lag_ms)
+    assert.is_true(col:flush(5000))
+    assert.equal(0, col:stats().lag_ms)
+    col:close()
+  end)
+
   it("keeps at most bulk_concurrency bulk requests in flight", function()
     srv:fault{ path = "/_bulk", stall_ms = 200, count = -1 }
     local col = new{ bulk_concurrency = 2, batch_max_events = 1, flush_interval = 1 }
@@ -613,6 +627,26 @@ describe("spool", function()
     assert.is_true(col:flush(10000))
     assert.equal(26, (indexed()))
     col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("counts the events still on disk in lag_ms", function()
+    local dir = tmpdir()
+    local ids = {}
+    for i = 1, 60 do ids[i] = "l" .. i end
+    spool_victim(dir, ids)
+    socket.sleep(0.6)
+    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    -- room in memory for a few of the dead process's events: the rest stay in the backlog
+    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, rollup = false }
+    post(col, cjson.encode(ev())) -- the first request starts the shipper, which claims
+    local deadline = socket.gettime() + 10
+    while col:stats().replayed == 0 and socket.gettime() < deadline do socket.sleep(0.02) end
+    local s = col:stats()
+    assert.is_true(s.replayed > 0 and s.replayed < 60, "replayed " .. s.replayed)
+    assert.is_true(s.lag_ms >= 600, "lag_ms " .. s.lag_ms)
+    col:close(0)
+    c2:close()
     os.execute("rm -rf " .. dir)
   end)
 

@@ -59,6 +59,8 @@ typedef struct run {
 
 typedef struct batch {
     esx_collector *col;
+    struct batch *next_sent; /* the collector's list of batches in flight */
+    int64_t oldest;          /* earliest queued_at of its items */
     int n;
     size_t bytes;
     item *items[];
@@ -78,6 +80,7 @@ struct esx_collector {
     size_t ready_bytes;
     int ready_count;
     run *delayed;            /* sorted by due */
+    batch *sent;             /* in flight (at most bulk_concurrency) */
     int64_t delayed_count;
     int64_t paused_until;    /* monotonic ms: no bulk goes before (the sink failed a whole bulk) */
     int inflight;
@@ -345,6 +348,17 @@ static int64_t batch_due(esx_collector *col, batch *b, int64_t now)
     return now + backoff(col, attempts + 1);
 }
 
+/* Takes b off the list of batches in flight.  Called under mu. */
+static void sent_remove(esx_collector *col, batch *b)
+{
+    for (batch **p = &col->sent; *p; p = &(*p)->next_sent) {
+        if (*p == b) {
+            *p = b->next_sent;
+            return;
+        }
+    }
+}
+
 /* A bulk failed as a whole (the sink is down, refuses or answers garbage): no bulk goes until
  * that bulk's own retry is due, so the failed batch is the probe.  New events wait behind it
  * in the queue -- sending each new batch would fail the same way, after compressing it, at the
@@ -370,6 +384,7 @@ static void batch_done(esx_request *req, void *ud)
     }
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
+    sent_remove(col, b);
     col->st.bulk_requests++;
     if (status == 413 && b->n > 1) {
         /* the server refused the size: halve batches and send these again */
@@ -438,6 +453,7 @@ static batch *take_batch(esx_collector *col)
     b->col = col;
     b->n = n;
     b->bytes = bytes;
+    b->oldest = col->ready_head ? col->ready_head->queued_at : 0;
     for (int i = 0; i < n; i++) {
         item *it = col->ready_head;
         col->ready_head = it->next;
@@ -445,9 +461,13 @@ static batch *take_batch(esx_collector *col)
         col->ready_count--;
         it->next = NULL;
         b->items[i] = it;
+        if (it->queued_at < b->oldest)
+            b->oldest = it->queued_at;
     }
     if (!col->ready_head)
         col->ready_tail = NULL;
+    b->next_sent = col->sent;
+    col->sent = b;
     return b;
 }
 
@@ -484,6 +504,7 @@ static void send_batch(esx_collector *col, batch *b)
     }
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
+    sent_remove(col, b);
     col->st.bulk_failures++;
     run r = { .due = batch_due(col, b, now) };
     pause_sink(col, r.due);
@@ -747,6 +768,7 @@ static int ensure_running(esx_collector *col, char *why)
         free_list(col->ready_head);
         free_runs(col->delayed);
         col->ready_head = col->ready_tail = NULL;
+        col->sent = NULL;
         col->delayed = NULL;
         col->delayed_count = 0;
         col->paused_until = 0;
@@ -1115,6 +1137,14 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     for (run *r = col->delayed; r; r = r->next)
         if (now - r->oldest > oldest)
             oldest = now - r->oldest;
+    for (batch *b = col->sent; b; b = b->next_sent)
+        if (now - b->oldest > oldest)
+            oldest = now - b->oldest;
+    if (col->spool && esx_spool_has_backlog(col->spool)) {
+        int64_t since = esx_spool_backlog_since(col->spool);
+        if (since > 0 && esx_wall_ms() - since > oldest)
+            oldest = esx_wall_ms() - since;
+    }
     out->oldest_queued_ms = oldest;
     pthread_mutex_unlock(&col->mu);
 }

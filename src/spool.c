@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "clock.h"
 #include "proc.h"
 #include "spool.h"
 
@@ -143,6 +144,7 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
              (unsigned long long)++sp->seq);
     seg->rfd = -1;
+    seg->since_ms = esx_wall_ms();
     seg->fd = open(seg->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (seg->fd < 0) {
         snprintf(why, 256, "cannot create %.150s: %.80s", seg->path, strerror(errno));
@@ -220,6 +222,15 @@ int esx_spool_append(esx_spool *sp, const char *data, size_t len, int overflow,
 int esx_spool_has_backlog(const esx_spool *sp)
 {
     return sp->backlog_head != NULL;
+}
+
+int64_t esx_spool_backlog_since(const esx_spool *sp)
+{
+    int64_t since = 0;
+    for (const esx_segment *b = sp->backlog_head; b; b = b->bnext)
+        if (since == 0 || b->since_ms < since)
+            since = b->since_ms;
+    return since;
 }
 
 /* Reads the record at offset off of seg into *buf.  Returns its length, 0 when no record
@@ -396,6 +407,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
         seg->fd = seg->rfd = -1;
         seg->sealed = 1;
         seg->bytes = (size_t)st.st_size;
+        seg->since_ms = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
         seg->next = sp->segments;
         sp->segments = seg;
         sp->bytes_on_disk += seg->bytes;

@@ -29,6 +29,8 @@ typedef struct esx_segment {
     size_t bytes;            /* bytes in the file */
     size_t read_off;         /* records before this offset are in memory or acknowledged */
     int64_t pending;         /* events loaded from this segment, not yet acknowledged */
+    int64_t since_ms;        /* wall ms no later than its oldest record was written: when it
+                                was created (for a claimed segment: the file's last write) */
     int sealed;              /* no more appends */
     int in_backlog;
     struct esx_segment *next;   /* all live segments */
@@ -65,6 +67,10 @@ int esx_spool_append(esx_spool *sp, const char *data, size_t len, int overflow,
 
 /* 1 when backlog records wait to be loaded. */
 int esx_spool_has_backlog(const esx_spool *sp);
+
+/* Wall-clock ms no later than the oldest record waiting in the backlog was written (the
+ * earliest since_ms of the backlog's segments), or 0 without a backlog. */
+int64_t esx_spool_backlog_since(const esx_spool *sp);
 
 /* Loads backlog records, oldest first, calling fn with each record's bytes (valid during
  * the call) until fn has been given at least max_bytes or the backlog is empty.  fn returns
