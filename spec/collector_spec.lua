@@ -650,6 +650,27 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("replays an earlier process's segment that has this process's pid, never appending to it", function()
+    local dir = tmpdir()
+    spool_victim(dir, { "q1", "q2" })
+    -- as after a restart that reuses pids (containers): the dead process's segment carries
+    -- our pid and the first sequence number this process would use
+    local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+    local p = io.popen("ls " .. dir .. "/seg-*.log")
+    local seg = p:read("*l")
+    p:close()
+    assert(os.rename(seg, dir .. "/seg-" .. pid .. "-1.log"))
+    local col = new{ spool_dir = dir }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "q3" })))))
+    local deadline = socket.gettime() + 10
+    while col:stats().replayed < 2 and socket.gettime() < deadline do socket.sleep(0.05) end
+    assert.is_true(col:flush(10000))
+    assert.equal(2, col:stats().replayed)
+    assert.equal(3, (indexed()))
+    col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("replays the records after a damaged one and skips a torn tail", function()
     local dir = tmpdir()
     spool_victim(dir, { "r1", "r2", "r3" })

@@ -530,11 +530,14 @@ static int emit_rollup_line(void *ud, const char *line, size_t len)
     return 0;
 }
 
-/* Splits a replayed spool record into items (pairs of lines).  Called under mu. */
+/* Splits a replayed spool record into items (pairs of lines), all or none: returns the
+ * number queued, or -1 with nothing queued when memory ran out (the spool reads the record
+ * again later).  Called under mu. */
 static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_t len)
 {
     esx_collector *col = ud;
     int64_t now = esx_now_ms(), n = 0;
+    item *head = NULL, **tail = &head;
     size_t pos = 0;
     while (pos < len) {
         const char *a = memchr(data + pos, '\n', len - pos);
@@ -545,11 +548,19 @@ static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_
             break;
         size_t end = (size_t)(d - data) + 1;
         item *it = item_new(data + pos, end - pos, now, seg);
-        if (it == NULL)
-            break;
-        enqueue(col, it);
+        if (it == NULL) {
+            free_list(head);
+            return -1;
+        }
+        *tail = it;
+        tail = &it->next;
         n++;
         pos = end;
+    }
+    while (head) {
+        item *it = head;
+        head = it->next;
+        enqueue(col, it);
     }
     col->st.replayed += (uint64_t)n;
     return n;

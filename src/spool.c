@@ -141,11 +141,17 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
         snprintf(why, 256, "out of memory");
         return NULL;
     }
-    snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
-             (unsigned long long)++sp->seq);
     seg->rfd = -1;
     seg->since_ms = esx_wall_ms();
-    seg->fd = open(seg->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    /* O_EXCL: a segment of an earlier process that had this pid (a restart in a container
+     * reuses pids) is never appended to -- it is that process's, to be claimed and replayed */
+    for (int tries = 0; tries < 1000; tries++) {
+        snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
+                 (unsigned long long)++sp->seq);
+        seg->fd = open(seg->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+        if (seg->fd >= 0 || errno != EEXIST)
+            break;
+    }
     if (seg->fd < 0) {
         snprintf(why, 256, "cannot create %.150s: %.80s", seg->path, strerror(errno));
         free(seg);
@@ -233,28 +239,31 @@ int64_t esx_spool_backlog_since(const esx_spool *sp)
     return since;
 }
 
-/* Reads the record at offset off of seg into *buf.  Returns its length, 0 when no record
- * header is written there yet, or (size_t)-1 for a record that is torn or fails its checks: a
- * length in bounds, a CRC-32 that matches, and the shape of bulk lines (it starts with '{' and
- * ends with '\n'). */
-static size_t read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *cap)
+enum { REC_NONE, REC_OK, REC_BAD, REC_RETRY };
+
+/* Reads the record at offset off of seg into *buf, its length into *len.  Returns REC_OK,
+ * REC_NONE when no record header is written there yet, REC_BAD for a record that is torn or
+ * fails its checks (a length in bounds, a CRC-32 that matches, and the shape of bulk lines:
+ * it starts with '{' and ends with '\n'), or REC_RETRY when it could not be read for now (the
+ * file cannot be opened, no memory): nothing about the record is known then. */
+static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *cap, size_t *len)
 {
     if (off + 8 > seg->bytes)
-        return 0;
+        return REC_NONE;
     if (seg->rfd < 0 && (seg->rfd = open(seg->path, O_RDONLY | O_CLOEXEC)) < 0)
-        return (size_t)-1;
+        return REC_RETRY;
     unsigned char head[8];
     if (pread(seg->rfd, head, 8, (off_t)off) != 8)
-        return (size_t)-1;
+        return REC_BAD;
     uint32_t n, crc;
     memcpy(&n, head, 4);
     memcpy(&crc, head + 4, 4);
     if (n == 0 || n > MAX_RECORD || off + 8 + n > seg->bytes)
-        return (size_t)-1;
+        return REC_BAD;
     if (n > *cap) {
         char *b = realloc(*buf, n);
         if (b == NULL)
-            return (size_t)-1;
+            return REC_RETRY;
         *buf = b;
         *cap = n;
     }
@@ -262,19 +271,21 @@ static size_t read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t 
     while (got < n) {
         ssize_t k = pread(seg->rfd, *buf + got, n - got, (off_t)(off + 8 + got));
         if (k <= 0)
-            return (size_t)-1;
+            return REC_BAD;
         got += (size_t)k;
     }
     if ((*buf)[0] != '{' || (*buf)[n - 1] != '\n' ||
         (uint32_t)crc32(0L, (const Bytef *)*buf, (uInt)n) != crc)
-        return (size_t)-1;
-    return n;
+        return REC_BAD;
+    *len = n;
+    return REC_OK;
 }
 
 /* After a record at seg->read_off that failed its checks: the offset of the next record that
- * passes them, or seg->bytes when none does (a torn tail).  Candidates are the offsets 8 bytes
- * before a '{'; a false match needs a length in bounds, a payload ending in '\n' and a CRC-32
- * match, about 1 in 2^32 of the candidates that get that far. */
+ * passes them, seg->bytes when none does (a torn tail), or (uint64_t)-1 when the scan must be
+ * tried again later (no memory).  Candidates are the offsets 8 bytes before a '{'; a false
+ * match needs a length in bounds, a payload ending in '\n' and a CRC-32 match, about 1 in
+ * 2^32 of the candidates that get that far. */
 static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
 {
     char chunk[16384];
@@ -286,9 +297,12 @@ static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
             break;
         for (const char *q = chunk; (q = memchr(q, '{', (size_t)(chunk + got - q))) != NULL; q++) {
             uint64_t at = from + (uint64_t)(q - chunk) - 8;
-            size_t n = read_record_at(seg, at, buf, cap);
-            if (n != 0 && n != (size_t)-1)
+            size_t n;
+            int rc = read_record_at(seg, at, buf, cap, &n);
+            if (rc == REC_OK)
                 return at;
+            if (rc == REC_RETRY)
+                return (uint64_t)-1;
         }
         from += (uint64_t)got;
     }
@@ -304,21 +318,23 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
     int records = 0;
     while (sp->backlog_head && given < max_bytes) {
         esx_segment *seg = sp->backlog_head;
-        size_t n = read_record_at(seg, seg->read_off, &buf, &cap);
-        if (n == (size_t)-1 && seg->rfd >= 0) {
+        size_t n = 0;
+        int rc = read_record_at(seg, seg->read_off, &buf, &cap, &n);
+        if (rc == REC_RETRY)
+            break; /* the file cannot be opened or no memory: try again on the next pass */
+        if (rc == REC_BAD) {
             /* A torn tail (a write cut short by a kill: never acknowledged) or a damaged
              * record: the records after it, if any, are acknowledged events -- go on from
              * the next one that passes every check. */
             uint64_t next = resync(seg, &buf, &cap);
+            if (next == (uint64_t)-1)
+                break;
             sp->bytes_skipped += next - seg->read_off;
             seg->read_off = next;
-            if (next < seg->bytes)
-                continue;
-        } else if (n == (size_t)-1) {
-            seg->read_off = seg->bytes; /* cannot be opened: nothing to read */
+            continue;
         }
-        if (n == 0 || n == (size_t)-1) {
-            if (seg == sp->overflow && n == 0)
+        if (rc == REC_NONE) {
+            if (seg == sp->overflow)
                 break; /* still being written: more may come */
             backlog_remove(sp, seg);
             if (seg->rfd >= 0) {
@@ -328,8 +344,11 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
             maybe_delete(sp, seg);
             continue;
         }
+        int64_t queued = fn(ud, seg, buf, n);
+        if (queued < 0)
+            break; /* no memory for its events: the record stays unread */
         seg->read_off += 8 + n;
-        seg->pending += fn(ud, seg, buf, n);
+        seg->pending += queued;
         given += n;
         records++;
         sp->records_replayed++;
@@ -398,9 +417,19 @@ int esx_spool_claim_orphans(esx_spool *sp)
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL)
             break;
-        snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
-                 (unsigned long long)++sp->seq);
-        if (rename(from, seg->path) != 0) { /* another process claimed it first */
+        /* renamed without replacing: a name taken (by a segment of an earlier process with
+         * this pid) moves on to the next sequence number */
+        int rc = -1;
+        for (int tries = 0; tries < 1000; tries++) {
+            snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
+                     (unsigned long long)++sp->seq);
+            rc = renameat2(AT_FDCWD, from, AT_FDCWD, seg->path, RENAME_NOREPLACE);
+            if (rc != 0 && errno == EINVAL && (rc = link(from, seg->path)) == 0)
+                unlink(from); /* a file system without RENAME_NOREPLACE */
+            if (rc == 0 || errno != EEXIST)
+                break;
+        }
+        if (rc != 0) { /* another process claimed it first */
             free(seg);
             continue;
         }

@@ -74,7 +74,11 @@ int64_t esx_spool_backlog_since(const esx_spool *sp);
 
 /* Loads backlog records, oldest first, calling fn with each record's bytes (valid during
  * the call) until fn has been given at least max_bytes or the backlog is empty.  fn returns
- * the number of events it queued (added to the segment's pending).  Returns records loaded. */
+ * the number of events it queued (added to the segment's pending), or -1 when it queued
+ * nothing for want of memory: the record is read again on a later call.  A record that fails
+ * its checks is skipped (counted in bytes_skipped) and loading goes on from the next good
+ * one; a segment that cannot be opened for now stops the call and is tried again later.
+ * Returns records loaded. */
 int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
                    void *ud);
