@@ -403,9 +403,11 @@ describe("shipping", function()
   end)
 
   it("counts the events of a bulk in flight in lag_ms", function()
-    srv:fault{ path = "/_bulk", stall_ms = 800, count = 1 }
+    srv:fault{ path = "/_bulk", stall_ms = 1500, count = 5 }
     local col = new{ rollup = false, flush_interval = 10 }
     assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    local deadline = socket.gettime() + 5
+    while col:stats().in_flight == 0 and socket.gettime() < deadline do socket.sleep(0.01) end
     socket.sleep(0.4)
     local s = col:stats()
     assert.equal(1, s.in_flight)
