@@ -165,6 +165,56 @@ describe("esx.nginx.collect #nginx", function()
     end
   end)
 
+  it("gives back the max_concurrent slots of uploads nginx ended (body timeout, abort)", function()
+    local small = nginx.start{
+      workers = 1,
+      http = ([[
+        client_body_timeout 1s;
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.small_collector = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), max_concurrent = 2, abandoned_after = 1500,
+            allowed_origins = { "https://shop.example" } })
+        }
+      ]]):format(es.url),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.small_collector) }
+        }
+      ]],
+    }
+    local ev = cjson.encode({ site_id = "s1", type = "view" })
+    -- two uploads that stall after 10 of 100 body bytes, then one that closes mid-body
+    local stalled = {}
+    for i = 1, 2 do
+      local c = assert(socket.connect("127.0.0.1", small.port))
+      assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
+                    "Content-Length: 100\r\n\r\n0123456789"))
+      stalled[i] = c
+    end
+    socket.sleep(0.2)
+    -- both slots are taken: refused at once, with the CORS headers a tag needs to see it
+    local status, body, headers = small:request("POST", "/collect", ev,
+      { ["Content-Type"] = "text/plain", Origin = "https://shop.example" })
+    assert.equal(503, status)
+    assert.equal("too many requests in progress", cjson.decode(body).error)
+    assert.equal("1", headers["retry-after"])
+    assert.equal("https://shop.example", headers["access-control-allow-origin"])
+    assert.equal("true", headers["access-control-allow-credentials"])
+    assert.equal("Retry-After", headers["access-control-expose-headers"])
+    socket.sleep(1.2) -- client_body_timeout ends both requests; their handlers never return
+    for _, c in ipairs(stalled) do c:close() end
+    -- the slots come back: a request is admitted within a few seconds
+    local deadline = socket.gettime() + 10
+    repeat
+      status = small:request("POST", "/collect", ev, { ["Content-Type"] = "text/plain" })
+      if status ~= 204 then socket.sleep(0.2) end
+    until status == 204 or socket.gettime() > deadline
+    assert.equal(204, status)
+    assert.truthy(small:error_log():find("gave back their max_concurrent slot", 1, true))
+    small:stop()
+  end)
+
   it("loses nothing a worker acknowledged when it is killed with SIGKILL", function()
     es:reset()
     local port = es.port

@@ -151,10 +151,18 @@ describe("col:handle", function()
     local c2 = new{ max_concurrent = 2 }
     assert.is_true(c2:enter())
     assert.is_true(c2:enter())
-    local status, headers = post(c2, cjson.encode(ev()))
+    local status, headers, body = post(c2, cjson.encode(ev()))
     assert.equal(503, status)
     assert.equal("1", headers["Retry-After"])
-    assert.equal(1, c2:stats().rejected.concurrency)
+    assert.equal("too many requests in progress", cjson.decode(body).error)
+    assert.is_nil(headers["Access-Control-Expose-Headers"])
+    -- a tag on another origin can see the refusal and read its Retry-After
+    status, headers = c2:handle{ method = "POST", body = cjson.encode(ev()),
+      headers = { ["content-type"] = "application/json", origin = "https://shop.example" } }
+    assert.equal(503, status)
+    assert.equal("*", headers["Access-Control-Allow-Origin"])
+    assert.equal("Retry-After", headers["Access-Control-Expose-Headers"])
+    assert.equal(2, c2:stats().rejected.concurrency)
     c2:leave()
     assert.equal(204, (post(c2, cjson.encode(ev()))))
     c2:leave()

@@ -70,6 +70,7 @@ _M.schema = {
   sink = { type = "table", required = true },
   index = { type = "string", check = check_index_fmt, default = "events-%Y.%m.%d" },
   max_concurrent = int(1, 1000000, 50),
+  abandoned_after = int(1, 86400000, 60000),
   max_body = int(64, 64 * 1024 * 1024, 65536),
   max_events = int(1, 100000, 100),
   queue_max_bytes = int(4096, 2 ^ 40, 64 * 1024 * 1024),
@@ -132,7 +133,7 @@ function _M.new(opts)
     if origin == "*" then any = true else allowed[origin] = true end
   end
   local self = setmetatable({ c = c, o = o, sink = o.sink, any_origin = any, origins = allowed,
-                              cors_lists = {}, dead_letter = dead_letter, refused = {} }, Collector)
+                              cors_lists = {}, busy_lists = {}, dead_letter = dead_letter, refused = {} }, Collector)
   self.name = registry.add(self, "collector", o.name, Collector.stats)
   return self
 end
@@ -190,6 +191,30 @@ local function error_answer(base, status, message, extra, ...)
   local doc = { error = message }
   if extra then for k, v in pairs(extra) do doc[k] = v end end
   return status, with(base, "Content-Type", JSON_TYPE, ...), json_body(doc)
+end
+
+-- An answer with Retry-After (503, 429): a cross-origin tag can read the header only when
+-- it is exposed (it is not a CORS-safelisted response header).
+local function retry_answer(base, status, message, seconds)
+  if base == NO_STORE then
+    return error_answer(base, status, message, nil, "Retry-After", seconds)
+  end
+  return error_answer(base, status, message, nil, "Retry-After", seconds,
+                      "Access-Control-Expose-Headers", "Retry-After")
+end
+
+local BUSY_BODY = '{"error":"too many requests in progress"}'
+
+-- The 503 for max_concurrent, with the CORS headers of the request's origin (a browser
+-- hides an answer without them from the tag, which then sees a network error instead).
+local function busy_answer(self, origin)
+  local base = cors(self, origin) or NO_STORE
+  local list = self.busy_lists[base]
+  if not list then
+    list = select(2, retry_answer(base, 503, "", "1"))
+    self.busy_lists[base] = list
+  end
+  return 503, list, BUSY_BODY
 end
 
 local function rejects_list(rejects)
@@ -284,7 +309,7 @@ local function answer(self, method, query, body, ctype, coding, origin)
     s, h, b = 200, with(base, "Content-Type", JSON_TYPE),
       json_body({ accepted = accepted, rejected = rejects_list(rejects) })
   elseif status == 429 or status == 503 then
-    s, h, b = error_answer(base, status, message, nil, "Retry-After", tostring(ceil(retry_after / 1000)))
+    s, h, b = retry_answer(base, status, message, tostring(ceil(retry_after / 1000)))
   elseif status == 400 and #rejects > 0 then
     s, h, b = error_answer(base, 400, message, { rejected = rejects_list(rejects) })
   else
@@ -323,8 +348,11 @@ function Collector:handle(req, entered)
   if not entered then
     if not self.c:enter(self.o.max_concurrent) then
       count(self, "concurrency")
-      return 503, { ["Retry-After"] = "1", ["Content-Type"] = JSON_TYPE, ["Cache-Control"] = "no-store" },
-        '{"error":"too many requests in progress"}'
+      local h = req.headers or {}
+      local status, list, body = busy_answer(self, first(h.origin))
+      local headers = {}
+      for i = 1, #list, 2 do headers[list[i]] = list[i + 1] end
+      return status, headers, body
     end
   end
   local ok, status, headers, body = pcall(handle, self, req)
@@ -339,6 +367,17 @@ function Collector:enter()
   local ok = self.c:enter(self.o.max_concurrent)
   if not ok then count(self, "concurrency") end
   return ok
+end
+
+-- for esx.nginx.collect: col:enter(), and when full, reclaim(col) -- which gives back
+-- entries of requests nginx abandoned, returning true if it did -- then one more try.
+-- Returns true, or false with the 503's status, header list (read only) and body for the
+-- request's origin (origin_fn() returns its Origin header, asked for only then).
+function Collector:_enter(reclaim, origin_fn)
+  local max = self.o.max_concurrent
+  if self.c:enter(max) or (reclaim(self) and self.c:enter(max)) then return true end
+  count(self, "concurrency")
+  return false, busy_answer(self, origin_fn())
 end
 
 function Collector:leave()

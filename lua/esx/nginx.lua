@@ -106,30 +106,64 @@ local function collect_answer(col)
                      var.http_origin)
 end
 
+-- Requests this adapter counted in, by the coroutine running them, and when.  When a client
+-- aborts its upload, or client_body_timeout fires, nginx ends the request without resuming
+-- its coroutine: the pcall in collect never returns and its col:leave() never runs, and the
+-- entry would hold a max_concurrent slot for the life of the worker.  So when a collector
+-- is full, its entries older than `abandoned_after` are taken as abandoned and their slots
+-- given back (the handler does nothing else that waits: a live request that old is an
+-- upload slower than any beacon).  An entry leaves exactly once: with its request, or here.
+local holder_col, holder_since = {}, {}
+
+local function reclaim(col)
+  local now = ngx.now()
+  local limit = col.o.abandoned_after / 1000
+  local n = 0
+  for co, c in pairs(holder_col) do
+    if c == col and now - holder_since[co] >= limit then
+      holder_col[co], holder_since[co] = nil, nil
+      col:leave()
+      n = n + 1
+    end
+  end
+  if n > 0 then
+    ngx.log(ngx.WARN, "esx collector: ", n, " request(s) in progress for over ",
+            col.o.abandoned_after, " ms (ended by nginx: client abort or body timeout) ",
+            "gave back their max_concurrent slot")
+  end
+  return n > 0
+end
+
+local function origin() return ngx.var.http_origin end
+
+local function send(status, headers, body)
+  ngx.status = status
+  local header = ngx.header
+  for i = 1, #headers, 2 do header[headers[i]] = headers[i + 1] end
+  if body ~= "" then ngx.print(body) else ngx.send_headers() end
+  return ngx.exit(ngx.OK)
+end
+
 --- esx.nginx.collect(col) -- the collector as an nginx content handler:
 --   location = /collect { content_by_lua_block { require("esx.nginx").collect(col) } }
 -- Counts the request as in progress from the start of the handler to the response (so
 -- slow uploads count against max_concurrent), reads the body even when nginx buffered it
 -- to a file, and sends the collector's status, headers and body.
 function _M.collect(col)
-  if not col:enter() then
-    ngx.status = 503
-    ngx.header["Retry-After"] = "1"
-    ngx.header["Content-Type"] = "application/json"
-    ngx.print('{"error":"too many requests in progress"}')
-    return ngx.exit(ngx.OK)
+  local ok, status, headers, body = col:_enter(reclaim, origin)
+  if not ok then return send(status, headers, body) end
+  local co = coroutine.running()
+  holder_col[co], holder_since[co] = col, ngx.now()
+  ok, status, headers, body = pcall(collect_answer, col)
+  if holder_col[co] then
+    holder_col[co], holder_since[co] = nil, nil
+    col:leave()
   end
-  local ok, status, headers, body = pcall(collect_answer, col)
-  col:leave()
   if not ok then
     ngx.log(ngx.ERR, "esx collector: ", status)
     return ngx.exit(500)
   end
-  ngx.status = status
-  local header = ngx.header
-  for i = 1, #headers, 2 do header[headers[i]] = headers[i + 1] end
-  if body ~= "" then ngx.print(body) else ngx.send_headers() end
-  return ngx.exit(ngx.OK)
+  return send(status, headers, body)
 end
 
 return _M
