@@ -833,6 +833,59 @@ describe("single flight", function()
     assert.equal("closed", results[2][2].kind)
   end)
 
+  it("never hands a page load begun before invalidate_pages() to a caller arriving after it", function()
+    local rows = { { id = 1 } }
+    local loads = 0
+    local c = esx.cache{ load_readers = function() return {} end,
+      load_page = function()
+        loads = loads + 1
+        local snapshot = {}
+        for i, a in ipairs(rows) do snapshot[i] = { id = a.id } end
+        coroutine.yield() -- a slow query: the snapshot is taken
+        return snapshot
+      end }
+    local a = coroutine.create(function() return c:read_articles(7, 1) end)
+    assert(coroutine.resume(a)) -- A is loading page 1 (one article)
+    rows[2] = { id = 2 }        -- a writer adds an article ...
+    c:invalidate_pages()        -- ... and invalidates
+    local b = coroutine.create(function() return c:read_articles(7, 1) end)
+    assert(coroutine.resume(b)) -- B arrives after the invalidation: loads by itself
+    local ok_a, list_a = coroutine.resume(a)
+    local ok_b, list_b = coroutine.resume(b)
+    assert.is_true(ok_a and ok_b)
+    assert.equal(1, #list_a) -- A's own call answers with its own snapshot
+    assert.equal(2, #list_b)
+    assert.equal(2, loads)
+    assert.equal(0, c:stats().waits)
+    assert.equal(2, #c:read_articles(7, 1)) -- and B's page is the one cached
+    assert.equal(2, loads)
+  end)
+
+  it("never hands a reader-set load begun before invalidate_article() to a caller arriving after it", function()
+    local snapshot = { 7 }
+    local loads = 0
+    local c = esx.cache{ load_page = function() return {} end,
+      load_readers = function()
+        loads = loads + 1
+        local s = snapshot
+        coroutine.yield()
+        return s
+      end }
+    local a = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(a))
+    snapshot = { 7, 8 }
+    c:invalidate_article(1)
+    local b = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(b))
+    local _, read_a = coroutine.resume(a)
+    local _, read_b = coroutine.resume(b)
+    assert.is_false(read_a)
+    assert.is_true(read_b)
+    assert.equal(2, loads)
+    assert.is_true(c:has_read(1, 8))
+    assert.equal(2, loads)
+  end)
+
   it("uses opts.wait to pause waiters", function()
     local waits = 0
     local db = sample_db()
@@ -944,6 +997,64 @@ describe("shared = true (outside nginx: one process)", function()
       results[1][1])
     assert.same({ { id = 1, title = "t", tags = { "a", 2 }, score = 0.5, ok = false, read = true } },
       results[2][1])
+  end)
+
+  it("takes over a shared lock whose load began before an invalidation of its key", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local snapshot = { 7 }
+    local loads = 0
+    c._load_readers = function()
+      loads = loads + 1
+      local s = snapshot
+      if loads == 1 then coroutine.yield() end
+      return s
+    end
+    local a = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(a)) -- A holds the shared lock of article 1, loading
+    snapshot = { 7, 8 }
+    c:invalidate_article(1)
+    local b = coroutine.create(function()
+      c._readers_flights = {} -- "another worker", arriving after the invalidation
+      return c:has_read(1, 8)
+    end)
+    local ok, read_b = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.equal("dead", coroutine.status(b)) -- did not wait for A
+    assert.is_true(read_b)
+    local _, read_a = coroutine.resume(a)
+    assert.is_true(read_a) -- A's stale list was not cached: A answers from B's set
+    assert.equal(2, loads)
+    assert.is_true(c:has_read(1, 8))
+    assert.equal(2, loads)
+  end)
+
+  it("does not hand a waiter a page published by a load an invalidation overtook", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local rows = { { id = 1 } }
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      local snapshot = {}
+      for i, r in ipairs(rows) do snapshot[i] = { id = r.id } end
+      if loads == 1 then coroutine.yield() end
+      return snapshot
+    end
+    local a = coroutine.create(function() return c:read_articles(7, 1) end)
+    assert(coroutine.resume(a)) -- A holds the shared lock of page 1
+    local b = coroutine.create(function()
+      c._page_flights = {} -- "another worker": waits on the shared lock
+      return c:read_articles(7, 1)
+    end)
+    assert(coroutine.resume(b))
+    assert.equal("suspended", coroutine.status(b))
+    rows[2] = { id = 2 }
+    c:invalidate_pages()
+    local _, list_a = coroutine.resume(a) -- A publishes its (now stale) page
+    assert.equal(1, #list_a)
+    local ok, list_b = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.equal(2, #list_b)
+    assert.equal(2, loads)
   end)
 
   it("lets waiters load by themselves when the holder fails", function()

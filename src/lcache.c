@@ -477,6 +477,17 @@ static int l_seq(lua_State *L)
     return 1;
 }
 
+/* ud:changed(kind, key, start_seq) -> whether key was invalidated since start_seq. */
+static int l_changed(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    int kind = (int)luaL_checkinteger(L, 2);
+    uint64_t key = check_id(L, 3);
+    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 4);
+    lua_pushboolean(L, esx_cache_changed(lc->core, kind, key, start_seq));
+    return 1;
+}
+
 /* ud:page_get(page_no, now) -> page list, or nil on a miss. */
 static int l_page_get(lua_State *L)
 {
@@ -1040,7 +1051,7 @@ static int l_clock(lua_State *L)
 }
 
 static const luaL_Reg methods[] = {
-    {"sync", l_sync},           {"seq", l_seq},         {"page_get", l_page_get},
+    {"sync", l_sync},           {"seq", l_seq},         {"changed", l_changed},         {"page_get", l_page_get},
     {"page_put", l_page_put},   {"readers_put", l_readers_put},
     {"has_read", l_has_read},   {"read_flags", l_read_flags}, {"read_json", l_read_json},
     {"lock", l_lock},           {"unlock", l_unlock},   {"poll", l_poll},

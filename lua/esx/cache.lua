@@ -112,9 +112,13 @@ local function default_wait()
 end
 
 -- Runs load(self, key) once for concurrent callers of one key in this Lua state; returns the
--- in-flight record {value=, err=} every caller shares.
-local function single_flight(self, flights, key, load)
+-- in-flight record {value=, err=} every caller shares.  A caller never joins a load that
+-- began before an invalidation of its key (in this process or, shared, in any): that load's
+-- result is older than the invalidation the caller may have seen, so it loads by itself.
+local function single_flight(self, flights, kind, key, load)
+  local cc = self._cc
   local rec = flights[key]
+  if rec and cc and cc:changed(kind, key, rec.start) then rec = nil end
   if rec then
     self._counters.waits = self._counters.waits + 1
     local deadline = core_clock() + self._lock_timeout
@@ -130,7 +134,7 @@ local function single_flight(self, flights, key, load)
     if rec.done then return rec end
     -- could not wait (or waited too long): load by ourselves, uncoordinated
   end
-  rec = { done = false }
+  rec = { done = false, start = cc and cc:seq() or 0 }
   if self._use_sema then
     local ok, sema = pcall(semaphore.new, 0)
     if ok then rec.sema, rec.waiters = sema, 0 end
@@ -237,7 +241,7 @@ end
 local function get_page(self, page_no)
   local page = self._cc:page_get(page_no, self._clock())
   if page then return page end
-  local rec = single_flight(self, self._page_flights, page_no, load_page)
+  local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page)
   if rec.err then return nil, rec.err end
   return rec.value
 end
@@ -248,7 +252,7 @@ local function read_flag(self, article, user, counted)
   local cc = self._cc
   local v = cc:has_read(article, user, self._clock(), counted)
   if v ~= nil then return v end
-  local rec = single_flight(self, self._readers_flights, article, load_readers)
+  local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
   if rec.err then return nil, rec.err end
   if self._cc == nil then return closed_error() end
   v = cc:has_read(article, user, self._clock(), true)
@@ -345,14 +349,14 @@ function Cache:read_articles_json(user_id, page_no)
     if missing then readers_counted = true end
     if json == false then
       if page then break end -- loaded but not cacheable (beyond max_pages, too large)
-      local rec = single_flight(self, self._page_flights, page_no, load_page)
+      local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page)
       if rec.err then return nil, rec.err end
       page = rec.value
     elseif missing then
       for _, article in ipairs(missing) do
         -- (an article can appear twice on a page: load it once)
         if cc:has_read(article, 0, self._clock(), true) == nil then
-          local rec = single_flight(self, self._readers_flights, article, load_readers)
+          local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
           if rec.err then return nil, rec.err end
           if not self._cc then return closed_error() end
         end
