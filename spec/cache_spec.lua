@@ -292,6 +292,28 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.same({ 1, 1 }, { db.page_loads, db.readers_loads })
   end)
 
+  it("loads a reader set that cannot be cached once per call, not once per attempt", function()
+    for _, extra in ipairs{ { max_bytes = 4000 }, { readers_ttl = 0 } } do
+      local big = {}
+      for i = 1, 20000 do big[i] = i * 7 end -- ~40 kB as a bitmap: over max_bytes = 4000
+      local loads = 0
+      local opts = { load_page = function() return { { id = 1, title = "a" }, { id = 2 } } end,
+        load_readers = function(a) loads = loads + 1 return a == 1 and big or { 8 } end }
+      for k, v in pairs(extra) do opts[k] = v end
+      local c = esx.cache(opts)
+      c:read_articles(1, 1) -- the page is cached; the set of article 1 is not
+      loads = 0
+      local json = c:read_articles_json(7, 1)
+      assert.same({ { id = 1, title = "a", read = true }, { id = 2, read = false } }, cjson.decode(json))
+      -- article 1 once; article 2 (cacheable, except with readers_ttl = 0) at most once
+      assert.equal(extra.readers_ttl == 0 and 2 or 1, loads)
+      loads = 0
+      assert.same({ { id = 1, title = "a", read = false }, { id = 2, read = true } },
+        cjson.decode(c:read_articles_json(8, 1)))
+      assert.equal(extra.readers_ttl == 0 and 2 or 1, loads)
+    end
+  end)
+
   it("counts hits, misses and loads as read_articles does", function()
     local a, b = new_cache(sample_db(), { max_pages = 1 }), new_cache(sample_db(), { max_pages = 1 })
     for _, call in ipairs{ { 7, 1 }, { 8, 1 }, { 7, 2 }, { 9, 2 }, { 7, 1 } } do

@@ -247,23 +247,29 @@ local function get_page(self, page_no)
 end
 
 -- The read flag of (article, user), loading the reader set when needed.
--- `counted`: the caller already counted this lookup's miss.
-local function read_flag(self, article, user, counted)
+-- `counted`: the caller already counted this lookup's miss.  `lists` (optional): article ->
+-- id list loaded earlier in this call and not cacheable; used instead of loading again, and
+-- filled with what this call loads.
+local function read_flag(self, article, user, counted, lists)
   local cc = self._cc
   local v = cc:has_read(article, user, self._clock(), counted)
   if v ~= nil then return v end
-  local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
-  if rec.err then return nil, rec.err end
-  if self._cc == nil then return closed_error() end
-  v = cc:has_read(article, user, self._clock(), true)
-  if v ~= nil then return v end
-  local list = rec.value
-  if type(list) ~= "table" then
-    -- another process's result could not be cached here: load it ourselves
-    local err
-    list, err = load_readers(self, article)
-    if not list then return nil, err end
-    if type(list) ~= "table" then return false end
+  local list = lists and lists[article]
+  if list == nil then
+    local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
+    if rec.err then return nil, rec.err end
+    if self._cc == nil then return closed_error() end
+    v = cc:has_read(article, user, self._clock(), true)
+    if v ~= nil then return v end
+    list = rec.value
+    if type(list) ~= "table" then
+      -- another process's result could not be cached here: load it ourselves
+      local err
+      list, err = load_readers(self, article)
+      if not list then return nil, err end
+      if type(list) ~= "table" then return false end
+    end
+    if lists then lists[article] = list end
   end
   for _, id in ipairs(list) do -- not cacheable (larger than max_bytes): answer from the list
     if id == user then return true end
@@ -307,11 +313,11 @@ end
 
 -- The page's articles as copies with `read` for user_id (one C call, then loads for the
 -- articles whose reader set is not cached).
-local function compose(self, page, user_id)
+local function compose(self, page, user_id, lists)
   local res, missing = self._cc:read_flags(page, user_id, self._clock())
   if missing then
     for _, i in ipairs(missing) do
-      local flag, err = read_flag(self, page[i].id, user_id, true)
+      local flag, err = read_flag(self, page[i].id, user_id, true, lists)
       if flag == nil then return nil, err end
       res[i].read = flag
     end
@@ -342,6 +348,7 @@ function Cache:read_articles_json(user_id, page_no)
   if not cc then return closed_error() end
   if self._shared then cc:sync() end
   local page -- the loaded list, when this call loaded it
+  local lists = {} -- article -> reader ids this call loaded (used when they cannot be cached)
   local readers_counted = false
   for attempt = 1, 3 do
     local json, missing = cc:read_json(page_no, user_id, self._clock(), attempt > 1, readers_counted)
@@ -353,14 +360,21 @@ function Cache:read_articles_json(user_id, page_no)
       if rec.err then return nil, rec.err end
       page = rec.value
     elseif missing then
+      local all_listed = true
       for _, article in ipairs(missing) do
-        -- (an article can appear twice on a page: load it once)
-        if cc:has_read(article, 0, self._clock(), true) == nil then
-          local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
-          if rec.err then return nil, rec.err end
-          if not self._cc then return closed_error() end
+        -- (an article can appear twice on a page, or its set was loaded by an earlier attempt
+        -- and could not be cached (larger than max_bytes, readers_ttl = 0): load it once)
+        if lists[article] == nil then
+          all_listed = false
+          if cc:has_read(article, 0, self._clock(), true) == nil then
+            local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
+            if rec.err then return nil, rec.err end
+            if not self._cc then return closed_error() end
+            if type(rec.value) == "table" then lists[article] = rec.value end
+          end
         end
       end
+      if all_listed then break end -- loaded here but not cacheable: compose from the lists
     else
       break -- cached without its JSON (out of memory then): use the tables
     end
@@ -372,7 +386,7 @@ function Cache:read_articles_json(user_id, page_no)
     if not page then return nil, err end
   end
   if not self._cc then return closed_error() end
-  local res, err = compose(self, page, user_id)
+  local res, err = compose(self, page, user_id, lists)
   if not res then return nil, err end
   return json_encode(res)
 end
