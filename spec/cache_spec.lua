@@ -759,6 +759,88 @@ describe("memory", function()
     assert.truthy(c:stats().readers.bytes < 400, c:stats().readers.bytes)
   end)
 
+  -- A page is measured as 56 bytes per distinct table, 40 per key/value slot, and each string
+  -- key or value its length + 24 where it occurs; an entry adds 96 (docs/cache.md).
+  local function page_cache(page, extra)
+    local loads = 0
+    local opts = { load_readers = function() return {} end,
+      load_page = function() loads = loads + 1 return page end }
+    for k, v in pairs(extra or {}) do opts[k] = v end
+    local c = esx.cache(opts)
+    return c, function() return loads end
+  end
+
+  it("measures a page with a cycle once per table, caches it, and refuses it as JSON", function()
+    local art = { id = 1 }
+    art.me = art
+    local c, loads = page_cache({ art })
+    local list = c:read_articles(7, 1)
+    assert.equal(1, #list)
+    assert.equal(art, list[1].me)
+    assert.same({ 1, 1 }, { c:stats().pages.entries, loads() })
+    -- list 56 + 40; article 56 + (40 + "id" 26) + (40 + "me" 26); entry 96 (no JSON blob)
+    assert.equal(96 + 188 + 96, c:stats().pages.bytes)
+    local json, err = c:read_articles_json(7, 1)
+    assert.is_nil(json)
+    assert.equal("load", err.kind)
+    assert.equal("cannot encode the page from load_page as JSON: a table contains itself " ..
+      "(a cycle cannot be JSON)", err.message)
+    assert.equal(1, loads())
+  end)
+
+  it("measures many articles sharing a table with back-references in linear time", function()
+    local author = { name = "x", articles = {} }
+    local page = {}
+    for i = 1, 2000 do page[i] = { id = i, author = author } author.articles[i] = page[i] end
+    local c = page_cache(page)
+    assert.equal(2000, #c:read_articles(7, 1))
+    -- list and author.articles 56 + 2000 * 40 each; article 56 + 66 + (40 + "author" 30);
+    -- author 56 + (40 + "name" 28 + "x" 25) + (40 + "articles" 32); entry 96
+    assert.equal(2 * (56 + 2000 * 40) + 2000 * 192 + 221 + 96, c:stats().pages.bytes)
+  end)
+
+  it("counts a table shared by several articles once", function()
+    local shared = { name = "shared" }
+    local a = page_cache({ { id = 1, t = shared }, { id = 2, t = shared } })
+    local b = page_cache({ { id = 1, t = { name = "shared" } }, { id = 2, t = { name = "shared" } } })
+    assert.equal(a:read_articles_json(7, 1), b:read_articles_json(7, 1)) -- same JSON blob
+    -- the second copy: 56 + 40 + "name" 28 + "shared" 30
+    assert.equal(154, b:stats().pages.bytes - a:stats().pages.bytes)
+  end)
+
+  it("measures strings and tables at every depth", function()
+    local function deep(len)
+      local t = { s = string.rep("x", len) }
+      for _ = 1, 20 do t = { t } end -- deeper than JSON's 16 levels: encoded as null
+      return { { id = 1, meta = t } }
+    end
+    local a, b = page_cache(deep(100)), page_cache(deep(1100))
+    assert.equal(a:read_articles_json(7, 1), b:read_articles_json(7, 1)) -- same JSON blob
+    assert.equal(1000, b:stats().pages.bytes - a:stats().pages.bytes)
+  end)
+
+  it("does not cache a page larger than max_bytes however deep its data", function()
+    local t = { blob = string.rep("x", 200000) }
+    for _ = 1, 20 do t = { t } end
+    local c, loads = page_cache({ { id = 1, meta = t } }, { max_bytes = 100000 })
+    assert.equal(t, c:read_articles(7, 1)[1].meta)
+    c:read_articles(7, 1)
+    assert.same({ 0, 0, 2 }, { c:stats().pages.entries, c:stats().pages.bytes, loads() })
+  end)
+
+  it("does not cache a page holding a function or full userdata (unmeasurable)", function()
+    for _, v in ipairs{ print, io.stdout, coroutine.create(print) } do
+      local c, loads = page_cache({ { id = 1, x = { v } } })
+      assert.equal(v, c:read_articles(7, 1)[1].x[1])
+      c:read_articles(7, 1)
+      assert.same({ 0, 2 }, { c:stats().pages.entries, loads() })
+    end
+    local c, loads = page_cache({ { id = 1, x = cjson.null } }) -- light userdata: a slot
+    c:read_articles(7, 1)
+    c:read_articles(7, 1)
+    assert.same({ 1, 1 }, { c:stats().pages.entries, loads() })
+  end)
+
   it("never exceeds max_bytes under adversarial keys", function()
     math.randomseed(7)
     local max = 200000
