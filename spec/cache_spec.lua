@@ -1027,6 +1027,58 @@ describe("single flight", function()
     assert.equal(2, loads)
   end)
 
+  -- A loader whose coroutine is never resumed again (nginx: a light thread killed while its
+  -- loader waits on a cosocket) leaves its in-flight record behind.
+  local function abandoned(lock_timeout)
+    local loads, waits = 0, 0
+    local c = esx.cache{ lock_timeout = lock_timeout, load_readers = function() return {} end,
+      wait = function() waits = waits + 1 coroutine.yield() return true end,
+      load_page = function()
+        loads = loads + 1
+        if loads == 1 then coroutine.yield() end -- the first load is abandoned here
+        return { { id = 1 } }
+      end }
+    assert(coroutine.resume(coroutine.create(function() return c:read_articles(1, 1) end)))
+    return c, function() return loads end, function() return waits end
+  end
+
+  it("does not make a caller arriving after an abandoned load's deadline wait for it", function()
+    local c, loads, waits = abandoned(20)
+    local clock = require("esx.core").cache_clock
+    local t0 = clock()
+    while clock() - t0 < 25 do end -- past the abandoned load's deadline (start + 20 ms)
+    local co = coroutine.create(function() return c:read_articles(7, 1) end)
+    local ok, list = coroutine.resume(co)
+    assert.is_true(ok)
+    assert.equal("dead", coroutine.status(co)) -- answered at once
+    assert.same({ { id = 1, read = false } }, list)
+    assert.same({ 2, 0, 0 }, { loads(), waits(), c:stats().waits })
+  end)
+
+  it("lets waiters of an abandoned load give up at its deadline, then load once for all", function()
+    local c, loads, waits = abandoned(200) -- (all three arrive well within 200 ms)
+    local clock = require("esx.core").cache_clock
+    local cos = {}
+    for i = 1, 3 do cos[i] = coroutine.create(function() return c:read_articles(i, 1) end) end
+    local t0, results, alive = clock(), {}, 3
+    while alive > 0 do
+      assert(clock() - t0 < 10000, "waiters never gave up")
+      alive = 0
+      for i, co in ipairs(cos) do
+        if coroutine.status(co) ~= "dead" then
+          local ok, v = coroutine.resume(co)
+          assert(ok, v)
+          if coroutine.status(co) == "dead" then results[i] = v else alive = alive + 1 end
+        end
+      end
+    end
+    assert.equal(2, loads()) -- the abandoned load and one reload: the others took its result
+    for i = 1, 3 do assert.same({ { id = 1, read = false } }, results[i]) end
+    assert.equal(3, c:stats().waits)
+    assert.truthy(waits() >= 3)
+    assert.equal(1, c:stats().pages.entries)
+  end)
+
   it("uses opts.wait to pause waiters", function()
     local waits = 0
     local db = sample_db()

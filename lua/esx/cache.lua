@@ -115,26 +115,36 @@ end
 -- in-flight record {value=, err=} every caller shares.  A caller never joins a load that
 -- began before an invalidation of its key (in this process or, shared, in any): that load's
 -- result is older than the invalidation the caller may have seen, so it loads by itself.
-local function single_flight(self, flights, kind, key, load)
+-- A record's deadline is its load's start + lock_timeout, whenever a waiter arrived: a load
+-- that outlives it (stuck, or its coroutine abandoned: a killed light thread) is no longer
+-- joined, and its waiters give up then, look at the cache again (another caller may have
+-- loaded meanwhile: recheck(self, key) -> value or nil), join a newer load of the key if
+-- there is one, and only then load by themselves.
+local function single_flight(self, flights, kind, key, load, recheck)
   local cc = self._cc
   local rec = flights[key]
-  if rec and cc and cc:changed(kind, key, rec.start) then rec = nil end
-  if rec then
+  while rec do
+    if (cc and cc:changed(kind, key, rec.start)) or core_clock() > rec.deadline then break end
     self._counters.waits = self._counters.waits + 1
-    local deadline = core_clock() + self._lock_timeout
     if rec.sema then -- woken as soon as the load ends (raises where nginx cannot wait)
       rec.waiters = rec.waiters + 1
-      pcall(rec.sema.wait, rec.sema, self._lock_timeout / 1000)
+      pcall(rec.sema.wait, rec.sema, (rec.deadline - core_clock()) / 1000)
     end
     local attempt = 0
     while not rec.done do
-      if core_clock() > deadline or not self._wait(attempt) then break end
+      if core_clock() > rec.deadline or not self._wait(attempt) then break end
       attempt = attempt + 1
     end
     if rec.done then return rec end
-    -- could not wait (or waited too long): load by ourselves, uncoordinated
+    if core_clock() <= rec.deadline then break end -- cannot wait: load by ourselves
+    if self._cc == nil then break end -- closed meanwhile: the load reports it
+    local value = recheck(self, key)
+    if value ~= nil then return { done = true, value = value } end
+    local newer = flights[key]
+    if newer == rec then break end
+    rec = newer
   end
-  rec = { done = false, start = cc and cc:seq() or 0 }
+  rec = { done = false, start = cc and cc:seq() or 0, deadline = core_clock() + self._lock_timeout }
   if self._use_sema then
     local ok, sema = pcall(semaphore.new, 0)
     if ok then rec.sema, rec.waiters = sema, 0 end
@@ -238,10 +248,19 @@ local function load_readers(self, article)
   return list
 end
 
+-- What another caller may have cached while this one waited (single_flight's recheck).
+local function cached_page(self, page_no)
+  return self._cc:page_get(page_no, self._clock())
+end
+
+local function cached_readers(self, article)
+  if self._cc:has_read(article, 0, self._clock(), true) ~= nil then return true end
+end
+
 local function get_page(self, page_no)
   local page = self._cc:page_get(page_no, self._clock())
   if page then return page end
-  local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page)
+  local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page, cached_page)
   if rec.err then return nil, rec.err end
   return rec.value
 end
@@ -256,7 +275,7 @@ local function read_flag(self, article, user, counted, lists)
   if v ~= nil then return v end
   local list = lists and lists[article]
   if list == nil then
-    local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
+    local rec = single_flight(self, self._readers_flights, READERS, article, load_readers, cached_readers)
     if rec.err then return nil, rec.err end
     if self._cc == nil then return closed_error() end
     v = cc:has_read(article, user, self._clock(), true)
@@ -356,7 +375,7 @@ function Cache:read_articles_json(user_id, page_no)
     if missing then readers_counted = true end
     if json == false then
       if page then break end -- loaded but not cacheable (beyond max_pages, too large)
-      local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page)
+      local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page, cached_page)
       if rec.err then return nil, rec.err end
       page = rec.value
     elseif missing then
@@ -367,7 +386,7 @@ function Cache:read_articles_json(user_id, page_no)
         if lists[article] == nil then
           all_listed = false
           if cc:has_read(article, 0, self._clock(), true) == nil then
-            local rec = single_flight(self, self._readers_flights, READERS, article, load_readers)
+            local rec = single_flight(self, self._readers_flights, READERS, article, load_readers, cached_readers)
             if rec.err then return nil, rec.err end
             if not self._cc then return closed_error() end
             if type(rec.value) == "table" then lists[article] = rec.value end
