@@ -292,6 +292,28 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.same({ 1, 1 }, { db.page_loads, db.readers_loads })
   end)
 
+  it("loads a reader set that cannot be cached once per call, not once per attempt", function()
+    for _, extra in ipairs{ { max_bytes = 4000 }, { readers_ttl = 0 } } do
+      local big = {}
+      for i = 1, 20000 do big[i] = i * 7 end -- ~40 kB as a bitmap: over max_bytes = 4000
+      local loads = 0
+      local opts = { load_page = function() return { { id = 1, title = "a" }, { id = 2 } } end,
+        load_readers = function(a) loads = loads + 1 return a == 1 and big or { 8 } end }
+      for k, v in pairs(extra) do opts[k] = v end
+      local c = esx.cache(opts)
+      c:read_articles(1, 1) -- the page is cached; the set of article 1 is not
+      loads = 0
+      local json = c:read_articles_json(7, 1)
+      assert.same({ { id = 1, title = "a", read = true }, { id = 2, read = false } }, cjson.decode(json))
+      -- article 1 once; article 2 (cacheable, except with readers_ttl = 0) at most once
+      assert.equal(extra.readers_ttl == 0 and 2 or 1, loads)
+      loads = 0
+      assert.same({ { id = 1, title = "a", read = false }, { id = 2, read = true } },
+        cjson.decode(c:read_articles_json(8, 1)))
+      assert.equal(extra.readers_ttl == 0 and 2 or 1, loads)
+    end
+  end)
+
   it("counts hits, misses and loads as read_articles does", function()
     local a, b = new_cache(sample_db(), { max_pages = 1 }), new_cache(sample_db(), { max_pages = 1 })
     for _, call in ipairs{ { 7, 1 }, { 8, 1 }, { 7, 2 }, { 9, 2 }, { 7, 1 } } do
@@ -413,6 +435,43 @@ describe("cache:mark_read(article_id, user_id)", function()
     assert.is_true(c:has_read(1, 2 ^ 52))
     assert.equal(1, db.readers_loads)
     assert.same({ true, false, false }, flags(c:read_articles(9, 1)))
+  end)
+
+  -- Exact sizes for CRoaring 0.2.66 on 64-bit (Debian 12): each struct and allocated payload.
+  -- mark_read keeps the total up to date from the one container it touched; these are the
+  -- values a full recount over every container gives (checked when this was written).
+  -- (That a mark costs O(log containers) rather than O(readers) is not asserted: no
+  -- deterministic measure of cost exists here, and timing would flake.)
+  it("keeps the reader tier's bytes exact as marks grow sets, container by container", function()
+    local function sizes(ids, marks)
+      local c = esx.cache{ load_page = function() return {} end, load_readers = function() return ids end }
+      c:has_read(1, 0)
+      local out = { c:stats().readers.bytes }
+      for _, u in ipairs(marks) do
+        c:mark_read(1, u)
+        local s = c:stats()
+        assert.equal(s.bytes, s.readers.bytes)
+        out[#out + 1] = s.readers.bytes
+      end
+      return out
+    end
+    local run, array, bitset, scattered, low = {}, {}, {}, {}, {}
+    for i = 1, 10000 do run[i] = i end
+    for i = 1, 1000 do array[i] = i * 7 end
+    for i = 1, 30000 do bitset[i] = i * 2 end
+    for i = 1, 5000 do scattered[i] = i * 65536 + 1 end
+    for i = 1, 5000 do low[i] = i end
+    -- a run container: new runs, then a run extended and an id already there (no growth)
+    assert.same({ 233, 237, 245, 245, 245 }, sizes(run, { 20001, 20003, 10001, 5 }))
+    -- an array container grows its capacity once, then has room
+    assert.same({ 2227, 3227, 3227, 3227, 3227 }, sizes(array, { 8, 9, 10, 7 }))
+    -- a bitset container never grows; 2^20 adds an array container (and the key vectors grow)
+    assert.same({ 8419, 8419, 8419, 8470, 8470 }, sizes(bitset, { 1, 3, 2 ^ 20, 2 }))
+    -- 5,000 containers: a new first container grows the key vectors
+    assert.same({ 145200, 158979, 158981, 158999, 159001 },
+      sizes(scattered, { 2, 65536 * 7 + 9, 65536 * 9000 + 1, 3 }))
+    -- ids >= 2^32 add parts (a bitmap each, and the part table)
+    assert.same({ 233, 345, 457, 459, 539 }, sizes(low, { 2 ^ 40 + 1, 2 ^ 41 + 1, 2 ^ 40 + 2, 2 ^ 42 + 65536 }))
   end)
 
   it("does nothing to an article that is not cached", function()
@@ -700,6 +759,88 @@ describe("memory", function()
     assert.truthy(c:stats().readers.bytes < 400, c:stats().readers.bytes)
   end)
 
+  -- A page is measured as 56 bytes per distinct table, 40 per key/value slot, and each string
+  -- key or value its length + 24 where it occurs; an entry adds 96 (docs/cache.md).
+  local function page_cache(page, extra)
+    local loads = 0
+    local opts = { load_readers = function() return {} end,
+      load_page = function() loads = loads + 1 return page end }
+    for k, v in pairs(extra or {}) do opts[k] = v end
+    local c = esx.cache(opts)
+    return c, function() return loads end
+  end
+
+  it("measures a page with a cycle once per table, caches it, and refuses it as JSON", function()
+    local art = { id = 1 }
+    art.me = art
+    local c, loads = page_cache({ art })
+    local list = c:read_articles(7, 1)
+    assert.equal(1, #list)
+    assert.equal(art, list[1].me)
+    assert.same({ 1, 1 }, { c:stats().pages.entries, loads() })
+    -- list 56 + 40; article 56 + (40 + "id" 26) + (40 + "me" 26); entry 96 (no JSON blob)
+    assert.equal(96 + 188 + 96, c:stats().pages.bytes)
+    local json, err = c:read_articles_json(7, 1)
+    assert.is_nil(json)
+    assert.equal("load", err.kind)
+    assert.equal("cannot encode the page from load_page as JSON: a table contains itself " ..
+      "(a cycle cannot be JSON)", err.message)
+    assert.equal(1, loads())
+  end)
+
+  it("measures many articles sharing a table with back-references in linear time", function()
+    local author = { name = "x", articles = {} }
+    local page = {}
+    for i = 1, 2000 do page[i] = { id = i, author = author } author.articles[i] = page[i] end
+    local c = page_cache(page)
+    assert.equal(2000, #c:read_articles(7, 1))
+    -- list and author.articles 56 + 2000 * 40 each; article 56 + 66 + (40 + "author" 30);
+    -- author 56 + (40 + "name" 28 + "x" 25) + (40 + "articles" 32); entry 96
+    assert.equal(2 * (56 + 2000 * 40) + 2000 * 192 + 221 + 96, c:stats().pages.bytes)
+  end)
+
+  it("counts a table shared by several articles once", function()
+    local shared = { name = "shared" }
+    local a = page_cache({ { id = 1, t = shared }, { id = 2, t = shared } })
+    local b = page_cache({ { id = 1, t = { name = "shared" } }, { id = 2, t = { name = "shared" } } })
+    assert.equal(a:read_articles_json(7, 1), b:read_articles_json(7, 1)) -- same JSON blob
+    -- the second copy: 56 + 40 + "name" 28 + "shared" 30
+    assert.equal(154, b:stats().pages.bytes - a:stats().pages.bytes)
+  end)
+
+  it("measures strings and tables at every depth", function()
+    local function deep(len)
+      local t = { s = string.rep("x", len) }
+      for _ = 1, 20 do t = { t } end -- deeper than JSON's 16 levels: encoded as null
+      return { { id = 1, meta = t } }
+    end
+    local a, b = page_cache(deep(100)), page_cache(deep(1100))
+    assert.equal(a:read_articles_json(7, 1), b:read_articles_json(7, 1)) -- same JSON blob
+    assert.equal(1000, b:stats().pages.bytes - a:stats().pages.bytes)
+  end)
+
+  it("does not cache a page larger than max_bytes however deep its data", function()
+    local t = { blob = string.rep("x", 200000) }
+    for _ = 1, 20 do t = { t } end
+    local c, loads = page_cache({ { id = 1, meta = t } }, { max_bytes = 100000 })
+    assert.equal(t, c:read_articles(7, 1)[1].meta)
+    c:read_articles(7, 1)
+    assert.same({ 0, 0, 2 }, { c:stats().pages.entries, c:stats().pages.bytes, loads() })
+  end)
+
+  it("does not cache a page holding a function or full userdata (unmeasurable)", function()
+    for _, v in ipairs{ print, io.stdout, coroutine.create(print) } do
+      local c, loads = page_cache({ { id = 1, x = { v } } })
+      assert.equal(v, c:read_articles(7, 1)[1].x[1])
+      c:read_articles(7, 1)
+      assert.same({ 0, 2 }, { c:stats().pages.entries, loads() })
+    end
+    local c, loads = page_cache({ { id = 1, x = cjson.null } }) -- light userdata: a slot
+    c:read_articles(7, 1)
+    c:read_articles(7, 1)
+    assert.same({ 1, 1 }, { c:stats().pages.entries, loads() })
+  end)
+
   it("never exceeds max_bytes under adversarial keys", function()
     math.randomseed(7)
     local max = 200000
@@ -833,6 +974,111 @@ describe("single flight", function()
     assert.equal("closed", results[2][2].kind)
   end)
 
+  it("never hands a page load begun before invalidate_pages() to a caller arriving after it", function()
+    local rows = { { id = 1 } }
+    local loads = 0
+    local c = esx.cache{ load_readers = function() return {} end,
+      load_page = function()
+        loads = loads + 1
+        local snapshot = {}
+        for i, a in ipairs(rows) do snapshot[i] = { id = a.id } end
+        coroutine.yield() -- a slow query: the snapshot is taken
+        return snapshot
+      end }
+    local a = coroutine.create(function() return c:read_articles(7, 1) end)
+    assert(coroutine.resume(a)) -- A is loading page 1 (one article)
+    rows[2] = { id = 2 }        -- a writer adds an article ...
+    c:invalidate_pages()        -- ... and invalidates
+    local b = coroutine.create(function() return c:read_articles(7, 1) end)
+    assert(coroutine.resume(b)) -- B arrives after the invalidation: loads by itself
+    local ok_a, list_a = coroutine.resume(a)
+    local ok_b, list_b = coroutine.resume(b)
+    assert.is_true(ok_a and ok_b)
+    assert.equal(1, #list_a) -- A's own call answers with its own snapshot
+    assert.equal(2, #list_b)
+    assert.equal(2, loads)
+    assert.equal(0, c:stats().waits)
+    assert.equal(2, #c:read_articles(7, 1)) -- and B's page is the one cached
+    assert.equal(2, loads)
+  end)
+
+  it("never hands a reader-set load begun before invalidate_article() to a caller arriving after it", function()
+    local snapshot = { 7 }
+    local loads = 0
+    local c = esx.cache{ load_page = function() return {} end,
+      load_readers = function()
+        loads = loads + 1
+        local s = snapshot
+        coroutine.yield()
+        return s
+      end }
+    local a = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(a))
+    snapshot = { 7, 8 }
+    c:invalidate_article(1)
+    local b = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(b))
+    local _, read_a = coroutine.resume(a)
+    local _, read_b = coroutine.resume(b)
+    assert.is_false(read_a)
+    assert.is_true(read_b)
+    assert.equal(2, loads)
+    assert.is_true(c:has_read(1, 8))
+    assert.equal(2, loads)
+  end)
+
+  -- A loader whose coroutine is never resumed again (nginx: a light thread killed while its
+  -- loader waits on a cosocket) leaves its in-flight record behind.
+  local function abandoned(lock_timeout)
+    local loads, waits = 0, 0
+    local c = esx.cache{ lock_timeout = lock_timeout, load_readers = function() return {} end,
+      wait = function() waits = waits + 1 coroutine.yield() return true end,
+      load_page = function()
+        loads = loads + 1
+        if loads == 1 then coroutine.yield() end -- the first load is abandoned here
+        return { { id = 1 } }
+      end }
+    assert(coroutine.resume(coroutine.create(function() return c:read_articles(1, 1) end)))
+    return c, function() return loads end, function() return waits end
+  end
+
+  it("does not make a caller arriving after an abandoned load's deadline wait for it", function()
+    local c, loads, waits = abandoned(20)
+    local clock = require("esx.core").cache_clock
+    local t0 = clock()
+    while clock() - t0 < 25 do end -- past the abandoned load's deadline (start + 20 ms)
+    local co = coroutine.create(function() return c:read_articles(7, 1) end)
+    local ok, list = coroutine.resume(co)
+    assert.is_true(ok)
+    assert.equal("dead", coroutine.status(co)) -- answered at once
+    assert.same({ { id = 1, read = false } }, list)
+    assert.same({ 2, 0, 0 }, { loads(), waits(), c:stats().waits })
+  end)
+
+  it("lets waiters of an abandoned load give up at its deadline, then load once for all", function()
+    local c, loads, waits = abandoned(200) -- (all three arrive well within 200 ms)
+    local clock = require("esx.core").cache_clock
+    local cos = {}
+    for i = 1, 3 do cos[i] = coroutine.create(function() return c:read_articles(i, 1) end) end
+    local t0, results, alive = clock(), {}, 3
+    while alive > 0 do
+      assert(clock() - t0 < 10000, "waiters never gave up")
+      alive = 0
+      for i, co in ipairs(cos) do
+        if coroutine.status(co) ~= "dead" then
+          local ok, v = coroutine.resume(co)
+          assert(ok, v)
+          if coroutine.status(co) == "dead" then results[i] = v else alive = alive + 1 end
+        end
+      end
+    end
+    assert.equal(2, loads()) -- the abandoned load and one reload: the others took its result
+    for i = 1, 3 do assert.same({ { id = 1, read = false } }, results[i]) end
+    assert.equal(3, c:stats().waits)
+    assert.truthy(waits() >= 3)
+    assert.equal(1, c:stats().pages.entries)
+  end)
+
   it("uses opts.wait to pause waiters", function()
     local waits = 0
     local db = sample_db()
@@ -944,6 +1190,64 @@ describe("shared = true (outside nginx: one process)", function()
       results[1][1])
     assert.same({ { id = 1, title = "t", tags = { "a", 2 }, score = 0.5, ok = false, read = true } },
       results[2][1])
+  end)
+
+  it("takes over a shared lock whose load began before an invalidation of its key", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local snapshot = { 7 }
+    local loads = 0
+    c._load_readers = function()
+      loads = loads + 1
+      local s = snapshot
+      if loads == 1 then coroutine.yield() end
+      return s
+    end
+    local a = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(a)) -- A holds the shared lock of article 1, loading
+    snapshot = { 7, 8 }
+    c:invalidate_article(1)
+    local b = coroutine.create(function()
+      c._readers_flights = {} -- "another worker", arriving after the invalidation
+      return c:has_read(1, 8)
+    end)
+    local ok, read_b = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.equal("dead", coroutine.status(b)) -- did not wait for A
+    assert.is_true(read_b)
+    local _, read_a = coroutine.resume(a)
+    assert.is_true(read_a) -- A's stale list was not cached: A answers from B's set
+    assert.equal(2, loads)
+    assert.is_true(c:has_read(1, 8))
+    assert.equal(2, loads)
+  end)
+
+  it("does not hand a waiter a page published by a load an invalidation overtook", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local rows = { { id = 1 } }
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      local snapshot = {}
+      for i, r in ipairs(rows) do snapshot[i] = { id = r.id } end
+      if loads == 1 then coroutine.yield() end
+      return snapshot
+    end
+    local a = coroutine.create(function() return c:read_articles(7, 1) end)
+    assert(coroutine.resume(a)) -- A holds the shared lock of page 1
+    local b = coroutine.create(function()
+      c._page_flights = {} -- "another worker": waits on the shared lock
+      return c:read_articles(7, 1)
+    end)
+    assert(coroutine.resume(b))
+    assert.equal("suspended", coroutine.status(b))
+    rows[2] = { id = 2 }
+    c:invalidate_pages()
+    local _, list_a = coroutine.resume(a) -- A publishes its (now stale) page
+    assert.equal(1, #list_a)
+    local ok, list_b = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.equal(2, #list_b)
+    assert.equal(2, loads)
   end)
 
   it("lets waiters load by themselves when the holder fails", function()

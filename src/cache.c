@@ -413,6 +413,14 @@ static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_se
     return 0;
 }
 
+int esx_cache_changed(esx_cache *c, int kind, uint64_t key, uint64_t start_seq)
+{
+    rg_lock(c);
+    int changed = changed_since(c, kind, key, start_seq, NULL) != 0;
+    rg_unlock(c);
+    return changed;
+}
+
 /* ---- tiers ------------------------------------------------------------------------------ */
 
 static struct entry *fresh_page(esx_cache *c, uint64_t page_no, double now, int count)
@@ -564,7 +572,9 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
     rg_lock(c);
     int same = s->kind == (uint32_t)kind && s->key == key;
     double ttl = kind == ESX_CACHE_PAGE ? c->cfg.page_ttl : c->cfg.readers_ttl;
-    if (s->state == SLOT_BUSY && holder_alive(s, now)) {
+    if (s->state == SLOT_BUSY && holder_alive(s, now) &&
+        !(same && changed_since(c, kind, key, s->start_seq, NULL) != 0)) {
+        /* (a load that began before an invalidation of its key is taken over below) */
         if (same) {
             *ticket = s->ticket;
             rc = ESX_LOCK_BUSY;
@@ -585,6 +595,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
         s->ticket = ++c->rg->tickets;
         s->pid = getpid();
         s->deadline = now + timeout_ms;
+        s->start_seq = atomic_load(&c->rg->head); /* the holder's load starts no earlier */
         s->len = 0;
         *ticket = s->ticket;
         rc = ESX_LOCK_ACQUIRED;
@@ -630,6 +641,9 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
     if (s->ticket == ticket && s->kind == (uint32_t)kind && s->key == key) {
         if (s->state == SLOT_BUSY) {
             rc = holder_alive(s, esx_cache_now_ms()) ? ESX_LOCK_BUSY : ESX_LOCK_GONE;
+        } else if (s->state == SLOT_DONE &&
+                   changed_since(c, kind, key, s->start_seq, NULL) != 0) {
+            rc = ESX_LOCK_GONE; /* invalidated since the holder's load began: stale */
         } else if (s->state == SLOT_DONE) {
             void *copy = malloc(s->len ? s->len : 1);
             if (copy != NULL) {

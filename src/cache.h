@@ -83,6 +83,11 @@ void esx_cache_sync(esx_cache *c);
 /* The current change sequence: record it before calling a loader. */
 uint64_t esx_cache_seq(esx_cache *c);
 
+/* Whether (kind, key) was invalidated since start_seq: returns 1 if it was, or if the log no
+ * longer reaches back to start_seq (nothing can be proved), else 0 (marks do not count).
+ * Takes the region lock in shared mode; never fails. */
+int esx_cache_changed(esx_cache *c, int kind, uint64_t key, uint64_t start_seq);
+
 /* 1 if page_no is cached and fresh at now (and marks it recently used; counts a hit), else 0
  * (counts a miss; an expired page is dropped). */
 int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now);
@@ -134,7 +139,9 @@ void esx_cache_get_stats(esx_cache *c, esx_cache_stats *out);
  * esx_cache_lock: ESX_LOCK_ACQUIRED (the caller loads and must call esx_cache_unlock with
  * *ticket), ESX_LOCK_BUSY (another process loads, or published a result for this key within
  * its TTL that nothing has invalidated since; poll with *ticket), ESX_LOCK_NONE (no slot: load
- * without coordination).  A lock held past timeout_ms, or by a dead process, is taken over.
+ * without coordination).  A lock held past timeout_ms, or by a dead process, is taken over,
+ * and so is one whose load started before an invalidation of its key: its result would be
+ * older than the invalidation the caller may have seen.
  * clock_now is the cache's clock (TTLs); lock deadlines use CLOCK_MONOTONIC. */
 #define ESX_LOCK_NONE 0
 #define ESX_LOCK_ACQUIRED 1
@@ -150,7 +157,8 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
                      size_t len, uint64_t start_seq, double clock_now);
 
-/* Polls a lock seen busy.  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that
+/* Polls a lock seen busy.  A result whose key was invalidated since its load started is not
+ * handed out (ESX_LOCK_GONE: the caller locks again and loads).  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that
  * the caller frees, *len its size, *start_seq the holder's load start and *age_ms how long
  * ago it was published (the caller's TTL counts from then).  If the copy cannot be
  * allocated, returns ESX_LOCK_GONE. */

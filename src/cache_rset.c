@@ -23,6 +23,8 @@ struct esx_rset {
     struct esx_rset_part one;
     uint64_t *arr;               /* array form: sorted ids, or NULL */
     uint32_t alen, acap;
+    size_t bytes;                /* esx_rset_bytes, valid unless dirty */
+    int dirty;                   /* a bulk change: recount on the next esx_rset_bytes */
 };
 
 /* The array form is kept up to this many ids; beyond, the set goes back to Roaring parts. */
@@ -38,6 +40,7 @@ esx_rset *esx_rset_new(void)
         return NULL;
     s->cap = 1;
     s->parts = &s->one;
+    s->dirty = 1;
     return s;
 }
 
@@ -148,17 +151,62 @@ static int arr_add(esx_rset *s, uint64_t id)
     memmove(&s->arr[at + 1], &s->arr[at], (s->alen - at) * sizeof *s->arr);
     s->arr[at] = id;
     s->alen++;
+    s->dirty = 1; /* recounting the array form is O(1) */
     return 1;
+}
+
+static size_t bitmap_bytes(const roaring_bitmap_t *bm);
+static size_t container_bytes(const roaring_array_t *ra, int32_t i);
+
+/* The bytes of bm that adding a value with low 16 bits key can change: the array vectors and
+ * the container of key (O(log containers): a binary search over the sorted keys). */
+static size_t key_bytes(const roaring_bitmap_t *bm, uint16_t key)
+{
+    const roaring_array_t *ra = &bm->high_low_container;
+    size_t bytes = (size_t)ra->allocation_size * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t));
+    int32_t lo = 0, hi = ra->size - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        if (ra->keys[mid] == key)
+            return bytes + container_bytes(ra, mid);
+        if (ra->keys[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return bytes;
+}
+
+static size_t parts_table_bytes(const esx_rset *s)
+{
+    return s->parts != &s->one ? (size_t)s->cap * sizeof *s->parts : 0;
 }
 
 int esx_rset_add(esx_rset *s, uint64_t id)
 {
     if (s->arr != NULL)
         return arr_add(s, id);
-    roaring_bitmap_t *bm = part_for(s, (uint32_t)(id >> 32));
-    if (bm == NULL)
-        return -1;
-    return roaring_bitmap_add_checked(bm, (uint32_t)id) ? 1 : 0;
+    uint32_t h = (uint32_t)(id >> 32);
+    uint16_t key = (uint16_t)((uint32_t)id >> 16);
+    size_t table0 = parts_table_bytes(s);
+    long i = find_part(s, h);
+    roaring_bitmap_t *bm;
+    size_t before;
+    if (i >= 0) {
+        bm = s->parts[i].bm;
+        before = key_bytes(bm, key);
+    } else {
+        bm = part_for(s, h);
+        if (bm == NULL)
+            return -1;
+        before = 0; /* a new part: all of it is new */
+    }
+    int added = roaring_bitmap_add_checked(bm, (uint32_t)id) ? 1 : 0;
+    if (!s->dirty) {
+        size_t after = i >= 0 ? key_bytes(bm, key) : bitmap_bytes(bm);
+        s->bytes = s->bytes - before + after - table0 + parts_table_bytes(s);
+    }
+    return added;
 }
 
 int esx_rset_add_many32(esx_rset *s, const uint32_t *ids, size_t n)
@@ -171,6 +219,7 @@ int esx_rset_add_many32(esx_rset *s, const uint32_t *ids, size_t n)
     if (bm == NULL)
         return -1;
     roaring_bitmap_add_many(bm, n, ids);
+    s->dirty = 1;
     return 0;
 }
 
@@ -195,47 +244,58 @@ uint64_t esx_rset_cardinality(const esx_rset *s)
     return n;
 }
 
-/* Memory of one bitmap: statistics for the payloads, plus slack, structs and vectors. */
+/* Memory of container i of ra, from its header only: its struct plus its allocated payload
+ * (an array's capacity, a run container's capacity plus its serialised run count, a bitset's
+ * 8 KiB).  Never visits values: roaring_bitmap_statistics, used before, also sums every value
+ * in CRoaring 0.2.x, which made every mark_read cost O(readers) -- under the shared lock in
+ * shared mode. */
+static size_t container_bytes(const roaring_array_t *ra, int32_t i)
+{
+    const void *c = ra->containers[i];
+    switch (ra->typecodes[i]) {
+    case ARRAY_CONTAINER_TYPE_CODE: {
+        const array_container_t *a = c;
+        return sizeof *a + (size_t)a->capacity * sizeof(uint16_t);
+    }
+    case RUN_CONTAINER_TYPE_CODE: {
+        const run_container_t *r = c;
+        return sizeof *r + sizeof(uint16_t) + (size_t)r->capacity * sizeof(rle16_t);
+    }
+    default: /* bitset (esx never makes shared copy-on-write containers) */
+        return sizeof(bitset_container_t) + BITSET_CONTAINER_SIZE_IN_WORDS * sizeof(uint64_t);
+    }
+}
+
+/* Memory of one bitmap: its struct, its key/pointer/typecode vectors at their allocated size
+ * and every container (O(containers)). */
 static size_t bitmap_bytes(const roaring_bitmap_t *bm)
 {
-    roaring_statistics_t st;
-    roaring_bitmap_statistics(bm, &st);
-    size_t bytes = sizeof(roaring_bitmap_t) + (size_t)st.n_bytes_array_containers +
-                   (size_t)st.n_bytes_run_containers + (size_t)st.n_bytes_bitset_containers;
     const roaring_array_t *ra = &bm->high_low_container;
-    bytes += (size_t)ra->allocation_size * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t));
-    for (int32_t i = 0; i < ra->size; i++) {
-        const void *c = ra->containers[i];
-        switch (ra->typecodes[i]) {
-        case ARRAY_CONTAINER_TYPE_CODE: {
-            const array_container_t *a = c;
-            bytes += sizeof *a + (size_t)(a->capacity - a->cardinality) * sizeof(uint16_t);
-            break;
-        }
-        case RUN_CONTAINER_TYPE_CODE: {
-            const run_container_t *r = c;
-            /* statistics counts n_runs * 4 + 2 (the serialised run count) */
-            bytes += sizeof *r + (size_t)(r->capacity - r->n_runs) * sizeof(rle16_t);
-            break;
-        }
-        default:
-            bytes += sizeof(bitset_container_t);
-            break;
-        }
-    }
+    size_t bytes = sizeof(roaring_bitmap_t) +
+                   (size_t)ra->allocation_size * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t));
+    for (int32_t i = 0; i < ra->size; i++)
+        bytes += container_bytes(ra, i);
     return bytes;
 }
 
-size_t esx_rset_bytes(const esx_rset *s)
+static size_t recount(const esx_rset *s)
 {
     size_t bytes = sizeof *s;
     if (s->arr != NULL)
         return bytes + (size_t)s->acap * sizeof *s->arr;
-    if (s->parts != &s->one)
-        bytes += s->cap * sizeof *s->parts;
+    bytes += parts_table_bytes(s);
     for (uint32_t i = 0; i < s->n; i++)
         bytes += bitmap_bytes(s->parts[i].bm);
     return bytes;
+}
+
+size_t esx_rset_bytes(esx_rset *s)
+{
+    if (s->dirty) {
+        s->bytes = recount(s);
+        s->dirty = 0;
+    }
+    return s->bytes;
 }
 
 /* Converts the array form back to Roaring parts; 0, or -1 when out of memory (unchanged). */
@@ -259,6 +319,7 @@ static int to_parts(esx_rset *s)
     free(s->arr);
     s->arr = NULL;
     s->alen = s->acap = 0;
+    s->dirty = 1;
     s->n = tmp.n;
     s->cap = tmp.cap;
     if (tmp.parts == &tmp.one) {
@@ -302,10 +363,12 @@ static void maybe_to_array(esx_rset *s)
     s->cap = 1;
     s->arr = arr;
     s->alen = s->acap = (uint32_t)card;
+    s->dirty = 1;
 }
 
 void esx_rset_optimize(esx_rset *s)
 {
+    s->dirty = 1;
     if (s->arr != NULL) {
         if (s->acap > s->alen) {
             uint64_t *na = realloc(s->arr, (s->alen ? s->alen : 1) * sizeof *na);

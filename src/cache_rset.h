@@ -6,10 +6,13 @@
  * sets have exactly one part (ids < 2^32: the fast path, kept inline without a lookup).
  * Parts are kept sorted by high key and found by binary search.
  *
- * Memory is measured, not estimated from the serialised size: roaring_bitmap_statistics()
- * gives the container payloads, to which we add the slack of array/run containers that grew
- * by mark_read (capacity beyond cardinality), the container structs, the roaring array's
- * key/type/pointer vectors and our own part table.  malloc's own bookkeeping is not counted.
+ * Memory is measured, not estimated from the serialised size, from the containers' headers:
+ * each container's struct and allocated payload (capacity, not cardinality: slack from
+ * mark_read counts), the roaring array's key/type/pointer vectors and our own part table.
+ * No value is ever visited to measure.  The total is kept up to date by esx_rset_add from
+ * the one container it touched (O(log containers) per mark_read), and recounted over the
+ * containers after bulk changes (build, optimise, conversions).  malloc's own bookkeeping is
+ * not counted.
  *
  * No function here touches a Lua state.  Nothing aborts on allocation failure (CRoaring's
  * own container growth is outside our control; see docs/cache.md).
@@ -44,8 +47,9 @@ int esx_rset_contains(const esx_rset *s, uint64_t id);
 /* Number of ids in s. */
 uint64_t esx_rset_cardinality(const esx_rset *s);
 
-/* Bytes of memory s holds, measured as described above. */
-size_t esx_rset_bytes(const esx_rset *s);
+/* Bytes of memory s holds, measured as described above: O(1) after esx_rset_add, one pass
+ * over the containers (never the values) after a bulk change.  Never fails. */
+size_t esx_rset_bytes(esx_rset *s);
 
 /* Run-optimises every part when that saves memory and shrinks buffers to fit. */
 void esx_rset_optimize(esx_rset *s);

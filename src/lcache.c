@@ -79,6 +79,7 @@ typedef struct {
     char *buf;
     size_t len, cap, limit;
     int failed; /* over the limit, unsupported value, or out of memory */
+    int cycle;  /* JSON: failed because a table contains itself */
 } sbuf;
 
 static void sb_put(sbuf *b, const void *p, size_t n)
@@ -112,70 +113,159 @@ static void sb_tag(sbuf *b, char t)
     sb_put(b, &t, 1);
 }
 
-/* Measures the value at idx (bytes it holds) and, when b is given, serialises it.  Tables
- * nested deeper than MAX_DEPTH make the serialisation fail (they are still measured). */
-static size_t walk(lua_State *L, int idx, sbuf *b, int depth)
+/* What measure() returns for a page it cannot measure, or that is larger than its limit. */
+#define UNMEASURED SIZE_MAX
+
+/* Bytes of one key or value inside a table, tables aside (they are measured on their own):
+ * a string its length plus STRING_BYTES; numbers, booleans and light userdata (cjson.null)
+ * live in their slot.  Functions, full userdata and threads hold memory that cannot be
+ * measured from here: UNMEASURED. */
+static size_t scalar_bytes(lua_State *L, int idx)
 {
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+        size_t len;
+        lua_tolstring(L, idx, &len);
+        return len + STRING_BYTES;
+    }
+    case LUA_TNUMBER:
+    case LUA_TBOOLEAN:
+    case LUA_TLIGHTUSERDATA:
+    case LUA_TTABLE:
+        return 0;
+    default:
+        return UNMEASURED;
+    }
+}
+
+/* Measures the page at idx: each table reachable from it once (TABLE_BYTES plus SLOT_BYTES
+ * per key), whatever its depth and however many times it is referenced -- shared and cyclic
+ * tables included -- plus every string key and value where it occurs.  Iterative (a work list
+ * and a seen set, both Lua tables), so its cost is linear in the distinct tables and slots,
+ * and it stops as soon as the total passes limit.  Returns the bytes, or UNMEASURED when the
+ * page holds a function, full userdata or thread, or is larger than limit.  Metatables are
+ * not followed (shared by design; not counted).  Raises only when Lua is out of memory. */
+static size_t measure(lua_State *L, int idx, size_t limit)
+{
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) != LUA_TTABLE)
+        return scalar_bytes(L, idx);
+    luaL_checkstack(L, 8, "esx.cache: measuring a page");
+    int top = lua_gettop(L);
+    lua_newtable(L); /* top + 1: seen set */
+    lua_newtable(L); /* top + 2: tables still to visit */
+    int seen = top + 1, todo = top + 2;
+    lua_Integer n = 0;
+    size_t bytes = 0;
+    lua_pushvalue(L, idx);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, seen);
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, todo, ++n);
+    while (n > 0) {
+        lua_rawgeti(L, todo, n); /* top + 3: the table */
+        lua_pushnil(L);
+        lua_rawseti(L, todo, n--);
+        bytes += TABLE_BYTES;
+        lua_pushnil(L);
+        while (lua_next(L, top + 3) != 0) {
+            bytes += SLOT_BYTES;
+            for (int i = -2; i <= -1; i++) {
+                size_t v = scalar_bytes(L, i);
+                if (v == UNMEASURED || v > limit) {
+                    lua_settop(L, top);
+                    return UNMEASURED;
+                }
+                bytes += v;
+                if (lua_type(L, i) == LUA_TTABLE) {
+                    lua_pushvalue(L, i);
+                    lua_rawget(L, seen);
+                    int was = lua_toboolean(L, -1);
+                    lua_pop(L, 1);
+                    if (!was) {
+                        lua_pushvalue(L, i);
+                        lua_pushboolean(L, 1);
+                        lua_rawset(L, seen);
+                        lua_pushvalue(L, i);
+                        lua_rawseti(L, todo, ++n);
+                    }
+                }
+            }
+            lua_pop(L, 1);
+            if (bytes > limit) {
+                lua_settop(L, top);
+                return UNMEASURED;
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lua_settop(L, top);
+    return bytes;
+}
+
+/* Serialises the value at idx into b (shared mode's hand-off).  Fails (b->failed) on
+ * functions and userdata, on tables nested deeper than MAX_DEPTH -- so a cycle fails -- and
+ * past b->limit; it stops at the first failure, so its cost is bounded by b->limit.  A table
+ * referenced twice is written twice. */
+static void walk(lua_State *L, int idx, sbuf *b, int depth)
+{
+    if (b->failed)
+        return;
     idx = lua_absindex(L, idx);
     switch (lua_type(L, idx)) {
     case LUA_TSTRING: {
         size_t len;
         const char *s = lua_tolstring(L, idx, &len);
-        if (b) {
-            uint32_t n = (uint32_t)len;
-            sb_tag(b, 's');
-            sb_put(b, &n, 4);
-            sb_put(b, s, len);
+        uint32_t n = (uint32_t)len;
+        if (len > UINT32_MAX) {
+            b->failed = 1;
+            return;
         }
-        return len + STRING_BYTES;
+        sb_tag(b, 's');
+        sb_put(b, &n, 4);
+        sb_put(b, s, len);
+        return;
     }
     case LUA_TNUMBER:
-        if (b) {
-            if (esx_isinteger(L, idx)) {
-                long long v = esx_tointeger(L, idx);
-                sb_tag(b, 'i');
-                sb_put(b, &v, 8);
-            } else {
-                double d = (double)lua_tonumber(L, idx);
-                sb_tag(b, 'd');
-                sb_put(b, &d, 8);
-            }
+        if (esx_isinteger(L, idx)) {
+            long long v = esx_tointeger(L, idx);
+            sb_tag(b, 'i');
+            sb_put(b, &v, 8);
+        } else {
+            double d = (double)lua_tonumber(L, idx);
+            sb_tag(b, 'd');
+            sb_put(b, &d, 8);
         }
-        return 0;
+        return;
     case LUA_TBOOLEAN:
-        if (b)
-            sb_tag(b, lua_toboolean(L, idx) ? 'T' : 'F');
-        return 0;
+        sb_tag(b, lua_toboolean(L, idx) ? 'T' : 'F');
+        return;
     case LUA_TTABLE: {
-        size_t bytes = TABLE_BYTES;
-        if (depth >= MAX_DEPTH) {
-            if (b)
-                b->failed = 1;
-            return bytes;
+        if (depth >= MAX_DEPTH || !lua_checkstack(L, 3)) {
+            b->failed = 1;
+            return;
         }
-        luaL_checkstack(L, 3, "esx.cache: page too deep");
-        size_t count_at = 0;
         uint32_t count = 0;
-        if (b) {
-            sb_tag(b, 't');
-            count_at = b->len;
-            sb_put(b, &count, 4);
-        }
+        sb_tag(b, 't');
+        size_t count_at = b->len;
+        sb_put(b, &count, 4);
         lua_pushnil(L);
         while (lua_next(L, idx) != 0) {
-            bytes += SLOT_BYTES + walk(L, -2, b, depth + 1) + walk(L, -1, b, depth + 1);
+            walk(L, -2, b, depth + 1);
+            walk(L, -1, b, depth + 1);
             count++;
             lua_pop(L, 1);
+            if (b->failed) {
+                lua_pop(L, 1);
+                return;
+            }
         }
-        if (b && !b->failed)
-            memcpy(b->buf + count_at, &count, 4);
-        return bytes;
+        memcpy(b->buf + count_at, &count, 4);
+        return;
     }
-    default:
-        /* functions, userdata (e.g. cjson.null): counted as a slot, not serialisable */
-        if (b)
-            b->failed = 1;
-        return 0;
+    default: /* functions, userdata (e.g. cjson.null): not serialisable */
+        b->failed = 1;
+        return;
     }
 }
 
@@ -297,12 +387,26 @@ static void json_number(lua_State *L, int idx, sbuf *b)
     sb_put(b, num, (size_t)n);
 }
 
-static void json_value(lua_State *L, int idx, sbuf *b, int depth);
+/* The tables being encoded, outermost first: path[d] is the table at depth d. */
+typedef const void *json_path[MAX_DEPTH + 1];
+
+static void json_value(lua_State *L, int idx, sbuf *b, int depth, json_path path);
 
 /* Encodes the table at idx; skip_read leaves out a "read" key; open leaves the object open
- * (no closing brace) and returns whether anything was written after the opening brace. */
-static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, int open)
+ * (no closing brace) and returns whether anything was written after the opening brace.
+ * A table that contains itself (one of its ancestors in path) cannot be JSON: b fails with
+ * b->cycle set.  Stops at the first failure, so its cost is bounded by b->limit. */
+static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, int open,
+                      json_path path)
 {
+    const void *self = lua_topointer(L, idx);
+    for (int d = 0; d < depth; d++) {
+        if (path[d] == self) {
+            b->failed = b->cycle = 1;
+            return 0;
+        }
+    }
+    path[depth] = self;
     size_t n = lua_rawlen(L, idx), count = 0;
     int array = n > 0 && !open;
     lua_pushnil(L);
@@ -318,8 +422,10 @@ static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, 
             if (i > 1)
                 sb_put(b, ",", 1);
             lua_rawgeti(L, idx, (int)i);
-            json_value(L, -1, b, depth + 1);
+            json_value(L, -1, b, depth + 1, path);
             lua_pop(L, 1);
+            if (b->failed)
+                return 1;
         }
         sb_put(b, "]", 1);
         return 1;
@@ -337,7 +443,7 @@ static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, 
             if (skip_read && klen == 4 && memcmp(k, "read", 4) == 0)
                 k = NULL;
         } else if (kt == LUA_TNUMBER) {
-            sbuf kb = {num, 0, sizeof num, sizeof num, 0}; /* fits: never reallocated */
+            sbuf kb = {num, 0, sizeof num, sizeof num, 0, 0}; /* fits: never reallocated */
             lua_pushvalue(L, -2);
             json_number(L, -1, &kb);
             lua_pop(L, 1);
@@ -350,16 +456,20 @@ static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, 
             first = 0;
             json_string(b, k, klen);
             sb_put(b, ":", 1);
-            json_value(L, -1, b, depth + 1);
+            json_value(L, -1, b, depth + 1, path);
         }
         lua_pop(L, 1);
+        if (b->failed) {
+            lua_pop(L, 1);
+            return !first;
+        }
     }
     if (!open)
         sb_put(b, "}", 1);
     return !first;
 }
 
-static void json_value(lua_State *L, int idx, sbuf *b, int depth)
+static void json_value(lua_State *L, int idx, sbuf *b, int depth, json_path path)
 {
     idx = lua_absindex(L, idx);
     switch (lua_type(L, idx)) {
@@ -380,7 +490,7 @@ static void json_value(lua_State *L, int idx, sbuf *b, int depth)
         return;
     case LUA_TTABLE:
         if (depth < MAX_DEPTH && lua_checkstack(L, 4)) {
-            json_table(L, idx, b, depth, 0, 0);
+            json_table(L, idx, b, depth, 0, 0, path);
             return;
         }
         /* fall through */
@@ -398,7 +508,7 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     size_t head = 4 + (size_t)n * 8 + ((size_t)n + 1) * 4;
     if (head > limit)
         return NULL;
-    sbuf b = {NULL, 0, 0, limit, 0};
+    sbuf b = {NULL, 0, 0, limit, 0, 0};
     sb_put(&b, &n, 4);
     for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
         lua_rawgeti(L, idx, (int)i + 1);
@@ -418,8 +528,11 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
         if (!b.failed)
             memcpy(b.buf + offs_at + (size_t)i * 4, &off, 4);
         lua_rawgeti(L, idx, (int)i + 1);
-        json_table(L, lua_gettop(L), &b, 1, 1, 1);
+        json_path path = {NULL};
+        json_table(L, lua_gettop(L), &b, 1, 1, 1, path);
         lua_pop(L, 1);
+        if (b.failed)
+            break;
     }
     uint32_t end = (uint32_t)(b.len - frags_at);
     if (!b.failed)
@@ -477,6 +590,17 @@ static int l_seq(lua_State *L)
     return 1;
 }
 
+/* ud:changed(kind, key, start_seq) -> whether key was invalidated since start_seq. */
+static int l_changed(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    int kind = (int)luaL_checkinteger(L, 2);
+    uint64_t key = check_id(L, 3);
+    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 4);
+    lua_pushboolean(L, esx_cache_changed(lc->core, kind, key, start_seq));
+    return 1;
+}
+
 /* ud:page_get(page_no, now) -> page list, or nil on a miss. */
 static int l_page_get(lua_State *L)
 {
@@ -498,7 +622,9 @@ static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double 
 {
     if (page_no < 1 || page_no > lc->max_pages)
         return 0;
-    size_t bytes = walk(L, idx, NULL, 0), blob_len = 0;
+    size_t bytes = measure(L, idx, lc->max_bytes), blob_len = 0;
+    if (bytes == UNMEASURED) /* larger than max_bytes, or holds what cannot be measured */
+        return 0;
     void *blob = page_blob(L, idx, lc->max_bytes, &blob_len);
     int rc = esx_cache_page_put(lc->core, page_no, bytes, now, start_seq, blob, blob ? blob_len : 0);
     if (rc != 1)
@@ -527,9 +653,11 @@ static int l_page_put(lua_State *L)
     char msg[128];
     const char *bad = check_page(L, 3, msg, sizeof msg);
     if (has_ticket) {
-        sbuf b = {NULL, 0, 0, ESX_CACHE_SLOT_BYTES, 0};
+        sbuf b = {NULL, 0, 0, ESX_CACHE_SLOT_BYTES, 0, 0};
         if (bad == NULL)
             walk(L, 3, &b, 0);
+        else
+            b.failed = 1;
         int ok = bad == NULL && !b.failed;
         esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b.buf : NULL,
                          ok ? b.len : 0, start_seq, now);
@@ -785,15 +913,21 @@ static int l_read_json(lua_State *L)
     return 1;
 }
 
-/* core.cache_json(value) -> JSON text of value (the encoding of read_json). */
+/* core.cache_json(value) -> JSON text of value (the encoding of read_json), or nil, message
+ * when value contains a cycle (a table inside itself), or its text would pass 1 GiB or
+ * cannot be allocated. */
 static int l_json(lua_State *L)
 {
     luaL_checkany(L, 1);
-    sbuf b = {NULL, 0, 0, (size_t)1 << 30, 0};
-    json_value(L, 1, &b, 0);
+    sbuf b = {NULL, 0, 0, (size_t)1 << 30, 0, 0};
+    json_path path = {NULL};
+    json_value(L, 1, &b, 0, path);
     if (b.failed) {
         free(b.buf);
-        return luaL_error(L, "esx.cache: out of memory encoding JSON");
+        lua_pushnil(L);
+        lua_pushstring(L, b.cycle ? "a table contains itself (a cycle cannot be JSON)"
+                                  : "the JSON text is larger than 1 GiB, or out of memory");
+        return 2;
     }
     lua_pushlstring(L, b.buf ? b.buf : "", b.len);
     free(b.buf);
@@ -1040,7 +1174,7 @@ static int l_clock(lua_State *L)
 }
 
 static const luaL_Reg methods[] = {
-    {"sync", l_sync},           {"seq", l_seq},         {"page_get", l_page_get},
+    {"sync", l_sync},           {"seq", l_seq},         {"changed", l_changed},         {"page_get", l_page_get},
     {"page_put", l_page_put},   {"readers_put", l_readers_put},
     {"has_read", l_has_read},   {"read_flags", l_read_flags}, {"read_json", l_read_json},
     {"lock", l_lock},           {"unlock", l_unlock},   {"poll", l_poll},

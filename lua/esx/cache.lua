@@ -112,25 +112,39 @@ local function default_wait()
 end
 
 -- Runs load(self, key) once for concurrent callers of one key in this Lua state; returns the
--- in-flight record {value=, err=} every caller shares.
-local function single_flight(self, flights, key, load)
+-- in-flight record {value=, err=} every caller shares.  A caller never joins a load that
+-- began before an invalidation of its key (in this process or, shared, in any): that load's
+-- result is older than the invalidation the caller may have seen, so it loads by itself.
+-- A record's deadline is its load's start + lock_timeout, whenever a waiter arrived: a load
+-- that outlives it (stuck, or its coroutine abandoned: a killed light thread) is no longer
+-- joined, and its waiters give up then, look at the cache again (another caller may have
+-- loaded meanwhile: recheck(self, key) -> value or nil), join a newer load of the key if
+-- there is one, and only then load by themselves.
+local function single_flight(self, flights, kind, key, load, recheck)
+  local cc = self._cc
   local rec = flights[key]
-  if rec then
+  while rec do
+    if (cc and cc:changed(kind, key, rec.start)) or core_clock() > rec.deadline then break end
     self._counters.waits = self._counters.waits + 1
-    local deadline = core_clock() + self._lock_timeout
     if rec.sema then -- woken as soon as the load ends (raises where nginx cannot wait)
       rec.waiters = rec.waiters + 1
-      pcall(rec.sema.wait, rec.sema, self._lock_timeout / 1000)
+      pcall(rec.sema.wait, rec.sema, (rec.deadline - core_clock()) / 1000)
     end
     local attempt = 0
     while not rec.done do
-      if core_clock() > deadline or not self._wait(attempt) then break end
+      if core_clock() > rec.deadline or not self._wait(attempt) then break end
       attempt = attempt + 1
     end
     if rec.done then return rec end
-    -- could not wait (or waited too long): load by ourselves, uncoordinated
+    if core_clock() <= rec.deadline then break end -- cannot wait: load by ourselves
+    if self._cc == nil then break end -- closed meanwhile: the load reports it
+    local value = recheck(self, key)
+    if value ~= nil then return { done = true, value = value } end
+    local newer = flights[key]
+    if newer == rec then break end
+    rec = newer
   end
-  rec = { done = false }
+  rec = { done = false, start = cc and cc:seq() or 0, deadline = core_clock() + self._lock_timeout }
   if self._use_sema then
     local ok, sema = pcall(semaphore.new, 0)
     if ok then rec.sema, rec.waiters = sema, 0 end
@@ -234,32 +248,47 @@ local function load_readers(self, article)
   return list
 end
 
+-- What another caller may have cached while this one waited (single_flight's recheck).
+local function cached_page(self, page_no)
+  return self._cc:page_get(page_no, self._clock())
+end
+
+local function cached_readers(self, article)
+  if self._cc:has_read(article, 0, self._clock(), true) ~= nil then return true end
+end
+
 local function get_page(self, page_no)
   local page = self._cc:page_get(page_no, self._clock())
   if page then return page end
-  local rec = single_flight(self, self._page_flights, page_no, load_page)
+  local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page, cached_page)
   if rec.err then return nil, rec.err end
   return rec.value
 end
 
 -- The read flag of (article, user), loading the reader set when needed.
--- `counted`: the caller already counted this lookup's miss.
-local function read_flag(self, article, user, counted)
+-- `counted`: the caller already counted this lookup's miss.  `lists` (optional): article ->
+-- id list loaded earlier in this call and not cacheable; used instead of loading again, and
+-- filled with what this call loads.
+local function read_flag(self, article, user, counted, lists)
   local cc = self._cc
   local v = cc:has_read(article, user, self._clock(), counted)
   if v ~= nil then return v end
-  local rec = single_flight(self, self._readers_flights, article, load_readers)
-  if rec.err then return nil, rec.err end
-  if self._cc == nil then return closed_error() end
-  v = cc:has_read(article, user, self._clock(), true)
-  if v ~= nil then return v end
-  local list = rec.value
-  if type(list) ~= "table" then
-    -- another process's result could not be cached here: load it ourselves
-    local err
-    list, err = load_readers(self, article)
-    if not list then return nil, err end
-    if type(list) ~= "table" then return false end
+  local list = lists and lists[article]
+  if list == nil then
+    local rec = single_flight(self, self._readers_flights, READERS, article, load_readers, cached_readers)
+    if rec.err then return nil, rec.err end
+    if self._cc == nil then return closed_error() end
+    v = cc:has_read(article, user, self._clock(), true)
+    if v ~= nil then return v end
+    list = rec.value
+    if type(list) ~= "table" then
+      -- another process's result could not be cached here: load it ourselves
+      local err
+      list, err = load_readers(self, article)
+      if not list then return nil, err end
+      if type(list) ~= "table" then return false end
+    end
+    if lists then lists[article] = list end
   end
   for _, id in ipairs(list) do -- not cacheable (larger than max_bytes): answer from the list
     if id == user then return true end
@@ -303,11 +332,11 @@ end
 
 -- The page's articles as copies with `read` for user_id (one C call, then loads for the
 -- articles whose reader set is not cached).
-local function compose(self, page, user_id)
+local function compose(self, page, user_id, lists)
   local res, missing = self._cc:read_flags(page, user_id, self._clock())
   if missing then
     for _, i in ipairs(missing) do
-      local flag, err = read_flag(self, page[i].id, user_id, true)
+      local flag, err = read_flag(self, page[i].id, user_id, true, lists)
       if flag == nil then return nil, err end
       res[i].read = flag
     end
@@ -338,6 +367,7 @@ function Cache:read_articles_json(user_id, page_no)
   if not cc then return closed_error() end
   if self._shared then cc:sync() end
   local page -- the loaded list, when this call loaded it
+  local lists = {} -- article -> reader ids this call loaded (used when they cannot be cached)
   local readers_counted = false
   for attempt = 1, 3 do
     local json, missing = cc:read_json(page_no, user_id, self._clock(), attempt > 1, readers_counted)
@@ -345,18 +375,25 @@ function Cache:read_articles_json(user_id, page_no)
     if missing then readers_counted = true end
     if json == false then
       if page then break end -- loaded but not cacheable (beyond max_pages, too large)
-      local rec = single_flight(self, self._page_flights, page_no, load_page)
+      local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page, cached_page)
       if rec.err then return nil, rec.err end
       page = rec.value
     elseif missing then
+      local all_listed = true
       for _, article in ipairs(missing) do
-        -- (an article can appear twice on a page: load it once)
-        if cc:has_read(article, 0, self._clock(), true) == nil then
-          local rec = single_flight(self, self._readers_flights, article, load_readers)
-          if rec.err then return nil, rec.err end
-          if not self._cc then return closed_error() end
+        -- (an article can appear twice on a page, or its set was loaded by an earlier attempt
+        -- and could not be cached (larger than max_bytes, readers_ttl = 0): load it once)
+        if lists[article] == nil then
+          all_listed = false
+          if cc:has_read(article, 0, self._clock(), true) == nil then
+            local rec = single_flight(self, self._readers_flights, READERS, article, load_readers, cached_readers)
+            if rec.err then return nil, rec.err end
+            if not self._cc then return closed_error() end
+            if type(rec.value) == "table" then lists[article] = rec.value end
+          end
         end
       end
+      if all_listed then break end -- loaded here but not cacheable: compose from the lists
     else
       break -- cached without its JSON (out of memory then): use the tables
     end
@@ -368,9 +405,13 @@ function Cache:read_articles_json(user_id, page_no)
     if not page then return nil, err end
   end
   if not self._cc then return closed_error() end
-  local res, err = compose(self, page, user_id)
+  local res, err = compose(self, page, user_id, lists)
   if not res then return nil, err end
-  return json_encode(res)
+  local json, why = json_encode(res)
+  if not json then -- a cycle in the page (read_articles serves it; JSON cannot)
+    return nil, make_error("load", "cannot encode the page from load_page as JSON: " .. why)
+  end
+  return json
 end
 
 --- cache:has_read(article_id, user_id) -> boolean, or nil, err
