@@ -193,6 +193,19 @@ describe("col:handle", function()
     c2:close()
   end)
 
+  it("admits a request with more of a site's events than site_burst when the bucket is full", function()
+    local c2 = new{ site_rate = 2, site_burst = 3 }
+    local evs = {}
+    for i = 1, 7 do evs[i] = ev() end
+    assert.equal(204, (post(c2, cjson.encode(evs)))) -- the bucket (3) goes 4 into debt
+    local status, headers = post(c2, cjson.encode(ev()))
+    assert.equal(429, status)
+    -- the debt of 4 plus this event's 1, at 2 per second: 2.5 s
+    assert.equal("3", headers["Retry-After"])
+    assert.equal(204, (post(c2, cjson.encode(ev({ site_id = "other" })))))
+    c2:close()
+  end)
+
   it("answers CORS preflights and echoes allowed origins with credentials", function()
     local c2 = new{ allowed_origins = { "https://shop.example" } }
     local status, headers = c2:handle{ method = "OPTIONS", headers = { origin = "https://shop.example",

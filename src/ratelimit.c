@@ -125,8 +125,11 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
             continue;
         }
         refill(rl, b, now_ms);
-        if (b->tokens < counts[i]) {
-            double need = counts[i] > rl->burst ? rl->burst : counts[i];
+        /* A request with more of a site's events than its bucket holds goes when the bucket is
+         * full, leaving it in debt (the site's next requests wait the debt off); waiting for
+         * more tokens than the bucket holds would refuse it for ever. */
+        double need = counts[i] > rl->burst ? rl->burst : counts[i];
+        if (b->tokens < need) {
             int64_t ms = (int64_t)((need - b->tokens) * 1000.0 / rl->rate) + 1;
             if (ms > wait)
                 wait = ms;
