@@ -486,6 +486,30 @@ describe("col:rollups", function()
     col:close()
   end)
 
+  it("never lets a late copy of a row overwrite a newer one", function()
+    srv:reset()
+    local col = new{ flush_interval = 50, rollup = { interval = 100 },
+                     retry_backoff_min = 1200, retry_backoff_max = 1200 }
+    local function one(id)
+      assert.equal(204, (post(col, cjson.encode(ev({ block_id = "late", event_id = id })))))
+    end
+    -- the first bulk (the event and the row at count 1) is answered 429 item by item: both
+    -- come back after 0.6-1.2 s, when the row at count 2 has already been written
+    srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
+    one("late-1")
+    socket.sleep(0.3)
+    one("late-2")
+    assert.is_true(col:flush(10000))
+    socket.sleep(1.3) -- past the back-off: the count-1 copy has been sent again
+    assert.is_true(col:flush(10000))
+    assert(client:refresh("rollups-*"))
+    local res = assert(client:search("rollups-*", { query = { term = { block_id = "late" } }, version = true }))
+    assert.equal(1, #res.hits.hits)
+    assert.equal(2, res.hits.hits[1]._source.count)
+    assert.equal(2, res.hits.hits[1]._version)
+    col:close()
+  end)
+
   it("writes rows that add up across instances (counts sum, uniques merge)", function()
     local a = new{ instance = "a" }
     local b = new{ instance = "b" }

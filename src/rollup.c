@@ -168,18 +168,20 @@ static int write_row(esx_rollups *r, const esx_rollup_row *row, const char *inst
         esx_base64_encode(raw, rawlen, b64);
         uniques = esx_hll_estimate(row->hll);
     }
-    size_t cap = 1024 + (b64 ? strlen(b64) : 0);
+    size_t cap = 2048 + (b64 ? strlen(b64) : 0);
     char *line = malloc(cap);
     int rc = -1;
     if (line) {
         int n = snprintf(line, cap,
-                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%lld-%016llx\"}}\n"
+                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%lld-%016llx\","
+                         "\"version\":%llu,\"version_type\":\"external_gte\"}}\n"
                          "{\"instance\":\"%s\",\"window_start\":%lld,\"window\":%lld,"
                          "\"@timestamp\":\"%s\",\"site_id\":\"%s\",\"block_id\":\"%s\","
                          "\"variant\":\"%s\",\"type\":\"%s\",\"count\":%llu,"
                          "\"uniques\":%.0f,\"hll\":\"%s\"}\n",
                          index, instance, (long long)row->window_start, (unsigned long long)id,
-                         instance, (long long)row->window_start, (long long)r->window, stamp,
+                         (unsigned long long)row->count, instance, (long long)row->window_start,
+                         (long long)r->window, stamp,
                          row->site_id, row->block_id, row->variant, row->type,
                          (unsigned long long)row->count, uniques, b64 ? b64 : "");
         if (n > 0 && (size_t)n < cap)

@@ -18,6 +18,7 @@ local function write_opts(ctx, op_type)
     error(errors.illegal_argument("opType must be 'create' or 'index', found: [" .. tostring(a.op_type) .. "]"), 0)
   end
   return { op_type = op_type or a.op_type or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
+    version = a.version, version_type = a.version_type,
     refresh = refresh_flag(a), wait_for = a.refresh == "wait_for" }
 end
 

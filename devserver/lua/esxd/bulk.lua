@@ -166,7 +166,8 @@ function _M.execute(ops, params, fault, started)
               nil, { caused_by = { type = "json_parse_exception", reason = tostring(derr or "not an object") } })
           else
             st, res = store.index(op.index, id, src, op.source_line,
-              { op_type = op.action, if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+              { op_type = op.action, if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term,
+                version = op.meta.version, version_type = op.meta.version_type })
             if not st then err = res end
           end
         end

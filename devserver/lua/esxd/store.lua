@@ -144,6 +144,41 @@ local function check_cas(idx, id, cur, opts)
   end
 end
 
+-- External versioning (version_type external / external_gte): the caller's version must be
+-- higher than (external) or at least (external_gte) the document's, deleted documents
+-- included, and becomes the document's version.  Returns the version to store (nil for
+-- internal versioning) or nil, error.
+local function check_version(idx, id, cur, opts)
+  local vt = opts.version_type
+  if vt == nil and opts.version == nil then return nil end
+  vt = vt or "internal"
+  if vt ~= "internal" and vt ~= "external" and vt ~= "external_gte" then
+    return nil, errors.illegal_argument("No version type match [" .. tostring(vt) .. "]")
+  end
+  local v = tonumber(opts.version)
+  if vt == "internal" then
+    if opts.version == nil then return nil end
+    return nil, errors.new(400, "action_request_validation_exception",
+      "Validation Failed: 1: internal versioning can not be used for optimistic concurrency control. " ..
+      "Please use `if_seq_no` and `if_primary_term` instead;")
+  end
+  if opts.op_type == "create" then
+    return nil, errors.new(400, "action_request_validation_exception",
+      "Validation Failed: 1: create operations only support internal versioning. use index instead;")
+  end
+  if v == nil or v < 0 or v ~= math.floor(v) then
+    return nil, errors.new(400, "action_request_validation_exception",
+      ("Validation Failed: 1: illegal version value [%s] for version type [%s];")
+        :format(tostring(opts.version), vt:upper()))
+  end
+  local have = cur and cur.version or idx.tombstones[id]
+  if have and (vt == "external" and have >= v or vt == "external_gte" and have > v) then
+    return nil, conflict(idx, id, ("version conflict, current version [%d] is %s the one provided [%d]")
+      :format(have, vt == "external" and "higher or equal to" or "higher than", v))
+  end
+  return v
+end
+
 local function doc_parse_error(id, bad)
   local preview = type(bad.value) == "table" and "{...}" or tostring(bad.value)
   if bad.object then
@@ -156,12 +191,12 @@ local function doc_parse_error(id, bad)
       :format(bad.field, bad.type, id, preview))
 end
 
-local function put(idx, id, source, raw, cur, opts)
+local function put(idx, id, source, raw, cur, opts, external)
   local bad = mapping.check(idx.types, source)
   if bad then return nil, doc_parse_error(id, bad) end
   mapping.learn(idx.types, source)
   idx.seq_no = idx.seq_no + 1
-  local version = cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1
+  local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
   local rec = { id = id, source = source, raw = raw, version = version, seq_no = idx.seq_no }
   if not cur then idx.count = idx.count + 1 end
   idx.docs[id] = rec
@@ -181,7 +216,8 @@ local function check_id(id)
 end
 
 -- Index (or create) a document. source: decoded table; raw: its JSON text.
--- opts: op_type ("index"|"create"), if_seq_no, if_primary_term, refresh (bool).
+-- opts: op_type ("index"|"create"), if_seq_no, if_primary_term, version, version_type,
+-- refresh (bool).
 -- Returns status, result-object or nil, error.
 function _M.index(name, id, source, raw, opts)
   opts = opts or {}
@@ -198,9 +234,11 @@ function _M.index(name, id, source, raw, opts)
   if opts.op_type == "create" and cur then
     return nil, conflict(idx, id, ("version conflict, document already exists (current version [%d])"):format(cur.version))
   end
+  local external, verr = check_version(idx, id, cur, opts)
+  if verr then return nil, verr end
   local cas = check_cas(idx, id, cur, opts)
   if cas then return nil, cas end
-  local rec, perr = put(idx, id, source, raw, cur, opts)
+  local rec, perr = put(idx, id, source, raw, cur, opts, external)
   if not rec then return nil, perr end
   return cur and 200 or 201, result(idx, id, rec.version, rec.seq_no, cur and "updated" or "created", opts.refresh)
 end
