@@ -620,6 +620,26 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps rollup rows within queue_max_bytes while the sink is away", function()
+    local dir = tmpdir()
+    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 8192, rollup = { interval = 100 },
+                     retry_backoff_min = 1000, retry_backoff_max = 1000 }
+    for round = 1, 8 do
+      for b = 1, 40 do -- 40 rows, all dirty again every round
+        assert.equal(204, (post(col, cjson.encode(ev({ block_id = "b" .. b, user_id = "u" .. round })))))
+      end
+      socket.sleep(0.12)
+    end
+    local s = col:stats()
+    assert.is_true(s.spilled > 0)
+    assert.is_true(s.queued_bytes <= 8192 + 1024, "queued_bytes " .. s.queued_bytes)
+    assert.equal(40, s.rollup_rows) -- still counted, waiting to be written
+    col:close(0)
+    c2:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("answers 503 once spool_max_bytes is reached as well", function()
     local dir = tmpdir()
     local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })

@@ -583,7 +583,13 @@ static void housekeeping(esx_collector *col, int64_t now)
         int64_t window = esx_rollups_window(col->rollups);
         int64_t current = wall - wall % window;
         int all = col->emit_now || now - col->last_rollup_emit >= col->cfg.rollup_interval;
-        if (all || current != col->rollup_window_seen) {
+        if ((all || current != col->rollup_window_seen) &&
+            col->queue_bytes >= col->cfg.queue_max_bytes && !col->emit_now) {
+            /* No room (the sink is away): the rows stay dirty in the table, bounded by
+             * rollup.max_rows, and are written once the queue drains -- a copy per interval
+             * of every dirty row would grow the queue past its bound for the whole outage. */
+            col->last_rollup_emit = now;
+        } else if (all || current != col->rollup_window_seen) {
             if (esx_rollups_emit(col->rollups, wall, all, col->cfg.instance,
                                  col->cfg.rollup_index_fmt, emit_rollup_line, col) >= 0) {
                 col->rollup_window_seen = current;
