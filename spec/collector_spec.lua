@@ -620,6 +620,28 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps the write-ahead segments within spool_max_bytes too", function()
+    local dir = tmpdir()
+    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    -- memory has room for everything: each request is written ahead, and nothing is
+    -- acknowledged, so no segment can go
+    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 1024 * 1024,
+                     spool_max_bytes = 8192, spool_segment_bytes = 4096 }
+    local statuses = {}
+    for i = 1, 60 do
+      local st = post(col, cjson.encode(ev({ pad = string.rep("p", 100) })))
+      statuses[st] = (statuses[st] or 0) + 1
+    end
+    local s = col:stats()
+    assert.is_true(statuses[204] > 0 and statuses[503] > 0)
+    assert.equal(statuses[503], s.rejected.queue_full)
+    assert.equal(0, s.spilled)
+    assert.is_true(s.spool_bytes <= 8192, "spool_bytes " .. s.spool_bytes)
+    col:close(0)
+    c2:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("keeps rollup rows within queue_max_bytes while the sink is away", function()
     local dir = tmpdir()
     local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })

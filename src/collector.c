@@ -954,21 +954,20 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
 
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
-    int overflow = 0;
-    if (col->queue_bytes + total > col->cfg.queue_max_bytes ||
-        (col->spool && esx_spool_has_backlog(col->spool))) {
-        /* memory is full (or disk already holds older events, which go first): with a
-         * spool the events wait on disk, within spool_max_bytes */
-        if (col->spool && col->spool->bytes_on_disk + col->lines.len + 8 <= col->cfg.spool_max_bytes) {
-            overflow = 1;
-        } else {
-            col->st.rejected[ESX_RJ_QUEUE_FULL] += (uint64_t)n;
-            pthread_mutex_unlock(&col->mu);
-            out->status = 503;
-            out->retry_after_ms = 1000;
-            snprintf(out->message, sizeof out->message, "the queue is full");
-            return;
-        }
+    /* Memory is full (or disk already holds older events, which go first): with a spool the
+     * events wait on disk.  With a spool every accepted request is written to it -- ahead of
+     * memory, or instead of it -- and its files stay within spool_max_bytes either way (a
+     * few events that wait for a retry keep a whole write-ahead segment on disk). */
+    int overflow = col->queue_bytes + total > col->cfg.queue_max_bytes ||
+                   (col->spool && esx_spool_has_backlog(col->spool));
+    if ((overflow && !col->spool) ||
+        (col->spool && col->spool->bytes_on_disk + col->lines.len + 8 > col->cfg.spool_max_bytes)) {
+        col->st.rejected[ESX_RJ_QUEUE_FULL] += (uint64_t)n;
+        pthread_mutex_unlock(&col->mu);
+        out->status = 503;
+        out->retry_after_ms = 1000;
+        snprintf(out->message, sizeof out->message, "the queue is full");
+        return;
     }
     if (col->rl) {
         int64_t wait = esx_ratelimit_take(col->rl, sites, counts, k, now);
