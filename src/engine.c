@@ -58,10 +58,14 @@ typedef struct h1_node {
 } h1_node;
 
 struct esx_engine {
-    const esx_config *cfg;
+    const esx_config *cfg;      /* &own_cfg */
+    esx_config own_cfg;         /* a copy: the client may be freed before its engine (below) */
     pthread_mutex_t mu;
     pthread_t thread;
     int thread_started;
+    int free_on_exit;           /* I/O thread only: esx_engine_free was called on this thread
+                                 * (a completion callback dropped the client's last
+                                 * reference); the thread frees the engine when its loop ends */
     atomic_int alive;
     atomic_int stop;
     atomic_int kill;
@@ -1379,6 +1383,8 @@ static void mark_dead(void *arg)
     atomic_store(&e->alive, 0);
 }
 
+static void free_rest(esx_engine *e);
+
 static void *io_main(void *arg)
 {
     esx_engine *e = arg;
@@ -1466,6 +1472,8 @@ static void *io_main(void *arg)
     if (atomic_load(&e->stop))
         fail_all(e, ESX_ECLOSED, "the client was closed");
     pthread_cleanup_pop(1);
+    if (e->free_on_exit)
+        free_rest(e); /* nobody else holds e: its client is gone and the thread detached */
     return NULL;
 }
 
@@ -1478,7 +1486,10 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         snprintf(why, 256, "out of memory");
         return NULL;
     }
-    e->cfg = cfg;
+    e->own_cfg = *cfg;
+    e->own_cfg.n_headers = 0; /* the client's strings: requests carry their headers */
+    memset(e->own_cfg.headers, 0, sizeof e->own_cfg.headers);
+    e->cfg = &e->own_cfg;
     e->pid = esx_pid();
     e->generation = atomic_fetch_add(&next_generation, 1);
     e->rng = (unsigned)e->generation * 2654435761u ^ (unsigned)e->pid;
@@ -1594,6 +1605,7 @@ static void free_rest(esx_engine *e)
         unlink(e->listen_path);
     }
     pthread_mutex_destroy(&e->mu);
+    explicit_bzero(&e->own_cfg, sizeof e->own_cfg);
     free(e);
 }
 
@@ -1602,6 +1614,16 @@ void esx_engine_free(esx_engine *e)
     if (e == NULL)
         return;
     atomic_store(&e->stop, 1);
+    if (pthread_equal(pthread_self(), e->thread)) {
+        /* Called from a completion callback on the I/O thread itself: joining would fail
+         * (EDEADLK) and freeing here would pull the loop's state from under it.  The loop
+         * sees `stop` when the callback returns, fails what is left with "closed" and frees
+         * the engine on its way out. */
+        e->free_on_exit = 1;
+        pthread_detach(e->thread);
+        curl_multi_wakeup(e->multi);
+        return;
+    }
     curl_multi_wakeup(e->multi);
     pthread_join(e->thread, NULL);
     /* a thread that died early (internal failure) left work behind */
