@@ -556,6 +556,37 @@ describe("pool limits", function()
     short:stop()
   end)
 
+  it("waits for a slot without spinning while its node is marked dead but due for a retry", function()
+    -- CPU time of the whole process, every thread (utime + stime, in clock ticks of 1/100 s)
+    local function cpu_s()
+      local f = assert(io.open("/proc/self/stat"))
+      local s = f:read("*a")
+      f:close()
+      local t = {}
+      for w in s:match("%) (.*)$"):gmatch("%S+") do t[#t + 1] = w end
+      return (tonumber(t[12]) + tonumber(t[13])) / 100
+    end
+    local c = client{ max_per_route = 1, max_retries = 0, dead_backoff_min = 100,
+                      dead_backoff_max = 100, pool_timeout = 5000 }
+    srv:fault{ path = "/", status = 503, count = 1 }
+    local _, err = c:request("GET", "/")
+    assert.equal(503, err.status)
+    socket.sleep(0.2) -- due for a retry, but marked dead until it answers
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local first = assert(c:send("GET", "/"))
+    socket.sleep(0.1)
+    local second = assert(c:send("GET", "/"))
+    assert.equal(1, c:stats().pool.waiting)
+    local cpu0, t0 = cpu_s(), now_ms()
+    assert.is_true(second:wait(10000))
+    local cpu, wall = cpu_s() - cpu0, (now_ms() - t0) / 1000
+    assert.is_true(wall > 1, "waited " .. wall .. " s")
+    assert.is_true(cpu < 0.3 * wall, ("%.2f s of CPU in %.2f s"):format(cpu, wall))
+    assert.equal(200, (assert(first:result())).status)
+    assert.equal(200, (assert(second:result())).status)
+    c:close()
+  end)
+
   it("reuses keep-alive connections", function()
     local c = client()
     for _ = 1, 5 do assert(c:request("GET", "/")) end

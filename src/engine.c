@@ -1244,7 +1244,7 @@ static int64_t min_pos(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-static int64_t next_wakeup(esx_engine *e)
+static int64_t next_wakeup(esx_engine *e, int64_t now)
 {
     int64_t t = 0;
     for (esx_request *r = e->wait_head; r; r = r->next)
@@ -1259,11 +1259,13 @@ static int64_t next_wakeup(esx_engine *e)
         if (e->cfg->socket_timeout > 0)
             t = min_pos(t, r->last_activity + e->cfg->socket_timeout);
     }
-    /* a dead node becoming due can unblock waiting requests */
+    /* A dead node becoming due can unblock waiting requests.  One due already stays marked
+     * dead until it answers: it changes nothing until then, and counting it would make the
+     * poll timeout 0 (a spinning thread) for as long as a request waits. */
     if (e->wait_head) {
         pthread_mutex_lock(&e->mu);
         for (int i = 0; i < e->nodes.n; i++)
-            if (!e->nodes.v[i].alive)
+            if (!e->nodes.v[i].alive && e->nodes.v[i].dead_until > now)
                 t = min_pos(t, e->nodes.v[i].dead_until);
         pthread_mutex_unlock(&e->mu);
     }
@@ -1421,7 +1423,7 @@ static void *io_main(void *arg)
 
         long curl_ms = -1;
         curl_multi_timeout(e->multi, &curl_ms);
-        int64_t wake = next_wakeup(e);
+        int64_t wake = next_wakeup(e, now);
         int64_t timeout = MAX_POLL_MS;
         if (wake > 0)
             timeout = wake - now < timeout ? (wake - now < 0 ? 0 : wake - now) : timeout;
