@@ -716,6 +716,24 @@ describe("client:stats and esx.metrics", function()
     c:close()
   end)
 
+  it("counts the calls waiting for a connection slot and the connections in use", function()
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local c = client{ max_total = 1, pool_timeout = 10000 }
+    local pendings = {}
+    for i = 1, 4 do pendings[i] = assert(c:send("GET", "/")) end
+    local deadline = now_ms() + 1000
+    while c:stats().pool.in_use == 0 and now_ms() < deadline do socket.sleep(0.01) end
+    local pool = c:stats().pool
+    assert.equal(1, pool.in_use)
+    assert.equal(3, pool.waiting)
+    assert.equal(1, pool.open)
+    assert.equal(0, pool.idle)
+    for _, p in ipairs(pendings) do assert.equal(200, (assert(p:wait(10000) and p:result())).status) end
+    pool = c:stats().pool
+    assert.same({ in_use = 0, waiting = 0, open = 1, idle = 1, pool_timeouts = 0 }, pool)
+    c:close()
+  end)
+
   it("exposes a live client's counters as Prometheus text", function()
     local c = client{ name = "search" }
     assert(c:info())

@@ -4,7 +4,7 @@
  * Threading: `mu` guards the submission queue, the counters and the node states (which the
  * Lua side reads for stats).  Everything else -- the multi handle, the easy handles, the
  * waiting/active/back-off lists, the socket table and the waiter connections -- belongs to
- * the I/O thread alone.
+ * the I/O thread alone; other threads read only the counts it keeps (nwaiting, nopen).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -77,6 +77,7 @@ struct esx_engine {
 
     /* under mu */
     esx_request *sub_head, *sub_tail;
+    int nsub;                   /* requests on the submission queue */
     esx_nodes nodes;
     esx_stats stats;
 
@@ -87,6 +88,11 @@ struct esx_engine {
     int in_use;
     int sockets[MAX_SOCKETS];
     int nsockets;
+
+    /* kept by the I/O thread for esx_engine_stats, which must never walk its lists */
+    atomic_int nwaiting;        /* requests on the wait list (added under mu when taken from
+                                 * the submission queue, so a request is always counted once) */
+    atomic_int nopen;           /* = nsockets */
     CURL *spare[MAX_SPARE_EASY];
     int nspare;
     waiter_conn *conns;
@@ -136,6 +142,7 @@ static void list_remove(esx_request **head, esx_request *req)
     }
 }
 
+/* Appends a request taken from the submission queue (take_submissions counted it). */
 static void wait_append(esx_engine *e, esx_request *req)
 {
     req->next = NULL;
@@ -148,6 +155,7 @@ static void wait_append(esx_engine *e, esx_request *req)
 
 static void wait_prepend(esx_engine *e, esx_request *req)
 {
+    atomic_fetch_add(&e->nwaiting, 1);
     req->next = e->wait_head;
     e->wait_head = req;
     if (!e->wait_tail)
@@ -156,6 +164,7 @@ static void wait_prepend(esx_engine *e, esx_request *req)
 
 static void wait_remove(esx_engine *e, esx_request *req, esx_request *prev)
 {
+    atomic_fetch_sub(&e->nwaiting, 1);
     if (prev)
         prev->next = req->next;
     else
@@ -327,6 +336,7 @@ static int sock_register(esx_engine *e, int fd)
     if (e->nsockets >= MAX_SOCKETS)
         return -1;
     e->sockets[e->nsockets++] = fd;
+    atomic_store(&e->nopen, e->nsockets);
     return 0;
 }
 
@@ -335,6 +345,7 @@ static void sock_forget(esx_engine *e, int fd)
     for (int i = 0; i < e->nsockets; i++) {
         if (e->sockets[i] == fd) {
             e->sockets[i] = e->sockets[--e->nsockets];
+            atomic_store(&e->nopen, e->nsockets);
             break;
         }
     }
@@ -1137,6 +1148,8 @@ static void take_submissions(esx_engine *e, int64_t now)
     pthread_mutex_lock(&e->mu);
     esx_request *req = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
+    atomic_fetch_add(&e->nwaiting, e->nsub); /* moved to the wait list just below */
+    e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
     while (req) {
         esx_request *next = req->next;
@@ -1361,6 +1374,7 @@ static void fail_all(esx_engine *e, const char *kind, const char *msg)
     }
     while ((req = e->wait_head) != NULL) {
         e->wait_head = req->next;
+        atomic_fetch_sub(&e->nwaiting, 1);
         finish(e, req, kind, "%s", msg);
     }
     e->wait_tail = NULL;
@@ -1371,6 +1385,7 @@ static void fail_all(esx_engine *e, const char *kind, const char *msg)
     pthread_mutex_lock(&e->mu);
     req = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
+    e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
     while (req) {
         esx_request *next = req->next;
@@ -1500,6 +1515,8 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     atomic_init(&e->stop, 0);
     atomic_init(&e->kill, 0);
     atomic_init(&e->wake_pending, 1); /* awake until its first poll */
+    atomic_init(&e->nwaiting, 0);
+    atomic_init(&e->nopen, 0);
     if (prev) {
         e->nodes = prev->nodes;
         e->stats = prev->stats;
@@ -1564,6 +1581,7 @@ int esx_engine_submit(esx_engine *e, esx_request *req)
     else
         e->sub_head = req;
     e->sub_tail = req;
+    e->nsub++;
     e->stats.requests += req->retries == 0 && req->submitted_at == 0;
     pthread_mutex_unlock(&e->mu);
     if (!atomic_exchange(&e->wake_pending, 1))
@@ -1640,7 +1658,9 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
     pthread_mutex_lock(&e->mu);
     lists[0] = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
+    e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
+    atomic_store(&e->nwaiting, 0);
     lists[1] = e->wait_head;
     lists[2] = e->active;
     lists[3] = e->backoff;
@@ -1689,19 +1709,18 @@ void esx_engine_stats(esx_engine *e, esx_stats *stats, esx_nodes *nodes)
     *stats = e->stats;
     if (nodes)
         *nodes = e->nodes;
-    int in_use = 0, waiting = 0;
+    int in_use = 0;
     for (int i = 0; i < e->nodes.n; i++)
         in_use += e->nodes.v[i].in_flight;
-    for (esx_request *r = e->sub_head; r; r = r->next)
-        waiting++;
+    /* counts only: the I/O thread's lists are its own (a request finished meanwhile is
+     * freed under a walker's feet) */
+    int waiting = e->nsub + atomic_load(&e->nwaiting);
     pthread_mutex_unlock(&e->mu);
-    /* The lists below are the I/O thread's; their lengths are read racily, for display. */
-    for (esx_request *r = e->wait_head; r && waiting < 1000000; r = r->next)
-        waiting++;
+    int open = atomic_load(&e->nopen);
     stats->in_use = in_use;
     stats->waiting = waiting;
-    stats->open = e->nsockets;
-    stats->idle = e->nsockets > in_use ? e->nsockets - in_use : 0;
+    stats->open = open;
+    stats->idle = open > in_use ? open - in_use : 0;
 }
 
 const char *esx_engine_waiter_path(esx_engine *e, char *why)
