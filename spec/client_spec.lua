@@ -247,6 +247,21 @@ describe("error kinds and deadlines", function()
     close()
   end)
 
+  it("returns nil, err with kind 'connect_timeout', not 'socket_timeout', when a connect outlasts socket_timeout", function()
+    -- the connect belongs to connect_timeout: socket silence counts once the connection is up
+    local url, close = net.full_backlog()
+    local c = client{ hosts = { url }, connect_timeout = 600, socket_timeout = 200, max_retries = 0 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("connect_timeout", err.kind)
+    assert.is_true(ms >= 590 and ms < 1600 * SCALE, "took " .. ms .. " ms")
+    local node = c:stats().nodes[1]
+    assert.is_false(node.alive)
+    assert.equal(1, node.failures)
+    c:close()
+    close()
+  end)
+
   it("returns nil, err with kind 'socket_timeout' within socket_timeout when the server stalls", function()
     srv:fault{ path = "/", stall_ms = 3000 }
     local c = client{ socket_timeout = 300 }

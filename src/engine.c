@@ -318,6 +318,17 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
     return record_body(ud, buf, size * n) ? size * n : 0;
 }
 
+/* libcurl has a connection for the transfer (new, or reused): socket silence counts from now. */
+static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
+                     int conn_local_port)
+{
+    esx_request *req = ud;
+    (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
+    req->curl_connecting = 0;
+    req->last_activity = esx_now_ms();
+    return CURL_PREREQFUNC_OK;
+}
+
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow)
 {
@@ -458,6 +469,8 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, req);
+    curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(h, CURLOPT_PREREQDATA, req);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, e);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
@@ -504,6 +517,7 @@ static int curl_start(esx_engine *e, esx_request *req, const esx_node *node, int
         finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
         return -1;
     }
+    req->curl_connecting = 1;
     CURLMcode mc = curl_multi_add_handle(e->multi, req->easy);
     if (mc != CURLM_OK) {
         curl_easy_cleanup(req->easy);
@@ -1118,6 +1132,7 @@ static void h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now)
             if (err) {
                 h1_connect_failed(e, c, err, now);
             } else if (c->req) {
+                ((esx_request *)c->req)->last_activity = now; /* silence counts from here */
                 c->state = ESX_H1C_SENDING;
                 h1_send(e, c, now);
             } else {
@@ -1186,6 +1201,21 @@ static void start_waiting(esx_engine *e, int64_t now)
     }
 }
 
+/* 1 when req's socket silence is watched: its connection is up, or connect_timeout is off
+ * (then socket_timeout bounds the connect too).  A connect belongs to connect_timeout, which
+ * fails as "connect_timeout": retried, and the node marked dead. */
+static int silence_watched(const esx_engine *e, const esx_request *req)
+{
+    if (e->cfg->socket_timeout <= 0)
+        return 0;
+    if (e->cfg->connect_timeout <= 0)
+        return 1;
+    const esx_h1_conn *c = req->h1;
+    if (c)
+        return c->state != ESX_H1C_CONNECTING;
+    return !(req->easy && req->curl_connecting);
+}
+
 static void expire(esx_engine *e, int64_t now)
 {
     const esx_config *cfg = e->cfg;
@@ -1231,7 +1261,7 @@ static void expire(esx_engine *e, int64_t now)
             continue;
         }
         int timed_out = req->deadline > 0 && now >= req->deadline;
-        int silent = cfg->socket_timeout > 0 && now - req->last_activity >= cfg->socket_timeout;
+        int silent = silence_watched(e, req) && now - req->last_activity >= cfg->socket_timeout;
         if (timed_out || silent) {
             *p = req->next;
             req->next = NULL;
@@ -1269,7 +1299,7 @@ static int64_t next_wakeup(esx_engine *e, int64_t now)
         esx_h1_conn *c = r->h1;
         if (c && c->state == ESX_H1C_CONNECTING)
             t = min_pos(t, c->connect_deadline);
-        if (e->cfg->socket_timeout > 0)
+        if (silence_watched(e, r))
             t = min_pos(t, r->last_activity + e->cfg->socket_timeout);
     }
     /* A dead node becoming due can unblock waiting requests.  One due already stays marked

@@ -66,6 +66,7 @@ struct esx_request {
     void *h1;                   /* the attempt's plain HTTP/1.1 connection (h1conn.h), or NULL */
     int slot;                   /* the attempt holds a connection slot */
     int h1_redone;              /* the attempt moved once to a fresh connection (stale reuse) */
+    int curl_connecting;        /* the libcurl attempt's connection is not up (or reused) yet */
     int resp_gzip;
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
