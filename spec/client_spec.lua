@@ -717,6 +717,72 @@ describe("TLS", function()
   end)
 end)
 
+describe("pending:waiter_path", function()
+  -- a waiter as esx.nginx.await is one: connect, send the request's id and a newline, read a byte
+  local function waiter(p)
+    local s = assert(require("socket.unix")())
+    assert(s:connect(assert(p:waiter_path())))
+    assert(s:send(p:id() .. "\n"))
+    return s
+  end
+
+  local function open_fds()
+    local h = io.popen("ls /proc/" .. io.open("/proc/self/stat"):read("*l"):match("^(%d+)") .. "/fd | wc -l")
+    local n = tonumber(h:read("*a"))
+    h:close()
+    return n
+  end
+
+  it("wakes every waiter of a request once it is done, and none before", function()
+    srv:fault{ path = "/", stall_ms = 2000, count = 1 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local a = waiter(p)
+    socket.sleep(0.05)
+    local b = waiter(p) -- a second coroutine waiting on the same request
+    a:settimeout(0.3)
+    local data, err = a:receive(1)
+    assert.is_nil(data)
+    assert.equal("timeout", err)
+    assert.is_false(p:ready())
+    assert.is_true(p:wait(10000))
+    a:settimeout(5)
+    b:settimeout(5)
+    assert.equal("1", a:receive(1))
+    assert.equal("1", b:receive(1))
+    a:close()
+    b:close()
+    local late = waiter(p) -- done already: woken at once
+    late:settimeout(5)
+    assert.equal("1", late:receive(1))
+    late:close()
+    c:close()
+  end)
+
+  it("keeps no connection of a waiter that went away", function()
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local first = waiter(p)
+    first:close()
+    socket.sleep(0.05)
+    local before = open_fds()
+    for _ = 1, 100 do
+      local w = waiter(p) -- as await does with a short timeout, over and over
+      socket.sleep(0.002)
+      w:close()
+    end
+    socket.sleep(0.05)
+    assert.is_true(open_fds() - before <= 4, "fds " .. before .. " -> " .. open_fds())
+    local last = waiter(p)
+    last:settimeout(5)
+    assert.equal("1", last:receive(1))
+    assert.is_true(p:ready())
+    last:close()
+    c:close()
+  end)
+end)
+
 describe("client:stats and esx.metrics", function()
   it("counts requests, failures by kind and the pool", function()
     local c = client{ max_retries = 0 }

@@ -176,14 +176,47 @@ static void wait_remove(esx_engine *e, esx_request *req, esx_request *prev)
 
 /* ---------------------------------------------------------------- completion */
 
-static void poke_watcher(esx_request *req)
+/* Wakes one waiter connection (it reads the byte and checks the request) and closes it. */
+static void poke_fd(int fd)
 {
-    if (req->watcher_fd >= 0) {
-        ssize_t w = write(req->watcher_fd, "1", 1);
-        (void)w; /* a waiter that went away needs no wake-up */
-        close(req->watcher_fd);
-        req->watcher_fd = -1;
+    ssize_t w = write(fd, "1", 1);
+    (void)w; /* a waiter that went away needs no wake-up */
+    close(fd);
+}
+
+/* Wakes every waiter of a finished request. */
+static void poke_watchers(esx_request *req)
+{
+    for (int i = 0; i < req->nwatchers; i++)
+        poke_fd(req->watchers[i]);
+    req->nwatchers = 0;
+}
+
+/* Adds waiter connection fd to unfinished req.  Waiters that went away (a timed-out await:
+ * the peer closed, so the fd polls readable) are dropped first; with ESX_MAX_WATCHERS still
+ * waiting, the oldest is woken early (it finds the request unfinished and registers again). */
+static void add_watcher(esx_request *req, int fd)
+{
+    struct pollfd pfd[ESX_MAX_WATCHERS];
+    int n = req->nwatchers;
+    for (int i = 0; i < n; i++)
+        pfd[i] = (struct pollfd){.fd = req->watchers[i], .events = POLLIN};
+    if (n > 0 && poll(pfd, (nfds_t)n, 0) > 0) {
+        int kept = 0;
+        for (int i = 0; i < n; i++) {
+            if (pfd[i].revents)
+                close(req->watchers[i]); /* a waiter sends nothing more: this is its end */
+            else
+                req->watchers[kept++] = req->watchers[i];
+        }
+        req->nwatchers = n = kept;
     }
+    if (n == ESX_MAX_WATCHERS) {
+        poke_fd(req->watchers[0]);
+        memmove(req->watchers, req->watchers + 1, (size_t)(n - 1) * sizeof req->watchers[0]);
+        req->nwatchers = --n;
+    }
+    req->watchers[req->nwatchers++] = fd;
 }
 
 /* Ends a request: records the outcome, wakes its waiters, drops the engine's reference.
@@ -213,7 +246,7 @@ static void finish(esx_engine *e, esx_request *req, const char *kind, const char
     if (req->on_done)
         req->on_done(req, req->on_done_ud);
     esx_request_complete(req);
-    poke_watcher(req);
+    poke_watchers(req);
     esx_request_unref(req);
 }
 
@@ -1371,9 +1404,7 @@ static void read_waiter(esx_engine *e, int i)
             uint64_t id = strtoull(c->buf, NULL, 10);
             esx_request *req = find_live(e, id);
             if (req) {
-                if (req->watcher_fd >= 0)
-                    poke_watcher(req);
-                req->watcher_fd = c->fd;
+                add_watcher(req, c->fd);
             } else {
                 ssize_t w = write(c->fd, "1", 1); /* done already (or unknown) */
                 (void)w;
