@@ -1787,35 +1787,44 @@ void esx_engine_stats(esx_engine *e, esx_stats *stats, esx_nodes *nodes)
 const char *esx_engine_waiter_path(esx_engine *e, char *why)
 {
     if (atomic_load(&e->listen_fd) >= 0)
+        return e->listen_path; /* written before listen_fd was published */
+    /* Under the lock: two threads creating it at once would each unlink the other's socket
+     * file, and the one that won could be listening on a path that no longer exists. */
+    pthread_mutex_lock(&e->mu);
+    if (atomic_load(&e->listen_fd) >= 0) {
+        pthread_mutex_unlock(&e->mu);
         return e->listen_path;
+    }
     const char *dir = getenv("TMPDIR");
     if (dir == NULL || strlen(dir) > 60)
         dir = "/tmp";
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/esx-%d-%llu.sock", dir,
                      (int)esx_pid(), (unsigned long long)e->generation);
+    int fd = -1;
     if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
         snprintf(why, 256, "waiter socket path too long");
-        return NULL;
+        goto fail;
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         snprintf(why, 256, "cannot create the waiter socket: %s", strerror(errno));
-        return NULL;
+        goto fail;
     }
     unlink(addr.sun_path);
     if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0) {
         snprintf(why, 256, "cannot listen on %s: %s", addr.sun_path, strerror(errno));
         close(fd);
-        return NULL;
+        goto fail;
     }
     memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
-    int expected = -1;
-    if (!atomic_compare_exchange_strong(&e->listen_fd, &expected, fd)) {
-        close(fd); /* another thread won; its path is the same */
-    }
+    atomic_store(&e->listen_fd, fd);
+    pthread_mutex_unlock(&e->mu);
     curl_multi_wakeup(e->multi);
     return e->listen_path;
+fail:
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
 }
 
 void esx_engine_debug_kill(esx_engine *e)
