@@ -247,6 +247,21 @@ describe("error kinds and deadlines", function()
     close()
   end)
 
+  it("returns nil, err with kind 'connect_timeout', not 'socket_timeout', when a connect outlasts socket_timeout", function()
+    -- the connect belongs to connect_timeout: socket silence counts once the connection is up
+    local url, close = net.full_backlog()
+    local c = client{ hosts = { url }, connect_timeout = 600, socket_timeout = 200, max_retries = 0 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("connect_timeout", err.kind)
+    assert.is_true(ms >= 590 and ms < 1600 * SCALE, "took " .. ms .. " ms")
+    local node = c:stats().nodes[1]
+    assert.is_false(node.alive)
+    assert.equal(1, node.failures)
+    c:close()
+    close()
+  end)
+
   it("returns nil, err with kind 'socket_timeout' within socket_timeout when the server stalls", function()
     srv:fault{ path = "/", stall_ms = 3000 }
     local c = client{ socket_timeout = 300 }
@@ -487,7 +502,7 @@ describe("retries and nodes", function()
     assert.is_false(s.nodes[1].alive)
     assert.equal(1, s.nodes[1].failures)
     assert.equal(1, s.nodes[1].requests)
-    local wait = s.nodes[1].dead_until - os.time() * 1000
+    local wait = s.nodes[1].dead_until - socket.gettime() * 1000
     assert.is_true(wait > 55000 and wait <= 61000, "dead for " .. wait)
     assert.is_true(s.nodes[2].alive)
     assert.equal(4, s.nodes[2].requests)
@@ -501,7 +516,7 @@ describe("retries and nodes", function()
     assert.equal("connect", err.kind)
     local n = c:stats().nodes[1]
     assert.equal(4, n.failures)
-    local wait = n.dead_until - os.time() * 1000
+    local wait = n.dead_until - socket.gettime() * 1000
     assert.is_true(wait > 2500 and wait <= 5000, "dead for " .. wait)
     c:close()
   end)
@@ -554,6 +569,37 @@ describe("pool limits", function()
     assert.equal(0, c:stats().failures.reset)
     c:close()
     short:stop()
+  end)
+
+  it("waits for a slot without spinning while its node is marked dead but due for a retry", function()
+    -- CPU time of the whole process, every thread (utime + stime, in clock ticks of 1/100 s)
+    local function cpu_s()
+      local f = assert(io.open("/proc/self/stat"))
+      local s = f:read("*a")
+      f:close()
+      local t = {}
+      for w in s:match("%) (.*)$"):gmatch("%S+") do t[#t + 1] = w end
+      return (tonumber(t[12]) + tonumber(t[13])) / 100
+    end
+    local c = client{ max_per_route = 1, max_retries = 0, dead_backoff_min = 100,
+                      dead_backoff_max = 100, pool_timeout = 5000 }
+    srv:fault{ path = "/", status = 503, count = 1 }
+    local _, err = c:request("GET", "/")
+    assert.equal(503, err.status)
+    socket.sleep(0.2) -- due for a retry, but marked dead until it answers
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local first = assert(c:send("GET", "/"))
+    socket.sleep(0.1)
+    local second = assert(c:send("GET", "/"))
+    assert.equal(1, c:stats().pool.waiting)
+    local cpu0, t0 = cpu_s(), now_ms()
+    assert.is_true(second:wait(10000))
+    local cpu, wall = cpu_s() - cpu0, (now_ms() - t0) / 1000
+    assert.is_true(wall > 1, "waited " .. wall .. " s")
+    assert.is_true(cpu < 0.3 * wall, ("%.2f s of CPU in %.2f s"):format(cpu, wall))
+    assert.equal(200, (assert(first:result())).status)
+    assert.equal(200, (assert(second:result())).status)
+    c:close()
   end)
 
   it("reuses keep-alive connections", function()
@@ -671,6 +717,72 @@ describe("TLS", function()
   end)
 end)
 
+describe("pending:waiter_path", function()
+  -- a waiter as esx.nginx.await is one: connect, send the request's id and a newline, read a byte
+  local function waiter(p)
+    local s = assert(require("socket.unix")())
+    assert(s:connect(assert(p:waiter_path())))
+    assert(s:send(p:id() .. "\n"))
+    return s
+  end
+
+  local function open_fds()
+    local h = io.popen("ls /proc/" .. io.open("/proc/self/stat"):read("*l"):match("^(%d+)") .. "/fd | wc -l")
+    local n = tonumber(h:read("*a"))
+    h:close()
+    return n
+  end
+
+  it("wakes every waiter of a request once it is done, and none before", function()
+    srv:fault{ path = "/", stall_ms = 2000, count = 1 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local a = waiter(p)
+    socket.sleep(0.05)
+    local b = waiter(p) -- a second coroutine waiting on the same request
+    a:settimeout(0.3)
+    local data, err = a:receive(1)
+    assert.is_nil(data)
+    assert.equal("timeout", err)
+    assert.is_false(p:ready())
+    assert.is_true(p:wait(10000))
+    a:settimeout(5)
+    b:settimeout(5)
+    assert.equal("1", a:receive(1))
+    assert.equal("1", b:receive(1))
+    a:close()
+    b:close()
+    local late = waiter(p) -- done already: woken at once
+    late:settimeout(5)
+    assert.equal("1", late:receive(1))
+    late:close()
+    c:close()
+  end)
+
+  it("keeps no connection of a waiter that went away", function()
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local first = waiter(p)
+    first:close()
+    socket.sleep(0.05)
+    local before = open_fds()
+    for _ = 1, 100 do
+      local w = waiter(p) -- as await does with a short timeout, over and over
+      socket.sleep(0.002)
+      w:close()
+    end
+    socket.sleep(0.05)
+    assert.is_true(open_fds() - before <= 4, "fds " .. before .. " -> " .. open_fds())
+    local last = waiter(p)
+    last:settimeout(5)
+    assert.equal("1", last:receive(1))
+    assert.is_true(p:ready())
+    last:close()
+    c:close()
+  end)
+end)
+
 describe("client:stats and esx.metrics", function()
   it("counts requests, failures by kind and the pool", function()
     local c = client{ max_retries = 0 }
@@ -682,6 +794,24 @@ describe("client:stats and esx.metrics", function()
     assert.equal(0, s.failures.connect)
     assert.same({ "idle", "in_use", "open", "pool_timeouts", "waiting" },
       (function() local k = {} for n in pairs(s.pool) do k[#k + 1] = n end table.sort(k) return k end)())
+    c:close()
+  end)
+
+  it("counts the calls waiting for a connection slot and the connections in use", function()
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local c = client{ max_total = 1, pool_timeout = 10000 }
+    local pendings = {}
+    for i = 1, 4 do pendings[i] = assert(c:send("GET", "/")) end
+    local deadline = now_ms() + 1000
+    while c:stats().pool.in_use == 0 and now_ms() < deadline do socket.sleep(0.01) end
+    local pool = c:stats().pool
+    assert.equal(1, pool.in_use)
+    assert.equal(3, pool.waiting)
+    assert.equal(1, pool.open)
+    assert.equal(0, pool.idle)
+    for _, p in ipairs(pendings) do assert.equal(200, (assert(p:wait(10000) and p:result())).status) end
+    pool = c:stats().pool
+    assert.same({ in_use = 0, waiting = 0, open = 1, idle = 1, pool_timeouts = 0 }, pool)
     c:close()
   end)
 

@@ -455,6 +455,45 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("survives its client and itself being collected while a bulk is in flight", function()
+    -- The bulk's completion drops the last reference to the client on the client's own I/O
+    -- thread, which then ends its engine.  A separate process: a crash would kill busted.
+    srv:fault{ path = "/_bulk", stall_ms = 600, count = 1 }
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
+      package.cpath = "./build/%s/?.so;" .. package.cpath
+      local esx = require "esx"
+      local socket = require "socket"
+      local pid = io.open("/proc/self/stat"):read("*l"):match("^(%%d+)")
+      local function threads()
+        local p = io.popen("ls /proc/" .. pid .. "/task | wc -l")
+        local n = tonumber(p:read("*a")); p:close(); return n
+      end
+      local before = threads()
+      local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, flush_interval = 10, rollup = false }
+      col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+                  body = '{"site_id":"s1","type":"view"}' }
+      local deadline = socket.gettime() + 5
+      while col:stats().in_flight == 0 and socket.gettime() < deadline do socket.sleep(0.02) end
+      print("in_flight " .. col:stats().in_flight)
+      c, col = nil, nil
+      collectgarbage() collectgarbage()
+      deadline = socket.gettime() + 10
+      while threads() > before and socket.gettime() < deadline do socket.sleep(0.05) end
+      print("threads left " .. (threads() - before))
+    ]]):format(jit and "luajit" or "lua5.4", srv.url))
+    f:close()
+    local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    assert.equal("in_flight 1\nthreads left 0\n", out)
+    assert.equal(1, srv:requests("/_bulk").counts["/_bulk"])
+  end)
+
   it("reports undelivered events when closed while Elasticsearch is down and there is no spool", function()
     local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     local col = new{ sink = c2 }

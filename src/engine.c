@@ -4,7 +4,7 @@
  * Threading: `mu` guards the submission queue, the counters and the node states (which the
  * Lua side reads for stats).  Everything else -- the multi handle, the easy handles, the
  * waiting/active/back-off lists, the socket table and the waiter connections -- belongs to
- * the I/O thread alone.
+ * the I/O thread alone; other threads read only the counts it keeps (nwaiting, nopen).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -58,10 +58,14 @@ typedef struct h1_node {
 } h1_node;
 
 struct esx_engine {
-    const esx_config *cfg;
+    const esx_config *cfg;      /* &own_cfg */
+    esx_config own_cfg;         /* a copy: the client may be freed before its engine (below) */
     pthread_mutex_t mu;
     pthread_t thread;
     int thread_started;
+    int free_on_exit;           /* I/O thread only: esx_engine_free was called on this thread
+                                 * (a completion callback dropped the client's last
+                                 * reference); the thread frees the engine when its loop ends */
     atomic_int alive;
     atomic_int stop;
     atomic_int kill;
@@ -73,6 +77,7 @@ struct esx_engine {
 
     /* under mu */
     esx_request *sub_head, *sub_tail;
+    int nsub;                   /* requests on the submission queue */
     esx_nodes nodes;
     esx_stats stats;
 
@@ -83,6 +88,11 @@ struct esx_engine {
     int in_use;
     int sockets[MAX_SOCKETS];
     int nsockets;
+
+    /* kept by the I/O thread for esx_engine_stats, which must never walk its lists */
+    atomic_int nwaiting;        /* requests on the wait list (added under mu when taken from
+                                 * the submission queue, so a request is always counted once) */
+    atomic_int nopen;           /* = nsockets */
     CURL *spare[MAX_SPARE_EASY];
     int nspare;
     waiter_conn *conns;
@@ -132,6 +142,7 @@ static void list_remove(esx_request **head, esx_request *req)
     }
 }
 
+/* Appends a request taken from the submission queue (take_submissions counted it). */
 static void wait_append(esx_engine *e, esx_request *req)
 {
     req->next = NULL;
@@ -144,6 +155,7 @@ static void wait_append(esx_engine *e, esx_request *req)
 
 static void wait_prepend(esx_engine *e, esx_request *req)
 {
+    atomic_fetch_add(&e->nwaiting, 1);
     req->next = e->wait_head;
     e->wait_head = req;
     if (!e->wait_tail)
@@ -152,6 +164,7 @@ static void wait_prepend(esx_engine *e, esx_request *req)
 
 static void wait_remove(esx_engine *e, esx_request *req, esx_request *prev)
 {
+    atomic_fetch_sub(&e->nwaiting, 1);
     if (prev)
         prev->next = req->next;
     else
@@ -163,14 +176,47 @@ static void wait_remove(esx_engine *e, esx_request *req, esx_request *prev)
 
 /* ---------------------------------------------------------------- completion */
 
-static void poke_watcher(esx_request *req)
+/* Wakes one waiter connection (it reads the byte and checks the request) and closes it. */
+static void poke_fd(int fd)
 {
-    if (req->watcher_fd >= 0) {
-        ssize_t w = write(req->watcher_fd, "1", 1);
-        (void)w; /* a waiter that went away needs no wake-up */
-        close(req->watcher_fd);
-        req->watcher_fd = -1;
+    ssize_t w = write(fd, "1", 1);
+    (void)w; /* a waiter that went away needs no wake-up */
+    close(fd);
+}
+
+/* Wakes every waiter of a finished request. */
+static void poke_watchers(esx_request *req)
+{
+    for (int i = 0; i < req->nwatchers; i++)
+        poke_fd(req->watchers[i]);
+    req->nwatchers = 0;
+}
+
+/* Adds waiter connection fd to unfinished req.  Waiters that went away (a timed-out await:
+ * the peer closed, so the fd polls readable) are dropped first; with ESX_MAX_WATCHERS still
+ * waiting, the oldest is woken early (it finds the request unfinished and registers again). */
+static void add_watcher(esx_request *req, int fd)
+{
+    struct pollfd pfd[ESX_MAX_WATCHERS];
+    int n = req->nwatchers;
+    for (int i = 0; i < n; i++)
+        pfd[i] = (struct pollfd){.fd = req->watchers[i], .events = POLLIN};
+    if (n > 0 && poll(pfd, (nfds_t)n, 0) > 0) {
+        int kept = 0;
+        for (int i = 0; i < n; i++) {
+            if (pfd[i].revents)
+                close(req->watchers[i]); /* a waiter sends nothing more: this is its end */
+            else
+                req->watchers[kept++] = req->watchers[i];
+        }
+        req->nwatchers = n = kept;
     }
+    if (n == ESX_MAX_WATCHERS) {
+        poke_fd(req->watchers[0]);
+        memmove(req->watchers, req->watchers + 1, (size_t)(n - 1) * sizeof req->watchers[0]);
+        req->nwatchers = --n;
+    }
+    req->watchers[req->nwatchers++] = fd;
 }
 
 /* Ends a request: records the outcome, wakes its waiters, drops the engine's reference.
@@ -200,7 +246,7 @@ static void finish(esx_engine *e, esx_request *req, const char *kind, const char
     if (req->on_done)
         req->on_done(req, req->on_done_ud);
     esx_request_complete(req);
-    poke_watcher(req);
+    poke_watchers(req);
     esx_request_unref(req);
 }
 
@@ -305,6 +351,17 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
     return record_body(ud, buf, size * n) ? size * n : 0;
 }
 
+/* libcurl has a connection for the transfer (new, or reused): socket silence counts from now. */
+static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
+                     int conn_local_port)
+{
+    esx_request *req = ud;
+    (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
+    req->curl_connecting = 0;
+    req->last_activity = esx_now_ms();
+    return CURL_PREREQFUNC_OK;
+}
+
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow)
 {
@@ -323,6 +380,7 @@ static int sock_register(esx_engine *e, int fd)
     if (e->nsockets >= MAX_SOCKETS)
         return -1;
     e->sockets[e->nsockets++] = fd;
+    atomic_store(&e->nopen, e->nsockets);
     return 0;
 }
 
@@ -331,6 +389,7 @@ static void sock_forget(esx_engine *e, int fd)
     for (int i = 0; i < e->nsockets; i++) {
         if (e->sockets[i] == fd) {
             e->sockets[i] = e->sockets[--e->nsockets];
+            atomic_store(&e->nopen, e->nsockets);
             break;
         }
     }
@@ -443,6 +502,8 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, req);
+    curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(h, CURLOPT_PREREQDATA, req);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, e);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
@@ -489,6 +550,7 @@ static int curl_start(esx_engine *e, esx_request *req, const esx_node *node, int
         finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
         return -1;
     }
+    req->curl_connecting = 1;
     CURLMcode mc = curl_multi_add_handle(e->multi, req->easy);
     if (mc != CURLM_OK) {
         curl_easy_cleanup(req->easy);
@@ -1103,6 +1165,7 @@ static void h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now)
             if (err) {
                 h1_connect_failed(e, c, err, now);
             } else if (c->req) {
+                ((esx_request *)c->req)->last_activity = now; /* silence counts from here */
                 c->state = ESX_H1C_SENDING;
                 h1_send(e, c, now);
             } else {
@@ -1133,6 +1196,8 @@ static void take_submissions(esx_engine *e, int64_t now)
     pthread_mutex_lock(&e->mu);
     esx_request *req = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
+    atomic_fetch_add(&e->nwaiting, e->nsub); /* moved to the wait list just below */
+    e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
     while (req) {
         esx_request *next = req->next;
@@ -1167,6 +1232,21 @@ static void start_waiting(esx_engine *e, int64_t now)
             start_attempt(e, req, (int)(node - e->nodes.v), now);
         req = next;
     }
+}
+
+/* 1 when req's socket silence is watched: its connection is up, or connect_timeout is off
+ * (then socket_timeout bounds the connect too).  A connect belongs to connect_timeout, which
+ * fails as "connect_timeout": retried, and the node marked dead. */
+static int silence_watched(const esx_engine *e, const esx_request *req)
+{
+    if (e->cfg->socket_timeout <= 0)
+        return 0;
+    if (e->cfg->connect_timeout <= 0)
+        return 1;
+    const esx_h1_conn *c = req->h1;
+    if (c)
+        return c->state != ESX_H1C_CONNECTING;
+    return !(req->easy && req->curl_connecting);
 }
 
 static void expire(esx_engine *e, int64_t now)
@@ -1214,7 +1294,7 @@ static void expire(esx_engine *e, int64_t now)
             continue;
         }
         int timed_out = req->deadline > 0 && now >= req->deadline;
-        int silent = cfg->socket_timeout > 0 && now - req->last_activity >= cfg->socket_timeout;
+        int silent = silence_watched(e, req) && now - req->last_activity >= cfg->socket_timeout;
         if (timed_out || silent) {
             *p = req->next;
             req->next = NULL;
@@ -1240,7 +1320,7 @@ static int64_t min_pos(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-static int64_t next_wakeup(esx_engine *e)
+static int64_t next_wakeup(esx_engine *e, int64_t now)
 {
     int64_t t = 0;
     for (esx_request *r = e->wait_head; r; r = r->next)
@@ -1252,14 +1332,16 @@ static int64_t next_wakeup(esx_engine *e)
         esx_h1_conn *c = r->h1;
         if (c && c->state == ESX_H1C_CONNECTING)
             t = min_pos(t, c->connect_deadline);
-        if (e->cfg->socket_timeout > 0)
+        if (silence_watched(e, r))
             t = min_pos(t, r->last_activity + e->cfg->socket_timeout);
     }
-    /* a dead node becoming due can unblock waiting requests */
+    /* A dead node becoming due can unblock waiting requests.  One due already stays marked
+     * dead until it answers: it changes nothing until then, and counting it would make the
+     * poll timeout 0 (a spinning thread) for as long as a request waits. */
     if (e->wait_head) {
         pthread_mutex_lock(&e->mu);
         for (int i = 0; i < e->nodes.n; i++)
-            if (!e->nodes.v[i].alive)
+            if (!e->nodes.v[i].alive && e->nodes.v[i].dead_until > now)
                 t = min_pos(t, e->nodes.v[i].dead_until);
         pthread_mutex_unlock(&e->mu);
     }
@@ -1322,9 +1404,7 @@ static void read_waiter(esx_engine *e, int i)
             uint64_t id = strtoull(c->buf, NULL, 10);
             esx_request *req = find_live(e, id);
             if (req) {
-                if (req->watcher_fd >= 0)
-                    poke_watcher(req);
-                req->watcher_fd = c->fd;
+                add_watcher(req, c->fd);
             } else {
                 ssize_t w = write(c->fd, "1", 1); /* done already (or unknown) */
                 (void)w;
@@ -1355,6 +1435,7 @@ static void fail_all(esx_engine *e, const char *kind, const char *msg)
     }
     while ((req = e->wait_head) != NULL) {
         e->wait_head = req->next;
+        atomic_fetch_sub(&e->nwaiting, 1);
         finish(e, req, kind, "%s", msg);
     }
     e->wait_tail = NULL;
@@ -1365,6 +1446,7 @@ static void fail_all(esx_engine *e, const char *kind, const char *msg)
     pthread_mutex_lock(&e->mu);
     req = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
+    e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
     while (req) {
         esx_request *next = req->next;
@@ -1378,6 +1460,8 @@ static void mark_dead(void *arg)
     esx_engine *e = arg;
     atomic_store(&e->alive, 0);
 }
+
+static void free_rest(esx_engine *e);
 
 static void *io_main(void *arg)
 {
@@ -1415,7 +1499,7 @@ static void *io_main(void *arg)
 
         long curl_ms = -1;
         curl_multi_timeout(e->multi, &curl_ms);
-        int64_t wake = next_wakeup(e);
+        int64_t wake = next_wakeup(e, now);
         int64_t timeout = MAX_POLL_MS;
         if (wake > 0)
             timeout = wake - now < timeout ? (wake - now < 0 ? 0 : wake - now) : timeout;
@@ -1466,6 +1550,8 @@ static void *io_main(void *arg)
     if (atomic_load(&e->stop))
         fail_all(e, ESX_ECLOSED, "the client was closed");
     pthread_cleanup_pop(1);
+    if (e->free_on_exit)
+        free_rest(e); /* nobody else holds e: its client is gone and the thread detached */
     return NULL;
 }
 
@@ -1478,7 +1564,10 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         snprintf(why, 256, "out of memory");
         return NULL;
     }
-    e->cfg = cfg;
+    e->own_cfg = *cfg;
+    e->own_cfg.n_headers = 0; /* the client's strings: requests carry their headers */
+    memset(e->own_cfg.headers, 0, sizeof e->own_cfg.headers);
+    e->cfg = &e->own_cfg;
     e->pid = esx_pid();
     e->generation = atomic_fetch_add(&next_generation, 1);
     e->rng = (unsigned)e->generation * 2654435761u ^ (unsigned)e->pid;
@@ -1487,6 +1576,8 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     atomic_init(&e->stop, 0);
     atomic_init(&e->kill, 0);
     atomic_init(&e->wake_pending, 1); /* awake until its first poll */
+    atomic_init(&e->nwaiting, 0);
+    atomic_init(&e->nopen, 0);
     if (prev) {
         e->nodes = prev->nodes;
         e->stats = prev->stats;
@@ -1551,6 +1642,7 @@ int esx_engine_submit(esx_engine *e, esx_request *req)
     else
         e->sub_head = req;
     e->sub_tail = req;
+    e->nsub++;
     e->stats.requests += req->retries == 0 && req->submitted_at == 0;
     pthread_mutex_unlock(&e->mu);
     if (!atomic_exchange(&e->wake_pending, 1))
@@ -1594,6 +1686,7 @@ static void free_rest(esx_engine *e)
         unlink(e->listen_path);
     }
     pthread_mutex_destroy(&e->mu);
+    explicit_bzero(&e->own_cfg, sizeof e->own_cfg);
     free(e);
 }
 
@@ -1602,6 +1695,16 @@ void esx_engine_free(esx_engine *e)
     if (e == NULL)
         return;
     atomic_store(&e->stop, 1);
+    if (pthread_equal(pthread_self(), e->thread)) {
+        /* Called from a completion callback on the I/O thread itself: joining would fail
+         * (EDEADLK) and freeing here would pull the loop's state from under it.  The loop
+         * sees `stop` when the callback returns, fails what is left with "closed" and frees
+         * the engine on its way out. */
+        e->free_on_exit = 1;
+        pthread_detach(e->thread);
+        curl_multi_wakeup(e->multi);
+        return;
+    }
     curl_multi_wakeup(e->multi);
     pthread_join(e->thread, NULL);
     /* a thread that died early (internal failure) left work behind */
@@ -1616,7 +1719,9 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
     pthread_mutex_lock(&e->mu);
     lists[0] = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
+    e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
+    atomic_store(&e->nwaiting, 0);
     lists[1] = e->wait_head;
     lists[2] = e->active;
     lists[3] = e->backoff;
@@ -1665,53 +1770,61 @@ void esx_engine_stats(esx_engine *e, esx_stats *stats, esx_nodes *nodes)
     *stats = e->stats;
     if (nodes)
         *nodes = e->nodes;
-    int in_use = 0, waiting = 0;
+    int in_use = 0;
     for (int i = 0; i < e->nodes.n; i++)
         in_use += e->nodes.v[i].in_flight;
-    for (esx_request *r = e->sub_head; r; r = r->next)
-        waiting++;
+    /* counts only: the I/O thread's lists are its own (a request finished meanwhile is
+     * freed under a walker's feet) */
+    int waiting = e->nsub + atomic_load(&e->nwaiting);
     pthread_mutex_unlock(&e->mu);
-    /* The lists below are the I/O thread's; their lengths are read racily, for display. */
-    for (esx_request *r = e->wait_head; r && waiting < 1000000; r = r->next)
-        waiting++;
+    int open = atomic_load(&e->nopen);
     stats->in_use = in_use;
     stats->waiting = waiting;
-    stats->open = e->nsockets;
-    stats->idle = e->nsockets > in_use ? e->nsockets - in_use : 0;
+    stats->open = open;
+    stats->idle = open > in_use ? open - in_use : 0;
 }
 
 const char *esx_engine_waiter_path(esx_engine *e, char *why)
 {
     if (atomic_load(&e->listen_fd) >= 0)
+        return e->listen_path; /* written before listen_fd was published */
+    /* Under the lock: two threads creating it at once would each unlink the other's socket
+     * file, and the one that won could be listening on a path that no longer exists. */
+    pthread_mutex_lock(&e->mu);
+    if (atomic_load(&e->listen_fd) >= 0) {
+        pthread_mutex_unlock(&e->mu);
         return e->listen_path;
+    }
     const char *dir = getenv("TMPDIR");
     if (dir == NULL || strlen(dir) > 60)
         dir = "/tmp";
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/esx-%d-%llu.sock", dir,
                      (int)esx_pid(), (unsigned long long)e->generation);
+    int fd = -1;
     if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
         snprintf(why, 256, "waiter socket path too long");
-        return NULL;
+        goto fail;
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         snprintf(why, 256, "cannot create the waiter socket: %s", strerror(errno));
-        return NULL;
+        goto fail;
     }
     unlink(addr.sun_path);
     if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0) {
         snprintf(why, 256, "cannot listen on %s: %s", addr.sun_path, strerror(errno));
         close(fd);
-        return NULL;
+        goto fail;
     }
     memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
-    int expected = -1;
-    if (!atomic_compare_exchange_strong(&e->listen_fd, &expected, fd)) {
-        close(fd); /* another thread won; its path is the same */
-    }
+    atomic_store(&e->listen_fd, fd);
+    pthread_mutex_unlock(&e->mu);
     curl_multi_wakeup(e->multi);
     return e->listen_path;
+fail:
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
 }
 
 void esx_engine_debug_kill(esx_engine *e)

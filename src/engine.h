@@ -35,7 +35,8 @@ typedef struct esx_stats {
 
 typedef struct esx_engine esx_engine;
 
-/* Creates an engine for cfg (which must outlive it) and starts its I/O thread.  Node states
+/* Creates an engine with a copy of cfg (without its header strings, which stay the
+ * caller's) and starts its I/O thread.  Node states
  * and counters are carried over from `prev` when given (a rebuild).  Returns NULL with a
  * reason in why (256 bytes) on failure. */
 esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *why);
@@ -51,7 +52,10 @@ int esx_engine_healthy(const esx_engine *e);
 int esx_engine_ours(const esx_engine *e);
 
 /* Stops the thread, fails unfinished requests with "closed" and frees everything.
- * Must be called in the process that created the engine. */
+ * Must be called in the process that created the engine.  Called on the engine's own I/O
+ * thread (from a request's on_done), it only tells the thread to stop: the thread frees the
+ * engine when its loop ends, after this call has returned.  Either way e is the engine's no
+ * more once this returns. */
 void esx_engine_free(esx_engine *e);
 
 /* In a process whose I/O thread died (same process), joins the dead thread, hands every

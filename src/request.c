@@ -37,7 +37,6 @@ esx_request *esx_request_new(size_t max_response)
     esx_buf_init(&req->resp_headers, MAX_RESPONSE_HEADERS);
     esx_buf_init(&req->resp_body, max_response);
     req->node = -1;
-    req->watcher_fd = -1;
     atomic_init(&req->done, 0);
     atomic_init(&req->refs, 1);
     return req;

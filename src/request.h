@@ -21,6 +21,9 @@
 
 typedef struct esx_request esx_request;
 
+/* Waiter connections one request keeps at a time (several coroutines may wait on it). */
+#define ESX_MAX_WATCHERS 16
+
 /* Called once, on the engine's I/O thread, when the request is done (success or failure).
  * It must not block; it may take its own reference to keep the request. */
 typedef void (*esx_done_fn)(esx_request *req, void *ud);
@@ -66,6 +69,7 @@ struct esx_request {
     void *h1;                   /* the attempt's plain HTTP/1.1 connection (h1conn.h), or NULL */
     int slot;                   /* the attempt holds a connection slot */
     int h1_redone;              /* the attempt moved once to a fresh connection (stale reuse) */
+    int curl_connecting;        /* the libcurl attempt's connection is not up (or reused) yet */
     int resp_gzip;
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
@@ -73,7 +77,8 @@ struct esx_request {
     size_t wire_in;             /* response body bytes received on the wire */
     long long ul_seen;          /* upload bytes at the last progress call */
     uint64_t gen;               /* generation of the engine it was submitted to */
-    int watcher_fd;             /* nginx waiter connection to poke when done, -1 none */
+    int watchers[ESX_MAX_WATCHERS]; /* nginx waiter connections to poke when done, oldest */
+    int nwatchers;                  /* first (the engine's) */
 
     /* --- result, valid once done --- */
     long status;
