@@ -377,6 +377,18 @@ describe("shipping", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("counts the dead letters it could not write (dead_letter_failed)", function()
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    local col = new{ dead_letter = "/dev/full" } -- every write fails with ENOSPC
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(1, s.dead_lettered)
+    assert.equal(1, s.dead_letter_failed)
+    assert.equal(1, s.shipped)
+    col:close()
+  end)
+
   it("holds events while Elasticsearch is down and indexes each exactly once when it is back", function()
     local port = srv.port
     local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0, connect_timeout = 200,

@@ -295,8 +295,11 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
 {
     if (!it->rollup)
         col->st.dead_lettered++;
-    if (col->dl_fd < 0)
+    if (col->dl_fd < 0) {
+        if (col->cfg.dead_letter_path[0])
+            col->st.dead_letter_failed++; /* the file could not be opened */
         return;
+    }
     char t[160], r[400];
     json_escape(t, sizeof t, type);
     json_escape(r, sizeof r, reason);
@@ -311,8 +314,10 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
                      (long long)esx_wall_ms(), status, t, r);
     size_t total = (size_t)n + alen + 12 + (dlen ? dlen : 4) + 3;
     char *line = malloc(total);
-    if (line == NULL)
+    if (line == NULL) {
+        col->st.dead_letter_failed++;
         return;
+    }
     size_t o = 0;
     memcpy(line + o, head, (size_t)n);
     o += (size_t)n;
@@ -330,7 +335,8 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
     line[o++] = '}';
     line[o++] = '\n';
     ssize_t w = write(col->dl_fd, line, o); /* O_APPEND: one line per write */
-    (void)w;
+    if (w != (ssize_t)o)
+        col->st.dead_letter_failed++; /* disk full, I/O error: the event is not in the file */
     free(line);
 }
 
@@ -566,6 +572,7 @@ static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_
     return n;
 }
 
+/* Called with mu held; lets go of it while the spool syncs to disk. */
 static void housekeeping(esx_collector *col, int64_t now)
 {
     /* delayed retries that are due go back to the front */
@@ -603,10 +610,6 @@ static void housekeeping(esx_collector *col, int64_t now)
         pthread_cond_broadcast(&col->idle); /* flush() waits for the rows to be queued */
     }
     if (col->spool) {
-        if (now - col->last_sync >= col->cfg.spool_sync_interval) {
-            esx_spool_sync(col->spool);
-            col->last_sync = now;
-        }
         if (now - col->last_orphan_scan >= ORPHAN_SCAN_MS) {
             esx_spool_claim_orphans(col->spool);
             col->last_orphan_scan = now;
@@ -615,6 +618,18 @@ static void housekeeping(esx_collector *col, int64_t now)
         if (esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes) {
             size_t room = col->cfg.queue_max_bytes - col->queue_bytes;
             esx_spool_load(col->spool, room / 2 + 1, replay_record, col);
+        }
+        if (now - col->last_sync >= col->cfg.spool_sync_interval) {
+            /* the disk write without the lock: in nginx the intake runs on the worker's
+             * event loop, which would wait out every fdatasync */
+            int fds[2];
+            int n = esx_spool_sync_begin(col->spool, fds);
+            col->last_sync = now;
+            if (n > 0) {
+                pthread_mutex_unlock(&col->mu);
+                esx_spool_sync_end(fds, n);
+                pthread_mutex_lock(&col->mu);
+            }
         }
     }
 }

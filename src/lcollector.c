@@ -210,6 +210,7 @@ static int col_stats(lua_State *L)
     set_int(L, "shipped", (long long)s.shipped);
     set_int(L, "retried", (long long)s.retried);
     set_int(L, "dead_lettered", (long long)s.dead_lettered);
+    set_int(L, "dead_letter_failed", (long long)s.dead_letter_failed);
     set_int(L, "spooled", (long long)s.spooled);
     set_int(L, "replayed", (long long)s.replayed);
     set_int(L, "spilled", (long long)s.spilled);

@@ -358,15 +358,25 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
     return records;
 }
 
-void esx_spool_sync(esx_spool *sp)
+int esx_spool_sync_begin(esx_spool *sp, int fds[2])
 {
+    int n = 0;
     if (sp->dirty) {
-        if (sp->current && sp->current->fd >= 0)
-            fdatasync(sp->current->fd);
-        if (sp->overflow && sp->overflow->fd >= 0)
-            fdatasync(sp->overflow->fd);
+        if (sp->current && sp->current->fd >= 0 && (fds[n] = dup(sp->current->fd)) >= 0)
+            n++;
+        if (sp->overflow && sp->overflow->fd >= 0 && (fds[n] = dup(sp->overflow->fd)) >= 0)
+            n++;
     }
     sp->dirty = 0;
+    return n;
+}
+
+void esx_spool_sync_end(int fds[2], int n)
+{
+    for (int i = 0; i < n; i++) {
+        fdatasync(fds[i]);
+        close(fds[i]);
+    }
 }
 
 void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n)

@@ -83,8 +83,13 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
                    void *ud);
 
-/* fdatasync of the segments being written (write-ahead and overflow) when written to. */
-void esx_spool_sync(esx_spool *sp);
+/* fdatasync of the segments being written (write-ahead and overflow) since the last sync, in
+ * two steps so that the caller's lock is not held across the disk write: _begin (under the
+ * lock that guards sp) puts duplicates of their descriptors in fds and returns how many
+ * (0 when nothing was written; a failed dup leaves that segment to be synced when sealed);
+ * _end (without the lock) syncs and closes them. */
+int esx_spool_sync_begin(esx_spool *sp, int fds[2]);
+void esx_spool_sync_end(int fds[2], int n);
 
 /* n events of seg were acknowledged; a segment with none left is deleted (the current one
  * too: the next append opens a new one). */
