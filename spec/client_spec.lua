@@ -341,6 +341,30 @@ describe("error kinds and deadlines", function()
     c:close()
   end)
 
+  it("ends each waiting request at its own deadline, whatever the order they queued in", function()
+    srv:fault{ path = "/", stall_ms = 1500, count = 1 }
+    local c = client{ max_total = 1, pool_timeout = 1000 }
+    local slow = assert(c:send("GET", "/"))
+    socket.sleep(0.05)
+    local t0 = socket.gettime()
+    local late = assert(c:send("GET", "/_cluster/health"))                    -- due at pool_timeout
+    local soon = assert(c:send("GET", "/_cluster/health", nil, { timeout = 200 })) -- due first
+    assert.is_true(soon:wait(5000))
+    local soon_ms = (socket.gettime() - t0) * 1000
+    local _, err = soon:result()
+    assert.equal("request_timeout", err.kind)
+    assert.is_false(late:ready())
+    assert.equal(1, c:stats().pool.waiting)
+    assert.is_true(late:wait(5000))
+    local late_ms = (socket.gettime() - t0) * 1000
+    _, err = late:result()
+    assert.equal("pool_timeout", err.kind)
+    assert.is_true(soon_ms >= 190 and soon_ms < 900 * SCALE, "soon took " .. soon_ms .. " ms")
+    assert.is_true(late_ms >= 990 and late_ms < 1400 * SCALE, "late took " .. late_ms .. " ms")
+    assert.is_true(slow:wait(5000))
+    c:close()
+  end)
+
   it("returns nil, err with kind 'decode' on a corrupt gzip body", function()
     srv:fault{ path = "/", corrupt_gzip = true }
     local c = client{ compression = true, max_retries = 0 }

@@ -83,6 +83,11 @@ struct esx_engine {
 
     /* I/O thread only */
     esx_request *wait_head, *wait_tail; /* FIFO waiting for a slot */
+    int64_t wait_due;           /* no waiting request is due (deadline, pool_deadline) before
+                                 * this; 0 when none waits.  A lower bound: a request leaving
+                                 * for a connection does not raise it, the next walk of the
+                                 * list in expire() recomputes it.  So neither expire() nor
+                                 * next_wakeup() walks a long queue on every loop. */
     esx_request *active;
     esx_request *backoff;
     int in_use;
@@ -142,9 +147,24 @@ static void list_remove(esx_request **head, esx_request *req)
     }
 }
 
+static int64_t min_pos(int64_t a, int64_t b)
+{
+    if (a <= 0)
+        return b;
+    if (b <= 0)
+        return a;
+    return a < b ? a : b;
+}
+
+static void wait_due_add(esx_engine *e, const esx_request *req)
+{
+    e->wait_due = min_pos(e->wait_due, min_pos(req->deadline, req->pool_deadline));
+}
+
 /* Appends a request taken from the submission queue (take_submissions counted it). */
 static void wait_append(esx_engine *e, esx_request *req)
 {
+    wait_due_add(e, req);
     req->next = NULL;
     if (e->wait_tail)
         e->wait_tail->next = req;
@@ -155,6 +175,7 @@ static void wait_append(esx_engine *e, esx_request *req)
 
 static void wait_prepend(esx_engine *e, esx_request *req)
 {
+    wait_due_add(e, req);
     atomic_fetch_add(&e->nwaiting, 1);
     req->next = e->wait_head;
     e->wait_head = req;
@@ -1252,22 +1273,29 @@ static int silence_watched(const esx_engine *e, const esx_request *req)
 static void expire(esx_engine *e, int64_t now)
 {
     const esx_config *cfg = e->cfg;
-    esx_request *prev = NULL, *req = e->wait_head;
-    while (req) {
-        esx_request *next = req->next;
-        if (req->deadline > 0 && now >= req->deadline) {
-            wait_remove(e, req, prev);
-            finish(e, req, ESX_EREQUEST_TIMEOUT, "no answer within %lld ms",
-                   (long long)req->timeout_ms);
-        } else if (now >= req->pool_deadline) {
-            wait_remove(e, req, prev);
-            finish(e, req, ESX_EPOOL_TIMEOUT,
-                   "no free connection within pool_timeout (%lld ms); %d in use",
-                   (long long)cfg->pool_timeout, e->in_use);
-        } else {
-            prev = req;
+    esx_request *prev = NULL, *req = NULL;
+    if (e->wait_head && e->wait_due > 0 && now >= e->wait_due) {
+        e->wait_due = 0; /* recomputed below (and by any append meanwhile) */
+        req = e->wait_head;
+        while (req) {
+            esx_request *next = req->next;
+            if (req->deadline > 0 && now >= req->deadline) {
+                wait_remove(e, req, prev);
+                finish(e, req, ESX_EREQUEST_TIMEOUT, "no answer within %lld ms",
+                       (long long)req->timeout_ms);
+            } else if (now >= req->pool_deadline) {
+                wait_remove(e, req, prev);
+                finish(e, req, ESX_EPOOL_TIMEOUT,
+                       "no free connection within pool_timeout (%lld ms); %d in use",
+                       (long long)cfg->pool_timeout, e->in_use);
+            } else {
+                wait_due_add(e, req);
+                prev = req;
+            }
+            req = next;
         }
-        req = next;
+    } else if (e->wait_head == NULL) {
+        e->wait_due = 0;
     }
     for (esx_request **p = &e->backoff; *p;) {
         req = *p;
@@ -1311,20 +1339,9 @@ static void expire(esx_engine *e, int64_t now)
     }
 }
 
-static int64_t min_pos(int64_t a, int64_t b)
-{
-    if (a <= 0)
-        return b;
-    if (b <= 0)
-        return a;
-    return a < b ? a : b;
-}
-
 static int64_t next_wakeup(esx_engine *e, int64_t now)
 {
-    int64_t t = 0;
-    for (esx_request *r = e->wait_head; r; r = r->next)
-        t = min_pos(t, min_pos(r->deadline, r->pool_deadline));
+    int64_t t = e->wait_head ? e->wait_due : 0;
     for (esx_request *r = e->backoff; r; r = r->next)
         t = min_pos(t, min_pos(r->deadline, r->retry_at));
     for (esx_request *r = e->active; r; r = r->next) {
