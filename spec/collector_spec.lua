@@ -729,7 +729,7 @@ describe("spool", function()
 
   -- Runs a separate process that accepts one request per event id (each one spool record)
   -- while Elasticsearch is unreachable, then kills itself with SIGKILL.
-  local function spool_victim(dir, ids)
+  local function spool_victim(dir, ids, extra)
     local script = dir .. "/victim.lua"
     local f = assert(io.open(script, "w"))
     f:write(([[
@@ -737,7 +737,7 @@ describe("spool", function()
       package.cpath = "./build/%s/?.so;" .. package.cpath
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
-      local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 0, %s }
       for id in ("%s"):gmatch("[^,]+") do
         local s = col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
           body = '{"site_id":"s1","type":"view","event_id":"' .. id .. '"}' }
@@ -745,7 +745,7 @@ describe("spool", function()
       end
       io.stdout:write("accepted\n") io.stdout:flush()
       os.execute("kill -9 " .. io.open("/proc/self/stat"):read("*l"):match("^(%%d+)") .. " 2>/dev/null")
-    ]]):format(jit and "luajit" or "lua5.4", dir, table.concat(ids, ",")))
+    ]]):format(jit and "luajit" or "lua5.4", dir, extra or "", table.concat(ids, ",")))
     f:close()
     local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>/dev/null")
     assert.equal("accepted", p:read("*l"))
@@ -807,6 +807,25 @@ describe("spool", function()
     assert.is_true(col:flush(10000))
     assert.equal(2, col:stats().replayed)
     assert.equal(3, (indexed()))
+    col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("replays every segment a killed process had sealed, synced or not yet", function()
+    local dir = tmpdir()
+    local ids = {}
+    for i = 1, 40 do ids[i] = "r" .. i end
+    spool_victim(dir, ids, "spool_segment_bytes = 4096") -- several segments
+    local p = io.popen("ls " .. dir .. " | grep -c '^seg-'")
+    assert.is_true(tonumber(p:read("*l")) >= 2)
+    p:close()
+    local col = new{ spool_dir = dir }
+    post(col, cjson.encode(ev({ event_id = "live-r" })))
+    local deadline = socket.gettime() + 10
+    while col:stats().replayed < 40 and socket.gettime() < deadline do socket.sleep(0.05) end
+    assert.is_true(col:flush(10000))
+    assert.equal(40, col:stats().replayed)
+    assert.equal(41, (indexed()))
     col:close()
     os.execute("rm -rf " .. dir)
   end)

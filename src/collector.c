@@ -622,7 +622,7 @@ static void housekeeping(esx_collector *col, int64_t now)
         if (now - col->last_sync >= col->cfg.spool_sync_interval) {
             /* the disk write without the lock: in nginx the intake runs on the worker's
              * event loop, which would wait out every fdatasync */
-            int fds[2];
+            int fds[ESX_SPOOL_SYNC_FDS];
             int n = esx_spool_sync_begin(col->spool, fds);
             col->last_sync = now;
             if (n > 0) {

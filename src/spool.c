@@ -122,8 +122,14 @@ static void maybe_delete(esx_spool *sp, esx_segment *seg)
 static void seal(esx_spool *sp, esx_segment *seg)
 {
     if (seg->fd >= 0) {
-        fdatasync(seg->fd);
-        close(seg->fd);
+        /* synced by the next esx_spool_sync, outside the caller's lock (a request that
+         * rotates the segment does not wait for the disk), or here when 8 already wait */
+        if (sp->n_unsynced < (int)(sizeof sp->unsynced / sizeof sp->unsynced[0])) {
+            sp->unsynced[sp->n_unsynced++] = seg->fd;
+        } else {
+            fdatasync(seg->fd);
+            close(seg->fd);
+        }
         seg->fd = -1;
     }
     seg->sealed = 1;
@@ -358,9 +364,12 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
     return records;
 }
 
-int esx_spool_sync_begin(esx_spool *sp, int fds[2])
+int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
 {
     int n = 0;
+    for (int i = 0; i < sp->n_unsynced; i++)
+        fds[n++] = sp->unsynced[i];
+    sp->n_unsynced = 0;
     if (sp->dirty) {
         if (sp->current && sp->current->fd >= 0 && (fds[n] = dup(sp->current->fd)) >= 0)
             n++;
@@ -371,7 +380,7 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[2])
     return n;
 }
 
-void esx_spool_sync_end(int fds[2], int n)
+void esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n)
 {
     for (int i = 0; i < n; i++) {
         fdatasync(fds[i]);
@@ -462,6 +471,10 @@ void esx_spool_close(esx_spool *sp)
 {
     if (sp == NULL)
         return;
+    for (int i = 0; i < sp->n_unsynced; i++) {
+        fdatasync(sp->unsynced[i]);
+        close(sp->unsynced[i]);
+    }
     esx_segment *seg = sp->segments;
     while (seg) {
         esx_segment *next = seg->next;
@@ -484,6 +497,8 @@ void esx_spool_forget(esx_spool *sp)
     if (sp == NULL)
         return;
     /* our copies of the parent's descriptors and memory: close and free, never unlink */
+    for (int i = 0; i < sp->n_unsynced; i++)
+        close(sp->unsynced[i]);
     esx_segment *seg = sp->segments;
     while (seg) {
         esx_segment *next = seg->next;

@@ -47,6 +47,8 @@ typedef struct esx_spool {
     esx_segment *segments;   /* every live segment */
     esx_segment *backlog_head, *backlog_tail; /* segments with records not yet loaded */
     int dirty;               /* written since the last fdatasync */
+    int unsynced[8];         /* descriptors of sealed segments, for the next esx_spool_sync */
+    int n_unsynced;
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged) */
 } esx_spool;
@@ -83,13 +85,15 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
                    void *ud);
 
-/* fdatasync of the segments being written (write-ahead and overflow) since the last sync, in
- * two steps so that the caller's lock is not held across the disk write: _begin (under the
- * lock that guards sp) puts duplicates of their descriptors in fds and returns how many
- * (0 when nothing was written; a failed dup leaves that segment to be synced when sealed);
- * _end (without the lock) syncs and closes them. */
-int esx_spool_sync_begin(esx_spool *sp, int fds[2]);
-void esx_spool_sync_end(int fds[2], int n);
+/* fdatasync of what was written since the last sync (the segments being written and those
+ * sealed since), in two steps so that the caller's lock is not held across the disk write:
+ * _begin (under the lock that guards sp) fills fds (ESX_SPOOL_SYNC_FDS of them at most:
+ * duplicates of the open segments' descriptors, and the sealed segments' own) and returns
+ * how many; _end (without the lock) syncs and closes them.  A failed dup leaves that
+ * segment to be synced when it is sealed or closed. */
+#define ESX_SPOOL_SYNC_FDS 10
+int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS]);
+void esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n);
 
 /* n events of seg were acknowledged; a segment with none left is deleted (the current one
  * too: the next append opens a new one). */
