@@ -357,6 +357,39 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("halves a batch the server refuses as too large (413) and sends it again", function()
+    srv:clear_requests()
+    srv:fault{ path = "/_bulk", status = 413, count = 1 }
+    local col = new{ rollup = false, flush_interval = 20 }
+    local evs = {}
+    for i = 1, 30 do evs[i] = ev({ event_id = "h" .. i, pad = string.rep("x", 200) }) end
+    assert.equal(204, (post(col, cjson.encode(evs)))) -- one bulk of ~12 KB
+    assert.is_true(col:flush(5000))
+    assert.equal(30, (indexed()))
+    local s = col:stats()
+    assert.equal(0, s.dead_lettered)
+    assert.equal(30, s.shipped)
+    local bulks = srv:requests("/_bulk").counts["/_bulk"]
+    assert.is_true(bulks >= 3 and bulks <= 5, bulks .. " bulks") -- refused, then halves
+    col:close()
+  end)
+
+  it("backs off when even a bulk of the smallest size is refused with 413", function()
+    srv:clear_requests()
+    srv:fault{ path = "/_bulk", status = 413, count = -1 }
+    local col = new{ rollup = false, flush_interval = 10, retry_backoff_min = 200,
+                     retry_backoff_max = 200 }
+    assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "t1" }), ev({ event_id = "t2" }) }))))
+    socket.sleep(0.35)
+    local sent = srv:requests("/_bulk").counts["/_bulk"]
+    assert.is_true(sent >= 1 and sent <= 3, sent .. " bulks in 350 ms")
+    srv:clear_faults()
+    assert.is_true(col:flush(5000))
+    assert.equal(2, (indexed()))
+    assert.equal(0, col:stats().dead_lettered)
+    col:close()
+  end)
+
   it("writes items rejected for good to the dead-letter file with the reason", function()
     local dir = tmpdir()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }

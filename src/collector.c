@@ -392,18 +392,23 @@ static void batch_done(esx_request *req, void *ud)
     pthread_mutex_lock(&col->mu);
     sent_remove(col, b);
     col->st.bulk_requests++;
-    if (status == 413 && b->n > 1) {
-        /* the server refused the size: halve batches and send these again */
-        col->batch_cap = b->bytes / 2 > 1024 ? b->bytes / 2 : 1024;
+    if (status == 413 && b->n > 1 && b->bytes > 2048) {
+        /* the server refused the size: halve batches (never back up: two bulks refused at
+         * once both lower it) and send these again */
+        size_t half = b->bytes / 2 > 1024 ? b->bytes / 2 : 1024;
+        if (half < col->batch_cap)
+            col->batch_cap = half;
         for (int i = b->n - 1; i >= 0; i--)
             ready_prepend(col, b->items[i]);
     } else if (!parsed) {
+        /* (a 413 for a bulk of at most 2 KiB -- the floor -- is a failure like any other:
+         * resending it at once would loop as fast as the server answers) */
         col->st.bulk_failures++;
         run r = { .due = batch_due(col, b, now) };
-        if (status != 413)
+        if (status != 413 || b->n > 1)
             pause_sink(col, r.due);
         for (int i = 0; i < b->n; i++) {
-            if (status == 413) {
+            if (status == 413 && b->n == 1) {
                 dead_letter(col, b->items[i], 413, "request_too_large",
                             "the server refused a single event as too large");
                 item_done(col, b->items[i]);
