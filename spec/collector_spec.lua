@@ -920,6 +920,18 @@ describe("col:stats and esx.metrics", function()
     col:close()
   end)
 
+  it("counts every request that reached parsing, refused ones included", function()
+    local col = new{ max_events = 2 }
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    assert.equal(400, (post(col, "not json")))
+    assert.equal(413, (post(col, cjson.encode({ ev(), ev(), ev() }))))
+    local s = col:stats()
+    assert.equal(3, s.requests)
+    assert.equal(1, s.rejected.not_json)
+    assert.equal(1, s.rejected.too_many)
+    col:close()
+  end)
+
   it("returns nil, err with kind 'closed' after close", function()
     local col = new()
     col:close()

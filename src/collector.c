@@ -893,6 +893,11 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
                               col->rejects, &nr, col->cfg.max_events, why);
     out->rejects = col->rejects;
     out->n_rejects = nr;
+    if (rc != ESX_EV_OK) { /* it reached parsing (counted below for the others) */
+        pthread_mutex_lock(&col->mu);
+        col->st.requests++;
+        pthread_mutex_unlock(&col->mu);
+    }
     if (rc == ESX_EV_NOT_JSON) {
         refuse(out, 400, ESX_RJ_NOT_JSON, col, 0, why);
         return;
