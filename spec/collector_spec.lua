@@ -193,6 +193,23 @@ describe("col:handle", function()
     c2:close()
   end)
 
+  it("admits sites beyond max_sites without a bucket, and reclaims buckets once refilled", function()
+    local c2 = new{ site_rate = 10, site_burst = 2, max_sites = 2 }
+    assert.equal(204, (post(c2, cjson.encode({ ev({ site_id = "a" }), ev({ site_id = "a" }) }))))
+    assert.equal(204, (post(c2, cjson.encode({ ev({ site_id = "b" }), ev({ site_id = "b" }) }))))
+    -- the table is full of buckets in use: new sites go through, counted
+    assert.equal(204, (post(c2, cjson.encode(ev({ site_id = "c" })))))
+    assert.equal(204, (post(c2, cjson.encode(ev({ site_id = "d" })))))
+    assert.equal(2, c2:stats().rate_unlimited)
+    socket.sleep(0.35) -- a and b refill (0.2 s): their buckets can go
+    local evs = {}
+    for i = 1, 3 do evs[i] = ev({ site_id = "e" }) end
+    assert.equal(204, (post(c2, cjson.encode({ evs[1], evs[2] }))))
+    assert.equal(429, (post(c2, cjson.encode(evs[3])))) -- e has a bucket now, and it is empty
+    assert.equal(2, c2:stats().rate_unlimited)
+    c2:close()
+  end)
+
   it("admits a request with more of a site's events than site_burst when the bucket is full", function()
     local c2 = new{ site_rate = 2, site_burst = 3 }
     local evs = {}

@@ -16,6 +16,7 @@ typedef struct bucket {
 struct esx_ratelimit {
     double rate, burst;
     size_t cap, used, max;
+    int64_t next_purge;  /* ms: no purge before (one frees nothing until buckets refill) */
     uint64_t seed;
     uint64_t unlimited;
     bucket *slots;
@@ -101,6 +102,13 @@ static bucket *find(esx_ratelimit *rl, const char *site, int64_t now, int create
     if (!create)
         return NULL;
     if (rl->used >= rl->max) {
+        /* A purge rebuilds the whole table (O(max_sites)) under the collector's lock: at most
+         * once per refill time (burst / rate, within 100 ms .. 60 s), or a stream of new site ids
+         * against a table of active ones would pay it on every request. */
+        if (now < rl->next_purge)
+            return NULL;
+        double refill_ms = rl->burst / rl->rate * 1000.0;
+        rl->next_purge = now + (refill_ms < 100.0 ? 100 : refill_ms > 60000.0 ? 60000 : (int64_t)refill_ms);
         if (purge(rl, now) == 0)
             return NULL;
         return find(rl, site, now, 1);
