@@ -32,6 +32,7 @@ const char *const esx_reject_names[ESX_RJ_COUNT] = {
 #define ITEM_OVERHEAD 64     /* bytes charged per queued event beyond its text */
 #define BULK_TARGET "/_bulk?filter_path=errors,items.*.status,items.*.error"
 #define ORPHAN_SCAN_MS 2000
+#define LOAD_PER_PASS ((size_t)1 << 20) /* bytes of spool records loaded per shipper pass */
 
 typedef struct item {
     struct item *next;
@@ -619,10 +620,11 @@ static void housekeeping(esx_collector *col, int64_t now)
             esx_spool_claim_orphans(col->spool);
             col->last_orphan_scan = now;
         }
-        /* load what waits on disk into the room memory has */
+        /* load what waits on disk into the room memory has: at most LOAD_PER_PASS a pass,
+         * since the intake waits for the lock meanwhile (the next pass is 20 ms away) */
         if (esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes) {
-            size_t room = col->cfg.queue_max_bytes - col->queue_bytes;
-            esx_spool_load(col->spool, room / 2 + 1, replay_record, col);
+            size_t room = (col->cfg.queue_max_bytes - col->queue_bytes) / 2 + 1;
+            esx_spool_load(col->spool, room < LOAD_PER_PASS ? room : LOAD_PER_PASS, replay_record, col);
         }
         if (now - col->last_sync >= col->cfg.spool_sync_interval) {
             /* the disk write without the lock: in nginx the intake runs on the worker's
