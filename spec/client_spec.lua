@@ -761,21 +761,22 @@ describe("pending:waiter_path", function()
     srv:fault{ path = "/", stall_ms = 2000, count = 1 }
     local c = client()
     local p = assert(c:send("GET", "/"))
-    local a = waiter(p)
+    local ws = {}
+    for i = 1, 20 do ws[i] = waiter(p) end -- twenty coroutines waiting on one request
     socket.sleep(0.05)
-    local b = waiter(p) -- a second coroutine waiting on the same request
-    a:settimeout(0.3)
-    local data, err = a:receive(1)
-    assert.is_nil(data)
-    assert.equal("timeout", err)
+    for _, w in ipairs(ws) do -- none of them woken early (the first, the oldest, included)
+      w:settimeout(0.01)
+      local data, err = w:receive(1)
+      assert.is_nil(data)
+      assert.equal("timeout", err)
+    end
     assert.is_false(p:ready())
     assert.is_true(p:wait(10000))
-    a:settimeout(5)
-    b:settimeout(5)
-    assert.equal("1", a:receive(1))
-    assert.equal("1", b:receive(1))
-    a:close()
-    b:close()
+    for _, w in ipairs(ws) do
+      w:settimeout(5)
+      assert.equal("1", w:receive(1))
+      w:close()
+    end
     local late = waiter(p) -- done already: woken at once
     late:settimeout(5)
     assert.equal("1", late:receive(1))

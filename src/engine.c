@@ -214,28 +214,40 @@ static void poke_watchers(esx_request *req)
 }
 
 /* Adds waiter connection fd to unfinished req.  Waiters that went away (a timed-out await:
- * the peer closed, so the fd polls readable) are dropped first; with ESX_MAX_WATCHERS still
- * waiting, the oldest is woken early (it finds the request unfinished and registers again). */
+ * the peer closed, so the fd polls readable) are dropped first.  Every live waiter is kept:
+ * waking one early would have it register again and wake the next, in a loop that lasts as
+ * long as the request (the process's descriptor limit bounds them).  Without memory for one
+ * more, the new waiter is woken at once (it finds the request unfinished and comes back). */
 static void add_watcher(esx_request *req, int fd)
 {
-    struct pollfd pfd[ESX_MAX_WATCHERS];
     int n = req->nwatchers;
-    for (int i = 0; i < n; i++)
-        pfd[i] = (struct pollfd){.fd = req->watchers[i], .events = POLLIN};
-    if (n > 0 && poll(pfd, (nfds_t)n, 0) > 0) {
-        int kept = 0;
-        for (int i = 0; i < n; i++) {
-            if (pfd[i].revents)
-                close(req->watchers[i]); /* a waiter sends nothing more: this is its end */
-            else
-                req->watchers[kept++] = req->watchers[i];
+    struct pollfd small[16];
+    struct pollfd *pfd = n <= 16 ? small : malloc((size_t)n * sizeof *pfd);
+    if (n > 0 && pfd != NULL) {
+        for (int i = 0; i < n; i++)
+            pfd[i] = (struct pollfd){.fd = req->watchers[i], .events = POLLIN};
+        if (poll(pfd, (nfds_t)n, 0) > 0) {
+            int kept = 0;
+            for (int i = 0; i < n; i++) {
+                if (pfd[i].revents)
+                    close(req->watchers[i]); /* a waiter sends nothing more: this is its end */
+                else
+                    req->watchers[kept++] = req->watchers[i];
+            }
+            req->nwatchers = kept;
         }
-        req->nwatchers = n = kept;
     }
-    if (n == ESX_MAX_WATCHERS) {
-        poke_fd(req->watchers[0]);
-        memmove(req->watchers, req->watchers + 1, (size_t)(n - 1) * sizeof req->watchers[0]);
-        req->nwatchers = --n;
+    if (pfd != small)
+        free(pfd);
+    if (req->nwatchers == req->watchers_cap) {
+        int cap = req->watchers_cap ? req->watchers_cap * 2 : 4;
+        int *w = realloc(req->watchers, (size_t)cap * sizeof *w);
+        if (w == NULL) {
+            poke_fd(fd);
+            return;
+        }
+        req->watchers = w;
+        req->watchers_cap = cap;
     }
     req->watchers[req->nwatchers++] = fd;
 }

@@ -53,6 +53,7 @@ void esx_request_unref(esx_request *req)
         return;
     free(req->target);
     free(req->body);
+    free(req->watchers);
     curl_slist_free_all(req->headers);
     esx_buf_free(&req->resp_headers);
     esx_buf_free(&req->resp_body);

@@ -21,9 +21,6 @@
 
 typedef struct esx_request esx_request;
 
-/* Waiter connections one request keeps at a time (several coroutines may wait on it). */
-#define ESX_MAX_WATCHERS 16
-
 /* Called once, on the engine's I/O thread, when the request is done (success or failure).
  * It must not block; it may take its own reference to keep the request. */
 typedef void (*esx_done_fn)(esx_request *req, void *ud);
@@ -77,8 +74,9 @@ struct esx_request {
     size_t wire_in;             /* response body bytes received on the wire */
     long long ul_seen;          /* upload bytes at the last progress call */
     uint64_t gen;               /* generation of the engine it was submitted to */
-    int watchers[ESX_MAX_WATCHERS]; /* nginx waiter connections to poke when done, oldest */
-    int nwatchers;                  /* first (the engine's) */
+    int *watchers;                  /* nginx waiter connections to poke when done, oldest */
+    int nwatchers, watchers_cap;    /* first (the engine's; any number of coroutines may
+                                     * wait on one request) */
 
     /* --- result, valid once done --- */
     long status;
