@@ -974,6 +974,44 @@ describe("single flight", function()
     assert.equal("closed", results[2][2].kind)
   end)
 
+  it("shares a load among concurrent misses however many mark_read calls come meanwhile", function()
+    local loads = 0
+    local c = esx.cache{ lock_timeout = 5000, load_readers = function() return {} end,
+      load_page = function() loads = loads + 1; coroutine.yield(); return { { id = 1 } } end }
+    local a = coroutine.create(function() return c:read_articles(1, 1) end)
+    assert(coroutine.resume(a)) -- A is loading page 1
+    for u = 1, 5000 do assert(c:mark_read(7, u)) end -- more marks than the change log holds
+    local b = coroutine.create(function() return c:read_articles(2, 1) end)
+    assert(coroutine.resume(b)) -- B joins A's load: marks do not make it stale
+    assert.equal(1, loads)
+    local ok_a, list_a = coroutine.resume(a)
+    assert.is_true(ok_a)
+    assert.equal(1, #list_a)
+    local ok_b, list_b = coroutine.resume(b)
+    assert.is_true(ok_b)
+    assert.equal(1, #list_b)
+    assert.equal(1, loads)
+    assert.equal(1, #c:read_articles(3, 1)) -- and the page is cached
+    assert.equal(1, loads)
+  end)
+
+  it("returns nil, err (closed) to a caller whose wait outlived close()", function()
+    local c = esx.cache{ lock_timeout = 100, load_readers = function() return {} end,
+      load_page = function() while true do coroutine.yield() end end }
+    local a = coroutine.create(function() return c:read_articles(1, 1) end)
+    local b = coroutine.create(function() return c:read_articles(2, 1) end)
+    assert(coroutine.resume(a)) -- A's load never ends
+    assert(coroutine.resume(b)) -- B waits on it
+    c:close()
+    local clock = require("esx.core").cache_clock
+    local t0 = clock()
+    while clock() - t0 < 150 do end -- past the load's deadline
+    local ok, list, err = coroutine.resume(b)
+    assert.is_true(ok, list)
+    assert.is_nil(list)
+    assert.equal("closed", err.kind)
+  end)
+
   it("never hands a page load begun before invalidate_pages() to a caller arriving after it", function()
     local rows = { { id = 1 } }
     local loads = 0

@@ -49,11 +49,19 @@ struct slot {
     pid_t pid;
 };
 
+#define INV_SLOTS 1024
+
 struct region {
     uint64_t magic;
     pthread_mutex_t mu;   /* shared mode: guards ring, slots and tickets */
     _Atomic uint64_t head; /* last sequence written; published after its entries */
     uint64_t tickets;
+    /* Sequences of the last invalidations, which outlive the ring: the last INV_PAGES, and
+     * per hash slot of article ids the last INV_ARTICLE (slots shared by several articles
+     * answer for all of them).  Marks fill the ring fast and never change a loaded value's
+     * validity, so a load that the ring no longer reaches is judged by these. */
+    uint64_t inv_pages_seq;
+    uint64_t inv_article_seq[INV_SLOTS];
     struct logent ring[ESX_CACHE_LOG];
     struct slot slots[ESX_CACHE_SLOTS];
 };
@@ -379,6 +387,10 @@ int esx_cache_apply(esx_cache *c, const esx_cache_op *ops, size_t n)
         le->op = ops[i].op;
         le->a = ops[i].a;
         le->b = ops[i].b;
+        if (le->op == ESX_CACHE_OP_INV_PAGES)
+            c->rg->inv_pages_seq = le->seq;
+        else if (le->op == ESX_CACHE_OP_INV_ARTICLE)
+            c->rg->inv_article_seq[le->a % INV_SLOTS] = le->seq;
     }
     atomic_store(&c->rg->head, h + n); /* publish the whole batch at once */
     rg_unlock(c);
@@ -391,13 +403,23 @@ int esx_cache_apply(esx_cache *c, const esx_cache_op *ops, size_t n)
 
 /* Checks the log since start_seq for changes to a loaded value: returns 0 when it may be
  * cached (replaying marks onto set when given), 1 when it must not be, -1 when out of
- * memory.  The caller holds the region lock. */
+ * memory.  Past the ring's reach, a reader set that needs the marks made meanwhile cannot be
+ * brought up to date (1); otherwise only invalidations matter, and their last sequences are
+ * kept apart from the ring (a burst of mark_read must not make every load look stale: loads
+ * would stop being shared).  The caller holds the region lock. */
 static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_seq,
                          esx_rset *set)
 {
     uint64_t h = atomic_load(&c->rg->head);
-    if (start_seq > h || h - start_seq > ESX_CACHE_LOG)
+    if (start_seq > h)
         return 1;
+    if (h - start_seq > ESX_CACHE_LOG) {
+        if (set != NULL)
+            return 1;
+        if (kind == ESX_CACHE_PAGE)
+            return c->rg->inv_pages_seq > start_seq;
+        return c->rg->inv_article_seq[key % INV_SLOTS] > start_seq;
+    }
     for (uint64_t s = start_seq + 1; s <= h; s++) {
         const struct logent *le = &c->rg->ring[s % ESX_CACHE_LOG];
         if (kind == ESX_CACHE_PAGE) {

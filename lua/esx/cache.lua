@@ -144,6 +144,7 @@ local function single_flight(self, flights, kind, key, load, recheck)
     if newer == rec then break end
     rec = newer
   end
+  cc = self._cc -- nil when closed while this caller waited: the load reports it
   rec = { done = false, start = cc and cc:seq() or 0, deadline = core_clock() + self._lock_timeout }
   if self._use_sema then
     local ok, sema = pcall(semaphore.new, 0)
