@@ -711,6 +711,27 @@ if has_posix then
       assert.equal(0, c:stats().rebuilds)
       c:close()
     end)
+
+    it("fails, in the child, a request the parent had in flight at the fork (kind 'closed')", function()
+      local wait = require("posix.sys.wait")
+      srv:fault{ path = "/", stall_ms = 800, count = 1 }
+      local c = client()
+      local p = assert(c:send("GET", "/"))
+      socket.sleep(0.1) -- on the wire
+      local pid = unistd.fork()
+      if pid == 0 then
+        local ok = p:wait(5000)
+        local res, err = p:result()
+        local code = (ok and res == nil and err.kind == "closed" and
+                      err.message:find("belongs to the parent", 1, true)) and 0 or 1
+        unistd._exit(code)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      assert.is_true(p:wait(5000)) -- the parent gets its answer
+      assert.equal(200, (assert(p:result())).status)
+      c:close()
+    end)
   end)
 end
 

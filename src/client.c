@@ -213,6 +213,7 @@ static void fail_orphan(esx_client *c, esx_request *req)
     req->err_kind = ESX_ECLOSED;
     snprintf(req->err_msg, sizeof req->err_msg,
              "the request was in flight when the process forked; it belongs to the parent");
+    esx_request_reset_locks(req);
     esx_request_complete(req);
 }
 
@@ -236,9 +237,11 @@ int esx_client_wait(esx_client *c, esx_request *req, int64_t timeout_ms)
             if (left < slice)
                 slice = left < 0 ? 0 : left;
         }
-        if (esx_request_wait(req, slice))
-            return 1;
+        /* poll first: in a forked child, a request of the parent's is failed before its
+         * lock (which the parent's I/O thread may have held at the fork) is touched */
         if (esx_client_poll(c, req))
+            return 1;
+        if (esx_request_wait(req, slice))
             return 1;
         if (until >= 0 && esx_now_ms() >= until)
             return 0;

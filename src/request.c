@@ -81,6 +81,16 @@ int esx_request_wait(esx_request *req, int64_t timeout_ms)
     return done;
 }
 
+void esx_request_reset_locks(esx_request *req)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&req->mu, NULL);
+    pthread_cond_init(&req->cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 void esx_request_complete(esx_request *req)
 {
     pthread_mutex_lock(&req->mu);

@@ -108,6 +108,11 @@ void esx_request_unref(esx_request *req);
  * Returns 1 when done, 0 on timeout. */
 int esx_request_wait(esx_request *req, int64_t timeout_ms);
 
+/* In a forked child, for a request inherited from the parent: makes its lock and condition
+ * anew (the parent's I/O thread may have held the lock at the fork, and no thread of this
+ * process will release it).  Only while no other thread of this process can use req. */
+void esx_request_reset_locks(esx_request *req);
+
 /* Marks the request done and wakes its waiters; called by the engine exactly once. */
 void esx_request_complete(esx_request *req);
 
