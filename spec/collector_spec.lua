@@ -5,6 +5,7 @@ local core = require "esx.core"
 local ds = require "spec.support.devserver"
 local cjson = require "cjson"
 local socket = require "socket"
+local SCALE = tonumber(os.getenv("ESX_TEST_TIME_SCALE")) or 1
 
 local srv, client
 
@@ -363,7 +364,11 @@ describe("shipping", function()
     for i = 1, 20 do evs[i] = ev({ event_id = "p" .. i }) end
     assert.equal(204, (post(col, cjson.encode(evs)))) -- ten batches' worth
     -- the first batch fails at once; the back-off is 200-400 ms (equal jitter)
-    socket.sleep(0.15)
+    local deadline = socket.gettime() + 5 * SCALE
+    while (srv:requests("/_bulk").counts["/_bulk"] or 0) == 0 and socket.gettime() < deadline do
+      socket.sleep(0.01)
+    end
+    socket.sleep(0.1)
     assert.equal(1, srv:requests("/_bulk").counts["/_bulk"])
     assert.equal(2, col:stats().delayed)
     assert.equal(20, col:stats().queued_events)
@@ -396,10 +401,13 @@ describe("shipping", function()
     srv:fault{ path = "/_bulk", status = 413, count = -1 }
     local col = new{ rollup = false, flush_interval = 10, retry_backoff_min = 200,
                      retry_backoff_max = 200 }
+    finally(function() srv:clear_faults() col:close(0) end)
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "t1" }), ev({ event_id = "t2" }) }))))
-    socket.sleep(0.35)
-    local sent = srv:requests("/_bulk").counts["/_bulk"]
-    assert.is_true(sent >= 1 and sent <= 3, sent .. " bulks in 350 ms")
+    local function sent() return srv:requests("/_bulk").counts["/_bulk"] or 0 end
+    local deadline = socket.gettime() + 5 * SCALE
+    while sent() == 0 and socket.gettime() < deadline do socket.sleep(0.01) end
+    socket.sleep(0.35) -- the first refusal's back-off is 100-200 ms: at most two more bulks
+    assert.is_true(sent() >= 1 and sent() <= 3, sent() .. " bulks in 350 ms")
     srv:clear_faults()
     assert.is_true(col:flush(5000))
     assert.equal(2, (indexed()))
