@@ -811,6 +811,16 @@ describe("spool", function()
     os.remove(script)
   end
 
+  -- Waits until col has replayed n events, lets it ship them, then checks that exactly n were
+  -- replayed and that the index holds `total` documents.
+  local function assert_replays(col, n, total)
+    local deadline = socket.gettime() + 10
+    while col:stats().replayed < n and socket.gettime() < deadline do socket.sleep(0.05) end
+    assert.is_true(col:flush(10000))
+    assert.equal(n, col:stats().replayed)
+    assert.equal(total, (indexed()))
+  end
+
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
     local ids = {}
@@ -819,11 +829,7 @@ describe("spool", function()
     local col = new{ spool_dir = dir }
     -- claiming happens on start; wait for the replay to be shipped
     post(col, cjson.encode(ev({ event_id = "live-1" })))
-    local deadline = socket.gettime() + 10
-    while col:stats().replayed < 25 and socket.gettime() < deadline do socket.sleep(0.05) end
-    assert.equal(25, col:stats().replayed)
-    assert.is_true(col:flush(10000))
-    assert.equal(26, (indexed()))
+    assert_replays(col, 25, 26)
     col:close()
     os.execute("rm -rf " .. dir)
   end)
@@ -860,11 +866,7 @@ describe("spool", function()
     assert(os.rename(seg, dir .. "/seg-" .. pid .. "-1.log"))
     local col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "q3" })))))
-    local deadline = socket.gettime() + 10
-    while col:stats().replayed < 2 and socket.gettime() < deadline do socket.sleep(0.05) end
-    assert.is_true(col:flush(10000))
-    assert.equal(2, col:stats().replayed)
-    assert.equal(3, (indexed()))
+    assert_replays(col, 2, 3)
     col:close()
     os.execute("rm -rf " .. dir)
   end)
@@ -879,11 +881,7 @@ describe("spool", function()
     p:close()
     local col = new{ spool_dir = dir }
     post(col, cjson.encode(ev({ event_id = "live-r" })))
-    local deadline = socket.gettime() + 10
-    while col:stats().replayed < 40 and socket.gettime() < deadline do socket.sleep(0.05) end
-    assert.is_true(col:flush(10000))
-    assert.equal(40, col:stats().replayed)
-    assert.equal(41, (indexed()))
+    assert_replays(col, 40, 41)
     col:close()
     os.execute("rm -rf " .. dir)
   end)
@@ -915,13 +913,8 @@ describe("spool", function()
     f:write(damaged, torn)
     f:close()
     local col = new{ spool_dir = dir }
-    local deadline = socket.gettime() + 10
-    while col:stats().replayed < 2 and socket.gettime() < deadline do socket.sleep(0.05) end
-    assert.is_true(col:flush(10000))
-    local s = col:stats()
-    assert.equal(2, s.replayed)
-    assert.equal(8 + len2 + #torn, s.spool_skipped_bytes)
-    assert.equal(2, (indexed()))
+    assert_replays(col, 2, 2)
+    assert.equal(8 + len2 + #torn, col:stats().spool_skipped_bytes)
     assert.is_truthy(client:get(col.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "r3"))
     col:close()
     p = io.popen("ls " .. dir .. " | grep -c seg- ")
