@@ -137,32 +137,46 @@ static size_t unescape(dec *d, const char *s, size_t n, char *out)
     return o;
 }
 
-/* A string at d->p (the opening quote): pushes it. */
-/* 1 when one of the 8 bytes of w may be a quote, a backslash or a control character (false
- * positives are fine: the caller then looks at each byte). */
-static int maybe_special(uint64_t w)
+/* The bytes of w that may end a run of plain string text: a quote, a backslash or a control
+ * character, as the high bit of each byte.  The lowest bit set is exact (a borrow can only
+ * mark bytes above a real match), which is the one the scanner uses. */
+static uint64_t special_bytes(uint64_t w)
 {
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     uint64_t ctl = (w - 0x20 * ones) & ~w & highs;
     uint64_t q = w ^ (0x22 * ones), b = w ^ (0x5c * ones);
     q = (q - ones) & ~q & highs;
     b = (b - ones) & ~b & highs;
-    return (ctl | q | b) != 0;
+    return ctl | q | b;
 }
 
+static int special(unsigned char c)
+{
+    return c == '"' || c == '\\' || c < 0x20;
+}
+
+/* A string at d->p (the opening quote): pushes it. */
 static int string(dec *d)
 {
     const char *s = ++d->p;
     int escaped = 0;
     for (;;) {
-        /* plain text 8 bytes at a time: most of a response's bytes are inside strings */
+        /* plain text 8 bytes at a time (most of a response's bytes are inside strings),
+         * stepping straight to the first byte that may end it */
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         while (d->end - d->p >= 8) {
             uint64_t w;
             memcpy(&w, d->p, 8);
-            if (maybe_special(w))
+            uint64_t m = special_bytes(w);
+            if (m) {
+                d->p += __builtin_ctzll(m) >> 3;
                 break;
+            }
             d->p += 8;
         }
+#endif
+        while (d->p < d->end && !special((unsigned char)*d->p))
+            d->p++;
         if (d->p >= d->end)
             return fail(d, "unterminated string");
         unsigned char c = (unsigned char)*d->p;
@@ -170,14 +184,12 @@ static int string(dec *d)
             break;
         if (c < 0x20)
             return fail(d, "control character in a string");
-        if (c == '\\') {
-            escaped = 1;
-            if (d->end - d->p < 2)
-                return fail(d, "unterminated string");
-            d->p++;
-            if ((unsigned char)*d->p < 0x20)
-                return fail(d, "control character in a string");
-        }
+        escaped = 1; /* a backslash */
+        if (d->end - d->p < 2)
+            return fail(d, "unterminated string");
+        d->p++;
+        if ((unsigned char)*d->p < 0x20)
+            return fail(d, "control character in a string");
         d->p++;
     }
     size_t n = (size_t)(d->p - s);
@@ -395,14 +407,15 @@ static int value(dec *d)
     skip_ws(d);
     if (d->p >= d->end)
         return fail(d, "unexpected end");
-    /* this value and its container's key */
-    if (!lua_checkstack(d->L, 4))
-        return fail(d, "too deep");
     switch (*d->p) {
     case '{':
     case '[': {
         if (++d->depth > MAX_DEPTH)
             return fail(d, "nested too deep");
+        /* the container, a member's key and its value (scalars need no check of their own:
+         * the top level has LUA_MINSTACK slots, a member the ones checked here) */
+        if (!lua_checkstack(d->L, 3))
+            return fail(d, "too deep");
         int rc = *d->p == '{' ? object(d) : array(d);
         d->depth--;
         return rc;
