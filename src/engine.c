@@ -613,7 +613,7 @@ static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64
     req->tried |= 1ULL << node_index;
     req->state = ESX_REQ_ACTIVE;
     req->last_activity = now;
-    snprintf(req->node_url, sizeof req->node_url, "%s", node->url);
+    esx_request_set_node(req, node->url);
     pthread_mutex_lock(&e->mu);
     node->in_flight++;
     node->requests++;
@@ -785,7 +785,7 @@ static void on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64
     int node_dead, retryable;
     const char *kind = transport_kind(rc, h, &node_dead, &retryable);
     char msg[256];
-    snprintf(msg, sizeof msg, "%.60s (%.180s)", curl_easy_strerror(rc), req->node_url);
+    snprintf(msg, sizeof msg, "%.60s (%.180s)", curl_easy_strerror(rc), esx_request_node(req));
     release_attempt(e, req);
     on_failure(e, req, node_index, kind, node_dead, retryable, msg, now);
 }
@@ -994,7 +994,7 @@ static void h1_fail(esx_engine *e, esx_h1_conn *c, const char *kind, int node_de
     esx_request *req = c->req;
     int node = c->node;
     char msg[256];
-    snprintf(msg, sizeof msg, "%.60s (%.180s)", why, req->node_url);
+    snprintf(msg, sizeof msg, "%.60s (%.180s)", why, esx_request_node(req));
     list_remove(&e->active, req);
     release_attempt(e, req); /* closes c */
     on_failure(e, req, node, kind, node_dead, 1, msg, now);
@@ -1007,7 +1007,7 @@ static void h1_fail_detached(esx_engine *e, esx_h1_conn *c, const char *kind, in
     int node = c->node;
     char msg[256];
     snprintf(msg, sizeof msg, "connection timed out after %lld ms (%.180s)",
-             (long long)e->cfg->connect_timeout, req->node_url);
+             (long long)e->cfg->connect_timeout, esx_request_node(req));
     release_attempt(e, req);
     on_failure(e, req, node, kind, 1, 1, msg, now);
 }
@@ -1341,10 +1341,10 @@ static void expire(esx_engine *e, int64_t now)
             release_attempt(e, req);
             if (timed_out)
                 finish(e, req, ESX_EREQUEST_TIMEOUT, "no answer within %lld ms (%.180s)",
-                       (long long)req->timeout_ms, req->node_url);
+                       (long long)req->timeout_ms, esx_request_node(req));
             else
                 finish(e, req, ESX_ESOCKET_TIMEOUT, "no data for %lld ms (%.180s)",
-                       (long long)cfg->socket_timeout, req->node_url);
+                       (long long)cfg->socket_timeout, esx_request_node(req));
         } else {
             p = &req->next;
         }

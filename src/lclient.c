@@ -444,7 +444,7 @@ static int pending_result(lua_State *L)
         return 0;
     if (req->err_kind) {
         esx_lerror_fail(L, req->err_kind, "%s", req->err_msg);
-        if (req->node_url[0]) {
+        if (req->node_url) {
             lua_pushstring(L, req->node_url);
             lua_setfield(L, -2, "node");
         }
@@ -459,7 +459,7 @@ static int pending_result(lua_State *L)
     lua_setfield(L, -2, "headers");
     lua_pushlstring(L, req->resp_body.data ? req->resp_body.data : "", req->resp_body.len);
     lua_setfield(L, -2, "body");
-    lua_pushstring(L, req->node_url);
+    lua_pushstring(L, esx_request_node(req));
     lua_setfield(L, -2, "node");
     lua_pushinteger(L, req->retries);
     lua_setfield(L, -2, "retries");

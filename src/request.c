@@ -13,9 +13,11 @@
 
 esx_request *esx_request_new(size_t max_response)
 {
-    esx_request *req = calloc(1, sizeof *req);
+    _Static_assert(sizeof(esx_request) <= 1000, "esx_request must stay a small block (request.h)");
+    esx_request *req = malloc(sizeof *req);
     if (req == NULL)
         return NULL;
+    memset(req, 0, sizeof *req);
     pthread_condattr_t ca;
     if (pthread_condattr_init(&ca) != 0) {
         free(req);
@@ -42,6 +44,14 @@ esx_request *esx_request_new(size_t max_response)
     return req;
 }
 
+void esx_request_set_node(esx_request *req, const char *node_url)
+{
+    if (req->node_url && strcmp(req->node_url, node_url) == 0)
+        return; /* a retry on the same node */
+    free(req->node_url);
+    req->node_url = strdup(node_url);
+}
+
 void esx_request_ref(esx_request *req)
 {
     atomic_fetch_add(&req->refs, 1);
@@ -54,6 +64,7 @@ void esx_request_unref(esx_request *req)
     free(req->target);
     free(req->body);
     free(req->watchers);
+    free(req->node_url);
     curl_slist_free_all(req->headers);
     esx_buf_free(&req->resp_headers);
     esx_buf_free(&req->resp_body);

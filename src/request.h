@@ -84,7 +84,8 @@ struct esx_request {
     esx_buf resp_body;          /* inflated body */
     const char *err_kind;       /* NULL on an HTTP response */
     char err_msg[256];
-    char node_url[512];         /* node of the last attempt, "" if none */
+    char *node_url;             /* node of the last attempt (owned), NULL if none or out of
+                                 * memory: read it with esx_request_node() */
     int retries;                /* attempts after the first that were made */
 
     /* --- completion --- */
@@ -95,8 +96,20 @@ struct esx_request {
 };
 
 /* Allocates a request with one reference held by the caller.  Returns NULL when out of
- * memory.  max_response bounds the inflated response body. */
+ * memory.  max_response bounds the inflated response body.  (The struct stays under 1 KiB:
+ * glibc serves larger blocks by first consolidating every small free block of the arena,
+ * which the calling Lua thread's garbage fills, at a cost of several µs per call.) */
 esx_request *esx_request_new(size_t max_response);
+
+/* The URL of the node of the last attempt, "" if none. */
+static inline const char *esx_request_node(const esx_request *req)
+{
+    return req->node_url ? req->node_url : "";
+}
+
+/* Records node_url (copied) as the node of the running attempt.  Out of memory, the node is
+ * left unknown (""). */
+void esx_request_set_node(esx_request *req, const char *node_url);
 
 /* Takes another reference. */
 void esx_request_ref(esx_request *req);
