@@ -112,3 +112,22 @@ describe("client:bulk_indexer", function()
     assert.equal("closed", err.kind)
   end)
 end)
+
+describe("bi:close", function()
+  it("reports every item of a batch even when on_drop raises", function()
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 2, count = 1 }
+    local calls = 0
+    local bi = c:bulk_indexer{ flush_count = 10, on_drop = function()
+      calls = calls + 1
+      error("on_drop failed")
+    end }
+    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(8, s.indexed)
+    assert.equal(2, s.failed)
+    assert.equal(2, #s.dropped)
+    assert.equal(2, calls)
+    assert.equal(2, s.on_drop_errors)
+    assert.truthy(s.on_drop_error:find("on_drop failed", 1, true), s.on_drop_error)
+  end)
+end)

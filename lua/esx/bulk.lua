@@ -14,8 +14,9 @@ local core = require "esx.core"
 local options = require "esx.options"
 local cjson = require "cjson.safe"
 
-local type, pairs, ipairs, tostring, setmetatable, error, remove, concat, random, floor =
-  type, pairs, ipairs, tostring, setmetatable, error, table.remove, table.concat, math.random, math.floor
+local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, remove, concat, random, floor =
+  type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, table.remove, table.concat, math.random,
+  math.floor
 
 local _M = {}
 
@@ -56,7 +57,8 @@ function _M.new(client, opts)
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch
     inflight = {},                    -- {pending, items}
     delayed = {},                     -- items waiting out a back-off: {item, due}
-    counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0 },
+    counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0,
+                 on_drop_errors = 0 },
     dropped = {},
   }, Indexer)
 end
@@ -72,7 +74,15 @@ local function drop(self, item, reason)
   if #self.dropped < self.o.keep_dropped then
     self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
   end
-  if self.o.on_drop then self.o.on_drop(item, reason) end
+  -- a callback that raises must not take the rest of the batch with it: the item stays
+  -- counted and listed, and the callback's failure is counted and its first message kept
+  if self.o.on_drop then
+    local ok, cerr = pcall(self.o.on_drop, item, reason)
+    if not ok then
+      self.counters.on_drop_errors = self.counters.on_drop_errors + 1
+      self.on_drop_error = self.on_drop_error or tostring(cerr)
+    end
+  end
 end
 
 local function retry_later(self, item, reason)
@@ -238,6 +248,7 @@ function Indexer:close()
   self.closed = true
   local s = self:stats()
   s.dropped = self.dropped
+  s.on_drop_error = self.on_drop_error
   return s
 end
 
