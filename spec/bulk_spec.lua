@@ -130,4 +130,16 @@ describe("bi:close", function()
     assert.equal(2, s.on_drop_errors)
     assert.truthy(s.on_drop_error:find("on_drop failed", 1, true), s.on_drop_error)
   end)
+
+  it("retries the items of a response whose results are malformed, and loses none", function()
+    srv:fault{ path = "/_bulk", status = 200, count = 1, body =
+      '{"took":1,"errors":true,"items":[1,{"index":{"status":"201"}},{"index":null},{}]}' }
+    local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    for i = 1, 4 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(4, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(4, s.retried)
+    assert.equal(4, count("p"))
+  end)
 end)

@@ -126,9 +126,13 @@ local function settle(self, entry)
     return
   end
   for i, it in ipairs(items) do
-    local _, r = next(doc.items[i])
-    local status = type(r) == "table" and r.status or 0
-    if status >= 200 and status < 300 then
+    local entry_i = doc.items[i]
+    local r = type(entry_i) == "table" and select(2, next(entry_i)) or nil
+    local status = type(r) == "table" and r.status
+    if type(status) ~= "number" or status < 100 or status > 599 then
+      -- the outcome is unknown: retried as for a response that does not list every item
+      retry_later(self, it, "bulk response item " .. i .. " has no valid status")
+    elseif status >= 200 and status < 300 then
       self.counters.indexed = self.counters.indexed + 1
     else
       local e = type(r) == "table" and r.error
