@@ -142,4 +142,21 @@ describe("bi:close", function()
     assert.equal(4, s.retried)
     assert.equal(4, count("p"))
   end)
+
+  it("isolates an item that makes the server refuse the whole batch (400) and indexes the rest", function()
+    local seen = {}
+    local bi = c:bulk_indexer{ flush_count = 8, backoff_min = 0, backoff_max = 0,
+      on_drop = function(item) seen[#seen + 1] = item.meta._id end }
+    for i = 1, 8 do
+      bi:add("index", { _index = "p", _id = tostring(i), bogus = (i == 3) or nil }, { n = i })
+    end
+    local s = bi:close()
+    assert.equal(7, s.indexed)
+    assert.equal(1, s.failed)
+    assert.equal(0, s.retried)
+    assert.same({ "3" }, seen)
+    assert.equal("3", s.dropped[1].meta._id)
+    assert.truthy(s.dropped[1].reason:find("unknown parameter [bogus]", 1, true), s.dropped[1].reason)
+    assert.equal(7, count("p"))
+  end)
 end)

@@ -7,8 +7,8 @@
 -- Buffers operations into _bulk requests (flushed by bytes and by count), keeps at most
 -- `concurrency` of them in flight, retries items that the server rejected with 429 (or a
 -- retryable 5xx) with jittered exponential back-off, splits a batch the server refused as
--- too large (413), and reports every item it gives up on with its reason — through
--- `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
+-- too large (413) or as malformed (400), and reports every item it gives up on with its
+-- reason — through `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
 
 local core = require "esx.core"
 local options = require "esx.options"
@@ -102,9 +102,13 @@ local function settle(self, entry)
   local items = entry.items
   local res, err = entry.pending:result()
   if not res then
-    if err.kind == "http" and err.status == 413 then
+    -- 413: too large; 400: one item (e.g. an unknown metadata field) can make Elasticsearch
+    -- refuse the whole request.  Neither gets better by retrying: halve the batch until the
+    -- item at fault is alone, and drop only that one.
+    if err.kind == "http" and (err.status == 413 or err.status == 400) then
       if #items == 1 then
-        drop(self, items[1], "the server refused the item as too large (413)")
+        drop(self, items[1], err.status == 413 and "the server refused the item as too large (413)"
+          or tostring(err))
       else
         self.counters.split = self.counters.split + 1
         local half = floor(#items / 2)
