@@ -160,3 +160,28 @@ describe("bi:close", function()
     assert.equal(7, count("p"))
   end)
 end)
+
+describe("bi:flush", function()
+  it("sends retries in batches no bigger than flush_count", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = 2 }
+    local bi = c:bulk_indexer{ flush_count = 10, backoff_min = 0, backoff_max = 0 }
+    for i = 1, 20 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(20, s.indexed)
+    assert.equal(20, s.retried)
+    assert.equal(4, s.batches)
+  end)
+
+  it("sends retries in batches no bigger than flush_bytes", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = 2 }
+    local doc = { pad = string.rep("x", 180) }
+    local bi = c:bulk_indexer{ flush_bytes = 2000, flush_count = 100000, backoff_min = 0, backoff_max = 0 }
+    for i = 1, 20 do bi:add("index", { _index = "p", _id = string.format("%02d", i) }, doc) end
+    local s = bi:close()
+    assert.equal(20, s.indexed)
+    assert.equal(18, s.retried) -- batches of 9 lines (9 x 229 bytes >= 2000): two were refused
+    for _, r in ipairs(srv:requests("/_bulk").requests) do
+      assert.is_true(r.body_bytes < 2000 + 300, "a bulk of " .. r.body_bytes .. " bytes")
+    end
+  end)
+end)

@@ -200,13 +200,24 @@ local function take_due(self, all)
   end
 end
 
---- bi:flush() -- sends what is buffered (and retries that are due) as one batch.
+--- bi:flush() -- sends what is buffered (and retries that are due) now, in batches that keep
+-- to flush_count and flush_bytes (retries that fell due together would otherwise make one
+-- batch as big as everything that failed).
 function Indexer:flush()
   take_due(self, false)
   if #self.buf == 0 then return end
   local items = self.buf
   self.buf, self.buf_bytes = {}, 0
-  send_batch(self, items)
+  local batch, bytes = {}, 0
+  for _, it in ipairs(items) do
+    batch[#batch + 1] = it
+    bytes = bytes + #it.line
+    if #batch >= self.o.flush_count or bytes >= self.o.flush_bytes then
+      send_batch(self, batch)
+      batch, bytes = {}, 0
+    end
+  end
+  if #batch > 0 then send_batch(self, batch) end
 end
 
 --- bi:add(action, meta, doc?) -> true | nil, err (kind "closed") -- buffers one operation;
