@@ -116,6 +116,26 @@ describe("client:request", function()
     c:close()
   end)
 
+  it("raises naming a per-call option of the wrong type or out of range", function()
+    local c = client()
+    assert.has_error(function() c:request("GET", "/", nil, { timeout = -1 }) end,
+      "bad option 'timeout' to 'send' (must be >= 0)")
+    assert.has_error(function() c:request("GET", "/", nil, { timeout = 0 / 0 }) end,
+      "bad option 'timeout' to 'send' (integer expected, got non-integer number)")
+    assert.has_error(function() c:request("GET", "/", nil, { timeout = "5" }) end,
+      "bad option 'timeout' to 'send' (integer expected, got string)")
+    assert.has_error(function() c:request("GET", "/", nil, { retries = -1 }) end,
+      "bad option 'retries' to 'send' (must be >= 0)")
+    assert.has_error(function() c:request("GET", "/", nil, { retries = 101 }) end,
+      "bad option 'retries' to 'send' (must be <= 100)")
+    assert.has_error(function() c:request("GET", "/", nil, { ok_status = 404 }) end,
+      "bad option 'ok_status' to 'send' (list of HTTP statuses (100-599) expected)")
+    assert.has_error(function() c:request("GET", "/", nil, { content_type = 5 }) end,
+      "bad option 'content_type' to 'send' (string expected, got number)")
+    assert.same({}, srv:requests().requests)
+    c:close()
+  end)
+
   it("encodes a table body as JSON", function()
     local c = client()
     assert(c:request("PUT", "/t1/_doc/1?refresh=true", { n = 5 }))

@@ -13,7 +13,7 @@ local cjson = require "cjson.safe"
 
 local type, pairs, ipairs, tostring, tonumber, setmetatable, error, select =
   type, pairs, ipairs, tostring, tonumber, setmetatable, error, select
-local concat, format, byte, gsub = table.concat, string.format, string.byte, string.gsub
+local concat, format, byte, gsub, floor = table.concat, string.format, string.byte, string.gsub, math.floor
 local new_error = core.error
 -- responses are decoded by esx's own single-pass decoder (src/ljson.c): about twice as fast
 -- as lua-cjson on search responses, with the same tables and the same null (cjson.null)
@@ -204,8 +204,46 @@ end
 Pending.id = function(self) return self.p:id() end
 Pending.waiter_path = function(self) return self.p:waiter_path() end
 
-local send_opts = { ok_status = true, retries = true, timeout = true, headers = true,
-                    content_type = true }
+local function describe_type(v)
+  if type(v) == "number" and v ~= floor(v) then return "non-integer number" end
+  return type(v)
+end
+
+local function integer_in(v, min, max)
+  if not options.is_integer(v) then return "integer expected, got " .. describe_type(v) end
+  if v < min then return "must be >= " .. min end
+  if v > max then return "must be <= " .. max end
+  return nil
+end
+
+-- Per-call options, each with the reason a value is wrong (nil when it is right): a typo or a
+-- value out of range raises, as the constructor's options do, instead of being ignored.
+local send_opts = {
+  ok_status = function(v)
+    if type(v) ~= "table" then return "list of HTTP statuses (100-599) expected" end
+    for i, st in pairs(v) do
+      if type(i) ~= "number" or not options.is_integer(st) or st < 100 or st > 599 then
+        return "list of HTTP statuses (100-599) expected"
+      end
+    end
+    return nil
+  end,
+  retries = function(v)
+    if type(v) == "boolean" then return nil end
+    return integer_in(v, 0, 100)
+  end,
+  timeout = function(v) return integer_in(v, 0, MAX_SAFE) end,
+  headers = function(v)
+    if type(v) ~= "table" then return "table expected" end
+    local _, why = check_headers(v)
+    return why
+  end,
+  content_type = function(v)
+    if type(v) ~= "string" then return "string expected, got " .. type(v) end
+    local _, why = no_crlf(v)
+    return why
+  end,
+}
 local NO_OPTS = setmetatable({}, { __newindex = function() error("NO_OPTS is read-only", 2) end })
 local upper = string.upper
 
@@ -234,18 +272,14 @@ function Client:send(method, path, body, opts)
   if type(path) ~= "string" then error("bad argument #2 to 'send' (string expected)", 2) end
   if opts ~= nil then
     if type(opts) ~= "table" then error("bad argument #4 to 'send' (table expected)", 2) end
-    for k in pairs(opts) do
-      if not send_opts[k] then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
+    for k, v in pairs(opts) do
+      local check = send_opts[k]
+      if not check then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
+      local why = check(v)
+      if why then error("bad option '" .. k .. "' to 'send' (" .. why .. ")", 2) end
     end
   else
     opts = NO_OPTS
-  end
-  if opts.headers ~= nil then
-    if type(opts.headers) ~= "table" then
-      error("bad option 'headers' to 'send' (table expected)", 2)
-    end
-    local ok, herr = check_headers(opts.headers)
-    if not ok then error("bad option 'headers' to 'send' (" .. herr .. ")", 2) end
   end
   local encoded, err = encode_body(body)
   if body ~= nil and not encoded then
