@@ -136,6 +136,25 @@ describe("client:request", function()
     c:close()
   end)
 
+  it("returns nil, err when the nginx waiter fails before the request is done", function()
+    srv:fault{ path = "/", stall_ms = 300 }
+    local c = client()
+    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    finally(function()
+      rawset(_G, "ngx", saved_ngx)
+      package.loaded["esx.nginx"] = saved_nginx
+      c:close()
+    end)
+    rawset(_G, "ngx", { get_phase = function() return "content" end })
+    package.loaded["esx.nginx"] = { await = function()
+      return nil, require("esx.core").error("internal", "cannot reach the esx waiter socket")
+    end }
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("internal", err.kind)
+    assert.equal("cannot reach the esx waiter socket", err.message)
+  end)
+
   it("encodes a table body as JSON", function()
     local c = client()
     assert(c:request("PUT", "/t1/_doc/1?refresh=true", { n = 5 }))

@@ -299,7 +299,8 @@ end
 function Client:request(method, path, body, opts)
   local p, err = self:send(method, path, body, opts)
   if not p then return nil, err end
-  await(p)
+  local _, werr = await(p)
+  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
   return p:result()
 end
 
