@@ -254,6 +254,15 @@ describe("client methods", function()
       "bad argument #1 to 'bulk' (operation 1: unknown action upsert)")
   end)
 
+  it("bulk takes refresh = false, and raises on a refresh value Elasticsearch does not know", function()
+    local ops = { { "index", { _index = "ev", _id = "1" }, { a = 1 } } }
+    local res = assert(c:bulk(ops, { refresh = false }))
+    assert.is_false(res.errors)
+    assert.equal("refresh=false", srv:requests("/_bulk").requests[1].query)
+    assert.has_error(function() c:bulk(ops, { refresh = "now" }) end,
+      "bad option 'refresh' to 'bulk' (true, false or \"wait_for\" expected)")
+  end)
+
   it("search returns nil, err with kind 'decode' on a body that is not JSON", function()
     srv:fault{ path = "/x/_search", status = 200, body = "not json {" }
     local res, err = c:search("x", {})

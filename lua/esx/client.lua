@@ -458,14 +458,23 @@ function _M.bulk_body(ops)
   return concat(lines, "\n") .. "\n"
 end
 
+local refresh_values = { [true] = "true", [false] = "false", ["true"] = "true", ["false"] = "false",
+                         wait_for = "wait_for" }
+
 --- c:bulk(ops, opts?) -> {took=, errors=bool, items={...}} | nil, err
 function Client:bulk(ops, opts)
   local body = _M.bulk_body(ops)
+  if opts ~= nil and type(opts) ~= "table" then error("bad argument #2 to 'bulk' (table expected)", 2) end
   local o = { content_type = "application/x-ndjson" }
-  for k, v in pairs(opts or {}) do o[k] = v end
+  for k, v in pairs(opts or NO_OPTS) do o[k] = v end
   local path = "/_bulk"
   if o.index then path = "/" .. check_index(o.index, 2, "bulk") .. "/_bulk"; o.index = nil end
-  if o.refresh then path = path .. "?refresh=" .. tostring(o.refresh); o.refresh = nil end
+  if o.refresh ~= nil then
+    local r = refresh_values[o.refresh]
+    if not r then error("bad option 'refresh' to 'bulk' (true, false or \"wait_for\" expected)", 2) end
+    path = path .. "?refresh=" .. r
+    o.refresh = nil
+  end
   return call(self, "POST", path, body, o)
 end
 
