@@ -263,6 +263,13 @@ describe("client methods", function()
       "bad option 'refresh' to 'bulk' (true, false or \"wait_for\" expected)")
   end)
 
+  it("bulk raises on a document string with a newline, which would inject operations", function()
+    assert.has_error(function()
+      c:bulk({ { "index", { _index = "ev", _id = "1" }, '{"a":1}\n{"delete":{"_index":"ev","_id":"2"}}' } })
+    end, "bad argument #1 to 'bulk' (operation 1: document contains a newline)")
+    assert.same({}, srv:requests("/_bulk").requests)
+  end)
+
   it("search returns nil, err with kind 'decode' on a body that is not JSON", function()
     srv:fault{ path = "/x/_search", status = 200, body = "not json {" }
     local res, err = c:search("x", {})

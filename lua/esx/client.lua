@@ -451,6 +451,10 @@ function _M.bulk_body(ops)
       if doc == nil then
         error(format("bad argument #1 to 'bulk' (operation %d: %s needs a document)", i, action), 3)
       end
+      if type(doc) == "string" and doc:find("\n", 1, true) then
+        -- a newline ends the NDJSON line: the rest would be read as further operations
+        error(format("bad argument #1 to 'bulk' (operation %d: document contains a newline)", i), 3)
+      end
       lines[#lines + 1] = type(doc) == "string" and doc or encode_line(doc)
     end
   end
