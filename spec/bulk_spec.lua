@@ -161,6 +161,31 @@ describe("bi:close", function()
   end)
 end)
 
+describe("bi:close (in nginx)", function()
+  local core = require "esx.core"
+  local saved_ngx, saved_nginx
+  before_each(function() saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"] end)
+  after_each(function()
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.nginx"] = saved_nginx
+  end)
+
+  it("waits for a batch the nginx waiter failed to wait for, and loses none", function()
+    srv:fault{ path = "/_bulk", stall_ms = 200 }
+    rawset(_G, "ngx", { get_phase = function() return "content" end,
+                        sleep = function(s) core.sleep(s * 1000) end })
+    package.loaded["esx.nginx"] = { wait = function()
+      return nil, core.error("internal", "cannot reach the esx waiter socket")
+    end }
+    local bi = c:bulk_indexer()
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(3, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(0, s.retried)
+  end)
+end)
+
 describe("bi:flush", function()
   it("sends retries in batches no bigger than flush_count", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = 2 }

@@ -40,6 +40,15 @@ Indexer.__index = Indexer
 
 local function now() return core.now() end
 
+-- Nginx: the phases in which the cosocket behind esx.nginx.wait may yield.
+local yieldable_phase = { rewrite = true, access = true, content = true, timer = true,
+                          ssl_cert = true, ssl_session_fetch = true }
+
+local function can_yield()
+  local ngx = rawget(_G, "ngx")
+  return ngx and ngx.get_phase and yieldable_phase[ngx.get_phase()] == true
+end
+
 local function sleep(ms)
   if ms <= 0 then return end
   local ngx = rawget(_G, "ngx")
@@ -156,14 +165,10 @@ local function settle_oldest(self)
   local entry = remove(self.inflight, 1)
   if not entry then return end
   local p = entry.pending
-  if not p:ready() then
-    local ngx = rawget(_G, "ngx")
-    if ngx and ngx.get_phase and ({ rewrite = 1, access = 1, content = 1, timer = 1 })[ngx.get_phase()] then
-      require("esx.nginx").wait(p)
-    else
-      p:wait()
-    end
-  end
+  if not p:ready() and can_yield() then require("esx.nginx").wait(p) end
+  -- outside nginx; or the waiter failed (its socket unreachable): the batch is still running
+  -- and its outcome is needed, so block for it (the client's own timeouts bound the wait)
+  if not p:ready() then p:wait() end
   settle(self, entry)
 end
 
