@@ -184,6 +184,17 @@ describe("bi:close (in nginx)", function()
     assert.equal(0, s.failed)
     assert.equal(0, s.retried)
   end)
+
+  it("sleeps out a back-off without ngx.sleep in a phase that cannot yield", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
+    rawset(_G, "ngx", { get_phase = function() return "log" end,
+                        sleep = function() error("API disabled in the context of log_by_lua*") end })
+    local bi = c:bulk_indexer{ backoff_min = 200, backoff_max = 200 }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    local s = bi:close()
+    assert.equal(1, s.indexed)
+    assert.equal(1, s.retried)
+  end)
 end)
 
 describe("bi:flush", function()

@@ -40,7 +40,8 @@ Indexer.__index = Indexer
 
 local function now() return core.now() end
 
--- Nginx: the phases in which the cosocket behind esx.nginx.wait may yield.
+-- Nginx: the phases in which ngx.sleep and the cosocket behind esx.nginx.wait may yield
+-- (ngx.sleep raises "API disabled" anywhere else: init_worker, set, log, filters, ...).
 local yieldable_phase = { rewrite = true, access = true, content = true, timer = true,
                           ssl_cert = true, ssl_session_fetch = true }
 
@@ -51,9 +52,8 @@ end
 
 local function sleep(ms)
   if ms <= 0 then return end
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.sleep and ngx.get_phase and ngx.get_phase() ~= "init" then
-    ngx.sleep(ms / 1000)
+  if can_yield() then
+    rawget(_G, "ngx").sleep(ms / 1000)
   else
     core.sleep(ms)
   end
