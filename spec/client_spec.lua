@@ -483,6 +483,27 @@ describe("error kinds and deadlines", function()
   end)
 end)
 
+describe("pending:wait", function()
+  it("returns false at once when the timeout has already passed (a negative timeout)", function()
+    srv:fault{ path = "/", stall_ms = 1500 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local done, _, ms = timed(function() return p:wait(-20) end)
+    assert.is_false(done)
+    assert.is_true(ms < 500, "waited " .. ms .. " ms")
+    assert.is_true(p:wait(5000))
+    c:close()
+  end)
+
+  it("raises on a timeout that is not a number of ms (NaN)", function()
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    assert.has_error(function() p:wait(0 / 0) end, "bad argument #1 to 'wait' (timeout is NaN)")
+    assert.is_true(p:wait(5000))
+    c:close()
+  end)
+end)
+
 describe("compression", function()
   local big = { query = { match = { text = string.rep("the same words over and over ", 200) } } }
 
