@@ -504,6 +504,32 @@ describe("pending:wait", function()
   end)
 end)
 
+describe("pending:result", function()
+  it("counts a failed call once in stats, however often its result is read", function()
+    local c = client()
+    local p = assert(c:send("GET", "/nope/_doc/1"))
+    assert.is_true(p:wait(5000))
+    for _ = 1, 3 do
+      local res, err = p:result()
+      assert.is_nil(res)
+      assert.equal("not_found", err.kind)
+    end
+    local _, jerr = p:json()
+    assert.equal("not_found", jerr.kind)
+    assert.equal(1, c:stats().failures.not_found)
+    srv:fault{ path = "/x/_search", status = 200, body = "not json {" }
+    local q = assert(c:send("POST", "/x/_search", {}))
+    assert.is_true(q:wait(5000))
+    for _ = 1, 3 do
+      local doc, err = q:json()
+      assert.is_nil(doc)
+      assert.equal("decode", err.kind)
+    end
+    assert.equal(1, c:stats().failures.decode)
+    c:close()
+  end)
+end)
+
 describe("compression", function()
   local big = { query = { match = { text = string.rep("the same words over and over ", 200) } } }
 

@@ -195,10 +195,20 @@ function Pending:wait(timeout)
 end
 
 --- pending:result() -> res | nil, err.  Before the request is done: nil, nil.
+-- The outcome is kept: reading it again must not count an HTTP failure again in stats.
 function Pending:result()
-  local res, err = self.p:result()
-  if not res then return nil, err end
-  return check_status(self.client, res, self.method, self.path, self.ok_status)
+  local o = self.outcome
+  if not o then
+    local res, err = self.p:result()
+    if res then
+      res, err = check_status(self.client, res, self.method, self.path, self.ok_status)
+    elseif err == nil then
+      return nil -- not done yet
+    end
+    o = { res, err }
+    self.outcome = o
+  end
+  return o[1], o[2]
 end
 
 Pending.id = function(self) return self.p:id() end
@@ -319,9 +329,15 @@ end
 --- pending:json() -> the result's body decoded as JSON (as c:search decodes) | nil, err.
 -- Before the request is done: nil, nil.  An empty body decodes to {}.
 function Pending:json()
+  local o = self.json_outcome
+  if o then return o[1], o[2] end
   local doc = self.p:json_body() -- a 2xx body decoded in C, without the res table
   if doc ~= false then return doc end
-  return decode(self.client, self:result())
+  -- an error or a body that is not JSON: kept, so that it is counted once (as result())
+  local derr
+  doc, derr = decode(self.client, self:result())
+  self.json_outcome = { doc, derr }
+  return doc, derr
 end
 
 local function call(self, method, path, body, opts)
