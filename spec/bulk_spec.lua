@@ -161,6 +161,21 @@ describe("bi:close", function()
   end)
 end)
 
+describe("bi:close (client closed)", function()
+  it("drops the items at once, with the reason, when the client is closed", function()
+    local bi = c:bulk_indexer{ flush_count = 2 }
+    c:close()
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local t0 = require("esx.core").now()
+    local s = bi:close()
+    assert.is_true(require("esx.core").now() - t0 < 500, "close took " .. (require("esx.core").now() - t0) .. " ms")
+    assert.equal(3, s.failed)
+    assert.equal(0, s.retried)
+    assert.equal(3, #s.dropped)
+    assert.equal("closed: the client is closed", s.dropped[3].reason)
+  end)
+end)
+
 describe("bi:close (in nginx)", function()
   local core = require "esx.core"
   local saved_ngx, saved_nginx

@@ -104,6 +104,15 @@ local function retry_later(self, item, reason)
   self.delayed[#self.delayed + 1] = { item = item, due = now() + backoff(self, item.attempts) }
 end
 
+-- A batch that failed as a whole: its items are retried -- unless the client is closed, for
+-- good (no retry can ever be sent): then they are dropped at once, with the reason.
+local function batch_failed(self, items, err)
+  local final = err.kind == "closed" and not self.client:stats()
+  for _, it in ipairs(items) do
+    if final then drop(self, it, tostring(err)) else retry_later(self, it, tostring(err)) end
+  end
+end
+
 local send_batch
 
 -- Reads a finished batch's outcome: per-item results, or a whole-request failure.
@@ -128,7 +137,7 @@ local function settle(self, entry)
       end
       return
     end
-    for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
+    batch_failed(self, items, err)
     return
   end
   local doc = core.json_decode(res.body)
@@ -184,7 +193,7 @@ send_batch = function(self, items)
   local p, err = self.client:send("POST", "/_bulk", body,
     { content_type = "application/x-ndjson", retries = 0 })
   if not p then
-    for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
+    batch_failed(self, items, err)
     return
   end
   self.inflight[#self.inflight + 1] = { pending = p, items = items }
