@@ -113,6 +113,18 @@ describe("client:bulk_indexer", function()
   end)
 end)
 
+describe("bi:add", function()
+  it("raises on a document that is neither a table nor a JSON string, and on metadata that cannot be encoded", function()
+    local bi = c:bulk_indexer()
+    assert.has_error(function() bi:add("index", { _index = "p", _id = "1" }, 42) end,
+      "bad argument #3 to 'add' (document table or JSON string expected, got number)")
+    assert.has_error(function() bi:add("delete", { _index = "p", _id = print }) end,
+      "bad argument #2 to 'add' (metadata cannot be encoded as JSON)")
+    assert.equal(0, bi:stats().added)
+    assert.equal(0, bi:close().failed)
+  end)
+end)
+
 describe("bi:close", function()
   it("reports every item of a batch even when on_drop raises", function()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 2, count = 1 }

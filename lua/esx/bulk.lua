@@ -243,11 +243,15 @@ function Indexer:add(action, meta, doc)
   if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
   if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
   local head = cjson.encode({ [action] = meta })
+  if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON)", 2) end
   local line
   if action == "delete" then
     line = head .. "\n"
   else
     if doc == nil then error("bad argument #3 to 'add' (" .. action .. " needs a document)", 2) end
+    if type(doc) ~= "table" and type(doc) ~= "string" then
+      error("bad argument #3 to 'add' (document table or JSON string expected, got " .. type(doc) .. ")", 2)
+    end
     local body = type(doc) == "string" and doc or cjson.encode(doc)
     if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON)", 2) end
     if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
