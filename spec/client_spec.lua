@@ -270,6 +270,12 @@ describe("client methods", function()
     assert.same({}, srv:requests("/_bulk").requests)
   end)
 
+  it("bulk raises on a document that is neither a table nor a JSON string", function()
+    assert.has_error(function() c:bulk({ { "index", { _index = "ev", _id = "1" }, 42 } }) end,
+      "bad argument #1 to 'bulk' (operation 1: document table or JSON string expected, got number)")
+    assert.same({}, srv:requests("/_bulk").requests)
+  end)
+
   it("search returns nil, err with kind 'decode' on a body that is not JSON", function()
     srv:fault{ path = "/x/_search", status = 200, body = "not json {" }
     local res, err = c:search("x", {})

@@ -467,6 +467,10 @@ function _M.bulk_body(ops)
       if doc == nil then
         error(format("bad argument #1 to 'bulk' (operation %d: %s needs a document)", i, action), 3)
       end
+      if type(doc) ~= "table" and type(doc) ~= "string" then
+        error(format("bad argument #1 to 'bulk' (operation %d: document table or JSON string expected, got %s)",
+          i, type(doc)), 3)
+      end
       if type(doc) == "string" and doc:find("\n", 1, true) then
         -- a newline ends the NDJSON line: the rest would be read as further operations
         error(format("bad argument #1 to 'bulk' (operation %d: document contains a newline)", i), 3)
