@@ -68,6 +68,12 @@ describe("esx.client", function()
       "esx.client: bad option 'headers' (header 'X-A' must be a string without CR, LF or NUL)")
   end)
 
+  it("raises on an api_key together with credentials in a node URL, without showing them", function()
+    local ok, err = pcall(esx.client, { hosts = { "http://elastic:s3cret-pw@127.0.0.1:9200" }, api_key = "aWQ6a2V5" })
+    assert.is_false(ok)
+    assert.equal("esx.client: bad option 'api_key' (use either api_key or username/password)", err)
+  end)
+
   it("raises on a password without a username, and on api_key with a username", function()
     assert.has_error(function() esx.client{ password = "p" } end,
       "esx.client: bad option 'password' (given without 'username')")

@@ -126,8 +126,13 @@ function _M.new(opts)
   if o.password and not o.username then
     error("esx.client: bad option 'password' (given without 'username')", 2)
   end
-  if o.api_key and o.username then
-    error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
+  if o.api_key then
+    -- credentials in a node URL are a username/password too: both would be sent, one ignored
+    local in_url = false
+    for _, h in ipairs(o.hosts) do in_url = in_url or h:find("^%a+://[^/?#]*@") ~= nil end
+    if o.username or in_url then
+      error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
+    end
   end
   if o.dead_backoff_max < o.dead_backoff_min then
     error("esx.client: bad option 'dead_backoff_max' (must be >= dead_backoff_min)", 2)
