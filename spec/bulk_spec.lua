@@ -173,6 +173,20 @@ describe("bi:close", function()
   end)
 end)
 
+describe("bi:close (whole-batch 429)", function()
+  it("waits out the Retry-After of a batch refused with 429 before retrying it", function()
+    srv:fault{ path = "/_bulk", status = 429, headers = { ["Retry-After"] = "1" }, count = 1 }
+    local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    local t0 = require("esx.core").now()
+    local s = bi:close()
+    local ms = require("esx.core").now() - t0
+    assert.equal(1, s.indexed)
+    assert.equal(1, s.retried)
+    assert.is_true(ms >= 950, "retried after " .. ms .. " ms")
+  end)
+end)
+
 describe("bi:close (client closed)", function()
   it("drops the items at once, with the reason, when the client is closed", function()
     local bi = c:bulk_indexer{ flush_count = 2 }

@@ -14,9 +14,9 @@ local core = require "esx.core"
 local options = require "esx.options"
 local cjson = require "cjson.safe"
 
-local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, remove, concat, random, floor =
-  type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, table.remove, table.concat, math.random,
-  math.floor
+local type, pairs, ipairs, next, select, pcall, tostring, tonumber, setmetatable, error, remove, concat, random,
+  floor = type, pairs, ipairs, next, select, pcall, tostring, tonumber, setmetatable, error, table.remove,
+  table.concat, math.random, math.floor
 
 local _M = {}
 
@@ -33,6 +33,7 @@ _M.schema = {
 
 -- items answered 429 or any 5xx are retried (as the collector does); others are dropped
 local function retryable(status) return status == 429 or status >= 500 end
+local RETRY_AFTER_MAX = 30000
 local actions = { index = true, create = true, update = true, delete = true }
 
 local Indexer = {}
@@ -94,22 +95,36 @@ local function drop(self, item, reason)
   end
 end
 
-local function retry_later(self, item, reason)
+-- not_before: the least wait the server asked for (Retry-After), in ms
+local function retry_later(self, item, reason, not_before)
   item.attempts = item.attempts + 1
   if item.attempts > self.o.max_retries then
     drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
     return
   end
   self.counters.retried = self.counters.retried + 1
-  self.delayed[#self.delayed + 1] = { item = item, due = now() + backoff(self, item.attempts) }
+  local wait = backoff(self, item.attempts)
+  if not_before and not_before > wait then wait = not_before end
+  self.delayed[#self.delayed + 1] = { item = item, due = now() + wait }
+end
+
+-- The Retry-After (in seconds) of a whole request answered 429, in ms, capped at 30 s as the
+-- client caps it; nil when there is none.  (The requests go out with retries = 0, so the
+-- client's own 429 handling does not see it.)
+local function retry_after(err)
+  local h = err.status == 429 and type(err.headers) == "table" and err.headers["retry-after"]
+  local secs = type(h) == "string" and tonumber(h:match("^%s*(%d+)%s*$"))
+  if not secs then return nil end
+  return secs * 1000 < RETRY_AFTER_MAX and secs * 1000 or RETRY_AFTER_MAX
 end
 
 -- A batch that failed as a whole: its items are retried -- unless the client is closed, for
 -- good (no retry can ever be sent): then they are dropped at once, with the reason.
 local function batch_failed(self, items, err)
   local final = err.kind == "closed" and not self.client:stats()
+  local not_before = retry_after(err)
   for _, it in ipairs(items) do
-    if final then drop(self, it, tostring(err)) else retry_later(self, it, tostring(err)) end
+    if final then drop(self, it, tostring(err)) else retry_later(self, it, tostring(err), not_before) end
   end
 end
 
