@@ -112,3 +112,153 @@ describe("client:bulk_indexer", function()
     assert.equal("closed", err.kind)
   end)
 end)
+
+describe("bi:add", function()
+  it("raises on a document that is neither a table nor a JSON string, and on metadata that cannot be encoded", function()
+    local bi = c:bulk_indexer()
+    assert.has_error(function() bi:add("index", { _index = "p", _id = "1" }, 42) end,
+      "bad argument #3 to 'add' (document table or JSON string expected, got number)")
+    assert.has_error(function() bi:add("delete", { _index = "p", _id = print }) end,
+      "bad argument #2 to 'add' (metadata cannot be encoded as JSON)")
+    assert.equal(0, bi:stats().added)
+    assert.equal(0, bi:close().failed)
+  end)
+end)
+
+describe("bi:close", function()
+  it("reports every item of a batch even when on_drop raises", function()
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 2, count = 1 }
+    local calls = 0
+    local bi = c:bulk_indexer{ flush_count = 10, on_drop = function()
+      calls = calls + 1
+      error("on_drop failed")
+    end }
+    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(8, s.indexed)
+    assert.equal(2, s.failed)
+    assert.equal(2, #s.dropped)
+    assert.equal(2, calls)
+    assert.equal(2, s.on_drop_errors)
+    assert.truthy(s.on_drop_error:find("on_drop failed", 1, true), s.on_drop_error)
+  end)
+
+  it("retries the items of a response whose results are malformed, and loses none", function()
+    srv:fault{ path = "/_bulk", status = 200, count = 1, body =
+      '{"took":1,"errors":true,"items":[1,{"index":{"status":"201"}},{"index":null},{}]}' }
+    local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    for i = 1, 4 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(4, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(4, s.retried)
+    assert.equal(4, count("p"))
+  end)
+
+  it("isolates an item that makes the server refuse the whole batch (400) and indexes the rest", function()
+    local seen = {}
+    local bi = c:bulk_indexer{ flush_count = 8, backoff_min = 0, backoff_max = 0,
+      on_drop = function(item) seen[#seen + 1] = item.meta._id end }
+    for i = 1, 8 do
+      bi:add("index", { _index = "p", _id = tostring(i), bogus = (i == 3) or nil }, { n = i })
+    end
+    local s = bi:close()
+    assert.equal(7, s.indexed)
+    assert.equal(1, s.failed)
+    assert.equal(0, s.retried)
+    assert.same({ "3" }, seen)
+    assert.equal("3", s.dropped[1].meta._id)
+    assert.truthy(s.dropped[1].reason:find("unknown parameter [bogus]", 1, true), s.dropped[1].reason)
+    assert.equal(7, count("p"))
+  end)
+end)
+
+describe("bi:close (whole-batch 429)", function()
+  it("waits out the Retry-After of a batch refused with 429 before retrying it", function()
+    srv:fault{ path = "/_bulk", status = 429, headers = { ["Retry-After"] = "1" }, count = 1 }
+    local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    local t0 = require("esx.core").now()
+    local s = bi:close()
+    local ms = require("esx.core").now() - t0
+    assert.equal(1, s.indexed)
+    assert.equal(1, s.retried)
+    assert.is_true(ms >= 950, "retried after " .. ms .. " ms")
+  end)
+end)
+
+describe("bi:close (client closed)", function()
+  it("drops the items at once, with the reason, when the client is closed", function()
+    local bi = c:bulk_indexer{ flush_count = 2 }
+    c:close()
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local t0 = require("esx.core").now()
+    local s = bi:close()
+    assert.is_true(require("esx.core").now() - t0 < 500, "close took " .. (require("esx.core").now() - t0) .. " ms")
+    assert.equal(3, s.failed)
+    assert.equal(0, s.retried)
+    assert.equal(3, #s.dropped)
+    assert.equal("closed: the client is closed", s.dropped[3].reason)
+  end)
+end)
+
+describe("bi:close (in nginx)", function()
+  local core = require "esx.core"
+  local saved_ngx, saved_nginx
+  before_each(function() saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"] end)
+  after_each(function()
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.nginx"] = saved_nginx
+  end)
+
+  it("waits for a batch the nginx waiter failed to wait for, and loses none", function()
+    srv:fault{ path = "/_bulk", stall_ms = 200 }
+    rawset(_G, "ngx", { get_phase = function() return "content" end,
+                        sleep = function(s) core.sleep(s * 1000) end })
+    package.loaded["esx.nginx"] = { wait = function()
+      return nil, core.error("internal", "cannot reach the esx waiter socket")
+    end }
+    local bi = c:bulk_indexer()
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(3, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(0, s.retried)
+  end)
+
+  it("sleeps out a back-off without ngx.sleep in a phase that cannot yield", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
+    rawset(_G, "ngx", { get_phase = function() return "log" end,
+                        sleep = function() error("API disabled in the context of log_by_lua*") end })
+    local bi = c:bulk_indexer{ backoff_min = 200, backoff_max = 200 }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    local s = bi:close()
+    assert.equal(1, s.indexed)
+    assert.equal(1, s.retried)
+  end)
+end)
+
+describe("bi:flush", function()
+  it("sends retries in batches no bigger than flush_count", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = 2 }
+    local bi = c:bulk_indexer{ flush_count = 10, backoff_min = 0, backoff_max = 0 }
+    for i = 1, 20 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(20, s.indexed)
+    assert.equal(20, s.retried)
+    assert.equal(4, s.batches)
+  end)
+
+  it("sends retries in batches no bigger than flush_bytes", function()
+    srv:fault{ path = "/_bulk", item_status = 429, count = 2 }
+    local doc = { pad = string.rep("x", 180) }
+    local bi = c:bulk_indexer{ flush_bytes = 2000, flush_count = 100000, backoff_min = 0, backoff_max = 0 }
+    for i = 1, 20 do bi:add("index", { _index = "p", _id = string.format("%02d", i) }, doc) end
+    local s = bi:close()
+    assert.equal(20, s.indexed)
+    assert.equal(18, s.retried) -- batches of 9 lines (9 x 229 bytes >= 2000): two were refused
+    for _, r in ipairs(srv:requests("/_bulk").requests) do
+      assert.is_true(r.body_bytes < 2000 + 300, "a bulk of " .. r.body_bytes .. " bytes")
+    end
+  end)
+end)

@@ -68,6 +68,12 @@ describe("esx.client", function()
       "esx.client: bad option 'headers' (header 'X-A' must be a string without CR, LF or NUL)")
   end)
 
+  it("raises on an api_key together with credentials in a node URL, without showing them", function()
+    local ok, err = pcall(esx.client, { hosts = { "http://elastic:s3cret-pw@127.0.0.1:9200" }, api_key = "aWQ6a2V5" })
+    assert.is_false(ok)
+    assert.equal("esx.client: bad option 'api_key' (use either api_key or username/password)", err)
+  end)
+
   it("raises on a password without a username, and on api_key with a username", function()
     assert.has_error(function() esx.client{ password = "p" } end,
       "esx.client: bad option 'password' (given without 'username')")
@@ -114,6 +120,45 @@ describe("client:request", function()
     assert.has_error(function() c:request("GET", "/a\r\nX: y") end)
     assert.has_error(function() c:request("GET", "/", nil, { headers = { ["X-A"] = "1\r\nX-B: 2" } }) end)
     c:close()
+  end)
+
+  it("raises naming a per-call option of the wrong type or out of range", function()
+    local c = client()
+    assert.has_error(function() c:request("GET", "/", nil, { timeout = -1 }) end,
+      "bad option 'timeout' to 'send' (must be >= 0)")
+    assert.has_error(function() c:request("GET", "/", nil, { timeout = 0 / 0 }) end,
+      "bad option 'timeout' to 'send' (integer expected, got non-integer number)")
+    assert.has_error(function() c:request("GET", "/", nil, { timeout = "5" }) end,
+      "bad option 'timeout' to 'send' (integer expected, got string)")
+    assert.has_error(function() c:request("GET", "/", nil, { retries = -1 }) end,
+      "bad option 'retries' to 'send' (must be >= 0)")
+    assert.has_error(function() c:request("GET", "/", nil, { retries = 101 }) end,
+      "bad option 'retries' to 'send' (must be <= 100)")
+    assert.has_error(function() c:request("GET", "/", nil, { ok_status = 404 }) end,
+      "bad option 'ok_status' to 'send' (list of HTTP statuses (100-599) expected)")
+    assert.has_error(function() c:request("GET", "/", nil, { content_type = 5 }) end,
+      "bad option 'content_type' to 'send' (string expected, got number)")
+    assert.same({}, srv:requests().requests)
+    c:close()
+  end)
+
+  it("returns nil, err when the nginx waiter fails before the request is done", function()
+    srv:fault{ path = "/", stall_ms = 300 }
+    local c = client()
+    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    finally(function()
+      rawset(_G, "ngx", saved_ngx)
+      package.loaded["esx.nginx"] = saved_nginx
+      c:close()
+    end)
+    rawset(_G, "ngx", { get_phase = function() return "content" end })
+    package.loaded["esx.nginx"] = { await = function()
+      return nil, require("esx.core").error("internal", "cannot reach the esx waiter socket")
+    end }
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("internal", err.kind)
+    assert.equal("cannot reach the esx waiter socket", err.message)
   end)
 
   it("encodes a table body as JSON", function()
@@ -213,6 +258,28 @@ describe("client methods", function()
   it("bulk raises on an unknown action", function()
     assert.has_error(function() c:bulk({ { "upsert", { _index = "x" }, {} } }) end,
       "bad argument #1 to 'bulk' (operation 1: unknown action upsert)")
+  end)
+
+  it("bulk takes refresh = false, and raises on a refresh value Elasticsearch does not know", function()
+    local ops = { { "index", { _index = "ev", _id = "1" }, { a = 1 } } }
+    local res = assert(c:bulk(ops, { refresh = false }))
+    assert.is_false(res.errors)
+    assert.equal("refresh=false", srv:requests("/_bulk").requests[1].query)
+    assert.has_error(function() c:bulk(ops, { refresh = "now" }) end,
+      "bad option 'refresh' to 'bulk' (true, false or \"wait_for\" expected)")
+  end)
+
+  it("bulk raises on a document string with a newline, which would inject operations", function()
+    assert.has_error(function()
+      c:bulk({ { "index", { _index = "ev", _id = "1" }, '{"a":1}\n{"delete":{"_index":"ev","_id":"2"}}' } })
+    end, "bad argument #1 to 'bulk' (operation 1: document contains a newline)")
+    assert.same({}, srv:requests("/_bulk").requests)
+  end)
+
+  it("bulk raises on a document that is neither a table nor a JSON string", function()
+    assert.has_error(function() c:bulk({ { "index", { _index = "ev", _id = "1" }, 42 } }) end,
+      "bad argument #1 to 'bulk' (operation 1: document table or JSON string expected, got number)")
+    assert.same({}, srv:requests("/_bulk").requests)
   end)
 
   it("search returns nil, err with kind 'decode' on a body that is not JSON", function()
@@ -425,6 +492,53 @@ describe("error kinds and deadlines", function()
     local res, err = p:result()
     assert.is_nil(res)
     assert.equal("closed", err.kind)
+  end)
+end)
+
+describe("pending:wait", function()
+  it("returns false at once when the timeout has already passed (a negative timeout)", function()
+    srv:fault{ path = "/", stall_ms = 1500 }
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local done, _, ms = timed(function() return p:wait(-20) end)
+    assert.is_false(done)
+    assert.is_true(ms < 500, "waited " .. ms .. " ms")
+    assert.is_true(p:wait(5000))
+    c:close()
+  end)
+
+  it("raises on a timeout that is not a number of ms (NaN)", function()
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    assert.has_error(function() p:wait(0 / 0) end, "bad argument #1 to 'wait' (timeout is NaN)")
+    assert.is_true(p:wait(5000))
+    c:close()
+  end)
+end)
+
+describe("pending:result", function()
+  it("counts a failed call once in stats, however often its result is read", function()
+    local c = client()
+    local p = assert(c:send("GET", "/nope/_doc/1"))
+    assert.is_true(p:wait(5000))
+    for _ = 1, 3 do
+      local res, err = p:result()
+      assert.is_nil(res)
+      assert.equal("not_found", err.kind)
+    end
+    local _, jerr = p:json()
+    assert.equal("not_found", jerr.kind)
+    assert.equal(1, c:stats().failures.not_found)
+    srv:fault{ path = "/x/_search", status = 200, body = "not json {" }
+    local q = assert(c:send("POST", "/x/_search", {}))
+    assert.is_true(q:wait(5000))
+    for _ = 1, 3 do
+      local doc, err = q:json()
+      assert.is_nil(doc)
+      assert.equal("decode", err.kind)
+    end
+    assert.equal(1, c:stats().failures.decode)
+    c:close()
   end)
 end)
 

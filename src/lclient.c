@@ -382,12 +382,22 @@ static int pending_ready(lua_State *L)
     return 1;
 }
 
-/* pending:wait([timeout_ms]) -> true when done, false on timeout (blocks the thread) */
+/* pending:wait([timeout_ms]) -> true when done, false on timeout (blocks the thread).
+ * Without a timeout: until done.  A timeout <= 0 has passed already: a poll, never a wait. */
 static int pending_wait(lua_State *L)
 {
     lpending *p = check_pending(L, 1);
-    lua_Number t = luaL_optnumber(L, 2, -1);
-    lua_pushboolean(L, esx_client_wait(p->c, p->req, t < 0 ? -1 : (int64_t)t));
+    int64_t ms = -1;
+    if (!lua_isnoneornil(L, 2)) {
+        lua_Number t = luaL_checknumber(L, 2);
+        if (t != t)
+            return luaL_argerror(L, 2, "timeout is NaN");
+        if (t <= 0)
+            ms = 0;
+        else if (t < 9007199254740992.0) /* larger (inf too): no bound; no overflowing cast */
+            ms = (int64_t)t;
+    }
+    lua_pushboolean(L, esx_client_wait(p->c, p->req, ms));
     return 1;
 }
 

@@ -7,15 +7,16 @@
 -- Buffers operations into _bulk requests (flushed by bytes and by count), keeps at most
 -- `concurrency` of them in flight, retries items that the server rejected with 429 (or a
 -- retryable 5xx) with jittered exponential back-off, splits a batch the server refused as
--- too large (413), and reports every item it gives up on with its reason — through
--- `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
+-- too large (413) or as malformed (400), and reports every item it gives up on with its
+-- reason — through `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
 
 local core = require "esx.core"
 local options = require "esx.options"
 local cjson = require "cjson.safe"
 
-local type, pairs, ipairs, tostring, setmetatable, error, remove, concat, random, floor =
-  type, pairs, ipairs, tostring, setmetatable, error, table.remove, table.concat, math.random, math.floor
+local type, pairs, ipairs, next, select, pcall, tostring, tonumber, setmetatable, error, remove, concat, random,
+  floor = type, pairs, ipairs, next, select, pcall, tostring, tonumber, setmetatable, error, table.remove,
+  table.concat, math.random, math.floor
 
 local _M = {}
 
@@ -32,6 +33,7 @@ _M.schema = {
 
 -- items answered 429 or any 5xx are retried (as the collector does); others are dropped
 local function retryable(status) return status == 429 or status >= 500 end
+local RETRY_AFTER_MAX = 30000
 local actions = { index = true, create = true, update = true, delete = true }
 
 local Indexer = {}
@@ -39,11 +41,20 @@ Indexer.__index = Indexer
 
 local function now() return core.now() end
 
+-- Nginx: the phases in which ngx.sleep and the cosocket behind esx.nginx.wait may yield
+-- (ngx.sleep raises "API disabled" anywhere else: init_worker, set, log, filters, ...).
+local yieldable_phase = { rewrite = true, access = true, content = true, timer = true,
+                          ssl_cert = true, ssl_session_fetch = true }
+
+local function can_yield()
+  local ngx = rawget(_G, "ngx")
+  return ngx and ngx.get_phase and yieldable_phase[ngx.get_phase()] == true
+end
+
 local function sleep(ms)
   if ms <= 0 then return end
-  local ngx = rawget(_G, "ngx")
-  if ngx and ngx.sleep and ngx.get_phase and ngx.get_phase() ~= "init" then
-    ngx.sleep(ms / 1000)
+  if can_yield() then
+    rawget(_G, "ngx").sleep(ms / 1000)
   else
     core.sleep(ms)
   end
@@ -56,7 +67,8 @@ function _M.new(client, opts)
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch
     inflight = {},                    -- {pending, items}
     delayed = {},                     -- items waiting out a back-off: {item, due}
-    counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0 },
+    counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0,
+                 on_drop_errors = 0 },
     dropped = {},
   }, Indexer)
 end
@@ -72,17 +84,48 @@ local function drop(self, item, reason)
   if #self.dropped < self.o.keep_dropped then
     self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
   end
-  if self.o.on_drop then self.o.on_drop(item, reason) end
+  -- a callback that raises must not take the rest of the batch with it: the item stays
+  -- counted and listed, and the callback's failure is counted and its first message kept
+  if self.o.on_drop then
+    local ok, cerr = pcall(self.o.on_drop, item, reason)
+    if not ok then
+      self.counters.on_drop_errors = self.counters.on_drop_errors + 1
+      self.on_drop_error = self.on_drop_error or tostring(cerr)
+    end
+  end
 end
 
-local function retry_later(self, item, reason)
+-- not_before: the least wait the server asked for (Retry-After), in ms
+local function retry_later(self, item, reason, not_before)
   item.attempts = item.attempts + 1
   if item.attempts > self.o.max_retries then
     drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
     return
   end
   self.counters.retried = self.counters.retried + 1
-  self.delayed[#self.delayed + 1] = { item = item, due = now() + backoff(self, item.attempts) }
+  local wait = backoff(self, item.attempts)
+  if not_before and not_before > wait then wait = not_before end
+  self.delayed[#self.delayed + 1] = { item = item, due = now() + wait }
+end
+
+-- The Retry-After (in seconds) of a whole request answered 429, in ms, capped at 30 s as the
+-- client caps it; nil when there is none.  (The requests go out with retries = 0, so the
+-- client's own 429 handling does not see it.)
+local function retry_after(err)
+  local h = err.status == 429 and type(err.headers) == "table" and err.headers["retry-after"]
+  local secs = type(h) == "string" and tonumber(h:match("^%s*(%d+)%s*$"))
+  if not secs then return nil end
+  return secs * 1000 < RETRY_AFTER_MAX and secs * 1000 or RETRY_AFTER_MAX
+end
+
+-- A batch that failed as a whole: its items are retried -- unless the client is closed, for
+-- good (no retry can ever be sent): then they are dropped at once, with the reason.
+local function batch_failed(self, items, err)
+  local final = err.kind == "closed" and not self.client:stats()
+  local not_before = retry_after(err)
+  for _, it in ipairs(items) do
+    if final then drop(self, it, tostring(err)) else retry_later(self, it, tostring(err), not_before) end
+  end
 end
 
 local send_batch
@@ -92,9 +135,13 @@ local function settle(self, entry)
   local items = entry.items
   local res, err = entry.pending:result()
   if not res then
-    if err.kind == "http" and err.status == 413 then
+    -- 413: too large; 400: one item (e.g. an unknown metadata field) can make Elasticsearch
+    -- refuse the whole request.  Neither gets better by retrying: halve the batch until the
+    -- item at fault is alone, and drop only that one.
+    if err.kind == "http" and (err.status == 413 or err.status == 400) then
       if #items == 1 then
-        drop(self, items[1], "the server refused the item as too large (413)")
+        drop(self, items[1], err.status == 413 and "the server refused the item as too large (413)"
+          or tostring(err))
       else
         self.counters.split = self.counters.split + 1
         local half = floor(#items / 2)
@@ -105,7 +152,7 @@ local function settle(self, entry)
       end
       return
     end
-    for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
+    batch_failed(self, items, err)
     return
   end
   local doc = core.json_decode(res.body)
@@ -116,9 +163,13 @@ local function settle(self, entry)
     return
   end
   for i, it in ipairs(items) do
-    local _, r = next(doc.items[i])
-    local status = type(r) == "table" and r.status or 0
-    if status >= 200 and status < 300 then
+    local entry_i = doc.items[i]
+    local r = type(entry_i) == "table" and select(2, next(entry_i)) or nil
+    local status = type(r) == "table" and r.status
+    if type(status) ~= "number" or status < 100 or status > 599 then
+      -- the outcome is unknown: retried as for a response that does not list every item
+      retry_later(self, it, "bulk response item " .. i .. " has no valid status")
+    elseif status >= 200 and status < 300 then
       self.counters.indexed = self.counters.indexed + 1
     else
       local e = type(r) == "table" and r.error
@@ -138,14 +189,10 @@ local function settle_oldest(self)
   local entry = remove(self.inflight, 1)
   if not entry then return end
   local p = entry.pending
-  if not p:ready() then
-    local ngx = rawget(_G, "ngx")
-    if ngx and ngx.get_phase and ({ rewrite = 1, access = 1, content = 1, timer = 1 })[ngx.get_phase()] then
-      require("esx.nginx").wait(p)
-    else
-      p:wait()
-    end
-  end
+  if not p:ready() and can_yield() then require("esx.nginx").wait(p) end
+  -- outside nginx; or the waiter failed (its socket unreachable): the batch is still running
+  -- and its outcome is needed, so block for it (the client's own timeouts bound the wait)
+  if not p:ready() then p:wait() end
   settle(self, entry)
 end
 
@@ -161,7 +208,7 @@ send_batch = function(self, items)
   local p, err = self.client:send("POST", "/_bulk", body,
     { content_type = "application/x-ndjson", retries = 0 })
   if not p then
-    for _, it in ipairs(items) do retry_later(self, it, tostring(err)) end
+    batch_failed(self, items, err)
     return
   end
   self.inflight[#self.inflight + 1] = { pending = p, items = items }
@@ -182,13 +229,24 @@ local function take_due(self, all)
   end
 end
 
---- bi:flush() -- sends what is buffered (and retries that are due) as one batch.
+--- bi:flush() -- sends what is buffered (and retries that are due) now, in batches that keep
+-- to flush_count and flush_bytes (retries that fell due together would otherwise make one
+-- batch as big as everything that failed).
 function Indexer:flush()
   take_due(self, false)
   if #self.buf == 0 then return end
   local items = self.buf
   self.buf, self.buf_bytes = {}, 0
-  send_batch(self, items)
+  local batch, bytes = {}, 0
+  for _, it in ipairs(items) do
+    batch[#batch + 1] = it
+    bytes = bytes + #it.line
+    if #batch >= self.o.flush_count or bytes >= self.o.flush_bytes then
+      send_batch(self, batch)
+      batch, bytes = {}, 0
+    end
+  end
+  if #batch > 0 then send_batch(self, batch) end
 end
 
 --- bi:add(action, meta, doc?) -> true | nil, err (kind "closed") -- buffers one operation;
@@ -200,11 +258,15 @@ function Indexer:add(action, meta, doc)
   if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
   if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
   local head = cjson.encode({ [action] = meta })
+  if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON)", 2) end
   local line
   if action == "delete" then
     line = head .. "\n"
   else
     if doc == nil then error("bad argument #3 to 'add' (" .. action .. " needs a document)", 2) end
+    if type(doc) ~= "table" and type(doc) ~= "string" then
+      error("bad argument #3 to 'add' (document table or JSON string expected, got " .. type(doc) .. ")", 2)
+    end
     local body = type(doc) == "string" and doc or cjson.encode(doc)
     if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON)", 2) end
     if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
@@ -238,6 +300,7 @@ function Indexer:close()
   self.closed = true
   local s = self:stats()
   s.dropped = self.dropped
+  s.on_drop_error = self.on_drop_error
   return s
 end
 

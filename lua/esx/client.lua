@@ -13,7 +13,7 @@ local cjson = require "cjson.safe"
 
 local type, pairs, ipairs, tostring, tonumber, setmetatable, error, select =
   type, pairs, ipairs, tostring, tonumber, setmetatable, error, select
-local concat, format, byte, gsub = table.concat, string.format, string.byte, string.gsub
+local concat, format, byte, gsub, floor = table.concat, string.format, string.byte, string.gsub, math.floor
 local new_error = core.error
 -- responses are decoded by esx's own single-pass decoder (src/ljson.c): about twice as fast
 -- as lua-cjson on search responses, with the same tables and the same null (cjson.null)
@@ -126,8 +126,13 @@ function _M.new(opts)
   if o.password and not o.username then
     error("esx.client: bad option 'password' (given without 'username')", 2)
   end
-  if o.api_key and o.username then
-    error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
+  if o.api_key then
+    -- credentials in a node URL are a username/password too: both would be sent, one ignored
+    local in_url = false
+    for _, h in ipairs(o.hosts) do in_url = in_url or h:find("^%a+://[^/?#]*@") ~= nil end
+    if o.username or in_url then
+      error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
+    end
   end
   if o.dead_backoff_max < o.dead_backoff_min then
     error("esx.client: bad option 'dead_backoff_max' (must be >= dead_backoff_min)", 2)
@@ -195,17 +200,65 @@ function Pending:wait(timeout)
 end
 
 --- pending:result() -> res | nil, err.  Before the request is done: nil, nil.
+-- The outcome is kept: reading it again must not count an HTTP failure again in stats.
 function Pending:result()
-  local res, err = self.p:result()
-  if not res then return nil, err end
-  return check_status(self.client, res, self.method, self.path, self.ok_status)
+  local o = self.outcome
+  if not o then
+    local res, err = self.p:result()
+    if res then
+      res, err = check_status(self.client, res, self.method, self.path, self.ok_status)
+    elseif err == nil then
+      return nil -- not done yet
+    end
+    o = { res, err }
+    self.outcome = o
+  end
+  return o[1], o[2]
 end
 
 Pending.id = function(self) return self.p:id() end
 Pending.waiter_path = function(self) return self.p:waiter_path() end
 
-local send_opts = { ok_status = true, retries = true, timeout = true, headers = true,
-                    content_type = true }
+local function describe_type(v)
+  if type(v) == "number" and v ~= floor(v) then return "non-integer number" end
+  return type(v)
+end
+
+local function integer_in(v, min, max)
+  if not options.is_integer(v) then return "integer expected, got " .. describe_type(v) end
+  if v < min then return "must be >= " .. min end
+  if v > max then return "must be <= " .. max end
+  return nil
+end
+
+-- Per-call options, each with the reason a value is wrong (nil when it is right): a typo or a
+-- value out of range raises, as the constructor's options do, instead of being ignored.
+local send_opts = {
+  ok_status = function(v)
+    if type(v) ~= "table" then return "list of HTTP statuses (100-599) expected" end
+    for i, st in pairs(v) do
+      if type(i) ~= "number" or not options.is_integer(st) or st < 100 or st > 599 then
+        return "list of HTTP statuses (100-599) expected"
+      end
+    end
+    return nil
+  end,
+  retries = function(v)
+    if type(v) == "boolean" then return nil end
+    return integer_in(v, 0, 100)
+  end,
+  timeout = function(v) return integer_in(v, 0, MAX_SAFE) end,
+  headers = function(v)
+    if type(v) ~= "table" then return "table expected" end
+    local _, why = check_headers(v)
+    return why
+  end,
+  content_type = function(v)
+    if type(v) ~= "string" then return "string expected, got " .. type(v) end
+    local _, why = no_crlf(v)
+    return why
+  end,
+}
 local NO_OPTS = setmetatable({}, { __newindex = function() error("NO_OPTS is read-only", 2) end })
 local upper = string.upper
 
@@ -234,18 +287,14 @@ function Client:send(method, path, body, opts)
   if type(path) ~= "string" then error("bad argument #2 to 'send' (string expected)", 2) end
   if opts ~= nil then
     if type(opts) ~= "table" then error("bad argument #4 to 'send' (table expected)", 2) end
-    for k in pairs(opts) do
-      if not send_opts[k] then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
+    for k, v in pairs(opts) do
+      local check = send_opts[k]
+      if not check then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
+      local why = check(v)
+      if why then error("bad option '" .. k .. "' to 'send' (" .. why .. ")", 2) end
     end
   else
     opts = NO_OPTS
-  end
-  if opts.headers ~= nil then
-    if type(opts.headers) ~= "table" then
-      error("bad option 'headers' to 'send' (table expected)", 2)
-    end
-    local ok, herr = check_headers(opts.headers)
-    if not ok then error("bad option 'headers' to 'send' (" .. herr .. ")", 2) end
   end
   local encoded, err = encode_body(body)
   if body ~= nil and not encoded then
@@ -265,7 +314,8 @@ end
 function Client:request(method, path, body, opts)
   local p, err = self:send(method, path, body, opts)
   if not p then return nil, err end
-  await(p)
+  local _, werr = await(p)
+  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
   return p:result()
 end
 
@@ -284,9 +334,15 @@ end
 --- pending:json() -> the result's body decoded as JSON (as c:search decodes) | nil, err.
 -- Before the request is done: nil, nil.  An empty body decodes to {}.
 function Pending:json()
+  local o = self.json_outcome
+  if o then return o[1], o[2] end
   local doc = self.p:json_body() -- a 2xx body decoded in C, without the res table
   if doc ~= false then return doc end
-  return decode(self.client, self:result())
+  -- an error or a body that is not JSON: kept, so that it is counted once (as result())
+  local derr
+  doc, derr = decode(self.client, self:result())
+  self.json_outcome = { doc, derr }
+  return doc, derr
 end
 
 local function call(self, method, path, body, opts)
@@ -416,6 +472,14 @@ function _M.bulk_body(ops)
       if doc == nil then
         error(format("bad argument #1 to 'bulk' (operation %d: %s needs a document)", i, action), 3)
       end
+      if type(doc) ~= "table" and type(doc) ~= "string" then
+        error(format("bad argument #1 to 'bulk' (operation %d: document table or JSON string expected, got %s)",
+          i, type(doc)), 3)
+      end
+      if type(doc) == "string" and doc:find("\n", 1, true) then
+        -- a newline ends the NDJSON line: the rest would be read as further operations
+        error(format("bad argument #1 to 'bulk' (operation %d: document contains a newline)", i), 3)
+      end
       lines[#lines + 1] = type(doc) == "string" and doc or encode_line(doc)
     end
   end
@@ -423,14 +487,23 @@ function _M.bulk_body(ops)
   return concat(lines, "\n") .. "\n"
 end
 
+local refresh_values = { [true] = "true", [false] = "false", ["true"] = "true", ["false"] = "false",
+                         wait_for = "wait_for" }
+
 --- c:bulk(ops, opts?) -> {took=, errors=bool, items={...}} | nil, err
 function Client:bulk(ops, opts)
   local body = _M.bulk_body(ops)
+  if opts ~= nil and type(opts) ~= "table" then error("bad argument #2 to 'bulk' (table expected)", 2) end
   local o = { content_type = "application/x-ndjson" }
-  for k, v in pairs(opts or {}) do o[k] = v end
+  for k, v in pairs(opts or NO_OPTS) do o[k] = v end
   local path = "/_bulk"
   if o.index then path = "/" .. check_index(o.index, 2, "bulk") .. "/_bulk"; o.index = nil end
-  if o.refresh then path = path .. "?refresh=" .. tostring(o.refresh); o.refresh = nil end
+  if o.refresh ~= nil then
+    local r = refresh_values[o.refresh]
+    if not r then error("bad option 'refresh' to 'bulk' (true, false or \"wait_for\" expected)", 2) end
+    path = path .. "?refresh=" .. r
+    o.refresh = nil
+  end
   return call(self, "POST", path, body, o)
 end
 
