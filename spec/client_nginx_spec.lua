@@ -73,6 +73,17 @@ setup(function()
           ngx.say(tostring(ok), " ", err and err.kind)
         }
       }
+      location = /fraction {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local p = assert(c:send("GET", "/fracslow/_search"))
+          ngx.update_time()
+          local t0 = ngx.now()
+          local res, err = require("esx.nginx").wait(p, 0.5)
+          ngx.update_time()
+          ngx.say(tostring(res), " ", err and err.kind, " ", math.floor((ngx.now() - t0) * 1000))
+        }
+      }
       location = /fast {
         content_by_lua_block { ngx.say("fast ", ngx.worker.pid()) }
       }
@@ -115,6 +126,17 @@ describe("esx.client in nginx #nginx", function()
     local first, second = body:match("^([^\n]*)\n([^\n]*)\n$")
     assert.matches("^true %a+$", first) -- the cluster's health colour
     assert.equal("nil request_timeout", second)
+  end)
+
+  it("gives up after a timeout of less than a millisecond (not lua_socket_read_timeout)", function()
+    -- the cosocket truncates its timeout to whole ms, and takes 0 as "the default (60 s)"
+    es:fault{ path = "/fracslow/_search", stall_ms = 2000, count = 1 }
+    local status, body = web:get("/fraction")
+    assert.equal(200, status)
+    local res, kind, ms = body:match("^(%S+) (%S+) (%d+)\n$")
+    assert.equal("nil", res)
+    assert.equal("request_timeout", kind)
+    assert.is_true(tonumber(ms) < 500, body)
   end)
 
   it("does not stall other requests on the worker while a search is slow", function()

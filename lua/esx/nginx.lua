@@ -7,6 +7,7 @@
 
 local ngx = ngx
 local tostring, error, type, pcall = tostring, error, type, pcall
+local ceil = math.ceil
 local core = require "esx.core"
 
 local _M = {}
@@ -50,7 +51,9 @@ function _M.await(pending, timeout)
         if pending:ready() then return true end
         return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
       end
-      if left < slice then slice = left end
+      -- whole ms, at least 1: the cosocket truncates its timeout to an integer, and 0 means
+      -- lua_socket_read_timeout (60 s by default), not "now"
+      if left < slice then slice = ceil(left) end
     end
     sock:settimeout(slice)
     local data, rerr = sock:receive(1)
