@@ -92,16 +92,20 @@ local function read_body(max)
   return body or ""
 end
 
+local function post_body(col)
+  local raw, rerr = read_body(col.o.max_body)
+  if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
+  return raw
+end
+
 -- The request's answer from the collector: method, body (POST), query (GET) and the three
 -- headers it reads, taken one by one from ngx.var rather than from a header table.
-local function collect_answer(col)
-  local method = ngx.req.get_method()
+-- `early` is the POST body when collect read it before counting the request.
+local function collect_answer(col, method, early)
   local var = ngx.var
   local raw, query
   if method == "POST" then
-    local rerr
-    raw, rerr = read_body(col.o.max_body)
-    if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
+    raw = early or post_body(col)
   elseif method == "GET" then
     query = var.args or ""
   end
@@ -153,11 +157,19 @@ end
 -- slow uploads count against max_concurrent), reads the body even when nginx buffered it
 -- to a file, and sends the collector's status, headers and body.
 function _M.collect(col)
+  local method = ngx.req.get_method()
+  local early
+  if method == "POST" and not ngx.var.content_length then
+    -- A body without Content-Length (chunked, HTTP/2) is measured while nginx reads it: past
+    -- client_max_body_size nginx answers 413 itself and never resumes this handler, so its
+    -- slot would stay taken until abandoned_after.  Read it before counting the request.
+    early = post_body(col) or ""
+  end
   local ok, status, headers, body = col:_enter(reclaim, origin)
   if not ok then return send(status, headers, body) end
   local co = coroutine.running()
   holder_col[co], holder_since[co] = col, ngx.now()
-  ok, status, headers, body = pcall(collect_answer, col)
+  ok, status, headers, body = pcall(collect_answer, col, method, early)
   if holder_col[co] then
     holder_col[co], holder_since[co] = nil, nil
     col:leave()
