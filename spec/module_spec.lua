@@ -51,6 +51,66 @@ describe("esx error objects", function()
   end)
 end)
 
+-- Reads Prometheus text exposition format 0.0.4 strictly: every line a HELP, a TYPE (once per
+-- family, before its samples) or a sample; a family's samples together; names and label
+-- names as the format allows; label values escaped (only \\, \" and \n); values Go's
+-- ParseFloat reads; no series twice.  Returns {series = value text} and {family = type}.
+local function read_exposition(text)
+  assert.equal("\n", text:sub(-1))
+  local series, types, helps, closed = {}, {}, {}, {}
+  local current
+  for line in text:gmatch("([^\n]*)\n") do
+    local kw, fam, rest = line:match("^# (%u+) (%S+) ?(.*)$")
+    if kw then
+      assert.truthy(fam:match("^[a-zA-Z_:][a-zA-Z0-9_:]*$"), line)
+      assert.is_nil(closed[fam] or (current == fam or nil), "metadata after samples: " .. line)
+      if kw == "TYPE" then
+        assert.is_nil(types[fam], "a second TYPE line: " .. line)
+        assert.truthy(({ counter = 1, gauge = 1, untyped = 1, histogram = 1, summary = 1 })[rest], line)
+        types[fam] = rest
+      else
+        assert.equal("HELP", kw)
+        assert.is_nil(helps[fam], "a second HELP line: " .. line)
+        helps[fam] = true
+      end
+    else
+      local name, labels, value = line:match("^([a-zA-Z_:][a-zA-Z0-9_:]*)(%b{}) (%S+)$")
+      assert(name, "not a sample line: " .. line)
+      if name ~= current then
+        assert.is_nil(closed[name], "samples of " .. name .. " not together")
+        if current then closed[current] = true end
+        current = name
+      end
+      local inner, pos = labels:sub(2, -2), 1
+      while pos <= #inner do
+        local lname, after = inner:match('^([a-zA-Z_][a-zA-Z0-9_]*)="()', pos)
+        assert(lname, "bad label in " .. line)
+        pos = after
+        while true do
+          local c = inner:sub(pos, pos)
+          assert(c ~= "" and c ~= "\n", "unterminated label value in " .. line)
+          if c == '"' then break end
+          if c == "\\" then
+            assert.truthy(("\\\"n"):find(inner:sub(pos + 1, pos + 1), 1, true), "bad escape in " .. line)
+            pos = pos + 1
+          end
+          pos = pos + 1
+        end
+        pos = pos + 1
+        if pos <= #inner then
+          assert.equal(",", inner:sub(pos, pos), line)
+          pos = pos + 1
+        end
+      end
+      assert.truthy(value == "NaN" or value == "+Inf" or value == "-Inf" or
+                    (tonumber(value) and value:match("^[-+]?[%d.eE+-]+$")), "bad value in " .. line)
+      assert.is_nil(series[name .. labels], "a second sample of " .. name .. labels)
+      series[name .. labels] = value
+    end
+  end
+  return series, types
+end
+
 describe("esx.metrics", function()
   it("returns Prometheus text with the build info", function()
     local text = esx.metrics()
@@ -89,6 +149,65 @@ describe("esx.metrics", function()
     collectgarbage()
     assert.is_nil(next(gone))
     assert.falsy(esx.metrics():find('name="t2"', 1, true))
+  end)
+
+  it("is valid text format 0.0.4 with several clients, a collector and caches, one closed, one collected", function()
+    local odd = 'we"ird\\name\nx'
+    local c1 = esx.client{ hosts = { "http://127.0.0.1:1" }, name = odd }
+    -- a node given twice, and a name given twice (a client replaced, the old one not yet collected)
+    local c2 = esx.client{ hosts = { "http://127.0.0.1:1", "http://127.0.0.1:1" }, name = "dup" }
+    local c3 = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "dup" }
+    local closed = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "closed" }
+    local col = esx.collector{ sink = c2, name = "beacons" }
+    local function nothing() return {} end
+    local cache = esx.cache{ load_page = nothing, load_readers = nothing, name = "articles" }
+    finally(function()
+      col:close(0)
+      cache:close()
+      for _, c in ipairs{ c1, c2, c3 } do c:close() end
+    end)
+    do esx.cache{ load_page = nothing, load_readers = nothing, name = "dropped" } end
+    closed:close()
+    collectgarbage()
+    collectgarbage()
+    local series, types = read_exposition(esx.metrics())
+    assert.equal("0", series['esx_client_requests{name="we\\"ird\\\\name\\nx"}'])
+    local dups, nodes = 0, 0
+    for k in pairs(series) do
+      if k:find('^esx_client_requests{name="dup') then dups = dups + 1 end
+      if k:find('^esx_client_nodes_alive{name="dup",') then nodes = nodes + 1 end
+      assert.falsy(k:find('name="closed"', 1, true))
+      assert.falsy(k:find('name="dropped"', 1, true))
+    end
+    assert.equal(2, dups)
+    assert.equal(2, nodes)
+    assert.equal("0", series['esx_collector_accepted{name="beacons"}'])
+    assert.equal("0", series['esx_cache_pages_hits{name="articles"}'])
+    assert.equal("counter", types.esx_client_requests)
+    assert.equal("counter", types.esx_client_failures_reset)
+    assert.equal("gauge", types.esx_client_pool_in_use)
+    assert.equal("gauge", types.esx_client_nodes_alive)
+    assert.equal("counter", types.esx_collector_accepted)
+    assert.equal("counter", types.esx_collector_rejected_invalid)
+    assert.equal("gauge", types.esx_collector_queued_bytes)
+    assert.equal("gauge", types.esx_collector_utilization_queue)
+    assert.equal("counter", types.esx_cache_pages_hits)
+    assert.equal("gauge", types.esx_cache_bytes)
+  end)
+
+  it("writes NaN and infinities as Prometheus reads them", function()
+    local registry = require "esx.registry"
+    local obj = {}
+    registry.add(obj, "test", "t3", function()
+      return { nan = 0 / 0, inf = math.huge, ninf = -math.huge, big = 2 ^ 60, tiny = 1e-300 }
+    end)
+    finally(function() registry.remove(obj) end)
+    local series = read_exposition(esx.metrics())
+    assert.equal("NaN", series['esx_test_nan{name="t3"}'])
+    assert.equal("+Inf", series['esx_test_inf{name="t3"}'])
+    assert.equal("-Inf", series['esx_test_ninf{name="t3"}'])
+    assert.equal(2 ^ 60, tonumber(series['esx_test_big{name="t3"}']))
+    assert.equal(1e-300, tonumber(series['esx_test_tiny{name="t3"}']))
   end)
 
   it("lets an unclosed client be collected", function()
