@@ -1,4 +1,5 @@
--- The module itself: loading, version, the error object and esx.metrics().
+-- The module itself: loading, version, the error object, esx.metrics(), and the collector
+-- against the conventions of API.md.
 local esx = require "esx"
 local core = require "esx.core"
 
@@ -219,5 +220,17 @@ describe("esx.metrics", function()
     collectgarbage()
     collectgarbage()
     assert.is_nil(next(gone))
+  end)
+end)
+
+-- esx.collector against API.md's conventions (the collector's own behaviour is in
+-- collector_spec.lua).
+describe("esx.collector's API", function()
+  it("returns nil, closed for a sink client that is closed (it could never ship what it accepts)", function()
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    c:close()
+    local col, err = esx.collector{ sink = c }
+    assert.is_nil(col)
+    assert.equal("closed", err.kind)
   end)
 end)
