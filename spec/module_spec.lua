@@ -224,13 +224,48 @@ describe("esx.metrics", function()
 end)
 
 -- esx.collector against API.md's conventions (the collector's own behaviour is in
--- collector_spec.lua).
+-- collector_spec.lua).  A call that would hang runs in a child process under `timeout`.
 describe("esx.collector's API", function()
+  local flavour = jit and "luajit" or "lua5.4"
+
+  -- Runs Lua code in a child process (this checkout's modules), killed after 10 s; returns
+  -- what it printed.
+  local function child(code)
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
+            'package.cpath = "./build/', flavour, '/?.so;" .. package.cpath\n', code)
+    f:close()
+    local p = io.popen("timeout 10 " .. flavour .. " " .. script .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    return out
+  end
+
   it("returns nil, closed for a sink client that is closed (it could never ship what it accepts)", function()
     local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
     c:close()
     local col, err = esx.collector{ sink = c }
     assert.is_nil(col)
     assert.equal("closed", err.kind)
+  end)
+
+  it("takes a negative timeout of flush and close as 0, not as no limit", function()
+    local out = child([[
+      local esx = require "esx"
+      local col = esx.collector{ sink = esx.client{ hosts = { "http://127.0.0.1:1" } } }
+      assert(col:handle{ method = "POST", body = '{"site_id":"s1","type":"view"}' } == 204)
+      local ok, err = col:flush(-5)
+      print("flush", ok, err and err.kind)
+      io.stdout:flush()
+      print("bad", pcall(col.flush, col, 0 / 0))
+      io.stdout:flush()
+      ok, err = col:close(-5)
+      print("close", ok, err and err.kind, err and err.undelivered)
+    ]])
+    assert.equal("flush\tnil\trequest_timeout\n" ..
+                 "bad\tfalse\tbad argument #1 to 'flush' (number expected)\n" ..
+                 "close\tnil\trequest_timeout\t1\n", out)
   end)
 end)
