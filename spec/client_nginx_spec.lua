@@ -84,6 +84,19 @@ setup(function()
           ngx.say(tostring(res), " ", err and err.kind, " ", math.floor((ngx.now() - t0) * 1000))
         }
       }
+      location = /phases {
+        content_by_lua_block { ngx.say("ok") }
+        header_filter_by_lua_block {
+          local p = assert(package.loaded.test_client:send("GET", "/phases/_search"))
+          local ok, err = pcall(require("esx.nginx").wait, p)
+          ngx.log(ngx.ERR, "header_filter wait: ", tostring(ok), " ", err)
+        }
+        log_by_lua_block {
+          local p = assert(package.loaded.test_client:send("GET", "/phases/_search"))
+          local ok, err = pcall(require("esx.nginx").wait, p)
+          ngx.log(ngx.ERR, "log wait: ", tostring(ok), " ", err)
+        }
+      }
       location = /fast {
         content_by_lua_block { ngx.say("fast ", ngx.worker.pid()) }
       }
@@ -137,6 +150,22 @@ describe("esx.client in nginx #nginx", function()
     assert.equal("nil", res)
     assert.equal("request_timeout", kind)
     assert.is_true(tonumber(ms) < 500, body)
+  end)
+
+  it("raises a clear error in phases that cannot yield", function()
+    es:fault{ path = "/phases/_search", stall_ms = 300, count = 2 } -- not done before wait is called
+    local status, body = web:get("/phases")
+    assert.equal(200, status)
+    assert.equal("ok\n", body)
+    local log
+    for _ = 1, 50 do -- the log phase runs after the answer
+      log = web:error_log()
+      if log:find("log wait:", 1, true) then break end
+      socket.sleep(0.02)
+    end
+    assert.truthy(log:find("header_filter wait: false esx.nginx.wait: cannot wait in nginx's " ..
+                           "header_filter phase (it cannot yield)", 1, true), log)
+    assert.truthy(log:find("log wait: false esx.nginx.wait: cannot wait in nginx's log phase", 1, true), log)
   end)
 
   it("does not stall other requests on the worker while a search is slow", function()

@@ -32,7 +32,12 @@ function _M.await(pending, timeout)
   local deadline = timeout and (now_ms() + timeout)
   local path, perr = pending:waiter_path()
   if not path then return nil, perr end
-  local sock = ngx.socket.tcp()
+  local made, sock = pcall(ngx.socket.tcp)
+  if not made then -- a phase without cosockets: it cannot yield either
+    error("esx.nginx.wait: cannot wait in nginx's " .. tostring(ngx.get_phase()) .. " phase " ..
+          "(it cannot yield): wait in a timer (ngx.timer.at), or block the worker with " ..
+          "pending:wait()", 0)
+  end
   local ok, err = sock:connect("unix:" .. path)
   if not ok then
     return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err))
