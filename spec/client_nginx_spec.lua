@@ -34,8 +34,10 @@ setup(function()
         package.loaded.test_client = assert(esx.client{ hosts = { "%s" }, socket_timeout = 5000 })
         -- used once in the master, before the fork
         assert(package.loaded.test_client:info())
+        package.loaded.burst_client = assert(esx.client{ hosts = { "%s" }, max_total = 1000,
+                                                         max_per_route = 1000 })
       }
-    ]]):format(es.url),
+    ]]):format(es.url, es.url),
     server = [[
       location = /info {
         content_by_lua_block {
@@ -95,6 +97,23 @@ setup(function()
           local p = assert(package.loaded.test_client:send("GET", "/phases/_search"))
           local ok, err = pcall(require("esx.nginx").wait, p)
           ngx.log(ngx.ERR, "log wait: ", tostring(ok), " ", err)
+        }
+      }
+      location = /burst {
+        content_by_lua_block {
+          local c, wait = package.loaded.burst_client, require("esx.nginx").wait
+          local n, threads, counts = tonumber(ngx.var.arg_n), {}, {}
+          for i = 1, n do
+            threads[i] = ngx.thread.spawn(function()
+              local res, err = wait(assert(c:send("GET", "/burst/_search")), 30000)
+              return res and tostring(res.status) or tostring(err)
+            end)
+          end
+          for i = 1, n do
+            local _, r = ngx.thread.wait(threads[i])
+            counts[r] = (counts[r] or 0) + 1
+          end
+          for r, k in pairs(counts) do ngx.say(k, " ", r) end
         }
       }
       location = /fast {
@@ -166,6 +185,16 @@ describe("esx.client in nginx #nginx", function()
     assert.truthy(log:find("header_filter wait: false esx.nginx.wait: cannot wait in nginx's " ..
                            "header_filter phase (it cannot yield)", 1, true), log)
     assert.truthy(log:find("log wait: false esx.nginx.wait: cannot wait in nginx's log phase", 1, true), log)
+  end)
+
+  it("waits for 900 requests of one worker at once (the waiter socket's backlog overflows)", function()
+    -- the light threads connect to the waiter socket faster than the I/O thread (busy
+    -- opening 900 connections) accepts: past its listen backlog, connect() fails with EAGAIN
+    assert.equal(200, (es:request("PUT", "/burst")))
+    es:fault{ path = "/burst/_search", stall_ms = 300, count = 900 }
+    local status, body = web:get("/burst?n=900")
+    assert.equal(200, status)
+    assert.equal("900 200\n", body)
   end)
 
   it("does not stall other requests on the worker while a search is slow", function()

@@ -21,6 +21,39 @@ local function now_ms()
   return ngx.now() * 1000
 end
 
+-- How long a wait keeps trying to connect to the waiter socket before it fails with
+-- `internal`.  A burst of waits -- hundreds of a worker's requests waiting at once, as in a
+-- spike -- fills the socket's listen backlog faster than the I/O thread accepts, and
+-- connect() fails with EAGAIN: that is no reason to fail the requests.
+local CONNECT_RETRY_MS = 1000
+
+-- Connects sock to the waiter socket, retrying with a growing sleep (1 ms to 64 ms).
+-- Returns the socket; true when the request ended meanwhile; or nil, err.
+local function connect_waiter(pending, sock, path, deadline, timeout)
+  local delay, give_up = 1, now_ms() + CONNECT_RETRY_MS
+  while true do
+    local ok, err = sock:connect("unix:" .. path)
+    if ok then return sock end
+    local now = now_ms()
+    if pending:ready() then return true end
+    if deadline and now >= deadline then
+      return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
+    end
+    if now >= give_up then
+      return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err))
+    end
+    local nap = delay
+    if deadline and deadline - now < nap then nap = deadline - now end
+    ngx.sleep(nap / 1000)
+    if pending:ready() then return true end
+    local perr
+    path, perr = pending:waiter_path() -- (a new one if the engine was rebuilt meanwhile)
+    if not path then return nil, perr end
+    if delay < 64 then delay = delay * 2 end
+    sock = ngx.socket.tcp()
+  end
+end
+
 --- esx.nginx.wait(pending, timeout_ms?) -> res | nil, err   (yields; never blocks the worker)
 -- Returns what pending:result() returns once the request is done.  With timeout_ms, gives
 -- up after that long with nil, {kind = "request_timeout"} (the request itself goes on).
@@ -38,11 +71,11 @@ function _M.await(pending, timeout)
           "(it cannot yield): wait in a timer (ngx.timer.at), or block the worker with " ..
           "pending:wait()", 0)
   end
-  local ok, err = sock:connect("unix:" .. path)
-  if not ok then
-    return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err))
-  end
-  ok, err = sock:send(tostring(pending:id()) .. "\n")
+  local cerr
+  sock, cerr = connect_waiter(pending, sock, path, deadline, timeout)
+  if sock == true then return true end
+  if not sock then return nil, cerr end
+  local ok, err = sock:send(tostring(pending:id()) .. "\n")
   if not ok then
     sock:close()
     return nil, core.error("internal", "cannot register with the esx waiter: " .. tostring(err))
