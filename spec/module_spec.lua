@@ -251,6 +251,17 @@ describe("esx.collector's API", function()
     assert.equal("closed", err.kind)
   end)
 
+  it("names the option when an index pattern has an unknown conversion", function()
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    finally(function() c:close() end)
+    local ok, err = pcall(esx.collector, { sink = c, index = "events-%Q" })
+    assert.is_false(ok)
+    assert.matches("esx.collector: bad option 'index'", err, 1, true)
+    ok, err = pcall(esx.collector, { sink = c, rollup = { index = "rollups-%Q" } })
+    assert.is_false(ok)
+    assert.matches("esx.collector: bad option 'rollup' (bad option 'index'", err, 1, true)
+  end)
+
   it("takes a negative timeout of flush and close as 0, not as no limit", function()
     local out = child([[
       local esx = require "esx"

@@ -24,7 +24,9 @@ local function int(min, max, default)
 end
 
 local function check_index_fmt(v)
-  local probe = os.date("!" .. v, 1700000000)
+  -- (Lua 5.4's os.date raises on a conversion it does not know; LuaJIT's copies it)
+  local valid, probe = pcall(os.date, "!" .. v, 1700000000)
+  if not valid then return nil, "not a valid strftime pattern (" .. v .. ")" end
   local ok, err = pcall(require("esx.client").check_index, probe, 1, "collector")
   if not ok then return nil, "does not give a valid index name (" .. tostring(probe) .. ")" end
   if #v > 120 then return nil, "too long" end
