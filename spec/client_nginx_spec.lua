@@ -34,8 +34,10 @@ setup(function()
         package.loaded.test_client = assert(esx.client{ hosts = { "%s" }, socket_timeout = 5000 })
         -- used once in the master, before the fork
         assert(package.loaded.test_client:info())
+        package.loaded.burst_client = assert(esx.client{ hosts = { "%s" }, max_total = 1000,
+                                                         max_per_route = 1000 })
       }
-    ]]):format(es.url),
+    ]]):format(es.url, es.url),
     server = [[
       location = /info {
         content_by_lua_block {
@@ -71,6 +73,47 @@ setup(function()
           ngx.say(tostring(ok), " ", doc and doc.status or tostring(err))
           ok, err = require("esx.nginx").await(assert(c:send("GET", "/awaitslow/_search")), 50)
           ngx.say(tostring(ok), " ", err and err.kind)
+        }
+      }
+      location = /fraction {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local p = assert(c:send("GET", "/fracslow/_search"))
+          ngx.update_time()
+          local t0 = ngx.now()
+          local res, err = require("esx.nginx").wait(p, 0.5)
+          ngx.update_time()
+          ngx.say(tostring(res), " ", err and err.kind, " ", math.floor((ngx.now() - t0) * 1000))
+        }
+      }
+      location = /phases {
+        content_by_lua_block { ngx.say("ok") }
+        header_filter_by_lua_block {
+          local p = assert(package.loaded.test_client:send("GET", "/phases/_search"))
+          local ok, err = pcall(require("esx.nginx").wait, p)
+          ngx.log(ngx.ERR, "header_filter wait: ", tostring(ok), " ", err)
+        }
+        log_by_lua_block {
+          local p = assert(package.loaded.test_client:send("GET", "/phases/_search"))
+          local ok, err = pcall(require("esx.nginx").wait, p)
+          ngx.log(ngx.ERR, "log wait: ", tostring(ok), " ", err)
+        }
+      }
+      location = /burst {
+        content_by_lua_block {
+          local c, wait = package.loaded.burst_client, require("esx.nginx").wait
+          local n, threads, counts = tonumber(ngx.var.arg_n), {}, {}
+          for i = 1, n do
+            threads[i] = ngx.thread.spawn(function()
+              local res, err = wait(assert(c:send("GET", "/burst/_search")), 30000)
+              return res and tostring(res.status) or tostring(err)
+            end)
+          end
+          for i = 1, n do
+            local _, r = ngx.thread.wait(threads[i])
+            counts[r] = (counts[r] or 0) + 1
+          end
+          for r, k in pairs(counts) do ngx.say(k, " ", r) end
         }
       }
       location = /fast {
@@ -115,6 +158,43 @@ describe("esx.client in nginx #nginx", function()
     local first, second = body:match("^([^\n]*)\n([^\n]*)\n$")
     assert.matches("^true %a+$", first) -- the cluster's health colour
     assert.equal("nil request_timeout", second)
+  end)
+
+  it("gives up after a timeout of less than a millisecond (not lua_socket_read_timeout)", function()
+    -- the cosocket truncates its timeout to whole ms, and takes 0 as "the default (60 s)"
+    es:fault{ path = "/fracslow/_search", stall_ms = 2000, count = 1 }
+    local status, body = web:get("/fraction")
+    assert.equal(200, status)
+    local res, kind, ms = body:match("^(%S+) (%S+) (%d+)\n$")
+    assert.equal("nil", res)
+    assert.equal("request_timeout", kind)
+    assert.is_true(tonumber(ms) < 500, body)
+  end)
+
+  it("raises a clear error in phases that cannot yield", function()
+    es:fault{ path = "/phases/_search", stall_ms = 300, count = 2 } -- not done before wait is called
+    local status, body = web:get("/phases")
+    assert.equal(200, status)
+    assert.equal("ok\n", body)
+    local log
+    for _ = 1, 50 do -- the log phase runs after the answer
+      log = web:error_log()
+      if log:find("log wait:", 1, true) then break end
+      socket.sleep(0.02)
+    end
+    assert.truthy(log:find("header_filter wait: false esx.nginx.wait: cannot wait in nginx's " ..
+                           "header_filter phase (it cannot yield)", 1, true), log)
+    assert.truthy(log:find("log wait: false esx.nginx.wait: cannot wait in nginx's log phase", 1, true), log)
+  end)
+
+  it("waits for 900 requests of one worker at once (the waiter socket's backlog overflows)", function()
+    -- the light threads connect to the waiter socket faster than the I/O thread (busy
+    -- opening 900 connections) accepts: past its listen backlog, connect() fails with EAGAIN
+    assert.equal(200, (es:request("PUT", "/burst")))
+    es:fault{ path = "/burst/_search", stall_ms = 300, count = 900 }
+    local status, body = web:get("/burst?n=900")
+    assert.equal(200, status)
+    assert.equal("900 200\n", body)
   end)
 
   it("does not stall other requests on the worker while a search is slow", function()

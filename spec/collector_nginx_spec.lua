@@ -215,6 +215,71 @@ describe("esx.nginx.collect #nginx", function()
     small:stop()
   end)
 
+  describe("with bodies of unknown length (chunked)", function()
+    local tight
+    setup(function()
+      tight = nginx.start{
+        workers = 1,
+        http = ([[
+          client_max_body_size 1k;
+          client_body_buffer_size 1k;
+          init_by_lua_block {
+            local esx = require "esx"
+            package.loaded.tight_collector = assert(esx.collector{
+              sink = assert(esx.client{ hosts = { "%s" } }), max_concurrent = 2 })
+          }
+        ]]):format(es.url),
+        server = [[
+          location = /collect {
+            content_by_lua_block { require("esx.nginx").collect(package.loaded.tight_collector) }
+          }
+          location = /stats {
+            content_by_lua_block {
+              ngx.say(package.loaded.tight_collector:stats().in_progress)
+            }
+          }
+        ]],
+      }
+    end)
+    teardown(function() if tight then tight:stop() end end)
+
+    -- Sends raw bytes on one connection; returns the statuses of the answers (up to the close,
+    -- or 1 s).
+    local function pipeline(raw)
+      local c = assert(socket.connect("127.0.0.1", tight.port))
+      assert(c:send(raw))
+      c:settimeout(1)
+      local data = ""
+      repeat
+        local chunk, err, partial = c:receive(4096)
+        data = data .. (chunk or partial or "")
+      until err
+      c:close()
+      local statuses = {}
+      for s in data:gmatch("HTTP/1%.1 (%d%d%d)") do statuses[#statuses + 1] = tonumber(s) end
+      return statuses
+    end
+
+    local STATS = "GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+    it("accepts a chunked body, and gives the slot back when nginx refuses one as too large", function()
+      local ev = cjson.encode({ site_id = "s1", type = "view" })
+      local statuses = pipeline("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
+        "Transfer-Encoding: chunked\r\n\r\n" .. string.format("%x", #ev) .. "\r\n" .. ev .. "\r\n0\r\n\r\n" .. STATS)
+      assert.same({ 204, 200 }, statuses)
+      -- over client_max_body_size: nginx answers 413 itself and ends the handler unresumed
+      for _ = 1, 3 do
+        statuses = pipeline("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
+          "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n800\r\n" .. string.rep("a", 2048) .. "\r\n0\r\n\r\n")
+        assert.same({ 413 }, statuses)
+      end
+      local status = tight:request("POST", "/collect", ev, { ["Content-Type"] = "text/plain" })
+      assert.equal(204, status)
+      local _, body = tight:get("/stats")
+      assert.equal("0\n", body)
+    end)
+  end)
+
   it("loses nothing a worker acknowledged when it is killed with SIGKILL", function()
     es:reset()
     local port = es.port

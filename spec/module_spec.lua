@@ -1,4 +1,5 @@
--- The module itself: loading, version, the error object and esx.metrics().
+-- The module itself: loading, version, the error object, esx.metrics(), and the collector
+-- against the conventions of API.md.
 local esx = require "esx"
 local core = require "esx.core"
 
@@ -51,6 +52,66 @@ describe("esx error objects", function()
   end)
 end)
 
+-- Reads Prometheus text exposition format 0.0.4 strictly: every line a HELP, a TYPE (once per
+-- family, before its samples) or a sample; a family's samples together; names and label
+-- names as the format allows; label values escaped (only \\, \" and \n); values Go's
+-- ParseFloat reads; no series twice.  Returns {series = value text} and {family = type}.
+local function read_exposition(text)
+  assert.equal("\n", text:sub(-1))
+  local series, types, helps, closed = {}, {}, {}, {}
+  local current
+  for line in text:gmatch("([^\n]*)\n") do
+    local kw, fam, rest = line:match("^# (%u+) (%S+) ?(.*)$")
+    if kw then
+      assert.truthy(fam:match("^[a-zA-Z_:][a-zA-Z0-9_:]*$"), line)
+      assert.is_nil(closed[fam] or (current == fam or nil), "metadata after samples: " .. line)
+      if kw == "TYPE" then
+        assert.is_nil(types[fam], "a second TYPE line: " .. line)
+        assert.truthy(({ counter = 1, gauge = 1, untyped = 1, histogram = 1, summary = 1 })[rest], line)
+        types[fam] = rest
+      else
+        assert.equal("HELP", kw)
+        assert.is_nil(helps[fam], "a second HELP line: " .. line)
+        helps[fam] = true
+      end
+    else
+      local name, labels, value = line:match("^([a-zA-Z_:][a-zA-Z0-9_:]*)(%b{}) (%S+)$")
+      assert(name, "not a sample line: " .. line)
+      if name ~= current then
+        assert.is_nil(closed[name], "samples of " .. name .. " not together")
+        if current then closed[current] = true end
+        current = name
+      end
+      local inner, pos = labels:sub(2, -2), 1
+      while pos <= #inner do
+        local lname, after = inner:match('^([a-zA-Z_][a-zA-Z0-9_]*)="()', pos)
+        assert(lname, "bad label in " .. line)
+        pos = after
+        while true do
+          local c = inner:sub(pos, pos)
+          assert(c ~= "" and c ~= "\n", "unterminated label value in " .. line)
+          if c == '"' then break end
+          if c == "\\" then
+            assert.truthy(("\\\"n"):find(inner:sub(pos + 1, pos + 1), 1, true), "bad escape in " .. line)
+            pos = pos + 1
+          end
+          pos = pos + 1
+        end
+        pos = pos + 1
+        if pos <= #inner then
+          assert.equal(",", inner:sub(pos, pos), line)
+          pos = pos + 1
+        end
+      end
+      assert.truthy(value == "NaN" or value == "+Inf" or value == "-Inf" or
+                    (tonumber(value) and value:match("^[-+]?[%d.eE+-]+$")), "bad value in " .. line)
+      assert.is_nil(series[name .. labels], "a second sample of " .. name .. labels)
+      series[name .. labels] = value
+    end
+  end
+  return series, types
+end
+
 describe("esx.metrics", function()
   it("returns Prometheus text with the build info", function()
     local text = esx.metrics()
@@ -91,6 +152,65 @@ describe("esx.metrics", function()
     assert.falsy(esx.metrics():find('name="t2"', 1, true))
   end)
 
+  it("is valid text format 0.0.4 with several clients, a collector and caches, one closed, one collected", function()
+    local odd = 'we"ird\\name\nx'
+    local c1 = esx.client{ hosts = { "http://127.0.0.1:1" }, name = odd }
+    -- a node given twice, and a name given twice (a client replaced, the old one not yet collected)
+    local c2 = esx.client{ hosts = { "http://127.0.0.1:1", "http://127.0.0.1:1" }, name = "dup" }
+    local c3 = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "dup" }
+    local closed = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "closed" }
+    local col = esx.collector{ sink = c2, name = "beacons" }
+    local function nothing() return {} end
+    local cache = esx.cache{ load_page = nothing, load_readers = nothing, name = "articles" }
+    finally(function()
+      col:close(0)
+      cache:close()
+      for _, c in ipairs{ c1, c2, c3 } do c:close() end
+    end)
+    do esx.cache{ load_page = nothing, load_readers = nothing, name = "dropped" } end
+    closed:close()
+    collectgarbage()
+    collectgarbage()
+    local series, types = read_exposition(esx.metrics())
+    assert.equal("0", series['esx_client_requests{name="we\\"ird\\\\name\\nx"}'])
+    local dups, nodes = 0, 0
+    for k in pairs(series) do
+      if k:find('^esx_client_requests{name="dup') then dups = dups + 1 end
+      if k:find('^esx_client_nodes_alive{name="dup",') then nodes = nodes + 1 end
+      assert.falsy(k:find('name="closed"', 1, true))
+      assert.falsy(k:find('name="dropped"', 1, true))
+    end
+    assert.equal(2, dups)
+    assert.equal(2, nodes)
+    assert.equal("0", series['esx_collector_accepted{name="beacons"}'])
+    assert.equal("0", series['esx_cache_pages_hits{name="articles"}'])
+    assert.equal("counter", types.esx_client_requests)
+    assert.equal("counter", types.esx_client_failures_reset)
+    assert.equal("gauge", types.esx_client_pool_in_use)
+    assert.equal("gauge", types.esx_client_nodes_alive)
+    assert.equal("counter", types.esx_collector_accepted)
+    assert.equal("counter", types.esx_collector_rejected_invalid)
+    assert.equal("gauge", types.esx_collector_queued_bytes)
+    assert.equal("gauge", types.esx_collector_utilization_queue)
+    assert.equal("counter", types.esx_cache_pages_hits)
+    assert.equal("gauge", types.esx_cache_bytes)
+  end)
+
+  it("writes NaN and infinities as Prometheus reads them", function()
+    local registry = require "esx.registry"
+    local obj = {}
+    registry.add(obj, "test", "t3", function()
+      return { nan = 0 / 0, inf = math.huge, ninf = -math.huge, big = 2 ^ 60, tiny = 1e-300 }
+    end)
+    finally(function() registry.remove(obj) end)
+    local series = read_exposition(esx.metrics())
+    assert.equal("NaN", series['esx_test_nan{name="t3"}'])
+    assert.equal("+Inf", series['esx_test_inf{name="t3"}'])
+    assert.equal("-Inf", series['esx_test_ninf{name="t3"}'])
+    assert.equal(2 ^ 60, tonumber(series['esx_test_big{name="t3"}']))
+    assert.equal(1e-300, tonumber(series['esx_test_tiny{name="t3"}']))
+  end)
+
   it("lets an unclosed client be collected", function()
     local gone = setmetatable({}, { __mode = "k" })
     do
@@ -100,5 +220,63 @@ describe("esx.metrics", function()
     collectgarbage()
     collectgarbage()
     assert.is_nil(next(gone))
+  end)
+end)
+
+-- esx.collector against API.md's conventions (the collector's own behaviour is in
+-- collector_spec.lua).  A call that would hang runs in a child process under `timeout`.
+describe("esx.collector's API", function()
+  local flavour = jit and "luajit" or "lua5.4"
+
+  -- Runs Lua code in a child process (this checkout's modules), killed after 10 s; returns
+  -- what it printed.
+  local function child(code)
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
+            'package.cpath = "./build/', flavour, '/?.so;" .. package.cpath\n', code)
+    f:close()
+    local p = io.popen("timeout 10 " .. flavour .. " " .. script .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    os.remove(script)
+    return out
+  end
+
+  it("returns nil, closed for a sink client that is closed (it could never ship what it accepts)", function()
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    c:close()
+    local col, err = esx.collector{ sink = c }
+    assert.is_nil(col)
+    assert.equal("closed", err.kind)
+  end)
+
+  it("names the option when an index pattern has an unknown conversion", function()
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    finally(function() c:close() end)
+    local ok, err = pcall(esx.collector, { sink = c, index = "events-%Q" })
+    assert.is_false(ok)
+    assert.matches("esx.collector: bad option 'index'", err, 1, true)
+    ok, err = pcall(esx.collector, { sink = c, rollup = { index = "rollups-%Q" } })
+    assert.is_false(ok)
+    assert.matches("esx.collector: bad option 'rollup' (bad option 'index'", err, 1, true)
+  end)
+
+  it("takes a negative timeout of flush and close as 0, not as no limit", function()
+    local out = child([[
+      local esx = require "esx"
+      local col = esx.collector{ sink = esx.client{ hosts = { "http://127.0.0.1:1" } } }
+      assert(col:handle{ method = "POST", body = '{"site_id":"s1","type":"view"}' } == 204)
+      local ok, err = col:flush(-5)
+      print("flush", ok, err and err.kind)
+      io.stdout:flush()
+      print("bad", pcall(col.flush, col, 0 / 0))
+      io.stdout:flush()
+      ok, err = col:close(-5)
+      print("close", ok, err and err.kind, err and err.undelivered)
+    ]])
+    assert.equal("flush\tnil\trequest_timeout\n" ..
+                 "bad\tfalse\tbad argument #1 to 'flush' (number expected)\n" ..
+                 "close\tnil\trequest_timeout\t1\n", out)
   end)
 end)

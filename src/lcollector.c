@@ -41,6 +41,9 @@ static int collector_new(lua_State *L)
 {
     esx_client *client = esx_lclient_check(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
+    /* a collector on a closed client would answer 2xx for events it can never ship */
+    if (client == NULL || client->closed)
+        return esx_lerror_fail(L, "closed", "the sink client is closed");
     esx_collector_config cfg;
     memset(&cfg, 0, sizeof cfg);
     esx_lopt_str(L, 2, "esx.collector", "index", cfg.index_fmt, sizeof cfg.index_fmt);
@@ -145,11 +148,17 @@ static int col_leave(lua_State *L)
     return 0;
 }
 
+/* A timeout in ms for the core: < 0 (and nil, NaN, infinity) means no limit.  Beyond 2^53
+ * the conversion to int64_t would be undefined; no one waits that long anyway. */
+static int64_t timeout_ms(lua_Number t)
+{
+    return t >= 0 && t < 9007199254740992.0 ? (int64_t)t : -1;
+}
+
 static int col_flush(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
-    lua_Number t = luaL_optnumber(L, 2, -1);
-    lua_pushboolean(L, esx_collector_flush(col, t < 0 ? -1 : (int64_t)t));
+    lua_pushboolean(L, esx_collector_flush(col, timeout_ms(luaL_optnumber(L, 2, -1))));
     return 1;
 }
 
@@ -230,8 +239,7 @@ static int col_stats(lua_State *L)
 static int col_close(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
-    lua_Number t = luaL_optnumber(L, 2, 10000);
-    esx_pushinteger(L, (long long)esx_collector_close(col, t < 0 ? -1 : (int64_t)t));
+    esx_pushinteger(L, (long long)esx_collector_close(col, timeout_ms(luaL_optnumber(L, 2, 10000))));
     return 1;
 }
 

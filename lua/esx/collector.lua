@@ -24,7 +24,9 @@ local function int(min, max, default)
 end
 
 local function check_index_fmt(v)
-  local probe = os.date("!" .. v, 1700000000)
+  -- (Lua 5.4's os.date raises on a conversion it does not know; LuaJIT's copies it)
+  local valid, probe = pcall(os.date, "!" .. v, 1700000000)
+  if not valid then return nil, "not a valid strftime pattern (" .. v .. ")" end
   local ok, err = pcall(require("esx.client").check_index, probe, 1, "collector")
   if not ok then return nil, "does not give a valid index name (" .. tostring(probe) .. ")" end
   if #v > 120 then return nil, "too long" end
@@ -384,12 +386,21 @@ function Collector:leave()
   self.c:leave()
 end
 
+-- A timeout argument: nil (no limit), or a number of ms; a negative one -- a deadline
+-- already passed, deadline - now -- is 0, not "no limit" as the core would take it.
+local function check_timeout(timeout, fname)
+  if timeout == nil then return nil end
+  if type(timeout) ~= "number" or timeout ~= timeout then
+    error("bad argument #1 to '" .. fname .. "' (number expected)", 3)
+  end
+  if timeout < 0 then return 0 end
+  return timeout
+end
+
 --- col:flush([timeout_ms]) -> true once everything accepted so far is acknowledged.
 function Collector:flush(timeout)
   if self.closed then return nil, core.error("closed", "the collector is closed") end
-  if timeout ~= nil and type(timeout) ~= "number" then
-    error("bad argument #1 to 'flush' (number expected)", 2)
-  end
+  timeout = check_timeout(timeout, "flush")
   local ok = self.c:flush(timeout)
   if ok then return true end
   return nil, core.error("request_timeout", "events still queued after " .. tostring(timeout) .. " ms")
@@ -423,6 +434,7 @@ end
 -- reported in err.undelivered.
 function Collector:close(timeout)
   if self.closed then return true end
+  timeout = check_timeout(timeout, "close")
   local left = self.c:close(timeout or 10000)
   self.closed = true
   registry.remove(self)

@@ -7,6 +7,7 @@
 
 local ngx = ngx
 local tostring, error, type, pcall = tostring, error, type, pcall
+local ceil = math.ceil
 local core = require "esx.core"
 
 local _M = {}
@@ -20,6 +21,39 @@ local function now_ms()
   return ngx.now() * 1000
 end
 
+-- How long a wait keeps trying to connect to the waiter socket before it fails with
+-- `internal`.  A burst of waits -- hundreds of a worker's requests waiting at once, as in a
+-- spike -- fills the socket's listen backlog faster than the I/O thread accepts, and
+-- connect() fails with EAGAIN: that is no reason to fail the requests.
+local CONNECT_RETRY_MS = 1000
+
+-- Connects sock to the waiter socket, retrying with a growing sleep (1 ms to 64 ms).
+-- Returns the socket; true when the request ended meanwhile; or nil, err.
+local function connect_waiter(pending, sock, path, deadline, timeout)
+  local delay, give_up = 1, now_ms() + CONNECT_RETRY_MS
+  while true do
+    local ok, err = sock:connect("unix:" .. path)
+    if ok then return sock end
+    local now = now_ms()
+    if pending:ready() then return true end
+    if deadline and now >= deadline then
+      return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
+    end
+    if now >= give_up then
+      return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err))
+    end
+    local nap = delay
+    if deadline and deadline - now < nap then nap = deadline - now end
+    ngx.sleep(nap / 1000)
+    if pending:ready() then return true end
+    local perr
+    path, perr = pending:waiter_path() -- (a new one if the engine was rebuilt meanwhile)
+    if not path then return nil, perr end
+    if delay < 64 then delay = delay * 2 end
+    sock = ngx.socket.tcp()
+  end
+end
+
 --- esx.nginx.wait(pending, timeout_ms?) -> res | nil, err   (yields; never blocks the worker)
 -- Returns what pending:result() returns once the request is done.  With timeout_ms, gives
 -- up after that long with nil, {kind = "request_timeout"} (the request itself goes on).
@@ -31,12 +65,17 @@ function _M.await(pending, timeout)
   local deadline = timeout and (now_ms() + timeout)
   local path, perr = pending:waiter_path()
   if not path then return nil, perr end
-  local sock = ngx.socket.tcp()
-  local ok, err = sock:connect("unix:" .. path)
-  if not ok then
-    return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err))
+  local made, sock = pcall(ngx.socket.tcp)
+  if not made then -- a phase without cosockets: it cannot yield either
+    error("esx.nginx.wait: cannot wait in nginx's " .. tostring(ngx.get_phase()) .. " phase " ..
+          "(it cannot yield): wait in a timer (ngx.timer.at), or block the worker with " ..
+          "pending:wait()", 0)
   end
-  ok, err = sock:send(tostring(pending:id()) .. "\n")
+  local cerr
+  sock, cerr = connect_waiter(pending, sock, path, deadline, timeout)
+  if sock == true then return true end
+  if not sock then return nil, cerr end
+  local ok, err = sock:send(tostring(pending:id()) .. "\n")
   if not ok then
     sock:close()
     return nil, core.error("internal", "cannot register with the esx waiter: " .. tostring(err))
@@ -50,7 +89,9 @@ function _M.await(pending, timeout)
         if pending:ready() then return true end
         return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
       end
-      if left < slice then slice = left end
+      -- whole ms, at least 1: the cosocket truncates its timeout to an integer, and 0 means
+      -- lua_socket_read_timeout (60 s by default), not "now"
+      if left < slice then slice = ceil(left) end
     end
     sock:settimeout(slice)
     local data, rerr = sock:receive(1)
@@ -89,16 +130,20 @@ local function read_body(max)
   return body or ""
 end
 
+local function post_body(col)
+  local raw, rerr = read_body(col.o.max_body)
+  if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
+  return raw
+end
+
 -- The request's answer from the collector: method, body (POST), query (GET) and the three
 -- headers it reads, taken one by one from ngx.var rather than from a header table.
-local function collect_answer(col)
-  local method = ngx.req.get_method()
+-- `early` is the POST body when collect read it before counting the request.
+local function collect_answer(col, method, early)
   local var = ngx.var
   local raw, query
   if method == "POST" then
-    local rerr
-    raw, rerr = read_body(col.o.max_body)
-    if raw == nil and rerr then error("cannot read the request body: " .. tostring(rerr)) end
+    raw = early or post_body(col)
   elseif method == "GET" then
     query = var.args or ""
   end
@@ -150,11 +195,19 @@ end
 -- slow uploads count against max_concurrent), reads the body even when nginx buffered it
 -- to a file, and sends the collector's status, headers and body.
 function _M.collect(col)
+  local method = ngx.req.get_method()
+  local early
+  if method == "POST" and not ngx.var.content_length then
+    -- A body without Content-Length (chunked, HTTP/2) is measured while nginx reads it: past
+    -- client_max_body_size nginx answers 413 itself and never resumes this handler, so its
+    -- slot would stay taken until abandoned_after.  Read it before counting the request.
+    early = post_body(col) or ""
+  end
   local ok, status, headers, body = col:_enter(reclaim, origin)
   if not ok then return send(status, headers, body) end
   local co = coroutine.running()
   holder_col[co], holder_since[co] = col, ngx.now()
-  ok, status, headers, body = pcall(collect_answer, col)
+  ok, status, headers, body = pcall(collect_answer, col, method, early)
   if holder_col[co] then
     holder_col[co], holder_since[co] = nil, nil
     col:leave()

@@ -6,8 +6,8 @@
 -- its key would keep it alive), so registering never keeps an object alive; a closed object
 -- unregisters itself.
 
-local ipairs, pairs, type, tostring, concat, sort, format =
-  ipairs, pairs, type, tostring, table.concat, table.sort, string.format
+local ipairs, pairs, type, tostring, concat, sort, format, floor, huge =
+  ipairs, pairs, type, tostring, table.concat, table.sort, string.format, math.floor, math.huge
 
 local _M = {}
 
@@ -31,27 +31,74 @@ local function escape_label(s)
   return (tostring(s):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
 end
 
--- Flattens a stats table into metric lines: nested keys join with "_"; lists of tables
--- (e.g. nodes) become one series per element labelled by its `url` or index.
-local function flatten(prefix, labels, t, out)
+-- The Prometheus type of each stats field, by kind and flattened path ("pool_in_use"); a
+-- table whose every field has one type (e.g. failures by kind) is named by its own path.
+-- Fields not listed are exported untyped.  (Names are kept as they were documented: the
+-- counters do not end in _total.)
+local COUNTER, GAUGE = "counter", "gauge"
+local types = {
+  client = {
+    requests = COUNTER, responses = COUNTER, retries = COUNTER, rebuilds = COUNTER,
+    failures = COUNTER, bytes = COUNTER, pool_pool_timeouts = COUNTER, nodes_requests = COUNTER,
+    pool_in_use = GAUGE, pool_idle = GAUGE, pool_open = GAUGE, pool_waiting = GAUGE,
+    nodes_alive = GAUGE, nodes_failures = GAUGE, nodes_in_flight = GAUGE, nodes_dead_until = GAUGE,
+  },
+  collector = {
+    requests = COUNTER, accepted = COUNTER, rejected = COUNTER, shipped = COUNTER,
+    retried = COUNTER, dead_lettered = COUNTER, dead_letter_failed = COUNTER, spooled = COUNTER,
+    replayed = COUNTER, spilled = COUNTER, spool_skipped_bytes = COUNTER, bulk_requests = COUNTER,
+    bulk_failures = COUNTER, rollup_dropped = COUNTER, rollup_written = COUNTER,
+    rate_unlimited = COUNTER,
+    queued_events = GAUGE, queued_bytes = GAUGE, in_flight = GAUGE, delayed = GAUGE,
+    spool_bytes = GAUGE, rollup_rows = GAUGE, lag_ms = GAUGE, in_progress = GAUGE,
+    utilization = GAUGE,
+  },
+  cache = {
+    evictions = COUNTER, load_errors = COUNTER, waits = COUNTER, resets = COUNTER,
+    pages_hits = COUNTER, pages_misses = COUNTER, pages_loads = COUNTER,
+    pages_evictions = COUNTER, pages_expirations = COUNTER,
+    readers_hits = COUNTER, readers_misses = COUNTER, readers_loads = COUNTER,
+    readers_evictions = COUNTER, readers_expirations = COUNTER,
+    bytes = GAUGE, log_bytes = GAUGE, pages_bytes = GAUGE, pages_entries = GAUGE,
+    readers_bytes = GAUGE, readers_entries = GAUGE, seq = GAUGE, applied = GAUGE, shared = GAUGE,
+  },
+}
+
+-- Flattens a stats table into samples {name, labels, value, type}: nested keys join with "_";
+-- lists of tables (e.g. nodes) become one series per element labelled by its `url` or index
+-- (an id seen twice in one list -- a node listed twice -- gets "#<position>").
+local function flatten(kind, path, labels, t, out, typ)
+  local known = types[kind] or {}
   for k, v in pairs(t) do
-    local key = prefix .. "_" .. tostring(k):gsub("[^%w_]", "_")
+    local key = (path and (path .. "_") or "") .. tostring(k):gsub("[^%w_]", "_")
     local tv = type(v)
-    if tv == "number" then
-      out[#out + 1] = { key, labels, v }
-    elseif tv == "boolean" then
-      out[#out + 1] = { key, labels, v and 1 or 0 }
+    local ktype = typ or known[key]
+    if tv == "number" or tv == "boolean" then
+      out[#out + 1] = { "esx_" .. kind .. "_" .. key, labels, tv == "boolean" and (v and 1 or 0) or v,
+                        ktype or "untyped" }
     elseif tv == "table" then
       if #v > 0 and type(v[1]) == "table" then
-        for i, item in pairs(v) do
-          local id = item.url or item.name or i
-          flatten(key, labels .. ',item="' .. escape_label(id) .. '"', item, out)
+        local seen = {}
+        for i, item in ipairs(v) do
+          local id = tostring(item.url or item.name or i)
+          if seen[id] then id = id .. "#" .. i end
+          seen[id] = true
+          flatten(kind, key, labels .. ',item="' .. escape_label(id) .. '"', item, out, ktype)
         end
       else
-        flatten(key, labels, v, out)
+        flatten(kind, key, labels, v, out, ktype)
       end
     end
   end
+end
+
+-- Go's ParseFloat reads what Prometheus reads: NaN, +Inf and -Inf, not C's nan/inf
+local function number_text(v)
+  if v ~= v then return "NaN" end
+  if v == huge then return "+Inf" end
+  if v == -huge then return "-Inf" end
+  if v == floor(v) and v > -2^53 and v < 2^53 then return format("%d", v) end
+  return format("%.17g", v)
 end
 
 function _M.metrics(version, flavour)
@@ -63,24 +110,27 @@ function _M.metrics(version, flavour)
   local objs = {}
   for obj, entry in pairs(live) do objs[#objs + 1] = { obj = obj, entry = entry } end
   sort(objs, function(a, b) return a.entry.order < b.entry.order end)
-  local samples = {}
+  local samples, names = {}, {}
   for _, item in ipairs(objs) do
     local entry = item.entry
     local ok, stats = pcall(entry.stats, item.obj)
     if ok and type(stats) == "table" then
-      flatten("esx_" .. entry.kind, 'name="' .. escape_label(entry.name) .. '"', stats, samples)
+      -- two live objects of a kind with one name (a name given twice, an object replaced
+      -- but not yet collected) would give duplicate series: the later ones get "#<n>"
+      local key = entry.kind .. "\0" .. entry.name
+      local name = names[key] and (entry.name .. "#" .. entry.order) or entry.name
+      names[key] = true
+      flatten(entry.kind, nil, 'name="' .. escape_label(name) .. '"', stats, samples)
     end
   end
   sort(samples, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
   local last
   for _, s in ipairs(samples) do
     if s[1] ~= last then
-      lines[#lines + 1] = "# TYPE " .. s[1] .. " untyped"
+      lines[#lines + 1] = "# TYPE " .. s[1] .. " " .. s[4]
       last = s[1]
     end
-    local v = s[3]
-    local text = (v == math.floor(v) and v > -2^53 and v < 2^53) and format("%d", v) or format("%.17g", v)
-    lines[#lines + 1] = format("%s{%s} %s", s[1], s[2], text)
+    lines[#lines + 1] = format("%s{%s} %s", s[1], s[2], number_text(s[3]))
   end
   return concat(lines, "\n") .. "\n"
 end
