@@ -184,6 +184,19 @@ describe("col:handle", function()
     c2:close()
   end)
 
+  it("answers 503 once its sink client is closed (nothing accepted then could be shipped)", function()
+    local sink = assert(esx.client{ hosts = { srv.url } })
+    local c2 = new{ sink = sink }
+    assert.equal(204, (post(c2, cjson.encode(ev()))))
+    sink:close()
+    local status, headers, body = post(c2, cjson.encode(ev()))
+    assert.equal(503, status)
+    assert.equal("1", headers["Retry-After"])
+    assert.equal("the collector's sink client is closed", cjson.decode(body).error)
+    assert.equal(1, c2:stats().rejected.closed)
+    c2:close(0)
+  end)
+
   it("answers 429 with Retry-After when a site is over its rate, sparing the other sites", function()
     local c2 = new{ site_rate = 1, site_burst = 3 }
     assert.equal(204, (post(c2, cjson.encode({ ev(), ev(), ev() }))))
@@ -297,6 +310,43 @@ describe("col:handle", function()
 end)
 
 describe("shipping", function()
+  -- Runs a Lua process that accepts `n` events for a collector shipping to `url` and ends
+  -- without closing it; returns what it wrote on stderr.
+  local function forgetful(url, n)
+    local dir = tmpdir()
+    local script, errfile = dir .. "/forgetful.lua", dir .. "/stderr"
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
+      package.cpath = "./build/%s/?.so;" .. package.cpath
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
+      for i = 1, %d do
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","event_id":"gc-' .. i .. '"}' } == 204)
+      end
+    ]]):format(jit and "luajit" or "lua5.4", url, n))
+    f:close()
+    local ok = os.execute((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>" .. errfile)
+    assert.is_true(ok == true or ok == 0) -- Lua 5.4 or LuaJIT
+    f = assert(io.open(errfile))
+    local err = f:read("*a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    return err
+  end
+
+  it("ships what a collector accepted when it is collected without close()", function()
+    assert.equal("", forgetful(srv.url, 3))
+    assert.equal(3, (indexed()))
+  end)
+
+  it("says on stderr how many events a collector collected without close() could not deliver", function()
+    assert.equal("esx.collector: collected without close(): 2 accepted events were not delivered within 5000 ms\n",
+      forgetful("http://127.0.0.1:1", 2))
+  end)
+
   it("indexes every accepted event exactly once with _id = event_id", function()
     local col = new()
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "e-1" }), ev({ event_id = "e-2" }), ev() }))))

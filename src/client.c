@@ -75,6 +75,11 @@ void esx_client_close(esx_client *c)
         esx_engine_abandon(e); /* the parent's: never join or free it here */
 }
 
+int esx_client_closed(esx_client *c)
+{
+    return atomic_load(&c->closed);
+}
+
 void esx_client_unref(esx_client *c)
 {
     if (c == NULL || atomic_fetch_sub(&c->refs, 1) != 1)

@@ -19,7 +19,7 @@ typedef struct esx_client {
     esx_config cfg;
     esx_engine *engine;
     uint64_t fork_gen;   /* requests of older engine generations were the parent's */
-    int closed;
+    atomic_int closed;
     atomic_int refs;
     pthread_mutex_t mu;  /* guards engine replacement: Lua and a collector's shipper submit */
     pid_t pid;           /* process that initialised mu (re-initialised after a fork) */
@@ -36,6 +36,9 @@ void esx_client_unref(esx_client *c);
 
 /* Stops the engine (unfinished requests fail with "closed"); later submits fail. */
 void esx_client_close(esx_client *c);
+
+/* 1 once esx_client_close was called (from any thread). */
+int esx_client_closed(esx_client *c);
 
 /* Makes sure the engine is usable in this process (see above).  Returns 0, or -1 with a
  * reason in why (256 bytes) when a new engine cannot be built (the next call tries again). */

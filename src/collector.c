@@ -1075,8 +1075,10 @@ void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int 
 {
     memset(out, 0, sizeof *out);
     char why[256];
-    if (col->closed) {
-        refuse(out, 503, ESX_RJ_CLOSED, col, 0, "the collector is closed");
+    if (col->closed || esx_client_closed(col->client)) {
+        /* a closed sink can never ship what would be accepted now */
+        refuse(out, 503, ESX_RJ_CLOSED, col, 0,
+               col->closed ? "the collector is closed" : "the collector's sink client is closed");
         out->retry_after_ms = 1000;
         return;
     }
@@ -1222,6 +1224,11 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
     }
     pthread_mutex_unlock(&col->mu);
     return left;
+}
+
+int esx_collector_has_spool(const esx_collector *col)
+{
+    return col->cfg.spool_dir[0] != '\0';
 }
 
 static void col_unref(esx_collector *col)

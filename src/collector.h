@@ -104,6 +104,9 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out);
  * return value as not delivered.  Returns the number of events not acknowledged. */
 int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms);
 
+/* 1 when the collector has a spool directory (events left at close stay there). */
+int esx_collector_has_spool(const esx_collector *col);
+
 /* Frees a closed collector. */
 void esx_collector_free(esx_collector *col);
 

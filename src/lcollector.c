@@ -79,10 +79,20 @@ static int collector_new(lua_State *L)
     return 1;
 }
 
+/* A collector collected without close() (forgotten, or the Lua state closing at exit)
+ * still ships what it acknowledged: it flushes for up to GC_FLUSH_MS as close() would, and
+ * says on stderr (nginx: the error log) how many events it could not deliver.  With a spool
+ * they stay on disk for the next process. */
+#define GC_FLUSH_MS 5000
+
 static int col_gc(lua_State *L)
 {
     lcollector *u = check_col(L, 1);
     if (u->col) {
+        int64_t left = esx_collector_close(u->col, GC_FLUSH_MS);
+        if (left > 0 && !esx_collector_has_spool(u->col))
+            fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
+                            "were not delivered within %d ms\n", (long long)left, GC_FLUSH_MS);
         esx_collector_free(u->col);
         u->col = NULL;
     }
