@@ -41,15 +41,9 @@ Indexer.__index = Indexer
 
 local function now() return core.now() end
 
--- Nginx: the phases in which ngx.sleep and the cosocket behind esx.nginx.wait may yield
--- (ngx.sleep raises "API disabled" anywhere else: init_worker, set, log, filters, ...).
-local yieldable_phase = { rewrite = true, access = true, content = true, timer = true,
-                          ssl_cert = true, ssl_session_fetch = true }
-
-local function can_yield()
-  local ngx = rawget(_G, "ngx")
-  return ngx and ngx.get_phase and yieldable_phase[ngx.get_phase()] == true
-end
+-- In nginx, true in the phases where ngx.sleep and esx.nginx.wait may yield (ngx.sleep
+-- raises "API disabled" anywhere else: init_worker, set, log, filters, ...).
+local can_yield = require("esx.client").can_yield
 
 local function sleep(ms)
   if ms <= 0 then return end

@@ -145,14 +145,16 @@ function _M.new(opts)
 end
 
 -- Nginx: the phases in which a request handler may yield on a cosocket.
-local yieldable_phase = { rewrite = true, access = true, content = true, timer = true,
-                          ssl_cert = true, ssl_session_fetch = true }
+local yieldable_phase = { rewrite = true, server_rewrite = true, access = true, content = true,
+                          timer = true, ssl_cert = true, ssl_session_fetch = true,
+                          ssl_client_hello = true }
 
 local function can_yield()
   local ngx = rawget(_G, "ngx")
   if not ngx or not ngx.get_phase then return false end
   return yieldable_phase[ngx.get_phase()] == true
 end
+_M.can_yield = can_yield
 
 -- Waits for a pending request without blocking nginx when possible.
 local function await(p, timeout)
