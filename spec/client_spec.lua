@@ -979,7 +979,7 @@ describe("client:stats and esx.metrics", function()
     local c = client{ name = "search" }
     assert(c:info())
     local text = esx.metrics()
-    assert.truthy(text:find('esx_client_requests{name="search"} 1\n', 1, true))
+    assert.truthy(text:find('esx_client_requests_total{name="search"} 1\n', 1, true))
     assert.truthy(text:find('esx_client_pool_in_use{name="search"} 0\n', 1, true))
     assert.truthy(text:find('esx_client_nodes_alive{name="search",item="' .. srv.url .. '"} 1\n', 1, true))
     c:close()

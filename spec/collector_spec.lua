@@ -984,7 +984,7 @@ describe("col:stats and esx.metrics", function()
     assert.is_number(s.utilization.queue)
     assert.equal(0, s.utilization.concurrency)
     local text = esx.metrics()
-    assert.truthy(text:find('esx_collector_accepted{name="beacons"} 1\n', 1, true))
+    assert.truthy(text:find('esx_collector_accepted_total{name="beacons"} 1\n', 1, true))
     col:close()
   end)
 

@@ -172,28 +172,35 @@ describe("esx.metrics", function()
     collectgarbage()
     collectgarbage()
     local series, types = read_exposition(esx.metrics())
-    assert.equal("0", series['esx_client_requests{name="we\\"ird\\\\name\\nx"}'])
+    assert.equal("0", series['esx_client_requests_total{name="we\\"ird\\\\name\\nx"}'])
     local dups, nodes = 0, 0
     for k in pairs(series) do
-      if k:find('^esx_client_requests{name="dup') then dups = dups + 1 end
+      if k:find('^esx_client_requests_total{name="dup') then dups = dups + 1 end
       if k:find('^esx_client_nodes_alive{name="dup",') then nodes = nodes + 1 end
       assert.falsy(k:find('name="closed"', 1, true))
       assert.falsy(k:find('name="dropped"', 1, true))
     end
     assert.equal(2, dups)
     assert.equal(2, nodes)
-    assert.equal("0", series['esx_collector_accepted{name="beacons"}'])
-    assert.equal("0", series['esx_cache_pages_hits{name="articles"}'])
-    assert.equal("counter", types.esx_client_requests)
-    assert.equal("counter", types.esx_client_failures_reset)
+    assert.equal("0", series['esx_collector_accepted_total{name="beacons"}'])
+    assert.equal("0", series['esx_cache_pages_hits_total{name="articles"}'])
+    assert.equal("counter", types.esx_client_requests_total)
+    assert.equal("counter", types.esx_client_failures_total)
     assert.equal("gauge", types.esx_client_pool_in_use)
     assert.equal("gauge", types.esx_client_nodes_alive)
-    assert.equal("counter", types.esx_collector_accepted)
-    assert.equal("counter", types.esx_collector_rejected_invalid)
+    assert.equal("counter", types.esx_collector_accepted_total)
+    assert.equal("counter", types.esx_collector_rejected_total)
     assert.equal("gauge", types.esx_collector_queued_bytes)
     assert.equal("gauge", types.esx_collector_utilization_queue)
-    assert.equal("counter", types.esx_cache_pages_hits)
+    assert.equal("counter", types.esx_cache_pages_hits_total)
     assert.equal("gauge", types.esx_cache_bytes)
+    -- counts by cause are one family with the cause as a label, without the sum
+    assert.equal("0", series['esx_client_failures_total{name="dup",kind="reset"}'])
+    assert.equal("0", series['esx_collector_rejected_total{name="beacons",reason="queue_full"}'])
+    assert.is_nil(series['esx_collector_rejected_total{name="beacons",reason="total"}'])
+    for family, typ in pairs(types) do
+      assert.equal(typ == "counter", family:sub(-6) == "_total", family .. " is a " .. typ)
+    end
   end)
 
   it("writes NaN and infinities as Prometheus reads them", function()

@@ -32,9 +32,8 @@ local function escape_label(s)
 end
 
 -- The Prometheus type of each stats field, by kind and flattened path ("pool_in_use"); a
--- table whose every field has one type (e.g. failures by kind) is named by its own path.
--- Fields not listed are exported untyped.  (Names are kept as they were documented: the
--- counters do not end in _total.)
+-- table whose every field has one type (e.g. bytes) is named by its own path.  Counters are
+-- exported with the suffix _total; fields not listed are exported untyped.
 local COUNTER, GAUGE = "counter", "gauge"
 local types = {
   client = {
@@ -64,6 +63,13 @@ local types = {
   },
 }
 
+-- Tables of counters by cause, exported as one family with the cause as a label
+-- (esx_client_failures_total{kind="reset"}); their "total" entry is the family's sum, left out.
+local by_label = {
+  client = { failures = "kind" },
+  collector = { rejected = "reason" },
+}
+
 -- Flattens a stats table into samples {name, labels, value, type}: nested keys join with "_";
 -- lists of tables (e.g. nodes) become one series per element labelled by its `url` or index
 -- (an id seen twice in one list -- a node listed twice -- gets "#<position>").
@@ -73,9 +79,17 @@ local function flatten(kind, path, labels, t, out, typ)
     local key = (path and (path .. "_") or "") .. tostring(k):gsub("[^%w_]", "_")
     local tv = type(v)
     local ktype = typ or known[key]
+    local label = not path and by_label[kind] and by_label[kind][key]
     if tv == "number" or tv == "boolean" then
-      out[#out + 1] = { "esx_" .. kind .. "_" .. key, labels, tv == "boolean" and (v and 1 or 0) or v,
-                        ktype or "untyped" }
+      out[#out + 1] = { "esx_" .. kind .. "_" .. key .. (ktype == COUNTER and "_total" or ""), labels,
+                        tv == "boolean" and (v and 1 or 0) or v, ktype or "untyped" }
+    elseif label and tv == "table" then
+      for cause, n in pairs(v) do
+        if cause ~= "total" and type(n) == "number" then
+          out[#out + 1] = { "esx_" .. kind .. "_" .. key .. "_total",
+                            labels .. "," .. label .. '="' .. escape_label(cause) .. '"', n, COUNTER }
+        end
+      end
     elseif tv == "table" then
       if #v > 0 and type(v[1]) == "table" then
         local seen = {}
