@@ -28,6 +28,18 @@ local function tmpdir()
   return d
 end
 
+-- Writes `code` to dir/name.lua after the lines that make it load this tree's esx; returns
+-- the command that runs it with the interpreter of this run.
+local function child_script(dir, name, code)
+  local lua = jit and "luajit" or "lua5.4"
+  local path = dir .. "/" .. name .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
+          'package.cpath = "./build/', lua, '/?.so;" .. package.cpath\n', code)
+  f:close()
+  return lua .. " " .. path
+end
+
 local function indexed(index)
   assert(client:refresh(index or "events-*"))
   local res = assert(client:search(index or "events-*", { size = 10000, query = { match_all = {} } }))
@@ -314,11 +326,8 @@ describe("shipping", function()
   -- without closing it; returns what it wrote on stderr.
   local function forgetful(url, n)
     local dir = tmpdir()
-    local script, errfile = dir .. "/forgetful.lua", dir .. "/stderr"
-    local f = assert(io.open(script, "w"))
-    f:write(([[
-      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-      package.cpath = "./build/%s/?.so;" .. package.cpath
+    local errfile = dir .. "/stderr"
+    local run = child_script(dir, "forgetful", ([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
       local col = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
@@ -326,11 +335,10 @@ describe("shipping", function()
         assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
           body = '{"site_id":"s1","type":"view","event_id":"gc-' .. i .. '"}' } == 204)
       end
-    ]]):format(jit and "luajit" or "lua5.4", url, n))
-    f:close()
-    local ok = os.execute((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>" .. errfile)
+    ]]):format(url, n))
+    local ok = os.execute(run .. " 2>" .. errfile)
     assert.is_true(ok == true or ok == 0) -- Lua 5.4 or LuaJIT
-    f = assert(io.open(errfile))
+    local f = assert(io.open(errfile))
     local err = f:read("*a")
     f:close()
     os.execute("rm -rf " .. dir)
@@ -838,11 +846,7 @@ describe("spool", function()
   -- Runs a separate process that accepts one request per event id (each one spool record)
   -- while Elasticsearch is unreachable, then kills itself with SIGKILL.
   local function spool_victim(dir, ids, extra)
-    local script = dir .. "/victim.lua"
-    local f = assert(io.open(script, "w"))
-    f:write(([[
-      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-      package.cpath = "./build/%s/?.so;" .. package.cpath
+    local run = child_script(dir, "victim", ([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
       local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 0, %s }
@@ -853,12 +857,11 @@ describe("spool", function()
       end
       io.stdout:write("accepted\n") io.stdout:flush()
       os.execute("kill -9 " .. io.open("/proc/self/stat"):read("*l"):match("^(%%d+)") .. " 2>/dev/null")
-    ]]):format(jit and "luajit" or "lua5.4", dir, extra or "", table.concat(ids, ",")))
-    f:close()
-    local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>/dev/null")
+    ]]):format(dir, extra or "", table.concat(ids, ",")))
+    local p = io.popen(run .. " 2>/dev/null")
     assert.equal("accepted", p:read("*l"))
     p:close()
-    os.remove(script)
+    os.remove(dir .. "/victim.lua")
   end
 
   -- Waits until col has replayed n events, lets it ship them, then checks that exactly n were
