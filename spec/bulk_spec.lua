@@ -125,6 +125,23 @@ describe("bi:add", function()
   end)
 end)
 
+describe("bi:flush and bi:stats", function()
+  it("return nil, err with kind 'closed' once closed; close() again returns the same summary", function()
+    local bi = c:bulk_indexer()
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    assert.is_true(bi:flush())
+    assert.equal(1, bi:stats().added)
+    local summary = bi:close()
+    assert.equal(1, summary.indexed)
+    for _, method in ipairs{ "flush", "stats" } do
+      local ok, err = bi[method](bi)
+      assert.is_nil(ok)
+      assert.equal("closed", err.kind)
+    end
+    assert.equal(summary, bi:close())
+  end)
+end)
+
 describe("bi:close", function()
   it("reports every item of a batch even when on_drop raises", function()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 2, count = 1 }

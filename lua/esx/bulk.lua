@@ -227,6 +227,7 @@ end
 -- to flush_count and flush_bytes (retries that fell due together would otherwise make one
 -- batch as big as everything that failed).
 function Indexer:flush()
+  if self.closed then return nil, core.error("closed", "the bulk indexer is closed") end
   take_due(self, false)
   if #self.buf == 0 then return end
   local items = self.buf
@@ -241,6 +242,7 @@ function Indexer:flush()
     end
   end
   if #batch > 0 then send_batch(self, batch) end
+  return true
 end
 
 --- bi:add(action, meta, doc?) -> true | nil, err (kind "closed") -- buffers one operation;
@@ -279,8 +281,9 @@ end
 
 --- bi:close() -> summary: flushes, waits out retries and returns
 -- {added, indexed, failed, retried, batches, split, dropped = {{action, meta, reason}...}}.
--- added == indexed + failed once close returns.
+-- added == indexed + failed once close returns.  Calling it again returns the same summary.
 function Indexer:close()
+  if self.summary then return self.summary end
   self:flush()
   while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 do
     while #self.inflight > 0 do settle_oldest(self) end
@@ -291,15 +294,16 @@ function Indexer:close()
     end
     self:flush()
   end
-  self.closed = true
   local s = self:stats()
   s.dropped = self.dropped
   s.on_drop_error = self.on_drop_error
+  self.closed, self.summary = true, s
   return s
 end
 
---- bi:stats() -> counters so far
+--- bi:stats() -> counters so far | nil, err (kind "closed": bi:close() returned them)
 function Indexer:stats()
+  if self.closed then return nil, core.error("closed", "the bulk indexer is closed") end
   local s = {}
   for k, v in pairs(self.counters) do s[k] = v end
   s.buffered = #self.buf
