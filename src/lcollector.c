@@ -42,7 +42,7 @@ static int collector_new(lua_State *L)
     esx_client *client = esx_lclient_check(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     /* a collector on a closed client would answer 2xx for events it can never ship */
-    if (client == NULL || client->closed)
+    if (client == NULL || esx_client_closed(client))
         return esx_lerror_fail(L, "closed", "the sink client is closed");
     esx_collector_config cfg;
     memset(&cfg, 0, sizeof cfg);
