@@ -128,6 +128,7 @@ end)
 describe("bi:flush and bi:stats", function()
   it("return nil, err with kind 'closed' once closed; close() again returns the same summary", function()
     local bi = c:bulk_indexer()
+    assert.is_true(bi:flush()) -- nothing to send
     bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
     assert.is_true(bi:flush())
     assert.equal(1, bi:stats().added)

@@ -209,18 +209,17 @@ send_batch = function(self, items)
 end
 
 local function take_due(self, all)
-  local t = now()
-  local i = 1
-  while i <= #self.delayed do
-    local d = self.delayed[i]
+  if #self.delayed == 0 then return end
+  local t, keep = now(), {}
+  for _, d in ipairs(self.delayed) do -- one pass: removing in place is quadratic
     if all or d.due <= t then
-      remove(self.delayed, i)
       self.buf[#self.buf + 1] = d.item
       self.buf_bytes = self.buf_bytes + #d.item.line
     else
-      i = i + 1
+      keep[#keep + 1] = d
     end
   end
+  self.delayed = keep
 end
 
 --- bi:flush() -- sends what is buffered (and retries that are due) now, in batches that keep
@@ -229,7 +228,7 @@ end
 function Indexer:flush()
   if self.closed then return nil, core.error("closed", "the bulk indexer is closed") end
   take_due(self, false)
-  if #self.buf == 0 then return end
+  if #self.buf == 0 then return true end
   local items = self.buf
   self.buf, self.buf_bytes = {}, 0
   local batch, bytes = {}, 0
