@@ -1057,6 +1057,115 @@ describe("esxd", function()
     end)
   end)
 
+  describe("URL parameters (ES's BaseRestHandler checks)", function()
+    local function bad_param(path, msg)
+      return es_error(400, "illegal_argument_exception", "request [" .. path .. "] contains unrecognized " .. msg)
+    end
+    it("an unknown parameter is a 400 with ES's did-you-mean message, on every API", function()
+      local st, b = jreq("GET", "/_search?sizee=5")
+      assert.equal(400, st)
+      assert.same(bad_param("/_search", "parameter: [sizee] -> did you mean [size]?"), b)
+      st, b = jreq("GET", "/_search?zzz=1")
+      assert.same(bad_param("/_search", "parameter: [zzz]"), b)
+      st, b = jreq("PUT", "/p1/_doc/1?refesh=true", { a = 1 })
+      assert.equal(400, st)
+      assert.same(bad_param("/p1/_doc/1", "parameter: [refesh] -> did you mean [refresh]?"), b)
+      assert.equal(404, (jreq("GET", "/p1/_doc/1")))            -- nothing was written
+      st, b = jreq("POST", "/_bulk?foo=1&bar=2", '{"index":{"_index":"p1"}}\n{}\n', NDJSON)
+      assert.equal(400, st)
+      assert.same(bad_param("/_bulk", "parameters: [bar], [foo]"), b)
+      for _, r in ipairs({ { "GET", "/?x=1" }, { "GET", "/_cluster/health?x=1" }, { "PUT", "/p2?x=1" },
+          { "GET", "/p2?x=1" }, { "DELETE", "/p2?x=1" }, { "POST", "/_refresh?x=1" }, { "GET", "/_count?x=1" },
+          { "DELETE", "/p2/_doc/1?x=1" }, { "GET", "/p2/_doc/1?x=1" }, { "GET", "/p2/_source/1?x=1" },
+          { "POST", "/p2/_update/1?x=1" }, { "PUT", "/p2/_create/1?x=1" }, { "POST", "/_msearch?x=1" } }) do
+        st, b = jreq(r[1], r[2])
+        assert.equal(400, st, r[1] .. " " .. r[2])
+        assert.same(bad_param(r[2]:match("^[^?]*"), "parameter: [x]"), b, r[1] .. " " .. r[2])
+      end
+      assert.equal(400, (req("HEAD", "/?x=1")))
+      assert.equal(400, (req("HEAD", "/p2?x=1")))
+      assert.equal(404, (jreq("GET", "/p2")))                     -- PUT /p2?x=1 created nothing
+    end)
+    it("lists several candidates as 'any of', best first", function()
+      local st, b = jreq("GET", "/_search?_source_include=a")
+      assert.equal(400, st)
+      assert.same(bad_param("/_search",
+        "parameter: [_source_include] -> did you mean any of [_source_includes, _source_excludes, _source_exclude_vectors]?"), b)
+    end)
+    it("documented parameters esxd does not implement are refused, not ignored", function()
+      for _, q in ipairs({ "scroll=1m", "terminate_after=1", "analyzer=standard", "docvalue_fields=a",
+          "suggest_field=a", "typed_keys=true", "explain=true" }) do
+        local st, b = jreq("GET", "/_search?" .. q)
+        assert.equal(400, st, q)
+        assert.equal("illegal_argument_exception", b.error.type, q)
+        assert.equal(1, string.find(b.error.reason, "request [/_search] contains unrecognized parameter: [" ..
+          q:match("^[^=]+") .. "]", 1, true), q)
+      end
+      local st, b = jreq("PUT", "/p3/_doc/1?require_data_stream=true", { a = 1 })
+      assert.equal(400, st)
+      assert.equal(1, string.find(b.error.reason,
+        "request [/p3/_doc/1] contains unrecognized parameter: [require_data_stream]", 1, true))
+      assert.equal(404, (jreq("GET", "/p3")))
+      st, b = jreq("GET", "/_cluster/health?level=indices")
+      assert.same(bad_param("/_cluster/health", "parameter: [level]"), b)
+      -- their default values are what esxd does, so those are fine
+      assert.equal(200, (jreq("GET", "/_search?typed_keys=false&explain=false")))
+      assert.equal(201, (jreq("PUT", "/p3/_doc/1?require_data_stream=false", { a = 1 })))
+      assert.equal(200, (jreq("GET", "/_cluster/health?level=cluster")))
+    end)
+    it("parameters that are no-ops on one node with one shard are accepted", function()
+      assert.equal(201, (jreq("PUT", "/p4/_doc/1?routing=r&timeout=30s&wait_for_active_shards=1", { a = 1 })))
+      assert.equal(200, (jreq("GET", "/p4/_search?preference=_local&request_cache=true&routing=r&" ..
+        "search_type=query_then_fetch&allow_partial_search_results=false&timeout=1s&batched_reduce_size=5")))
+      assert.equal(200, (jreq("GET", "/_cluster/health?wait_for_status=green&timeout=5s&local=true")))
+      assert.equal(200, (jreq("GET", "/?pretty&human&error_trace=false&filter_path=name")))
+    end)
+    it("boolean parameters must be true or false", function()
+      local st, b = jreq("GET", "/_search?ignore_unavailable=yes")
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "Failed to parse value [yes] as only [true] or [false] are allowed."), b)
+      st, b = jreq("POST", "/_bulk?require_alias=1", '{"index":{"_index":"p5"}}\n{}\n', NDJSON)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "Failed to parse value [1] as only [true] or [false] are allowed."), b)
+    end)
+    it("refresh must be true, false, wait_for or empty", function()
+      local st, b = jreq("PUT", "/p6/_doc/1?refresh=yes", { a = 1 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "Unknown value for refresh: [yes]."), b)
+      assert.equal(404, (jreq("GET", "/p6/_doc/1")))
+      st, b = jreq("PUT", "/p6/_doc/1?refresh", { a = 1 })
+      assert.equal(201, st)
+      assert.is_true(b.forced_refresh)
+    end)
+    it("numbers and time values are parsed like ES", function()
+      local st, b = jreq("PUT", "/p7/_doc/1?if_seq_no=abc&if_primary_term=1", { a = 1 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "Failed to parse long parameter [if_seq_no] with value [abc]"), b)
+      st, b = jreq("GET", "/_search?size=1.5")
+      assert.same(es_error(400, "illegal_argument_exception", "Failed to parse int parameter [size] with value [1.5]"), b)
+      st, b = jreq("PUT", "/p7/_doc/1?timeout=10", { a = 1 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parse_exception",
+        "failed to parse setting [timeout] with value [10] as a time value: unit is missing or unrecognized"), b)
+      st, b = jreq("PUT", "/p7/_doc/1?timeout=1.5s", { a = 1 })
+      assert.same(es_error(400, "parse_exception", "failed to parse [1.5s], fractional time values are not supported"), b)
+      assert.equal(201, (jreq("PUT", "/p7/_doc/1?timeout=-1", { a = 1 })))
+    end)
+    it("search honours track_scores, version and seq_no_primary_term given as URL parameters", function()
+      put_doc("p8", "1", { n = 1 })
+      local st, b = jreq("GET", "/p8/_search?sort=n&track_scores=true&version&seq_no_primary_term=true")
+      assert.equal(200, st)
+      local h = b.hits.hits[1]
+      assert.equal(1, h._score)
+      assert.equal(1, b.hits.max_score)
+      assert.equal(1, h._version)
+      assert.equal(0, h._seq_no)
+      assert.equal(1, h._primary_term)
+    end)
+  end)
+
   describe("compression", function()
     it("accepts gzip request bodies", function()
       local st, b = jreq("POST", "/_bulk?refresh=true", '{"index":{"_index":"gz","_id":"1"}}\n{"a":1}\n', NDJSON, { gzip = true })

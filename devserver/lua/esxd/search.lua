@@ -239,7 +239,9 @@ function _M.search(expr, params, body, started)
       return a.order < b.order
     end)
   end
-  local track_scores = by_score or body.track_scores == true
+  local track_scores = by_score or body.track_scores == true or truthy(params.track_scores)
+  local want_version = body.version == true or truthy(params.version)
+  local want_seq_no = body.seq_no_primary_term == true or truthy(params.seq_no_primary_term)
 
   local out_hits = json.array()
   local max_score
@@ -261,9 +263,9 @@ function _M.search(expr, params, body, started)
   for i = from + 1, math.min(#hits, from + size) do
     local h = hits[i]
     local hit = json.obj("_index", h.index, "_id", (not none) and h.rec.id or nil,
-      "_version", (body.version == true or params.version == "true") and h.rec.version or nil,
-      "_seq_no", body.seq_no_primary_term == true and h.rec.seq_no or nil,
-      "_primary_term", body.seq_no_primary_term == true and 1 or nil,
+      "_version", want_version and h.rec.version or nil,
+      "_seq_no", want_seq_no and h.rec.seq_no or nil,
+      "_primary_term", want_seq_no and 1 or nil,
       "_score", track_scores and json.float(h.score) or null)
     if srcf ~= false then json.set(hit, "_source", source_filter.apply(srcf, h.rec)) end
     if sorts then

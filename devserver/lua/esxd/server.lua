@@ -13,6 +13,7 @@ local gzip = require "esxd.gzip"
 local store = require "esxd.store"
 local config = require "esxd.config"
 local filter_path = require "esxd.filter_path"
+local params = require "esxd.params"
 
 local _M = {}
 
@@ -81,6 +82,7 @@ local function run(ctx)
   end
   local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.path)
   if not h then return vars, body, hdrs end
+  params.check(router.API[h], ctx.args, ngx.unescape_uri(ctx.path))
   ctx.vars = vars
   return h(ctx)
 end
