@@ -177,7 +177,8 @@ function _M.execute(ops, params, fault, started)
         if not st then err = res end
       else
         st, res = store.delete_doc(op.index, id,
-          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term,
+            version = op.meta.version, version_type = op.meta.version_type })
         if not st then err = res end
       end
       if err then

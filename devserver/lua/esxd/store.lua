@@ -246,23 +246,29 @@ end
 function _M.delete_doc(name, id, opts)
   opts = opts or {}
   local idx = indices[name]
+  -- ES auto-creates the index for a delete only with external versioning
+  local external_vt = opts.version_type == "external" or opts.version_type == "external_gte"
+  if not idx and external_vt and not names.validate(name) then idx = ensure_index(name) end
   if not idx then return nil, errors.index_not_found(name) end
   local cur = idx.docs[id]
+  local external, verr = check_version(idx, id, cur, opts)
+  if verr then return nil, verr end
   local cas = check_cas(idx, id, cur, opts)
   if cas then return nil, cas end
   idx.seq_no = idx.seq_no + 1
   if not cur then
-    local v = (idx.tombstones[id] or 0) + 1
+    local v = external or (idx.tombstones[id] or 0) + 1
     idx.tombstones[id] = v
     return 404, result(idx, id, v, idx.seq_no, "not_found", opts.refresh)
   end
+  local v = external or cur.version + 1
   idx.docs[id] = nil
   idx.count = idx.count - 1
-  idx.tombstones[id] = cur.version + 1
+  idx.tombstones[id] = v
   idx.changed[id] = true
   idx.dirty = true
   if opts.refresh then _M.refresh(idx) end
-  return 200, result(idx, id, cur.version + 1, idx.seq_no, "deleted", opts.refresh)
+  return 200, result(idx, id, v, idx.seq_no, "deleted", opts.refresh)
 end
 
 local function deep_equal(a, b)
