@@ -149,7 +149,7 @@ function _M.execute(ops, params, fault, started)
       local bad = names.validate(op.index)
       if bad then
         err = bad
-      elseif truthy(require_alias) and not store.get(op.index) then
+      elseif truthy(require_alias) then -- esxd has no aliases
         err = errors.new(404, "index_not_found_exception",
           "no such index [" .. op.index .. "] and [require_alias] request flag is [true] and [" .. op.index .. "] is not an alias",
           { "index_uuid", "_na_", "index", op.index })
