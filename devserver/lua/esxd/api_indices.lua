@@ -3,6 +3,7 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local store = require "esxd.store"
 local search = require "esxd.search"
+local dates = require "esxd.dates"
 
 local _M = {}
 
@@ -57,6 +58,7 @@ end
 
 function _M.get(ctx)
   local list = resolve_strict(ctx.vars.index, ctx)
+  local human = ctx.args.human == "" or ctx.args.human == "true"
   local out = json.obj()
   for _, idx in ipairs(list) do
     local props = {}
@@ -67,7 +69,8 @@ function _M.get(ctx)
       "aliases", {},
       "mappings", next(props) and { properties = props } or {},
       "settings", { index = { number_of_shards = "1", number_of_replicas = "1", uuid = idx.uuid,
-        provided_name = idx.name, creation_date = tostring(idx.created) } }))
+        provided_name = idx.name, creation_date = tostring(idx.created),
+        creation_date_string = human and dates.format(idx.created) or nil } }))
   end
   return 200, out
 end

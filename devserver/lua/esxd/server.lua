@@ -14,6 +14,7 @@ local store = require "esxd.store"
 local config = require "esxd.config"
 local filter_path = require "esxd.filter_path"
 local params = require "esxd.params"
+local pretty = require "esxd.pretty"
 
 local _M = {}
 
@@ -77,11 +78,12 @@ local function run(ctx)
     if type(ct) == "table" then ct = ct[1] end
     local base = ct and ct:match("^%s*([^;%s]+)") or ""
     if not CONTENT_TYPES[base:lower()] then
+      ctx.error_response = true
       return 406, { error = "Content-Type header [" .. (ct or "") .. "] is not supported", status = 406 }
     end
   end
   local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.path)
-  if not h then return vars, body, hdrs end
+  if not h then ctx.error_response = true; return vars, body, hdrs end
   params.check(router.API[h], ctx.args, ngx.unescape_uri(ctx.path))
   ctx.vars = vars
   return h(ctx)
@@ -112,6 +114,9 @@ function _M.handle()
   entry.body_wire_bytes = wire and #wire or 0
   local body = wire
   local status, out, hdrs
+  -- ES renders errors with ?error_trace=true's stack_trace, and never filters them (filter_path)
+  local is_error = false
+  local trace = args.error_trace == "" or args.error_trace == "true"
   local enc = headers["content-encoding"]
   if type(enc) == "table" then enc = enc[1] end
   if wire and #wire > 0 and enc and enc:lower():find("gzip", 1, true) then
@@ -124,7 +129,8 @@ function _M.handle()
       end
       local e = errors.new(400, "illegal_argument_exception", "Failed to decompress request body: " .. tostring(msg),
         nil, { caused_by = { type = "zip_exception", reason = tostring(msg) } })
-      status, out = 400, errors.body(e)
+      status, out = 400, errors.body(e, trace)
+      is_error = true
     end
     body = inflated
   end
@@ -149,12 +155,15 @@ function _M.handle()
       end, ctx)
       if ok then
         status, out, hdrs = s, o, h
+        is_error = ctx.error_response == true
       elseif errors.is(s) then
-        status, out, hdrs = s.status, errors.body(s), s.headers
+        status, out, hdrs = s.status, errors.body(s, trace), s.headers
+        is_error = true
       else
+        is_error = true
         ngx.log(ngx.ERR, "esxd internal error: ", s.trace)
         status = 500
-        out = errors.body(errors.new(500, "exception", "esxd internal error: " .. s.bug))
+        out = errors.body(errors.new(500, "exception", "esxd internal error: " .. s.bug), trace)
       end
     end
   end
@@ -164,9 +173,12 @@ function _M.handle()
   end
   entry.status = status
   local text = render(out)
-  if args.filter_path and args.filter_path ~= "" and not (fault and fault.status) then
+  if args.filter_path and args.filter_path ~= "" and not (fault and fault.status) and not is_error then
     local okf, filtered = pcall(filter_path.apply, args.filter_path, text)
     if okf then text = filtered end
+  end
+  if (args.pretty == "" or args.pretty == "true") and not (fault and fault.status) then
+    text = pretty.format(text)
   end
   local ae = headers["accept-encoding"]
   if type(ae) == "table" then ae = table.concat(ae, ",") end
