@@ -646,7 +646,8 @@ describe("esxd", function()
     it("rejects an empty body", function()
       local st, b = jreq("POST", "/_bulk", "", NDJSON)
       assert.equal(400, st)
-      assert.same(es_error(400, "action_request_validation_exception", "Validation Failed: 1: no requests added;"), b)
+      -- RestBulkAction reads request.requiredContent()
+      assert.same(es_error(400, "parse_exception", "request body is required"), b)
     end)
     it("requires a JSON or NDJSON content type", function()
       local st, b = bulk('{"index":{"_index":"t"}}\n{}\n', nil, { ["Content-Type"] = "text/plain" })
@@ -1251,6 +1252,28 @@ describe("esxd", function()
       assert.equal(1, h._version)
       assert.equal(0, h._seq_no)
       assert.equal(1, h._primary_term)
+    end)
+  end)
+
+  describe("request bodies", function()
+    it("APIs that take no body refuse one with ES's 400", function()
+      put_doc("bd", "1", { a = 1 })
+      for _, r in ipairs({ { "GET", "/" }, { "GET", "/_cluster/health" }, { "DELETE", "/bd/_doc/1" },
+          { "GET", "/bd/_doc/1" }, { "GET", "/bd/_source/1" }, { "GET", "/bd" }, { "POST", "/bd/_refresh" },
+          { "DELETE", "/bd" } }) do
+        local st, b = jreq(r[1], r[2], { query = { match_all = {} } })
+        assert.equal(400, st, r[1] .. " " .. r[2])
+        assert.same(es_error(400, "illegal_argument_exception",
+          "request [" .. r[1] .. " " .. r[2] .. "] does not support having a body"), b, r[1] .. " " .. r[2])
+      end
+      assert.equal(400, (req("HEAD", "/bd/_doc/1", "{}", JSON)))
+      assert.equal(400, (req("HEAD", "/bd", "{}", JSON)))
+      assert.equal(200, (jreq("GET", "/bd/_doc/1")))               -- the DELETEs did nothing
+    end)
+    it("_msearch without a body", function()
+      local st, b = jreq("POST", "/_msearch", "", NDJSON)
+      assert.equal(400, st)
+      assert.same(es_error(400, "parse_exception", "request body or source parameter is required"), b)
     end)
   end)
 

@@ -26,7 +26,9 @@ end
 
 function _M.msearch(ctx)
   local body = ctx.body
-  if body == nil or body == "" then error(errors.validation({ "no requests added" }), 0) end
+  if body == nil or body == "" then
+    error(errors.new(400, "parse_exception", "request body or source parameter is required"), 0)
+  end
   if body:sub(-1) ~= "\n" then
     error(errors.illegal_argument("The msearch request must be terminated by a newline [\\n]"), 0)
   end

@@ -33,7 +33,7 @@ end
 
 -- Parse the body into a list of operations; returns ops or nil, error.
 function _M.parse(body, default_index, params)
-  if body == nil or body == "" then return nil, errors.validation({ "no requests added" }) end
+  if body == nil or body == "" then return nil, errors.body_required() end
   if body:sub(-1) ~= "\n" then
     return nil, errors.illegal_argument("The bulk request must be terminated by a newline [\\n]")
   end

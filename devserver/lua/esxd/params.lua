@@ -82,6 +82,11 @@ _M.APIS = {
     include_named_queries_score = "default:false" }),
 }
 
+-- APIs whose handler never reads a body: ES answers a body with 400 (BaseRestHandler).
+_M.BODYLESS = { info = true, ping = true, ["cluster.health"] = true, delete = true, get = true, exists = true,
+  get_source = true, ["indices.delete"] = true, ["indices.exists"] = true, ["indices.get"] = true,
+  ["indices.refresh"] = true }
+
 -- ES's Booleans.parseBoolean as used by RestRequest.paramAsBoolean ("" means true).
 function _M.bool(v, name)
   if v == nil then return nil end

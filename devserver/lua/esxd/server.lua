@@ -84,7 +84,12 @@ local function run(ctx)
   end
   local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.path)
   if not h then ctx.error_response = true; return vars, body, hdrs end
-  params.check(router.API[h], ctx.args, ngx.unescape_uri(ctx.path))
+  local api = router.API[h]
+  params.check(api, ctx.args, ngx.unescape_uri(ctx.path))
+  if params.BODYLESS[api] and ctx.body and #ctx.body > 0 then
+    error(errors.illegal_argument("request [" .. ctx.method .. " " .. ngx.unescape_uri(ctx.path) ..
+      "] does not support having a body"), 0)
+  end
   ctx.vars = vars
   return h(ctx)
 end
