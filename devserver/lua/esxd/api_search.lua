@@ -3,15 +3,27 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local search = require "esxd.search"
 local bulk = require "esxd.bulk"
+local params = require "esxd.params"
 
 local _M = {}
 
 function _M.search(ctx)
-  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started)
+  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started, ngx.unescape_uri(ctx.path))
 end
 
+-- RestCountAction parses either the body or the q parameters (q, df, ...), so with a body
+-- those parameters are left unconsumed: ES's "unrecognized parameters" 400.
+local COUNT_Q = { "q", "df", "analyzer", "analyze_wildcard", "lenient", "default_operator" }
+
 function _M.count(ctx)
-  return search.count(ctx.vars.index, ctx.args, ctx:json(true))
+  local body = ctx:json(true)
+  local path = ngx.unescape_uri(ctx.path)
+  if body ~= nil then
+    local unused = {}
+    for _, k in ipairs(COUNT_Q) do if ctx.args[k] ~= nil then unused[#unused + 1] = k end end
+    if #unused > 0 then error(params.unrecognized_error("count", path, unused), 0) end
+  end
+  return search.count(ctx.vars.index, ctx.args, body, path)
 end
 
 function _M.bulk(ctx)

@@ -39,7 +39,7 @@ _M.APIS = {
   bulk = api(WRITE, { index = "path", _source = "no", _source_excludes = "no", _source_includes = "no",
     pipeline = "ok", require_alias = "bool", require_data_stream = "default:false",
     list_executed_pipelines = "default:false", include_source_on_error = "default:true" }),
-  count = api(SEARCH_COMMON, { index = "path", min_score = "no", q = "ok", analyzer = "no",
+  count = api(SEARCH_COMMON, { index = "path", min_score = "float", q = "ok", analyzer = "no",
     analyze_wildcard = "bool", default_operator = "ok", df = "ok", lenient = "bool", terminate_after = "no" }),
   create = api(WRITE, { index = "path", id = "path", version = "long", version_type = "ok", pipeline = "ok",
     include_source_on_error = "default:true", require_alias = "bool", require_data_stream = "default:false" }),
@@ -192,6 +192,10 @@ function _M.check(name, args, path)
       _M.bool(v, k)
     elseif kind:sub(1, 8) == "default:" then
       if tostring(_M.bool(v, k)) ~= kind:sub(9) then invalid[#invalid + 1] = k end
+    elseif kind == "float" then
+      if not tonumber(v) then
+        error(errors.illegal_argument("Failed to parse float parameter [" .. k .. "] with value [" .. v .. "]"), 0)
+      end
     elseif kind == "int" or kind == "long" then
       check_number(kind, k, v)
     elseif kind == "time" then
@@ -209,6 +213,13 @@ function _M.check(name, args, path)
     end
   end
   if #invalid == 0 then return end
+  error(_M.unrecognized_error(name, path, invalid), 0)
+end
+
+-- The "unrecognized parameters" error for API `name`; the other accepted parameters are the
+-- did-you-mean candidates.
+function _M.unrecognized_error(name, path, invalid)
+  local spec = _M.APIS[name] or {}
   local bad = {}
   for _, k in ipairs(invalid) do bad[k] = true end
   local candidates = {}
@@ -216,7 +227,7 @@ function _M.check(name, args, path)
     if kind ~= "no" and not bad[k] then candidates[#candidates + 1] = k end
   end
   for k in pairs(COMMON) do if not bad[k] then candidates[#candidates + 1] = k end end
-  error(unrecognized(path, invalid, candidates), 0)
+  return unrecognized(path, invalid, candidates)
 end
 
 return _M

@@ -139,7 +139,7 @@ local function total_hits(n, tth, as_int)
 end
 
 -- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
-function _M.search(expr, params, body, started)
+function _M.search(expr, params, body, started, path)
   body = body or {}
   if not is_obj(body) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(body) .. " in [body].") end
   for k, v in pairs(body) do
@@ -174,7 +174,9 @@ function _M.search(expr, params, body, started)
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
-  if params.q and q == nil then q = _M.q_to_query(params.q, params) end
+  -- the URL's q replaces the body's query (RestSearchAction applies it after the body)
+  local uq = _M.url_query(params, path)
+  if uq then q = uq end
   if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "[_na] query malformed, must start with start_object") end
   local post = body.post_filter
   local min_score = tonumber(body.min_score)
@@ -280,7 +282,7 @@ function _M.search(expr, params, body, started)
     out_hits[#out_hits + 1] = hit
   end
   local hits_obj = json.obj("total", total_hits(#hits, tth, as_int),
-    "max_score", (max_score ~= nil and #hits > 0) and json.float(max_score) or null, "hits", out_hits)
+    "max_score", (max_score ~= nil and #hits > 0 and size > 0) and json.float(max_score) or null, "hits", out_hits)
   ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
   local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(#idxs), "hits", hits_obj)
@@ -288,6 +290,19 @@ function _M.search(expr, params, body, started)
     json.set(res, "aggregations", aggs.run(agg_spec, all_docs, agg_types))
   end
   return 200, res
+end
+
+-- ES's RestActions.urlParamsToQueryBuilder: ?q= (with df, default_operator, lenient) is a
+-- query_string query; those parameters without q are a 400.
+local Q_PARAMS = { "df", "analyzer", "analyze_wildcard", "lenient", "default_operator" }
+function _M.url_query(params, path)
+  if params.q then return _M.q_to_query(params.q, params) end
+  local present = {}
+  for _, k in ipairs(Q_PARAMS) do if params[k] ~= nil then present[#present + 1] = k end end
+  if #present > 0 then
+    errors.raise(400, "illegal_argument_exception", "request [" .. tostring(path) .. "] contains parameters [" ..
+      table.concat(present, ", ") .. "] but query string parameter 'q' is absent")
+  end
 end
 
 -- ?q= (with df, default_operator, lenient) becomes a query_string query.
@@ -298,7 +313,8 @@ function _M.q_to_query(q, params)
 end
 
 -- _count
-function _M.count(expr, params, body)
+function _M.count(expr, params, body, path)
+  local has_body = body ~= nil
   body = body or {}
   if not is_obj(body) then errors.raise(400, "parsing_exception", "request body must be an object") end
   for k, v in pairs(body) do
@@ -306,12 +322,17 @@ function _M.count(expr, params, body)
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
-  if params.q and q == nil then q = _M.q_to_query(params.q, params) end
+  -- RestCountAction reads q (and df, ...) only without a body
+  if not has_body then q = _M.url_query(params, path) end
+  local min_score = params.min_score and tonumber(params.min_score)
   local n = 0
   for _, idx in ipairs(idxs) do
     local matcher = query.compile(q or { match_all = {} }, idx.types)
     for _, rec in ipairs(idx.visible_list) do
-      if not rec.dead and matcher(rec) then n = n + 1 end
+      if not rec.dead then
+        local ok, score = matcher(rec)
+        if ok and (not min_score or score >= min_score) then n = n + 1 end
+      end
     end
   end
   return 200, json.obj("count", n, "_shards", shards_obj(#idxs))
