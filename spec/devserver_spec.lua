@@ -184,7 +184,29 @@ describe("esxd", function()
       local st, b = jreq("GET", "/desc")
       assert.equal(200, st)
       assert.same({ type = "long" }, b.desc.mappings.properties.n)
-      assert.same({ type = "text" }, b.desc.mappings.properties.s)
+      -- ES's dynamic mapping of a string: text with a keyword sub-field
+      assert.same({ type = "text", fields = { keyword = { type = "keyword", ignore_above = 256 } } },
+        b.desc.mappings.properties.s)
+    end)
+    it("GET /{index} shows objects, dynamic and explicit fields like ES", function()
+      req("PUT", "/desc2", { mappings = { properties = { k = { type = "keyword" },
+        t = { type = "text", fields = { raw = { type = "keyword" } } } } } })
+      put_doc("desc2", "1", { k = "a", t = "b", user = { name = "ann", age = 3, geo = { ok = true } },
+        ts = "2024-01-01T00:00:00Z", f = 1.5 })
+      local st, b = jreq("GET", "/desc2")
+      assert.equal(200, st)
+      assert.same({ properties = {
+        k = { type = "keyword" },
+        t = { type = "text", fields = { raw = { type = "keyword" } } },
+        user = { properties = {
+          name = { type = "text", fields = { keyword = { type = "keyword", ignore_above = 256 } } },
+          age = { type = "long" },
+          geo = { properties = { ok = { type = "boolean" } } } } },
+        ts = { type = "date" },
+        f = { type = "float" } } }, b.desc2.mappings)
+      req("PUT", "/desc3")
+      local _, _, body = req("GET", "/desc3")
+      assert.matches('"mappings":{}', body, 1, true)
     end)
   end)
 
