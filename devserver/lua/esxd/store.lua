@@ -169,7 +169,7 @@ local function check_version(idx, id, cur, opts)
   if v == nil or v < 0 or v ~= math.floor(v) then
     return nil, errors.new(400, "action_request_validation_exception",
       ("Validation Failed: 1: illegal version value [%s] for version type [%s];")
-        :format(tostring(opts.version), vt:upper()))
+        :format(tostring(opts.version or -3), vt:upper()))
   end
   local have = cur and cur.version or idx.tombstones[id]
   if have and (vt == "external" and have >= v or vt == "external_gte" and have > v) then
@@ -324,7 +324,12 @@ function _M.update(name, id, body, opts)
       local st, res = _M.index(name, id, src, json.encode(src), { refresh = opts.refresh, op_type = "create" })
       return st, res
     end
-    if not idx then return nil, errors.index_not_found(name) end
+    -- an update auto-creates its index like any other write (only deletes do not)
+    if not idx then
+      local err
+      idx, err = ensure_index(name)
+      if not idx then return nil, err end
+    end
     return nil, errors.new(404, "document_missing_exception", "[" .. id .. "]: document missing",
       { "index_uuid", idx.uuid, "shard", "0", "index", name })
   end
