@@ -36,6 +36,11 @@ function _M.bulk(ctx)
   return 200, bulk.execute(ops, ctx.args, fault, ctx.started)
 end
 
+-- The keys ES's MultiSearchRequest accepts in a header line (the others are a 400).
+local MSEARCH_HEADER = { index = true, indices = true, search_type = true, ccs_minimize_roundtrips = true,
+  request_cache = true, preference = true, routing = true, allow_partial_search_results = true,
+  expand_wildcards = true, ignore_unavailable = true, allow_no_indices = true, ignore_throttled = true }
+
 function _M.msearch(ctx)
   local body = ctx.body
   if body == nil or body == "" then
@@ -60,12 +65,18 @@ function _M.msearch(ctx)
     if q == nil then
       error(errors.x_content_parse("[" .. (i + 1) .. ":1] Malformed msearch body: " .. tostring(qerr)), 0)
     end
-    local idx = header.index
+    for k in pairs(header) do
+      if not MSEARCH_HEADER[k] then
+        error(errors.illegal_argument("key [" .. tostring(k) .. "] is not supported in the metadata section"), 0)
+      end
+    end
+    local idx = header.index or header.indices
     if type(idx) == "table" then idx = table.concat(idx, ",") end
     if idx == nil then idx = ctx.vars.index end
     local args = {}
     for k, v in pairs(ctx.args) do args[k] = v end
     if header.ignore_unavailable ~= nil then args.ignore_unavailable = tostring(header.ignore_unavailable) end
+    if header.allow_no_indices ~= nil then args.allow_no_indices = tostring(header.allow_no_indices) end
     local ok, st, res = pcall(search.search, idx, args, q, ngx.now())
     if ok then
       json.set(res, "status", st)

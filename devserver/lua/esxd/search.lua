@@ -43,6 +43,12 @@ local KNOWN = { query = true, from = true, size = true, sort = true, _source = t
   collapse = true, runtime_mappings = true, indices_boost = true, pit = true, suggest = true, rescore = true,
   script_fields = true, stats = true }
 _M.KNOWN = KNOWN
+-- Valid in ES but not implemented by esxd: refused (with ES's unknown-key error) rather than
+-- ignored, since ignoring them changes which hits come back (search_after would return the
+-- first page forever) or leaves out what the caller asked for. explain / profile: only false.
+local UNSUPPORTED = { search_after = true, pit = true, collapse = true, terminate_after = true, rescore = true,
+  indices_boost = true, script_fields = true, runtime_mappings = true, highlight = true, suggest = true,
+  docvalue_fields = true, fields = true, explain = "unless_false", profile = "unless_false" }
 
 local function json_kind(v)
   if is_obj(v) then return "START_OBJECT" end
@@ -143,7 +149,7 @@ function _M.search(expr, params, body, started, path)
   body = body or {}
   if not is_obj(body) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(body) .. " in [body].") end
   for k, v in pairs(body) do
-    if not KNOWN[k] then
+    if not KNOWN[k] or (UNSUPPORTED[k] and not (UNSUPPORTED[k] == "unless_false" and v == false)) then
       errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(v) .. " in [" .. k .. "].")
     end
   end
