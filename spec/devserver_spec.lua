@@ -110,6 +110,16 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ acknowledged = true, shards_acknowledged = true, index = "idx1" }, b)
     end)
+    it("refuses a mapping with a field type ES does not know", function()
+      local st, b = jreq("PUT", "/idxm", { mappings = { properties = { a = { type = "long" },
+        o = { properties = { x = { type = "strnig" } } } } } })
+      assert.equal(400, st)
+      local msg = "No handler for type [strnig] declared on field [x]"
+      assert.same({ error = { root_cause = { { type = "mapper_parsing_exception", reason = msg } },
+        type = "mapper_parsing_exception", reason = "Failed to parse mapping: " .. msg,
+        caused_by = { type = "mapper_parsing_exception", reason = msg } }, status = 400 }, b)
+      assert.equal(404, (req("HEAD", "/idxm")))
+    end)
     it("creates without a body", function()
       local st, b = jreq("PUT", "/idx2")
       assert.equal(200, st)

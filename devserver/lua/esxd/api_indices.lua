@@ -26,6 +26,15 @@ function _M.create(ctx)
       end
     end
   end
+  if body ~= nil and type(body.mappings) == "table" then
+    local field, ty = mapping.unknown_type(body.mappings.properties)
+    if field then
+      local msg = "No handler for type [" .. ty .. "] declared on field [" .. field .. "]"
+      error(errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
+        { caused_by = { type = "mapper_parsing_exception", reason = msg },
+          root_cause = { { type = "mapper_parsing_exception", reason = msg } } }), 0)
+    end
+  end
   local _, err = store.create(name, body)
   if err then error(err, 0) end
   return 200, json.obj("acknowledged", true, "shards_acknowledged", true, "index", name)
