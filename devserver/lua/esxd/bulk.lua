@@ -6,6 +6,7 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local store = require "esxd.store"
 local names = require "esxd.names"
+local source_filter = require "esxd.source_filter"
 
 local _M = {}
 local null = json.null
@@ -172,8 +173,15 @@ function _M.execute(ops, params, fault, started)
           end
         end
       elseif op.action == "update" then
+        -- _source: the action line's, else the update body's, else the URL's
+        local fetch
+        if op.meta._source ~= nil then fetch = source_filter.update_fetch(op.meta._source)
+        else
+          fetch = source_filter.update_fetch(op.update._source, params._source, params._source_includes,
+            params._source_excludes)
+        end
         st, res = store.update(op.index, id, op.update,
-          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term, fetch = fetch })
         if not st then err = res end
       else
         st, res = store.delete_doc(op.index, id,

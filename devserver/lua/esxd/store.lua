@@ -5,9 +5,11 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local names = require "esxd.names"
 local mapping = require "esxd.mapping"
+local source_filter = require "esxd.source_filter"
 
 local _M = {}
 local null = json.null
+local add_get
 
 local indices = {}          -- name -> index
 local id_counter = 0
@@ -295,6 +297,16 @@ local function copy(t)
   return c
 end
 
+-- The "get" object of an update response when the source was asked for (_source):
+-- fetch = { filter = source_filter spec or nil for the whole source }.
+add_get = function(res, rec, fetch)
+  if fetch and rec then
+    json.set(res, "get", json.obj("_seq_no", rec.seq_no, "_primary_term", 1, "found", true,
+      "_source", source_filter.apply(fetch.filter, rec)))
+  end
+  return res
+end
+
 -- Partial update. body: decoded update body {doc=, doc_as_upsert=, upsert=, detect_noop=}.
 function _M.update(name, id, body, opts)
   opts = opts or {}
@@ -322,6 +334,7 @@ function _M.update(name, id, body, opts)
       local src = body.doc_as_upsert == true and body.doc or body.upsert
       if not is_object(src) then return nil, errors.x_content_parse("[1:1] upsert must be an object") end
       local st, res = _M.index(name, id, src, json.encode(src), { refresh = opts.refresh, op_type = "create" })
+      if st and opts.fetch then add_get(res, indices[name].docs[id], opts.fetch) end
       return st, res
     end
     -- an update auto-creates its index like any other write (only deletes do not)
@@ -338,11 +351,11 @@ function _M.update(name, id, body, opts)
   local merged = copy(cur.source)
   merge(merged, body.doc)
   if body.detect_noop ~= false and deep_equal(merged, cur.source) then
-    return 200, result(idx, id, cur.version, cur.seq_no, "noop")
+    return 200, add_get(result(idx, id, cur.version, cur.seq_no, "noop"), cur, opts.fetch)
   end
   local rec, perr = put(idx, id, merged, json.encode(merged), cur, opts)
   if not rec then return nil, perr end
-  return 200, result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh)
+  return 200, add_get(result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh), rec, opts.fetch)
 end
 
 return _M
