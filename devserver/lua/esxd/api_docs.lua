@@ -20,7 +20,7 @@ local function write_opts(ctx, op_type)
   end
   return { op_type = op_type or a.op_type or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
     version = a.version, version_type = a.version_type,
-    refresh = refresh_flag(a), wait_for = a.refresh == "wait_for" }
+    refresh = refresh_flag(a), wait_for = a.refresh == "wait_for", routing = a.routing }
 end
 
 local function finish(st, res, opts)
@@ -145,7 +145,7 @@ function _M.get(ctx)
   end
   local f = source_spec(ctx.args)
   local res = json.obj("_index", idx.name, "_id", rec.id, "_version", rec.version, "_seq_no", rec.seq_no,
-    "_primary_term", 1, "found", true)
+    "_primary_term", 1, "_routing", rec.routing, "found", true)
   if f ~= false then json.set(res, "_source", source_filter.apply(f, rec)) end
   return 200, res
 end

@@ -168,7 +168,8 @@ function _M.execute(ops, params, fault, started)
           else
             st, res = store.index(op.index, id, src, op.source_line,
               { op_type = op.action, if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term,
-                version = op.meta.version, version_type = op.meta.version_type })
+                version = op.meta.version, version_type = op.meta.version_type,
+                routing = op.meta.routing ~= nil and tostring(op.meta.routing) or params.routing })
             if not st then err = res end
           end
         end
@@ -181,7 +182,8 @@ function _M.execute(ops, params, fault, started)
             params._source_excludes)
         end
         st, res = store.update(op.index, id, op.update,
-          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term, fetch = fetch })
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term, fetch = fetch,
+            routing = op.meta.routing ~= nil and tostring(op.meta.routing) or params.routing })
         if not st then err = res end
       else
         st, res = store.delete_doc(op.index, id,

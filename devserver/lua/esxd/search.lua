@@ -274,7 +274,8 @@ function _M.search(expr, params, body, started, path)
       "_version", want_version and h.rec.version or nil,
       "_seq_no", want_seq_no and h.rec.seq_no or nil,
       "_primary_term", want_seq_no and 1 or nil,
-      "_score", track_scores and json.float(h.score) or null)
+      "_score", track_scores and json.float(h.score) or null,
+      "_routing", h.rec.routing)
     if srcf ~= false then json.set(hit, "_source", source_filter.apply(srcf, h.rec)) end
     if sorts then
       local sv = json.array()

@@ -199,7 +199,10 @@ local function put(idx, id, source, raw, cur, opts, external)
   mapping.learn(idx.types, source)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
-  local rec = { id = id, source = source, raw = raw, version = version, seq_no = idx.seq_no }
+  -- routing: the write's, else (an update) the document's current one, as ES keeps it
+  local routing = opts.routing
+  if routing == nil and opts.keep_routing and cur then routing = cur.routing end
+  local rec = { id = id, source = source, raw = raw, version = version, seq_no = idx.seq_no, routing = routing }
   if not cur then idx.count = idx.count + 1 end
   idx.docs[id] = rec
   idx.tombstones[id] = nil
@@ -333,7 +336,8 @@ function _M.update(name, id, body, opts)
     if body.doc_as_upsert == true or body.upsert ~= nil then
       local src = body.doc_as_upsert == true and body.doc or body.upsert
       if not is_object(src) then return nil, errors.x_content_parse("[1:1] upsert must be an object") end
-      local st, res = _M.index(name, id, src, json.encode(src), { refresh = opts.refresh, op_type = "create" })
+      local st, res = _M.index(name, id, src, json.encode(src),
+        { refresh = opts.refresh, op_type = "create", routing = opts.routing })
       if st and opts.fetch then add_get(res, indices[name].docs[id], opts.fetch) end
       return st, res
     end
@@ -353,6 +357,7 @@ function _M.update(name, id, body, opts)
   if body.detect_noop ~= false and deep_equal(merged, cur.source) then
     return 200, add_get(result(idx, id, cur.version, cur.seq_no, "noop"), cur, opts.fetch)
   end
+  opts.keep_routing = true
   local rec, perr = put(idx, id, merged, json.encode(merged), cur, opts)
   if not rec then return nil, perr end
   return 200, add_get(result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh), rec, opts.fetch)
