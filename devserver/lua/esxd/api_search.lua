@@ -77,6 +77,10 @@ function _M.msearch(ctx)
     for k, v in pairs(ctx.args) do args[k] = v end
     if header.ignore_unavailable ~= nil then args.ignore_unavailable = tostring(header.ignore_unavailable) end
     if header.allow_no_indices ~= nil then args.allow_no_indices = tostring(header.allow_no_indices) end
+    if header.expand_wildcards ~= nil then
+      local ew = header.expand_wildcards
+      args.expand_wildcards = type(ew) == "table" and table.concat(ew, ",") or tostring(ew)
+    end
     local ok, st, res = pcall(search.search, idx, args, q, ngx.now())
     if ok then
       json.set(res, "status", st)

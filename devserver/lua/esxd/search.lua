@@ -20,8 +20,23 @@ local function is_obj(t) return type(t) == "table" and t ~= null and (next(t) ==
 local function truthy(v) return v == "" or v == "true" or v == true end
 
 -- Resolve index targets. Returns list of index objects or raises.
+local WILDCARD_STATES = { open = true, closed = true, hidden = true, none = true, all = true }
+
+-- expand_wildcards: esxd has no closed or hidden indices, so open/closed/hidden/all all
+-- expand to the (non-dot) indices; "none" alone expands wildcards to nothing.
+local function expand_none(v)
+  if v == nil then return false end
+  local none, any = false, false
+  for w in (v .. ","):gmatch("([^,]*),") do
+    if not WILDCARD_STATES[w] then errors.raise(400, "illegal_argument_exception", "No valid expand wildcard value [" .. w .. "]") end
+    if w == "none" then none = true else any = true end
+  end
+  return none and not any
+end
+
 function _M.targets(expr, params)
-  local list, err = names.resolve(expr, store.names(), { ignore_unavailable = truthy(params.ignore_unavailable) })
+  local list, err = names.resolve(expr, store.names(), { ignore_unavailable = truthy(params.ignore_unavailable),
+    no_wildcards = expand_none(params.expand_wildcards) })
   if not list then error(err, 0) end
   if #list == 0 and expr and expr ~= "" and expr ~= "_all" and expr ~= "*" and params.allow_no_indices == "false" then
     error(errors.index_not_found(expr), 0)

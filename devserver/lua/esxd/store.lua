@@ -134,7 +134,11 @@ end
 local function check_cas(idx, id, cur, opts)
   if opts.if_seq_no == nil and opts.if_primary_term == nil then return nil end
   local want_seq, want_term = tonumber(opts.if_seq_no), tonumber(opts.if_primary_term)
-  if want_seq == nil or want_term == nil then
+  if want_seq == nil then
+    return errors.new(400, "action_request_validation_exception",
+      "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [" .. tostring(opts.if_primary_term) .. "];")
+  end
+  if want_term == nil then
     return errors.new(400, "action_request_validation_exception",
       "Validation Failed: 1: ifSeqNo is set, but primary term is [0];")
   end
