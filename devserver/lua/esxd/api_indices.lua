@@ -19,7 +19,8 @@ function _M.create(ctx)
     end
     for k, v in pairs(body) do
       if not CREATE_KEYS[k] then
-        error(errors.parsing("unknown key [" .. k .. "] for create index"), 0)
+        -- CreateIndexRequest.source: an ElasticsearchParseException, i.e. parse_exception
+        error(errors.new(400, "parse_exception", "unknown key [" .. k .. "] for create index"), 0)
       end
       if type(v) ~= "table" then
         error(errors.parsing("Failed to parse [" .. k .. "]: expected an object"), 0)
