@@ -68,7 +68,8 @@ _M.APIS = {
     expand_wildcards = "ok" },
   msearch = api(SEARCH_COMMON, { index = "path", search_type = "ok", max_concurrent_searches = "int",
     typed_keys = "default:false", pre_filter_shard_size = "long", max_concurrent_shard_requests = "int",
-    rest_total_hits_as_int = "bool", ccs_minimize_roundtrips = "bool", include_named_queries_score = "default:false" }),
+    rest_total_hits_as_int = "bool", ccs_minimize_roundtrips = "bool", include_named_queries_score = "default:false",
+    preference = false }),  -- not in the msearch spec: RestMultiSearchAction does not read it
   search = api(SEARCH_COMMON, { index = "path", analyzer = "no", analyze_wildcard = "bool",
     ccs_minimize_roundtrips = "bool", default_operator = "ok", df = "ok", explain = "default:false",
     stored_fields = "ok", docvalue_fields = "no", from = "int", force_synthetic_source = "default:false",
@@ -224,7 +225,7 @@ function _M.unrecognized_error(name, path, invalid)
   for _, k in ipairs(invalid) do bad[k] = true end
   local candidates = {}
   for k, kind in pairs(spec) do
-    if kind ~= "no" and not bad[k] then candidates[#candidates + 1] = k end
+    if kind and kind ~= "no" and not bad[k] then candidates[#candidates + 1] = k end
   end
   for k in pairs(COMMON) do if not bad[k] then candidates[#candidates + 1] = k end end
   return unrecognized(path, invalid, candidates)
