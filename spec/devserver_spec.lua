@@ -854,6 +854,26 @@ describe("esxd", function()
       assert.same({ "4", "5" }, q({ range = { ts = { gte = 1704070800000 } } }))
       assert.same({}, q({ match_none = {} }))
     end)
+    it("leaf query options: unknown or unimplemented ones are ES's parsing_exception; wildcard case_insensitive", function()
+      local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
+      assert.same({ "3" }, q({ wildcard = { ["tag.keyword"] = { value = "M*L", case_insensitive = true } } }))
+      assert.same({}, q({ wildcard = { ["tag.keyword"] = { value = "M*L" } } }))
+      for _, c in ipairs({
+        { "term", { term = { tag = { value = "x", foo = 1 } } } },
+        { "prefix", { prefix = { tag = { value = "x", fuzziness = 1 } } } },
+        { "wildcard", { wildcard = { tag = { value = "x", bogus = true } } } },
+        { "match", { match = { title = { query = "quik", fuzziness = "AUTO" } } } },
+        { "match", { match = { title = { query = "fox", analyzer = "whitespace" } } } },
+        { "match", { match = { title = { query = "the", zero_terms_query = "all" } } } },
+        { "match", { match = { title = { query = "fox", typo = 1 } } } } }) do
+        local st, b = search("/events-*/_search", { query = c[2] })
+        assert.equal(400, st, cjson.encode(c[2]))
+        assert.equal("parsing_exception", b.error.type)
+        assert.matches("^%[" .. c[1] .. "%] query does not support %[", b.error.reason)
+      end
+      assert.same({ "1", "4" }, q({ match = { title = { query = "fox", fuzziness = 0, analyzer = "standard",
+        zero_terms_query = "none", lenient = true, _name = "n", boost = 2 } } }))
+    end)
     it("match (OR by default, operator and) scores by matched tokens", function()
       local _, b = search("/events-a/_search", { query = { match = { title = "quick fox" } } })
       assert.same({ "1", "3", "4" }, ids(b))
