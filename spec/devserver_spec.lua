@@ -854,6 +854,16 @@ describe("esxd", function()
       assert.same({ "4", "5" }, q({ range = { ts = { gte = 1704070800000 } } }))
       assert.same({}, q({ match_none = {} }))
     end)
+    it("range refuses time_zone and format esxd cannot apply", function()
+      local st, b = search("/events-*/_search", { query = { range = { ts = { gte = "2024-01-01", time_zone = "+01:00" } } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "[range] query does not support [time_zone]"), b)
+      st, b = search("/events-*/_search", { query = { range = { ts = { gte = "01/01/2024", format = "dd/MM/yyyy" } } } })
+      assert.same(es_error(400, "parsing_exception", "[range] query does not support [format]"), b)
+      st = search("/events-*/_search", { query = { range = { ts = { gte = "2024-01-01", time_zone = "UTC",
+        format = "strict_date_optional_time||epoch_millis" } } } })
+      assert.equal(200, st)
+    end)
     it("leaf query options: unknown or unimplemented ones are ES's parsing_exception; wildcard case_insensitive", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "3" }, q({ wildcard = { ["tag.keyword"] = { value = "M*L", case_insensitive = true } } }))
@@ -1185,6 +1195,27 @@ describe("esxd", function()
     it("aggregations respect the query", function()
       local a = aggs({ s = { terms = { field = "site" } } }, { range = { ms = { gte = 10 } } })
       assert.same({ { key = "a", doc_count = 3 } }, a.s.buckets)
+    end)
+    it("aggregation options that ES does not know or esxd does not implement are refused", function()
+      for _, c in ipairs({ { "terms", { field = "site", include = "a.*" } },
+          { "terms", { field = "site", missing = "none" } },
+          { "terms", { field = "site", sizee = 3 } },
+          { "date_histogram", { field = "ts", fixed_interval = "1h", time_zone = "+01:00" } },
+          { "date_histogram", { field = "ts", fixed_interval = "1h", offset = "+30m" } },
+          { "date_histogram", { field = "ts", fixed_interval = "1h", extended_bounds = { min = 0, max = 1 } } },
+          { "histogram", { field = "ms", interval = 2, keyed = true } },
+          { "sum", { field = "ms", missing = 0 } },
+          { "avg", { field = "ms", script = "x" } } }) do
+        local st, b = jreq("POST", "/agg/_search", { size = 0, aggs = { x = { [c[1]] = c[2] } } })
+        assert.equal(400, st, cjson.encode(c[2]))
+        assert.equal("x_content_parse_exception", b.error.type, cjson.encode(c[2]))
+        assert.matches("^%[" .. c[1] .. "%] unknown field %[", b.error.reason)
+      end
+      local st = jreq("POST", "/agg/_search", { size = 0, aggs = { x = { terms = { field = "site",
+        shard_size = 5, execution_hint = "map", show_term_doc_count_error = false } },
+        y = { date_histogram = { field = "ts", fixed_interval = "1h", time_zone = "UTC" } },
+        z = { cardinality = { field = "ms", precision_threshold = 100 } } } })
+      assert.equal(200, st)
     end)
     it("unknown aggregation type is a 400", function()
       local st, b = jreq("POST", "/agg/_search", { aggs = { x = { bogus = {} } } })

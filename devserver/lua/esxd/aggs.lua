@@ -352,6 +352,35 @@ bucket.histogram = function(spec, docs, types, subspec)
   return json.obj("buckets", buckets)
 end
 
+-- Options each aggregation accepts. Unknown ones are ES's x_content_parse_exception
+-- "[terms] unknown field [x]"; options ES has but esxd does not implement (include/exclude,
+-- missing, script, time_zone, offset, bounds, keyed, format, ...) get the same answer instead of
+-- being ignored (a table lists the only values accepted, i.e. the defaults). shard_size,
+-- execution_hint, collect_mode, shard_min_doc_count and precision_threshold change nothing with
+-- one shard and exact counting.
+local UTC = { "UTC", "Z", "+00:00", "GMT", "Etc/UTC" }
+local METRIC_OPTS = { field = true }
+local AGG_OPTS = {
+  terms = { field = true, size = true, min_doc_count = true, order = true, shard_size = true,
+    execution_hint = true, collect_mode = true, shard_min_doc_count = true, show_term_doc_count_error = { false } },
+  date_histogram = { field = true, fixed_interval = true, calendar_interval = true, interval = true,
+    min_doc_count = true, time_zone = UTC, keyed = { false } },
+  histogram = { field = true, interval = true, min_doc_count = true, keyed = { false } },
+  sum = METRIC_OPTS, min = METRIC_OPTS, max = METRIC_OPTS, avg = METRIC_OPTS, stats = METRIC_OPTS,
+  value_count = METRIC_OPTS, cardinality = { field = true, precision_threshold = true },
+}
+
+local function check_agg_options(kind, body)
+  local allowed = AGG_OPTS[kind]
+  if not allowed or type(body) ~= "table" then return end
+  for k, v in pairs(body) do
+    local a = allowed[k]
+    local ok = a == true
+    if type(a) == "table" then for _, d in ipairs(a) do if v == d then ok = true end end end
+    if not ok then errors.raise(400, "x_content_parse_exception", "[" .. kind .. "] unknown field [" .. tostring(k) .. "]") end
+  end
+end
+
 run_aggs = function(spec, docs, types)
   local out = json.obj()
   if type(spec) ~= "table" then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [aggs], but got a [VALUE]") end
@@ -372,6 +401,7 @@ run_aggs = function(spec, docs, types)
       end
     end
     if not kind then errors.raise(400, "parsing_exception", "Missing definition for aggregation [" .. name .. "]") end
+    check_agg_options(kind, body)
     if bucket[kind] then
       json.set(out, name, bucket[kind](body, docs, types, sub))
     elseif metric[kind] then
