@@ -30,7 +30,12 @@ function _M.ping() return 200, nil end
 
 function _M.health(ctx)
   local idxs = search.targets(ctx.vars.index, ctx.args)
-  local n = ctx.vars.index and #idxs or #store.names()
+  local n = 0
+  if ctx.vars.index then
+    for _, idx in ipairs(idxs) do n = n + idx.shards end
+  else
+    for _, name in ipairs(store.names()) do n = n + store.get(name).shards end
+  end
   local human = ctx.args.human == "" or ctx.args.human == "true"
   return 200, json.obj(
     "cluster_name", "esxd",

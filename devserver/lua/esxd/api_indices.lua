@@ -148,7 +148,7 @@ function _M.get(ctx)
     json.set(out, idx.name, json.obj(
       "aliases", {},
       "mappings", mappings_of(idx),
-      "settings", { index = { number_of_shards = "1", number_of_replicas = "1", uuid = idx.uuid,
+      "settings", { index = { number_of_shards = tostring(idx.shards), number_of_replicas = tostring(idx.replicas), uuid = idx.uuid,
         provided_name = idx.name, creation_date = tostring(idx.created),
         creation_date_string = human and dates.format(idx.created) or nil } }))
   end
@@ -158,8 +158,12 @@ end
 function _M.refresh(ctx)
   local list = search.targets(ctx.vars.index, ctx.args)
   for _, idx in ipairs(list) do store.refresh(idx) end
-  local n = #list
-  return 200, json.obj("_shards", json.obj("total", n * 2, "successful", n, "failed", 0))
+  local total, ok = 0, 0
+  for _, idx in ipairs(list) do
+    ok = ok + idx.shards
+    total = total + idx.shards * (1 + idx.replicas)
+  end
+  return 200, json.obj("_shards", json.obj("total", total, "successful", ok, "failed", 0))
 end
 
 return _M

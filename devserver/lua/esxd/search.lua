@@ -46,7 +46,13 @@ function _M.targets(expr, params)
   return out
 end
 
+-- n: the searched indices (their shard count) or a number of shards
 local function shards_obj(n)
+  if type(n) == "table" then
+    local total = 0
+    for _, idx in ipairs(n) do total = total + (idx.shards or 1) end
+    n = total
+  end
   return json.obj("total", n, "successful", n, "skipped", 0, "failed", 0)
 end
 _M.shards_obj = shards_obj
@@ -307,7 +313,7 @@ function _M.search(expr, params, body, started, path)
     "max_score", (max_score ~= nil and #hits > 0 and size > 0) and json.float(max_score) or null, "hits", out_hits)
   ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
-  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(#idxs), "hits", hits_obj)
+  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(idxs), "hits", hits_obj)
   if agg_spec then
     json.set(res, "aggregations", aggs.run(agg_spec, all_docs, agg_types))
   end
@@ -357,7 +363,7 @@ function _M.count(expr, params, body, path)
       end
     end
   end
-  return 200, json.obj("count", n, "_shards", shards_obj(#idxs))
+  return 200, json.obj("count", n, "_shards", shards_obj(idxs))
 end
 
 return _M

@@ -69,6 +69,17 @@ function _M.create(name, body)
   local idx = { name = name, uuid = uuid(), created = now_ms(), types = {}, docs = {}, count = 0,
     visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {},
     settings = type(body) == "table" and body.settings or nil, mappings = nil }
+  -- number_of_shards / number_of_replicas (also as index.* or {"index":{...}}): all documents
+  -- live in one table whatever the count, but the _shards numbers ES reports follow them
+  local st = type(body) == "table" and type(body.settings) == "table" and body.settings or {}
+  local function setting(name)
+    local v = st[name]
+    if v == nil and type(st.index) == "table" then v = st.index[name] end
+    if v == nil then v = st["index." .. name] end
+    return tonumber(v)
+  end
+  idx.shards = math.max(1, math.floor(setting("number_of_shards") or 1))
+  idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
     mapping.load(idx.types, body.mappings.properties)
@@ -121,9 +132,10 @@ local function shards(n) return json.obj("total", n or 2, "successful", n == 0 a
 _M.shards = shards
 
 local function result(idx, id, rec_version, seq_no, res, forced)
+  -- one node: the primary succeeds, its replicas are unassigned but counted in total
   return json.obj("_index", idx.name, "_id", id, "_version", rec_version, "result", res,
     "forced_refresh", forced or nil,
-    "_shards", shards(res == "noop" and 0 or 2), "_seq_no", seq_no, "_primary_term", 1)
+    "_shards", shards(res == "noop" and 0 or 1 + idx.replicas), "_seq_no", seq_no, "_primary_term", 1)
 end
 
 local function conflict(idx, id, reason)
