@@ -15,10 +15,11 @@ end
 
 local function write_opts(ctx, op_type)
   local a = ctx.args
-  if a.op_type ~= nil and a.op_type ~= "create" and a.op_type ~= "index" then
+  local op = a.op_type and a.op_type:lower()   -- IndexRequest.opType lowercases
+  if op ~= nil and op ~= "create" and op ~= "index" then
     error(errors.illegal_argument("opType must be 'create' or 'index', found: [" .. tostring(a.op_type) .. "]"), 0)
   end
-  return { op_type = op_type or a.op_type or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
+  return { op_type = op_type or op or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
     version = a.version, version_type = a.version_type,
     refresh = refresh_flag(a), wait_for = a.refresh == "wait_for", routing = a.routing }
 end
@@ -76,6 +77,11 @@ function _M.index(ctx)
 end
 
 function _M.create(ctx)
+  -- RestIndexAction.CreateHandler takes op_type, but only "create"
+  local op = ctx.args.op_type
+  if op ~= nil and op:lower() ~= "create" then
+    error(errors.illegal_argument("opType must be 'create', found: [" .. op .. "]"), 0)
+  end
   check_index_name(ctx.vars.index)
   check_pipeline(ctx.args)
   local src = doc_body(ctx)
