@@ -444,6 +444,37 @@ describe("esxd", function()
       assert.equal(200, b.items[2].index.status)
       assert.equal(12, b.items[2].index._version)
     end)
+    it("write validation collects ES's messages (versioning, compare-and-set, create, id length)", function()
+      local function verr(list)
+        local parts = {}
+        for i, m in ipairs(list) do parts[i] = i .. ": " .. m .. ";" end
+        return es_error(400, "action_request_validation_exception", "Validation Failed: " .. table.concat(parts))
+      end
+      local _, b = jreq("PUT", "/wv/_doc/1?version=2&if_seq_no=0&if_primary_term=1", { a = 1 })
+      assert.same(verr({ "internal versioning can not be used for optimistic concurrency control. " ..
+        "Please use `if_seq_no` and `if_primary_term` instead", "compare and write operations can not use versioning" }), b)
+      _, b = jreq("PUT", "/wv/_doc/1?version=3&version_type=external&if_seq_no=0&if_primary_term=1", { a = 1 })
+      assert.same(verr({ "compare and write operations can not use versioning" }), b)
+      _, b = jreq("PUT", "/wv/_create/1?version=3", { a = 1 })
+      assert.same(verr({ "create operations do not support explicit versions. use index instead" }), b)
+      _, b = jreq("PUT", "/wv/_create/1?if_seq_no=0&if_primary_term=1", { a = 1 })
+      assert.same(verr({ "create operations do not support compare and set. use index instead" }), b)
+      local long = string.rep("x", 513)
+      _, b = jreq("PUT", "/wv/_doc/" .. long, { a = 1 })
+      assert.same(verr({ "id [" .. long .. "] is too long, must be no longer than 512 bytes but was: 513" }), b)
+      _, b = jreq("DELETE", "/wv/_doc/1?version=-5&version_type=external")
+      assert.same(verr({ "illegal version value [-5] for version type [EXTERNAL]" }), b)
+      -- in _bulk every item is validated first and any failure fails the whole request
+      local st
+      st, b = jreq("POST", "/_bulk", table.concat({
+        '{"index":{"_index":"wv","_id":"ok"}}', '{}',
+        '{"create":{"_index":"wv","_id":"c","version":4}}', '{}',
+        '{"delete":{"_index":"wv","_id":"d","if_seq_no":1}}', "" }, "\n"), NDJSON)
+      assert.equal(400, st)
+      assert.same(verr({ "create operations do not support explicit versions. use index instead",
+        "ifSeqNo is set, but primary term is [0]" }), b)
+      assert.equal(404, (jreq("GET", "/wv/_doc/ok")))
+    end)
     it("DELETE honours version / version_type (external versioning), also in _bulk", function()
       put_doc("docs", "dv", { a = 1 }, false)
       local st, b = jreq("DELETE", "/docs/_doc/dv?version=1&version_type=external")

@@ -99,11 +99,20 @@ function _M.parse(body, default_index, params)
     end
     ops[#ops + 1] = op
   end
+  -- BulkRequest.validate: every item's own validation, all in one 400
   local missing = {}
   for _, op in ipairs(ops) do
     if op.index == nil or op.index == "" then missing[#missing + 1] = "index is missing" end
     if op.action == "delete" or op.action == "update" then
       if op.id == nil then missing[#missing + 1] = "id is missing" end
+    end
+    if op.action ~= "update" then
+      local m = op.meta
+      local errs, verr = store.validate_write(op.action == "delete" and "delete" or "index", op.id,
+        { op_type = op.action, version = m.version, version_type = m.version_type,
+          if_seq_no = m.if_seq_no, if_primary_term = m.if_primary_term })
+      if not errs then return nil, verr end
+      for _, e in ipairs(errs) do missing[#missing + 1] = e end
     end
   end
   if #missing > 0 then return nil, errors.validation(missing) end

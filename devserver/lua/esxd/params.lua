@@ -41,7 +41,10 @@ _M.APIS = {
     list_executed_pipelines = "default:false", include_source_on_error = "default:true" }),
   count = api(SEARCH_COMMON, { index = "path", min_score = "float", q = "ok", analyzer = "no",
     analyze_wildcard = "bool", default_operator = "ok", df = "ok", lenient = "bool", terminate_after = "no" }),
-  create = api(WRITE, { index = "path", id = "path", op_type = "ok", version = "long", version_type = "ok", pipeline = "ok",
+  -- create: RestIndexAction's create handler also reads op_type, if_seq_no and if_primary_term
+  -- (not in create.json), so ES accepts them and then validates them
+  create = api(WRITE, { index = "path", id = "path", op_type = "ok", if_seq_no = "long", if_primary_term = "long",
+    version = "long", version_type = "ok", pipeline = "ok",
     include_source_on_error = "default:true", require_alias = "bool", require_data_stream = "default:false" }),
   index = api(WRITE, { index = "path", id = "path", op_type = "ok", version = "long", version_type = "ok",
     if_seq_no = "long", if_primary_term = "long", pipeline = "ok", require_alias = "bool",

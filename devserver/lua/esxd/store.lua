@@ -162,6 +162,55 @@ local function check_cas(idx, id, cur, opts)
   end
 end
 
+-- ES's request validation of a write (IndexRequest / DeleteRequest.validate with
+-- DocWriteRequest.validateSeqNoBasedCASParams): returns the list of messages (empty if
+-- valid), or nil, error for an unknown version type. kind: "index" or "delete".
+-- MATCH_ANY is -3, MATCH_DELETED -4; an unset if_seq_no / if_primary_term is unassigned.
+function _M.validate_write(kind, id, opts)
+  local errs = {}
+  local vt = opts.version_type or "internal"
+  if vt ~= "internal" and vt ~= "external" and vt ~= "external_gte" then
+    return nil, errors.illegal_argument("No version type match [" .. tostring(vt) .. "]")
+  end
+  local v = opts.version == nil and -3 or tonumber(opts.version)
+  local has_seq, has_term = opts.if_seq_no ~= nil, opts.if_primary_term ~= nil
+  if kind == "index" and opts.op_type == "create" then
+    if vt ~= "internal" then
+      return { "create operations only support internal versioning. use index instead" }
+    elseif v ~= -3 and v ~= -4 then
+      return { "create operations do not support explicit versions. use index instead" }
+    elseif has_seq or has_term then
+      return { "create operations do not support compare and set. use index instead" }
+    end
+  end
+  local valid
+  if v == nil or v ~= math.floor(v) then valid = false
+  elseif vt == "internal" then valid = v > 0 or v == -3 or v == -4
+  else valid = v >= 0 end
+  if not valid then
+    errs[#errs + 1] = ("illegal version value [%s] for version type [%s]"):format(tostring(opts.version or -3), vt:upper())
+  end
+  if vt == "internal" and v ~= -3 and v ~= -4 then
+    errs[#errs + 1] = "internal versioning can not be used for optimistic concurrency control. " ..
+      "Please use `if_seq_no` and `if_primary_term` instead"
+  end
+  if has_seq and (vt ~= "internal" or v ~= -3) then
+    errs[#errs + 1] = "compare and write operations can not use versioning"
+  end
+  if has_seq and not has_term then errs[#errs + 1] = "ifSeqNo is set, but primary term is [0]" end
+  if has_term and not has_seq then
+    errs[#errs + 1] = "ifSeqNo is unassigned, but primary term is [" .. tostring(opts.if_primary_term) .. "]"
+  end
+  if id and #id > 512 then
+    errs[#errs + 1] = ("id [%s] is too long, must be no longer than 512 bytes but was: %d"):format(id, #id)
+  end
+  return errs
+end
+
+local function validation_error(errs)
+  if errs and #errs > 0 then return errors.validation(errs) end
+end
+
 -- External versioning (version_type external / external_gte): the caller's version must be
 -- higher than (external) or at least (external_gte) the document's, deleted documents
 -- included, and becomes the document's version.  Returns the version to store (nil for
@@ -242,6 +291,9 @@ end
 -- Returns status, result-object or nil, error.
 function _M.index(name, id, source, raw, opts)
   opts = opts or {}
+  local verrs, vterr = _M.validate_write("index", id, opts)
+  if not verrs then return nil, vterr end
+  if #verrs > 0 then return nil, validation_error(verrs) end
   local bad_id = check_id(id)
   if bad_id then return nil, bad_id end
   if type(source) ~= "table" or (#source > 0) then
@@ -266,6 +318,9 @@ end
 
 function _M.delete_doc(name, id, opts)
   opts = opts or {}
+  local verrs, vterr = _M.validate_write("delete", id, opts)
+  if not verrs then return nil, vterr end
+  if #verrs > 0 then return nil, validation_error(verrs) end
   local idx = indices[name]
   -- ES auto-creates the index for a delete only with external versioning
   local external_vt = opts.version_type == "external" or opts.version_type == "external_gte"
