@@ -565,6 +565,15 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "action_request_validation_exception", "Validation Failed: 1: script or doc is missing;"), b)
     end)
+    it("_update refuses version / version_type with ES's validation error", function()
+      put_doc("uv", "1", { a = 1 })
+      for _, q in ipairs({ "version=1", "version_type=external&version=2" }) do
+        local st, b = jreq("POST", "/uv/_update/1?" .. q, { doc = { a = 2 } })
+        assert.equal(400, st, q)
+        assert.same(es_error(400, "action_request_validation_exception", "Validation Failed: 1: internal versioning " ..
+          "can not be used for optimistic concurrency control. Please use `if_seq_no` and `if_primary_term` instead;"), b, q)
+      end
+    end)
     it("_update returns the updated source in get when _source asks for it (API and _bulk)", function()
       put_doc("ug", "1", { a = 1, b = { c = 2, d = 3 } })
       local st, b = jreq("POST", "/ug/_update/1?_source=true", { doc = { a = 2 } })

@@ -57,7 +57,7 @@ _M.APIS = {
   get_source = api(GET_COMMON, { index = "path", id = "path", stored_fields = "no" }),
   update = api({ wait_for_active_shards = "ok", refresh = "refresh", routing = "ok", timeout = "time" },
     { index = "path", id = "path", _source = "ok", _source_excludes = "ok", _source_includes = "ok",
-      lang = "ok", retry_on_conflict = "int", if_seq_no = "long", if_primary_term = "long",
+      lang = "ok", retry_on_conflict = "int", version = "update_version", version_type = "update_version", if_seq_no = "long", if_primary_term = "long",
       require_alias = "bool", include_source_on_error = "default:true" }),
   ["indices.create"] = { index = "path", wait_for_active_shards = "ok", timeout = "time", master_timeout = "time" },
   ["indices.delete"] = { index = "path", timeout = "time", master_timeout = "time", ignore_unavailable = "bool",
@@ -212,6 +212,10 @@ function _M.check(name, args, path)
       -- only JSON responses: yaml, cbor and smile are not implemented
       local f = v:lower()
       if f == "yaml" or f == "cbor" or f == "smile" then invalid[#invalid + 1] = k end
+    elseif kind == "update_version" then
+      -- RestUpdateAction reads version / version_type only to refuse them
+      error(errors.validation({ "internal versioning can not be used for optimistic concurrency control. " ..
+        "Please use `if_seq_no` and `if_primary_term` instead" }), 0)
     elseif kind == "level" then
       if v ~= "cluster" then invalid[#invalid + 1] = k end
     end
