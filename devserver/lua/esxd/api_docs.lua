@@ -24,9 +24,20 @@ local function write_opts(ctx, op_type)
     refresh = refresh_flag(a), wait_for = a.refresh == "wait_for", routing = a.routing }
 end
 
+-- java.net.URLEncoder.encode (form encoding: space is "+"; letters, digits and .-*_ kept)
+local function form_encode(s)
+  return (tostring(s):gsub("[^%w%.%-%*_ ]", function(c) return ("%%%02X"):format(c:byte()) end):gsub(" ", "+"))
+end
+
+-- 201 Created carries ES's Location header (DocWriteResponse.getLocation).
 local function finish(st, res, opts)
   if not st then error(res, 0) end
   if opts.wait_for then json.set(res, "forced_refresh", nil) end
+  if st == 201 then
+    local loc = "/" .. form_encode(json.get(res, "_index")) .. "/_doc/" .. form_encode(json.get(res, "_id"))
+    if opts.routing then loc = loc .. "?routing=" .. form_encode(opts.routing) end
+    return st, res, { Location = loc }
+  end
   return st, res
 end
 
