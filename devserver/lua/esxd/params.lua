@@ -14,7 +14,7 @@ local _M = {}
 
 local COMMON = { error_trace = "bool", filter_path = "ok", pretty = "bool", human = "bool", format = "format" }
 
-local WRITE = { wait_for_active_shards = "ok", refresh = "refresh", routing = "ok", timeout = "time" }
+local WRITE = { wait_for_active_shards = "active_shards", refresh = "refresh", routing = "ok", timeout = "time" }
 
 local function api(base, t)
   local out = {}
@@ -33,7 +33,7 @@ _M.APIS = {
   info = {},
   ping = {},
   ["cluster.health"] = { index = "path", expand_wildcards = "ok", level = "level", ["local"] = "bool",
-    master_timeout = "time", timeout = "time", wait_for_active_shards = "ok", wait_for_nodes = "no",
+    master_timeout = "time", timeout = "time", wait_for_active_shards = "active_shards", wait_for_nodes = "no",
     wait_for_events = "ok", wait_for_no_relocating_shards = "bool", wait_for_no_initializing_shards = "bool",
     wait_for_status = "ok" },
   bulk = api(WRITE, { index = "path", _source = "ok", _source_excludes = "ok", _source_includes = "ok",
@@ -55,11 +55,11 @@ _M.APIS = {
     stored_fields = "ok", _source_exclude_vectors = "default:false" }),
   exists = api(GET_COMMON, { index = "path", id = "path", stored_fields = "ok" }),
   get_source = api(GET_COMMON, { index = "path", id = "path", stored_fields = "no" }),
-  update = api({ wait_for_active_shards = "ok", refresh = "refresh", routing = "ok", timeout = "time" },
+  update = api({ wait_for_active_shards = "active_shards", refresh = "refresh", routing = "ok", timeout = "time" },
     { index = "path", id = "path", _source = "ok", _source_excludes = "ok", _source_includes = "ok",
       lang = "ok", retry_on_conflict = "int", version = "update_version", version_type = "update_version", if_seq_no = "long", if_primary_term = "long",
       require_alias = "bool", include_source_on_error = "default:true" }),
-  ["indices.create"] = { index = "path", wait_for_active_shards = "ok", timeout = "time", master_timeout = "time" },
+  ["indices.create"] = { index = "path", wait_for_active_shards = "active_shards", timeout = "time", master_timeout = "time" },
   ["indices.delete"] = { index = "path", timeout = "time", master_timeout = "time", ignore_unavailable = "bool",
     allow_no_indices = "bool", expand_wildcards = "ok" },
   ["indices.exists"] = { index = "path", ["local"] = "bool", ignore_unavailable = "bool", allow_no_indices = "bool",
@@ -212,6 +212,13 @@ function _M.check(name, args, path)
       -- only JSON responses: yaml, cbor and smile are not implemented
       local f = v:lower()
       if f == "yaml" or f == "cbor" or f == "smile" then invalid[#invalid + 1] = k end
+    elseif kind == "active_shards" then
+      -- ActiveShardCount.parseString ("all" or an int >= -1); esxd does not wait for copies
+      local n = v:match("^[+-]?%d+$") and tonumber(v)
+      if v ~= "all" and not n then
+        error(errors.illegal_argument("cannot parse ActiveShardCount[" .. v .. "]"), 0)
+      end
+      if n and n < -1 then error(errors.illegal_argument("shardCount cannot be negative: " .. v), 0) end
     elseif kind == "update_version" then
       -- RestUpdateAction reads version / version_type only to refuse them
       error(errors.validation({ "internal versioning can not be used for optimistic concurrency control. " ..
