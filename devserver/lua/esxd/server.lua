@@ -82,7 +82,8 @@ local function run(ctx)
       return 406, { error = "Content-Type header [" .. (ct or "") .. "] is not supported", status = 406 }
     end
   end
-  local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.path)
+  -- ES's "no handler found" / "Incorrect HTTP method" messages quote request.uri(), query included
+  local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.uri)
   if not h then ctx.error_response = true; return vars, body, hdrs end
   local api = router.API[h]
   params.check(api, ctx.args, ngx.unescape_uri(ctx.path))
@@ -152,7 +153,7 @@ function _M.handle()
         out = errors.body(errors.new(status, t, r))
       end
     else
-      local ctx = setmetatable({ method = method, path = path, segs = split_path(path), args = args,
+      local ctx = setmetatable({ method = method, path = path, uri = request_uri, segs = split_path(path), args = args,
         headers = headers, body = body, started = started, fault = fault }, Ctx)
       local ok, s, o, h = xpcall(run, function(e)
         if errors.is(e) then return e end
