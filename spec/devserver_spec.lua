@@ -846,6 +846,24 @@ describe("esxd", function()
       st, b = bulk('{"index":{"_index":"t"}}\n{}\n', nil, { ["Content-Type"] = "application/json; charset=UTF-8" })
       assert.equal(200, st)
     end)
+    it("a body without any Content-Type is ES's 406 'Content-Type header is missing'", function()
+      local sock = socket.tcp()
+      sock:settimeout(2)
+      assert(sock:connect("127.0.0.1", srv.port))
+      local body = '{"index":{"_index":"t"}}\n{}\n'
+      assert(sock:send("POST /_bulk HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " .. #body ..
+        "\r\n\r\n" .. body))
+      local status = sock:receive("*l")
+      local len
+      repeat
+        local line = sock:receive("*l")
+        len = len or tonumber(line:match("^[Cc]ontent%-[Ll]ength:%s*(%d+)"))
+      until line == ""
+      local text = sock:receive(len)
+      sock:close()
+      assert.equal("HTTP/1.1 406 Not Acceptable", status)
+      assert.same({ error = "Content-Type header is missing", status = 406 }, cjson.decode(text))
+    end)
     it("item-level document errors", function()
       local _, b = bulk('{"index":{"_index":"b6","_id":"1"}}\n{bad json}\n{"index":{"_index":"BAD"}}\n{"a":1}\n')
       assert.is_true(b.errors)

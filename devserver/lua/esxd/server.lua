@@ -79,7 +79,9 @@ local function run(ctx)
     local base = ct and ct:match("^%s*([^;%s]+)") or ""
     if not CONTENT_TYPES[base:lower()] then
       ctx.error_response = true
-      return 406, { error = "Content-Type header [" .. (ct or "") .. "] is not supported", status = 406 }
+      -- RestController.sendContentTypeErrorMessage
+      if ct == nil then return 406, { error = "Content-Type header is missing", status = 406 } end
+      return 406, { error = "Content-Type header [" .. ct .. "] is not supported", status = 406 }
     end
   end
   -- ES's "no handler found" / "Incorrect HTTP method" messages quote request.uri(), query included
