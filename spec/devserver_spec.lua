@@ -1323,6 +1323,30 @@ describe("esxd", function()
         z = { cardinality = { field = "ms", precision_threshold = 100 } } } })
       assert.equal(200, st)
     end)
+    it("typed_keys prefixes aggregation names with their result type, sub-aggregations too", function()
+      req("PUT", "/agg/_doc/9?refresh=true", { site = "d", ratio = 2.5, flag = true })
+      local st, b = jreq("POST", "/agg/_search?typed_keys", { size = 0, aggs = {
+        by_site = { terms = { field = "site" }, aggs = { total = { sum = { field = "ms" } },
+          per_min = { date_histogram = { field = "ts", fixed_interval = "1m" } } } },
+        by_ratio = { terms = { field = "ratio" } }, by_ms = { terms = { field = "ms" } }, by_flag = { terms = { field = "flag" } },
+        by_ts = { terms = { field = "ts" } }, none = { terms = { field = "nope" } },
+        h = { histogram = { field = "ms", interval = 10 } }, st = { stats = { field = "ms" } },
+        c = { cardinality = { field = "user" } } } })
+      assert.equal(200, st)
+      local names = {}
+      for k in pairs(b.aggregations) do names[#names + 1] = k end
+      table.sort(names)
+      assert.same({ "cardinality#c", "dterms#by_ratio", "histogram#h", "lterms#by_flag", "lterms#by_ms",
+        "lterms#by_ts", "stats#st", "sterms#by_site", "umterms#none" }, names)
+      local bucket = b.aggregations["sterms#by_site"].buckets[1]
+      assert.is_table(bucket["sum#total"])
+      assert.is_table(bucket["date_histogram#per_min"])
+      assert.is_nil(bucket.total)
+      _, b = jreq("POST", "/_msearch?typed_keys=true", '{"index":"agg"}\n{"size":0,"aggs":{"t":{"terms":{"field":"site"}}}}\n', NDJSON)
+      assert.is_table(b.responses[1].aggregations["sterms#t"])
+      _, b = jreq("POST", "/agg/_search?typed_keys=false", { size = 0, aggs = { t = { terms = { field = "site" } } } })
+      assert.is_table(b.aggregations.t)
+    end)
     it("unknown aggregation type is a 400", function()
       local st, b = jreq("POST", "/agg/_search", { aggs = { x = { bogus = {} } } })
       assert.equal(400, st)
@@ -1527,7 +1551,7 @@ describe("esxd", function()
     end)
     it("documented parameters esxd does not implement are refused, not ignored", function()
       for _, q in ipairs({ "scroll=1m", "terminate_after=1", "analyzer=standard", "docvalue_fields=a",
-          "suggest_field=a", "typed_keys=true", "explain=true" }) do
+          "suggest_field=a", "explain=true" }) do
         local st, b = jreq("GET", "/_search?" .. q)
         assert.equal(400, st, q)
         assert.equal("illegal_argument_exception", b.error.type, q)
@@ -1542,7 +1566,7 @@ describe("esxd", function()
       st, b = jreq("GET", "/_cluster/health?level=indices")
       assert.same(bad_param("/_cluster/health", "parameter: [level]"), b)
       -- their default values are what esxd does, so those are fine
-      assert.equal(200, (jreq("GET", "/_search?typed_keys=false&explain=false")))
+      assert.equal(200, (jreq("GET", "/_search?explain=false")))
       assert.equal(201, (jreq("PUT", "/p3/_doc/1?require_data_stream=false", { a = 1 })))
       assert.equal(200, (jreq("GET", "/_cluster/health?level=cluster")))
     end)

@@ -417,4 +417,40 @@ end
 
 _M.run = run_aggs
 
+-- ?typed_keys: ES prefixes every aggregation name with its result type ("sterms#by_site"):
+-- terms are sterms / lterms (integers, dates, booleans) / dterms (floating point) / umterms
+-- (unmapped field); the others use their own name.
+local FLOATS = { double = true, float = true, half_float = true, scaled_float = true }
+local function type_name(kind, body, types)
+  if kind ~= "terms" then return kind end
+  local ty = type(body) == "table" and type(body.field) == "string" and mapping.type_of(types, body.field)
+  if not ty then return "umterms" end
+  if FLOATS[ty] then return "dterms" end
+  if mapping.NUMERIC[ty] or ty == "date" or ty == "boolean" then return "lterms" end
+  return "sterms"
+end
+
+local function type_keys(spec, out, types)
+  if type(spec) ~= "table" or type(out) ~= "table" or not out.__keys then return end
+  for i, name in ipairs(out.__keys) do
+    local def = spec[name]
+    if type(def) == "table" then
+      local kind, body
+      for k, v in pairs(def) do
+        if k ~= "aggs" and k ~= "aggregations" and k ~= "meta" then kind, body = k, v end
+      end
+      local res = out.__vals[name]
+      local sub = def.aggs or def.aggregations
+      if sub and type(res) == "table" then
+        for _, b in ipairs(json.get(res, "buckets") or {}) do type_keys(sub, b, types) end
+      end
+      local typed = type_name(kind, body, types) .. "#" .. name
+      out.__keys[i] = typed
+      out.__vals[name] = nil
+      out.__vals[typed] = res
+    end
+  end
+end
+_M.type_keys = type_keys
+
 return _M
