@@ -40,7 +40,7 @@ _M.APIS = {
     pipeline = "ok", require_alias = "bool", require_data_stream = "default:false",
     list_executed_pipelines = "default:false", include_source_on_error = "default:true" }),
   count = api(SEARCH_COMMON, { index = "path", min_score = "float", q = "ok", analyzer = "no",
-    analyze_wildcard = "bool", default_operator = "ok", df = "ok", lenient = "bool", terminate_after = "no" }),
+    analyze_wildcard = "bool", default_operator = "operator", df = "ok", lenient = "bool", terminate_after = "no" }),
   -- create: RestIndexAction's create handler also reads op_type, if_seq_no and if_primary_term
   -- (not in create.json), so ES accepts them and then validates them
   create = api(WRITE, { index = "path", id = "path", op_type = "ok", if_seq_no = "long", if_primary_term = "long",
@@ -69,14 +69,14 @@ _M.APIS = {
     features = "no" },
   ["indices.refresh"] = { index = "path", ignore_unavailable = "bool", allow_no_indices = "bool",
     expand_wildcards = "ok" },
-  msearch = api(SEARCH_COMMON, { index = "path", search_type = "ok", max_concurrent_searches = "int",
+  msearch = api(SEARCH_COMMON, { index = "path", search_type = "search_type", max_concurrent_searches = "int",
     typed_keys = "bool", pre_filter_shard_size = "long", max_concurrent_shard_requests = "int",
     rest_total_hits_as_int = "bool", ccs_minimize_roundtrips = "bool", include_named_queries_score = "default:false",
     preference = false }),  -- not in the msearch spec: RestMultiSearchAction does not read it
   search = api(SEARCH_COMMON, { index = "path", analyzer = "no", analyze_wildcard = "bool",
-    ccs_minimize_roundtrips = "bool", default_operator = "ok", df = "ok", explain = "default:false",
+    ccs_minimize_roundtrips = "bool", default_operator = "operator", df = "ok", explain = "default:false",
     stored_fields = "ok", docvalue_fields = "no", from = "int", force_synthetic_source = "default:false",
-    lenient = "bool", q = "ok", scroll = "no", search_type = "ok", size = "int", sort = "ok", _source = "ok",
+    lenient = "bool", q = "ok", scroll = "no", search_type = "search_type", size = "int", sort = "ok", _source = "ok",
     _source_excludes = "ok", _source_includes = "ok", _source_exclude_vectors = "default:false",
     terminate_after = "no", stats = "ok", suggest_field = "no", suggest_mode = "no", suggest_size = "no",
     suggest_text = "no", timeout = "time", track_scores = "bool", track_total_hits = "ok",
@@ -219,6 +219,15 @@ function _M.check(name, args, path)
         error(errors.illegal_argument("cannot parse ActiveShardCount[" .. v .. "]"), 0)
       end
       if n and n < -1 then error(errors.illegal_argument("shardCount cannot be negative: " .. v), 0) end
+    elseif kind == "search_type" then
+      if v ~= "query_then_fetch" and v ~= "dfs_query_then_fetch" then   -- SearchType.fromString
+        error(errors.illegal_argument("No search type for [" .. v .. "]"), 0)
+      end
+    elseif kind == "operator" then
+      local op = v:lower()                                               -- Operator.fromString
+      if op ~= "and" and op ~= "or" then
+        error(errors.illegal_argument("No enum constant org.elasticsearch.index.query.Operator." .. v:upper()), 0)
+      end
     elseif kind == "update_version" then
       -- RestUpdateAction reads version / version_type only to refuse them
       error(errors.validation({ "internal versioning can not be used for optimistic concurrency control. " ..
