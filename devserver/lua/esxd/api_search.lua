@@ -41,6 +41,10 @@ local MSEARCH_HEADER = { index = true, indices = true, search_type = true, ccs_m
   request_cache = true, preference = true, routing = true, allow_partial_search_results = true,
   expand_wildcards = true, ignore_unavailable = true, allow_no_indices = true, ignore_throttled = true }
 
+-- Errors that ES reports per search in an msearch response (found while executing it); the
+-- others come from parsing the request and fail the whole msearch.
+local ITEM_ERRORS = { index_not_found_exception = true, search_phase_execution_exception = true }
+
 function _M.msearch(ctx)
   local body = ctx.body
   if body == nil or body == "" then
@@ -85,9 +89,11 @@ function _M.msearch(ctx)
     if ok then
       json.set(res, "status", st)
       responses[#responses + 1] = res
-    elseif errors.is(st) then
+    elseif errors.is(st) and ITEM_ERRORS[st.type] then
       responses[#responses + 1] = errors.body(st)
     else
+      -- ES parses every search body (query, aggregations, options) while reading the
+      -- msearch request, so a malformed one fails the whole request
       error(st, 0)
     end
     i = i + 2
