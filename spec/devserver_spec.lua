@@ -981,7 +981,9 @@ describe("esxd", function()
         { "match", { match = { title = { query = "quik", fuzziness = "AUTO" } } } },
         { "match", { match = { title = { query = "fox", analyzer = "whitespace" } } } },
         { "match", { match = { title = { query = "the", zero_terms_query = "all" } } } },
-        { "match", { match = { title = { query = "fox", typo = 1 } } } } }) do
+        { "match", { match = { title = { query = "fox", typo = 1 } } } },
+        { "query_string", { query_string = { query = "fox", fields = { "title" } } } },
+        { "query_string", { query_string = { query = "fox~", fuzziness = 2 } } } }) do
         local st, b = search("/events-*/_search", { query = c[2] })
         assert.equal(400, st, cjson.encode(c[2]))
         assert.equal("parsing_exception", b.error.type)

@@ -37,6 +37,10 @@ local OPTIONS = {
   term = { value = true, boost = true, _name = true, case_insensitive = true },
   prefix = { value = true, boost = true, _name = true, case_insensitive = true, rewrite = true },
   wildcard = { value = true, wildcard = true, boost = true, _name = true, case_insensitive = true, rewrite = true },
+  query_string = { query = true, default_field = true, default_operator = true, lenient = true,
+    boost = true, _name = true, analyze_wildcard = true, allow_leading_wildcard = true,
+    auto_generate_synonyms_phrase_query = true, enable_position_increments = true,
+    max_determinized_states = true, rewrite = true, escape = { false } },
   match = { query = true, boost = true, _name = true, operator = true, minimum_should_match = true,
     auto_generate_synonyms_phrase_query = true, lenient = true, prefix_length = true, max_expansions = true,
     fuzzy_transpositions = true, fuzzy_rewrite = true,
@@ -380,6 +384,7 @@ end
 
 builders.query_string = function(body, types)
   if not is_obj(body) or body.query == nil then perr("[query_string] requires 'query' element") end
+  check_options("query_string", body)
   local op = tostring(body.default_operator or "or"):lower()
   local lenient = body.lenient == true or body.lenient == "true"
   local df = body.default_field or body.df
