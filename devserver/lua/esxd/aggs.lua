@@ -352,6 +352,35 @@ bucket.histogram = function(spec, docs, types, subspec)
   return json.obj("buckets", buckets)
 end
 
+-- Options each aggregation accepts. Unknown ones are ES's x_content_parse_exception
+-- "[terms] unknown field [x]"; options ES has but esxd does not implement (include/exclude,
+-- missing, script, time_zone, offset, bounds, keyed, format, ...) get the same answer instead of
+-- being ignored (a table lists the only values accepted, i.e. the defaults). shard_size,
+-- execution_hint, collect_mode, shard_min_doc_count and precision_threshold change nothing with
+-- one shard and exact counting.
+local UTC = { "UTC", "Z", "+00:00", "GMT", "Etc/UTC" }
+local METRIC_OPTS = { field = true }
+local AGG_OPTS = {
+  terms = { field = true, size = true, min_doc_count = true, order = true, shard_size = true,
+    execution_hint = true, collect_mode = true, shard_min_doc_count = true, show_term_doc_count_error = { false } },
+  date_histogram = { field = true, fixed_interval = true, calendar_interval = true, interval = true,
+    min_doc_count = true, time_zone = UTC, keyed = { false } },
+  histogram = { field = true, interval = true, min_doc_count = true, keyed = { false } },
+  sum = METRIC_OPTS, min = METRIC_OPTS, max = METRIC_OPTS, avg = METRIC_OPTS, stats = METRIC_OPTS,
+  value_count = METRIC_OPTS, cardinality = { field = true, precision_threshold = true },
+}
+
+local function check_agg_options(kind, body)
+  local allowed = AGG_OPTS[kind]
+  if not allowed or type(body) ~= "table" then return end
+  for k, v in pairs(body) do
+    local a = allowed[k]
+    local ok = a == true
+    if type(a) == "table" then for _, d in ipairs(a) do if v == d then ok = true end end end
+    if not ok then errors.raise(400, "x_content_parse_exception", "[" .. kind .. "] unknown field [" .. tostring(k) .. "]") end
+  end
+end
+
 run_aggs = function(spec, docs, types)
   local out = json.obj()
   if type(spec) ~= "table" then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [aggs], but got a [VALUE]") end
@@ -372,6 +401,7 @@ run_aggs = function(spec, docs, types)
       end
     end
     if not kind then errors.raise(400, "parsing_exception", "Missing definition for aggregation [" .. name .. "]") end
+    check_agg_options(kind, body)
     if bucket[kind] then
       json.set(out, name, bucket[kind](body, docs, types, sub))
     elseif metric[kind] then
@@ -386,5 +416,41 @@ run_aggs = function(spec, docs, types)
 end
 
 _M.run = run_aggs
+
+-- ?typed_keys: ES prefixes every aggregation name with its result type ("sterms#by_site"):
+-- terms are sterms / lterms (integers, dates, booleans) / dterms (floating point) / umterms
+-- (unmapped field); the others use their own name.
+local FLOATS = { double = true, float = true, half_float = true, scaled_float = true }
+local function type_name(kind, body, types)
+  if kind ~= "terms" then return kind end
+  local ty = type(body) == "table" and type(body.field) == "string" and mapping.type_of(types, body.field)
+  if not ty then return "umterms" end
+  if FLOATS[ty] then return "dterms" end
+  if mapping.NUMERIC[ty] or ty == "date" or ty == "boolean" then return "lterms" end
+  return "sterms"
+end
+
+local function type_keys(spec, out, types)
+  if type(spec) ~= "table" or type(out) ~= "table" or not out.__keys then return end
+  for i, name in ipairs(out.__keys) do
+    local def = spec[name]
+    if type(def) == "table" then
+      local kind, body
+      for k, v in pairs(def) do
+        if k ~= "aggs" and k ~= "aggregations" and k ~= "meta" then kind, body = k, v end
+      end
+      local res = out.__vals[name]
+      local sub = def.aggs or def.aggregations
+      if sub and type(res) == "table" then
+        for _, b in ipairs(json.get(res, "buckets") or {}) do type_keys(sub, b, types) end
+      end
+      local typed = type_name(kind, body, types) .. "#" .. name
+      out.__keys[i] = typed
+      out.__vals[name] = nil
+      out.__vals[typed] = res
+    end
+  end
+end
+_M.type_keys = type_keys
 
 return _M

@@ -30,7 +30,13 @@ function _M.ping() return 200, nil end
 
 function _M.health(ctx)
   local idxs = search.targets(ctx.vars.index, ctx.args)
-  local n = ctx.vars.index and #idxs or #store.names()
+  local n = 0
+  if ctx.vars.index then
+    for _, idx in ipairs(idxs) do n = n + idx.shards end
+  else
+    for _, name in ipairs(store.names()) do n = n + store.get(name).shards end
+  end
+  local human = ctx.args.human == "" or ctx.args.human == "true"
   return 200, json.obj(
     "cluster_name", "esxd",
     "status", "green",
@@ -45,7 +51,9 @@ function _M.health(ctx)
     "delayed_unassigned_shards", 0,
     "number_of_pending_tasks", 0,
     "number_of_in_flight_fetch", 0,
+    "task_max_waiting_in_queue", human and "0s" or nil,
     "task_max_waiting_in_queue_millis", 0,
+    "active_shards_percent", human and "100.0%" or nil,
     "active_shards_percent_as_number", json.float(100))
 end
 

@@ -4,6 +4,7 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local store = require "esxd.store"
 local source_filter = require "esxd.source_filter"
+local params = require "esxd.params"
 
 local _M = {}
 
@@ -14,17 +15,29 @@ end
 
 local function write_opts(ctx, op_type)
   local a = ctx.args
-  if a.op_type ~= nil and a.op_type ~= "create" and a.op_type ~= "index" then
+  local op = a.op_type and a.op_type:lower()   -- IndexRequest.opType lowercases
+  if op ~= nil and op ~= "create" and op ~= "index" then
     error(errors.illegal_argument("opType must be 'create' or 'index', found: [" .. tostring(a.op_type) .. "]"), 0)
   end
-  return { op_type = op_type or a.op_type or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
+  return { op_type = op_type or op or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
     version = a.version, version_type = a.version_type,
-    refresh = refresh_flag(a), wait_for = a.refresh == "wait_for" }
+    refresh = refresh_flag(a), wait_for = a.refresh == "wait_for", routing = a.routing }
 end
 
+-- java.net.URLEncoder.encode (form encoding: space is "+"; letters, digits and .-*_ kept)
+local function form_encode(s)
+  return (tostring(s):gsub("[^%w%.%-%*_ ]", function(c) return ("%%%02X"):format(c:byte()) end):gsub(" ", "+"))
+end
+
+-- 201 Created carries ES's Location header (DocWriteResponse.getLocation).
 local function finish(st, res, opts)
   if not st then error(res, 0) end
   if opts.wait_for then json.set(res, "forced_refresh", nil) end
+  if st == 201 then
+    local loc = "/" .. form_encode(json.get(res, "_index")) .. "/_doc/" .. form_encode(json.get(res, "_id"))
+    if opts.routing then loc = loc .. "?routing=" .. form_encode(opts.routing) end
+    return st, res, { Location = loc }
+  end
   return st, res
 end
 
@@ -43,6 +56,17 @@ local function check_index_name(name)
   if bad then error(bad, 0) end
 end
 
+-- require_alias=true: esxd has no aliases, so (as in ES for a name that is not an alias,
+-- whether or not such an index exists) the write fails.
+local function check_require_alias(ctx)
+  if params.bool(ctx.args.require_alias, "require_alias") then
+    local name = ctx.vars.index
+    error(errors.new(404, "index_not_found_exception",
+      "no such index [" .. name .. "] and [require_alias] request flag is [true] and [" .. name .. "] is not an alias",
+      { "index_uuid", "_na_", "index", name }), 0)
+  end
+end
+
 local function check_pipeline(args)
   if args.pipeline and args.pipeline ~= "_none" then
     error(errors.illegal_argument("pipeline with id [" .. args.pipeline .. "] does not exist"), 0)
@@ -54,6 +78,7 @@ function _M.index(ctx)
   check_pipeline(ctx.args)
   local src = doc_body(ctx)
   local opts = write_opts(ctx)
+  check_require_alias(ctx)
   local id = ctx.vars.id
   if ctx.method == "PUT" and id == nil then
     error(errors.new(405, "illegal_argument_exception", "PUT requires an id"), 0)
@@ -63,10 +88,16 @@ function _M.index(ctx)
 end
 
 function _M.create(ctx)
+  -- RestIndexAction.CreateHandler takes op_type, but only "create"
+  local op = ctx.args.op_type
+  if op ~= nil and op:lower() ~= "create" then
+    error(errors.illegal_argument("opType must be 'create', found: [" .. op .. "]"), 0)
+  end
   check_index_name(ctx.vars.index)
   check_pipeline(ctx.args)
   local src = doc_body(ctx)
   local opts = write_opts(ctx, "create")
+  check_require_alias(ctx)
   local st, res = store.index(ctx.vars.index, ctx.vars.id, src, (ctx.body:gsub("^%s+", ""):gsub("%s+$", "")), opts)
   return finish(st, res, opts)
 end
@@ -75,6 +106,10 @@ function _M.update(ctx)
   check_index_name(ctx.vars.index)
   local body = doc_body(ctx)
   local opts = write_opts(ctx)
+  check_require_alias(ctx)
+  local a = ctx.args
+  opts.fetch = source_filter.update_fetch(type(body) == "table" and body._source or nil, a._source,
+    a._source_includes, a._source_excludes)
   local st, res = store.update(ctx.vars.index, ctx.vars.id, body, opts)
   return finish(st, res, opts)
 end
@@ -85,31 +120,62 @@ function _M.delete(ctx)
   return finish(st, res, opts)
 end
 
-function _M.get(ctx)
+-- The record a get-style request sees: real time (the latest write) unless realtime=false
+-- (the state as of the last refresh); refresh=true refreshes the index first; version (with
+-- version_type) must equal the document's version, else ES's 409.
+local function lookup(ctx)
+  local a = ctx.args
   local idx = store.get(ctx.vars.index)
   if not idx then error(errors.index_not_found(ctx.vars.index), 0) end
-  local rec = idx.docs[ctx.vars.id]
+  if params.bool(a.refresh, "refresh") then store.refresh(idx) end
+  local rec
+  if params.bool(a.realtime, "realtime") == false then rec = idx.visible[ctx.vars.id]
+  else rec = idx.docs[ctx.vars.id] end
+  local vt = a.version_type
+  if vt ~= nil and vt ~= "internal" and vt ~= "external" and vt ~= "external_gte" then
+    error(errors.illegal_argument("No version type match [" .. vt .. "]"), 0)
+  end
+  if rec and a.version ~= nil and tonumber(a.version) ~= -3 and tonumber(a.version) ~= rec.version then
+    error(errors.new(409, "version_conflict_engine_exception",
+      ("[%s]: version conflict, current version [%d] is different than the one provided [%s]")
+        :format(rec.id, rec.version, a.version),
+      { "index_uuid", idx.uuid, "shard", "0", "index", idx.name }), 0)
+  end
+  return idx, rec
+end
+
+-- stored_fields without _source (and no _source parameter) leaves _source out, as in ES.
+local function source_spec(a)
+  local f = source_filter.parse(a._source, a._source_includes, a._source_excludes)
+  if a.stored_fields ~= nil and a._source == nil then
+    local wants = false
+    for s in a.stored_fields:gmatch("[^,]+") do if s == "_source" then wants = true end end
+    if not wants then return false end
+  end
+  return f
+end
+
+function _M.get(ctx)
+  local idx, rec = lookup(ctx)
   if not rec then
     return 404, json.obj("_index", idx.name, "_id", ctx.vars.id, "found", false)
   end
-  local a = ctx.args
-  local f = source_filter.parse(a._source, a._source_includes, a._source_excludes)
+  local f = source_spec(ctx.args)
   local res = json.obj("_index", idx.name, "_id", rec.id, "_version", rec.version, "_seq_no", rec.seq_no,
-    "_primary_term", 1, "found", true)
+    "_primary_term", 1, "_routing", rec.routing, "found", true)
   if f ~= false then json.set(res, "_source", source_filter.apply(f, rec)) end
   return 200, res
 end
 
 function _M.exists(ctx)
-  local idx = store.get(ctx.vars.index)
-  if idx and idx.docs[ctx.vars.id] then return 200, nil end
+  if not store.get(ctx.vars.index) then return 404, nil end
+  local _, rec = lookup(ctx)
+  if rec then return 200, nil end
   return 404, nil
 end
 
 function _M.source(ctx)
-  local idx = store.get(ctx.vars.index)
-  if not idx then error(errors.index_not_found(ctx.vars.index), 0) end
-  local rec = idx.docs[ctx.vars.id]
+  local idx, rec = lookup(ctx)
   if not rec then
     error(errors.new(404, "resource_not_found_exception", "Document not found [" .. idx.name .. "]/[" .. ctx.vars.id .. "]"), 0)
   end

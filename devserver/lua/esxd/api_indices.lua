@@ -3,6 +3,8 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local store = require "esxd.store"
 local search = require "esxd.search"
+local dates = require "esxd.dates"
+local mapping = require "esxd.mapping"
 
 local _M = {}
 
@@ -17,11 +19,21 @@ function _M.create(ctx)
     end
     for k, v in pairs(body) do
       if not CREATE_KEYS[k] then
-        error(errors.parsing("unknown key [" .. k .. "] for create index"), 0)
+        -- CreateIndexRequest.source: an ElasticsearchParseException, i.e. parse_exception
+        error(errors.new(400, "parse_exception", "unknown key [" .. k .. "] for create index"), 0)
       end
       if type(v) ~= "table" then
         error(errors.parsing("Failed to parse [" .. k .. "]: expected an object"), 0)
       end
+    end
+  end
+  if body ~= nil and type(body.mappings) == "table" then
+    local field, ty = mapping.unknown_type(body.mappings.properties)
+    if field then
+      local msg = "No handler for type [" .. ty .. "] declared on field [" .. field .. "]"
+      error(errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
+        { caused_by = { type = "mapper_parsing_exception", reason = msg },
+          root_cause = { { type = "mapper_parsing_exception", reason = msg } } }), 0)
     end
   end
   local _, err = store.create(name, body)
@@ -55,19 +67,90 @@ function _M.exists(ctx)
   return 404, nil
 end
 
+local function deep_copy(t)
+  if type(t) ~= "table" then return t end
+  local c = {}
+  for k, v in pairs(t) do c[k] = deep_copy(v) end
+  return c
+end
+
+-- The index's mappings as ES shows them: the explicit mappings as given, plus the dynamic
+-- fields (objects as "properties", a dynamic text field with its "keyword" sub-field with
+-- ignore_above 256, as ES's default dynamic template for strings).
+local function mappings_of(idx)
+  local explicit = type(idx.mappings) == "table" and idx.mappings or nil
+  local out = deep_copy(explicit) or {}
+  local known = {}
+  if explicit then mapping.load(known, explicit.properties) end
+  local paths = {}
+  for path in pairs(idx.types) do
+    if not known[path] then paths[#paths + 1] = path end
+  end
+  local function depth(p) return select(2, p:gsub("%.", "")) end
+  table.sort(paths, function(a, b)
+    local da, db = depth(a), depth(b)
+    if da ~= db then return da < db end
+    return a < b
+  end)
+  local dyn_object = {}
+  local function node_at(path)
+    local props, node = out.properties, nil
+    for part in path:gmatch("[^%.]+") do
+      if type(props) ~= "table" then return nil end
+      node = props[part]
+      if type(node) ~= "table" then return nil end
+      props = node.properties
+    end
+    return node
+  end
+  for _, path in ipairs(paths) do
+    local ty = idx.types[path]
+    local parent, last = path:match("^(.*)%.([^%.]+)$")
+    if not parent then last = path end
+    local pty = parent and idx.types[parent]
+    if parent and pty and pty ~= "object" and pty ~= "nested" then
+      local pnode = node_at(parent)
+      if pnode then
+        pnode.fields = pnode.fields or {}
+        if pnode.fields[last] == nil then
+          pnode.fields[last] = (ty == "keyword" and pty == "text") and { type = "keyword", ignore_above = 256 }
+            or { type = ty }
+        end
+      end
+    else
+      local container
+      if parent then
+        local pnode = node_at(parent)
+        if pnode then
+          if dyn_object[pnode] then pnode.type = nil end
+          pnode.properties = pnode.properties or {}
+          container = pnode.properties
+        end
+      else
+        out.properties = out.properties or {}
+        container = out.properties
+      end
+      if container and container[last] == nil then
+        local node = { type = ty }
+        if ty == "object" then dyn_object[node] = true end
+        container[last] = node
+      end
+    end
+  end
+  return out
+end
+
 function _M.get(ctx)
   local list = resolve_strict(ctx.vars.index, ctx)
+  local human = ctx.args.human == "" or ctx.args.human == "true"
   local out = json.obj()
   for _, idx in ipairs(list) do
-    local props = {}
-    for path, ty in pairs(idx.types) do
-      if not path:find(".", 1, true) then props[path] = { type = ty } end
-    end
     json.set(out, idx.name, json.obj(
       "aliases", {},
-      "mappings", next(props) and { properties = props } or {},
-      "settings", { index = { number_of_shards = "1", number_of_replicas = "1", uuid = idx.uuid,
-        provided_name = idx.name, creation_date = tostring(idx.created) } }))
+      "mappings", mappings_of(idx),
+      "settings", { index = { number_of_shards = tostring(idx.shards), number_of_replicas = tostring(idx.replicas), uuid = idx.uuid,
+        provided_name = idx.name, creation_date = tostring(idx.created),
+        creation_date_string = human and dates.format(idx.created) or nil } }))
   end
   return 200, out
 end
@@ -75,8 +158,12 @@ end
 function _M.refresh(ctx)
   local list = search.targets(ctx.vars.index, ctx.args)
   for _, idx in ipairs(list) do store.refresh(idx) end
-  local n = #list
-  return 200, json.obj("_shards", json.obj("total", n * 2, "successful", n, "failed", 0))
+  local total, ok = 0, 0
+  for _, idx in ipairs(list) do
+    ok = ok + idx.shards
+    total = total + idx.shards * (1 + idx.replicas)
+  end
+  return 200, json.obj("_shards", json.obj("total", total, "successful", ok, "failed", 0))
 end
 
 return _M

@@ -3,15 +3,27 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local search = require "esxd.search"
 local bulk = require "esxd.bulk"
+local params = require "esxd.params"
 
 local _M = {}
 
 function _M.search(ctx)
-  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started)
+  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started, ngx.unescape_uri(ctx.path))
 end
 
+-- RestCountAction parses either the body or the q parameters (q, df, ...), so with a body
+-- those parameters are left unconsumed: ES's "unrecognized parameters" 400.
+local COUNT_Q = { "q", "df", "analyzer", "analyze_wildcard", "lenient", "default_operator" }
+
 function _M.count(ctx)
-  return search.count(ctx.vars.index, ctx.args, ctx:json(true))
+  local body = ctx:json(true)
+  local path = ngx.unescape_uri(ctx.path)
+  if body ~= nil then
+    local unused = {}
+    for _, k in ipairs(COUNT_Q) do if ctx.args[k] ~= nil then unused[#unused + 1] = k end end
+    if #unused > 0 then error(params.unrecognized_error("count", path, unused), 0) end
+  end
+  return search.count(ctx.vars.index, ctx.args, body, path)
 end
 
 function _M.bulk(ctx)
@@ -24,9 +36,20 @@ function _M.bulk(ctx)
   return 200, bulk.execute(ops, ctx.args, fault, ctx.started)
 end
 
+-- The keys ES's MultiSearchRequest accepts in a header line (the others are a 400).
+local MSEARCH_HEADER = { index = true, indices = true, search_type = true, ccs_minimize_roundtrips = true,
+  request_cache = true, preference = true, routing = true, allow_partial_search_results = true,
+  expand_wildcards = true, ignore_unavailable = true, allow_no_indices = true, ignore_throttled = true }
+
+-- Errors that ES reports per search in an msearch response (found while executing it); the
+-- others come from parsing the request and fail the whole msearch.
+local ITEM_ERRORS = { index_not_found_exception = true, search_phase_execution_exception = true }
+
 function _M.msearch(ctx)
   local body = ctx.body
-  if body == nil or body == "" then error(errors.validation({ "no requests added" }), 0) end
+  if body == nil or body == "" then
+    error(errors.new(400, "parse_exception", "request body or source parameter is required"), 0)
+  end
   if body:sub(-1) ~= "\n" then
     error(errors.illegal_argument("The msearch request must be terminated by a newline [\\n]"), 0)
   end
@@ -46,19 +69,31 @@ function _M.msearch(ctx)
     if q == nil then
       error(errors.x_content_parse("[" .. (i + 1) .. ":1] Malformed msearch body: " .. tostring(qerr)), 0)
     end
-    local idx = header.index
+    for k in pairs(header) do
+      if not MSEARCH_HEADER[k] then
+        error(errors.illegal_argument("key [" .. tostring(k) .. "] is not supported in the metadata section"), 0)
+      end
+    end
+    local idx = header.index or header.indices
     if type(idx) == "table" then idx = table.concat(idx, ",") end
     if idx == nil then idx = ctx.vars.index end
     local args = {}
     for k, v in pairs(ctx.args) do args[k] = v end
     if header.ignore_unavailable ~= nil then args.ignore_unavailable = tostring(header.ignore_unavailable) end
+    if header.allow_no_indices ~= nil then args.allow_no_indices = tostring(header.allow_no_indices) end
+    if header.expand_wildcards ~= nil then
+      local ew = header.expand_wildcards
+      args.expand_wildcards = type(ew) == "table" and table.concat(ew, ",") or tostring(ew)
+    end
     local ok, st, res = pcall(search.search, idx, args, q, ngx.now())
     if ok then
       json.set(res, "status", st)
       responses[#responses + 1] = res
-    elseif errors.is(st) then
+    elseif errors.is(st) and ITEM_ERRORS[st.type] then
       responses[#responses + 1] = errors.body(st)
     else
+      -- ES parses every search body (query, aggregations, options) while reading the
+      -- msearch request, so a malformed one fails the whole request
       error(st, 0)
     end
     i = i + 2

@@ -6,6 +6,7 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local store = require "esxd.store"
 local names = require "esxd.names"
+local source_filter = require "esxd.source_filter"
 
 local _M = {}
 local null = json.null
@@ -33,7 +34,7 @@ end
 
 -- Parse the body into a list of operations; returns ops or nil, error.
 function _M.parse(body, default_index, params)
-  if body == nil or body == "" then return nil, errors.validation({ "no requests added" }) end
+  if body == nil or body == "" then return nil, errors.body_required() end
   if body:sub(-1) ~= "\n" then
     return nil, errors.illegal_argument("The bulk request must be terminated by a newline [\\n]")
   end
@@ -98,11 +99,20 @@ function _M.parse(body, default_index, params)
     end
     ops[#ops + 1] = op
   end
+  -- BulkRequest.validate: every item's own validation, all in one 400
   local missing = {}
   for _, op in ipairs(ops) do
     if op.index == nil or op.index == "" then missing[#missing + 1] = "index is missing" end
     if op.action == "delete" or op.action == "update" then
       if op.id == nil then missing[#missing + 1] = "id is missing" end
+    end
+    if op.action ~= "update" then
+      local m = op.meta
+      local errs, verr = store.validate_write(op.action == "delete" and "delete" or "index", op.id,
+        { op_type = op.action, version = m.version, version_type = m.version_type,
+          if_seq_no = m.if_seq_no, if_primary_term = m.if_primary_term })
+      if not errs then return nil, verr end
+      for _, e in ipairs(errs) do missing[#missing + 1] = e end
     end
   end
   if #missing > 0 then return nil, errors.validation(missing) end
@@ -149,7 +159,7 @@ function _M.execute(ops, params, fault, started)
       local bad = names.validate(op.index)
       if bad then
         err = bad
-      elseif truthy(require_alias) and not store.get(op.index) then
+      elseif truthy(require_alias) then -- esxd has no aliases
         err = errors.new(404, "index_not_found_exception",
           "no such index [" .. op.index .. "] and [require_alias] request flag is [true] and [" .. op.index .. "] is not an alias",
           { "index_uuid", "_na_", "index", op.index })
@@ -167,17 +177,27 @@ function _M.execute(ops, params, fault, started)
           else
             st, res = store.index(op.index, id, src, op.source_line,
               { op_type = op.action, if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term,
-                version = op.meta.version, version_type = op.meta.version_type })
+                version = op.meta.version, version_type = op.meta.version_type,
+                routing = op.meta.routing ~= nil and tostring(op.meta.routing) or params.routing })
             if not st then err = res end
           end
         end
       elseif op.action == "update" then
+        -- _source: the action line's, else the update body's, else the URL's
+        local fetch
+        if op.meta._source ~= nil then fetch = source_filter.update_fetch(op.meta._source)
+        else
+          fetch = source_filter.update_fetch(op.update._source, params._source, params._source_includes,
+            params._source_excludes)
+        end
         st, res = store.update(op.index, id, op.update,
-          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term, fetch = fetch,
+            routing = op.meta.routing ~= nil and tostring(op.meta.routing) or params.routing })
         if not st then err = res end
       else
         st, res = store.delete_doc(op.index, id,
-          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term })
+          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term,
+            version = op.meta.version, version_type = op.meta.version_type })
         if not st then err = res end
       end
       if err then

@@ -7,13 +7,25 @@ local _M = {}
 local ERR = {}
 local unpack = table.unpack or unpack
 
+-- ?error_trace=true: ES adds a "stack_trace" string to every error object. esxd has no Java
+-- stack, so it writes ES's first line (exception class and message, [index] first) and one
+-- frame naming esxd.
+local function stack_trace(c)
+  local class = c.type:gsub("^%l", string.upper):gsub("_(%l)", string.upper)
+  local index
+  for i = 1, #(c.fields or {}), 2 do if c.fields[i] == "index" then index = c.fields[i + 1] end end
+  return (index and ("[" .. tostring(index) .. "] ") or "") .. "org.elasticsearch." .. class .. ": " ..
+    tostring(c.reason) .. "\n\tat esxd (esxd dev server: no Java stack trace)"
+end
+
 -- cause: {type=, reason=, fields = ordered list {k, v, k, v}, caused_by = cause, root = list}
-local function cause_obj(c)
+local function cause_obj(c, trace)
   local args = { "type", c.type, "reason", c.reason }
   for i = 1, #(c.fields or {}) do args[#args + 1] = c.fields[i] end
   if c.caused_by then
-    args[#args + 1] = "caused_by"; args[#args + 1] = cause_obj(c.caused_by)
+    args[#args + 1] = "caused_by"; args[#args + 1] = cause_obj(c.caused_by, trace)
   end
+  if trace then args[#args + 1] = "stack_trace"; args[#args + 1] = stack_trace(c) end
   return json.obj(unpack(args))
 end
 
@@ -30,18 +42,19 @@ end
 
 function _M.is(v) return type(v) == "table" and getmetatable(v) == ERR end
 
--- Render an error value to a JSON-encodable object.
-function _M.body(e)
+-- Render an error value to a JSON-encodable object. trace: ?error_trace=true.
+function _M.body(e, trace)
   local roots = json.array()
   if e.root_cause then
-    for _, c in ipairs(e.root_cause) do roots[#roots + 1] = cause_obj(c) end
+    for _, c in ipairs(e.root_cause) do roots[#roots + 1] = cause_obj(c, trace) end
   else
-    roots[1] = cause_obj({ type = e.type, reason = e.reason, fields = e.fields })
+    roots[1] = cause_obj({ type = e.type, reason = e.reason, fields = e.fields }, trace)
   end
   local err = json.obj("root_cause", roots, "type", e.type, "reason", e.reason)
   for i = 1, #e.fields, 2 do json.set(err, e.fields[i], e.fields[i + 1]) end
   for i = 1, #(e.extra_top or {}), 2 do json.set(err, e.extra_top[i], e.extra_top[i + 1]) end
-  if e.caused_by then json.set(err, "caused_by", cause_obj(e.caused_by)) end
+  if e.caused_by then json.set(err, "caused_by", cause_obj(e.caused_by, trace)) end
+  if trace then json.set(err, "stack_trace", stack_trace(e)) end
   return json.obj("error", err, "status", e.status)
 end
 

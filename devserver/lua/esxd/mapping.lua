@@ -8,6 +8,40 @@ local json = require "esxd.json"
 local _M = {}
 local null = json.null
 
+-- Field types Elasticsearch knows (core and bundled modules). esxd implements the common ones
+-- (see README); any other name is ES's mapper_parsing_exception at index creation.
+local ES_TYPES = {}
+for t in ([[binary boolean keyword constant_keyword wildcard long integer short byte double float
+  half_float scaled_float unsigned_long date date_nanos alias object flattened nested join integer_range
+  float_range long_range double_range date_range ip_range ip version murmur3 aggregate_metric_double
+  histogram text match_only_text annotated_text completion search_as_you_type token_count dense_vector
+  sparse_vector rank_feature rank_features geo_point geo_shape point shape percolator semantic_text
+  counted_keyword passthrough]]):gmatch("%S+") do ES_TYPES[t] = true end
+
+-- Returns nil, or the field path and type name of the first mapping whose type ES does not know.
+function _M.unknown_type(props, prefix)
+  if type(props) ~= "table" then return nil end
+  local names = {}
+  for name in pairs(props) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local def = props[name]
+    local path = prefix and (prefix .. "." .. name) or name
+    if type(def) == "table" then
+      if type(def.type) == "string" and not ES_TYPES[def.type] then return name, def.type end
+      local p, t = _M.unknown_type(def.properties, path)
+      if p then return p, t end
+      if type(def.fields) == "table" then
+        for sub, sdef in pairs(def.fields) do
+          if type(sdef) == "table" and type(sdef.type) == "string" and not ES_TYPES[sdef.type] then
+            return sub, sdef.type
+          end
+        end
+      end
+    end
+  end
+end
+
 -- Load explicit "properties" into the flat types table.
 function _M.load(types, props, prefix)
   if type(props) ~= "table" then return end

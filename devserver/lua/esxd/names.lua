@@ -36,11 +36,13 @@ _M.glob_to_pattern = glob_to_pattern
 -- Resolve an index expression against the existing names (a sorted list).
 -- opts.ignore_unavailable: drop missing concrete names instead of failing.
 -- opts.allow_no_indices (default true): a wildcard matching nothing is fine.
+-- opts.no_wildcards (expand_wildcards=none): wildcards and _all expand to nothing.
 -- Returns list of names, or nil, error.
 function _M.resolve(expr, existing, opts)
   opts = opts or {}
   if expr == nil or expr == "" or expr == "_all" or expr == "*" then
     local out = {}
+    if opts.no_wildcards then return out end
     for _, n in ipairs(existing) do
       if n:sub(1, 1) ~= "." then out[#out + 1] = n end
     end
@@ -57,6 +59,7 @@ function _M.resolve(expr, existing, opts)
     if part:sub(1, 1) == "-" and i > 1 then negate = true; part = part:sub(2) end
     if part == "_all" then part = "*" end
     if part:find("*", 1, true) then
+      if opts.no_wildcards then goto continue end
       local pat = glob_to_pattern(part)
       for _, n in ipairs(existing) do
         if n:match(pat) and (part:sub(1, 1) == "." or n:sub(1, 1) ~= ".") then

@@ -29,6 +29,37 @@ local function field_entry(qname, body)
   return field, val
 end
 
+-- Options of a leaf query's field object. ES refuses keys it does not know with
+-- "[q] query does not support [k]"; esxd gives the same answer for options it does not
+-- implement (a value of false means: accepted only at its default, given as the second
+-- entry), rather than ignoring them and returning other hits than ES would.
+local OPTIONS = {
+  term = { value = true, boost = true, _name = true, case_insensitive = true },
+  prefix = { value = true, boost = true, _name = true, case_insensitive = true, rewrite = true },
+  wildcard = { value = true, wildcard = true, boost = true, _name = true, case_insensitive = true, rewrite = true },
+  query_string = { query = true, default_field = true, default_operator = true, lenient = true,
+    boost = true, _name = true, analyze_wildcard = true, allow_leading_wildcard = true,
+    auto_generate_synonyms_phrase_query = true, enable_position_increments = true,
+    max_determinized_states = true, rewrite = true, escape = { false } },
+  match = { query = true, boost = true, _name = true, operator = true, minimum_should_match = true,
+    auto_generate_synonyms_phrase_query = true, lenient = true, prefix_length = true, max_expansions = true,
+    fuzzy_transpositions = true, fuzzy_rewrite = true,
+    fuzziness = { 0, "0" }, analyzer = { "standard" }, zero_terms_query = { "none", "NONE" } },
+}
+
+local function check_options(qname, v)
+  if not is_obj(v) then return end
+  local allowed = OPTIONS[qname]
+  for k, val in pairs(v) do
+    local a = allowed[k]
+    local ok = a == true
+    if type(a) == "table" then
+      for _, d in ipairs(a) do if val == d then ok = true end end
+    end
+    if not ok then perr("[" .. qname .. "] query does not support [" .. tostring(k) .. "]") end
+  end
+end
+
 -- comparable form of a document value for a field type
 local function norm(ty, v)
   if ty == "date" then return dates.parse(v) end
@@ -100,6 +131,7 @@ builders.match_none = function() return function() return false, 0 end end
 
 builders.term = function(body, types)
   local field, v = field_entry("term", body)
+  check_options("term", v)
   local ci = false
   if is_obj(v) then
     ci = v.case_insensitive == true
@@ -153,6 +185,7 @@ end
 
 builders.prefix = function(body, types)
   local field, v = field_entry("prefix", body)
+  check_options("prefix", v)
   local ci = false
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value end
   v = tostring(v)
@@ -171,26 +204,38 @@ end
 
 builders.wildcard = function(body, types)
   local field, v = field_entry("wildcard", body)
-  if is_obj(v) then v = v.value or v.wildcard end
+  check_options("wildcard", v)
+  local ci = false
+  if is_obj(v) then ci = v.case_insensitive == true; v = v.value or v.wildcard end
+  if ci then v = tostring(v):lower() end
   local pat = "^" .. tostring(v):gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
   local ty = mapping.type_of(types, field)
   return function(rec)
     for _, dv in ipairs(values(rec.source, field)) do
       local cands = ty == "text" and mapping.tokens(dv) or { tostring(dv) }
-      for _, c in ipairs(cands) do if c:match(pat) then return true, 1.0 end end
+      for _, c in ipairs(cands) do
+        if ci then c = c:lower() end
+        if c:match(pat) then return true, 1.0 end
+      end
     end
     return false, 0
   end
 end
 
+local UTC_ZONES = { UTC = true, Z = true, ["+00:00"] = true, GMT = true, ["Etc/UTC"] = true }
+local ISO_FORMATS = { strict_date_optional_time = true, date_optional_time = true, epoch_millis = true,
+  ["strict_date_optional_time||epoch_millis"] = true, ["date_optional_time||epoch_millis"] = true }
 local RANGE_KEYS = { gt = true, gte = true, lt = true, lte = true, format = true, time_zone = true,
   boost = true, relation = true, from = true, to = true, include_lower = true, include_upper = true }
 
 builders.range = function(body, types)
   local field, spec = field_entry("range", body)
   if not is_obj(spec) then perr("[range] query malformed, no start_object after query name") end
-  for k in pairs(spec) do
+  for k, val in pairs(spec) do
     if not RANGE_KEYS[k] then perr("[range] query does not support [" .. k .. "]") end
+    -- esxd's dates are UTC ISO-8601 / epoch millis only: other zones and formats are refused
+    if k == "time_zone" and not UTC_ZONES[val] then perr("[range] query does not support [time_zone]") end
+    if k == "format" and not ISO_FORMATS[val] then perr("[range] query does not support [format]") end
   end
   local ty = mapping.type_of(types, field)
   local is_date = ty == "date"
@@ -233,6 +278,7 @@ end
 
 builders.match = function(body, types)
   local field, v = field_entry("match", body)
+  check_options("match", v)
   local op = "or"
   local min_match
   if is_obj(v) then
@@ -338,6 +384,7 @@ end
 
 builders.query_string = function(body, types)
   if not is_obj(body) or body.query == nil then perr("[query_string] requires 'query' element") end
+  check_options("query_string", body)
   local op = tostring(body.default_operator or "or"):lower()
   local lenient = body.lenient == true or body.lenient == "true"
   local df = body.default_field or body.df

@@ -7,6 +7,18 @@ local api_search = require "esxd.api_search"
 
 local _M = {}
 
+-- The REST API (es-spec/api/<name>.json) of each handler, for esxd.params.
+local API = {
+  [api_cluster.info] = "info", [api_cluster.ping] = "ping", [api_cluster.health] = "cluster.health",
+  [api_search.bulk] = "bulk", [api_search.search] = "search", [api_search.count] = "count",
+  [api_search.msearch] = "msearch", [api_indices.refresh] = "indices.refresh", [api_docs.index] = "index",
+  [api_docs.get] = "get", [api_docs.exists] = "exists", [api_docs.delete] = "delete",
+  [api_docs.create] = "create", [api_docs.update] = "update", [api_docs.source] = "get_source",
+  [api_indices.create] = "indices.create", [api_indices.delete] = "indices.delete",
+  [api_indices.exists] = "indices.exists", [api_indices.get] = "indices.get",
+}
+_M.API = API
+
 local routes = {
   { {}, { GET = api_cluster.info, HEAD = api_cluster.ping } },
   { { "_cluster", "health" }, { GET = api_cluster.health } },

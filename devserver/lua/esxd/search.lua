@@ -20,8 +20,23 @@ local function is_obj(t) return type(t) == "table" and t ~= null and (next(t) ==
 local function truthy(v) return v == "" or v == "true" or v == true end
 
 -- Resolve index targets. Returns list of index objects or raises.
+local WILDCARD_STATES = { open = true, closed = true, hidden = true, none = true, all = true }
+
+-- expand_wildcards: esxd has no closed or hidden indices, so open/closed/hidden/all all
+-- expand to the (non-dot) indices; "none" alone expands wildcards to nothing.
+local function expand_none(v)
+  if v == nil then return false end
+  local none, any = false, false
+  for w in (v .. ","):gmatch("([^,]*),") do
+    if not WILDCARD_STATES[w] then errors.raise(400, "illegal_argument_exception", "No valid expand wildcard value [" .. w .. "]") end
+    if w == "none" then none = true else any = true end
+  end
+  return none and not any
+end
+
 function _M.targets(expr, params)
-  local list, err = names.resolve(expr, store.names(), { ignore_unavailable = truthy(params.ignore_unavailable) })
+  local list, err = names.resolve(expr, store.names(), { ignore_unavailable = truthy(params.ignore_unavailable),
+    no_wildcards = expand_none(params.expand_wildcards) })
   if not list then error(err, 0) end
   if #list == 0 and expr and expr ~= "" and expr ~= "_all" and expr ~= "*" and params.allow_no_indices == "false" then
     error(errors.index_not_found(expr), 0)
@@ -31,7 +46,13 @@ function _M.targets(expr, params)
   return out
 end
 
+-- n: the searched indices (their shard count) or a number of shards
 local function shards_obj(n)
+  if type(n) == "table" then
+    local total = 0
+    for _, idx in ipairs(n) do total = total + (idx.shards or 1) end
+    n = total
+  end
   return json.obj("total", n, "successful", n, "skipped", 0, "failed", 0)
 end
 _M.shards_obj = shards_obj
@@ -43,6 +64,12 @@ local KNOWN = { query = true, from = true, size = true, sort = true, _source = t
   collapse = true, runtime_mappings = true, indices_boost = true, pit = true, suggest = true, rescore = true,
   script_fields = true, stats = true }
 _M.KNOWN = KNOWN
+-- Valid in ES but not implemented by esxd: refused (with ES's unknown-key error) rather than
+-- ignored, since ignoring them changes which hits come back (search_after would return the
+-- first page forever) or leaves out what the caller asked for. explain / profile: only false.
+local UNSUPPORTED = { search_after = true, pit = true, collapse = true, terminate_after = true, rescore = true,
+  indices_boost = true, script_fields = true, runtime_mappings = true, highlight = true, suggest = true,
+  docvalue_fields = true, fields = true, explain = "unless_false", profile = "unless_false" }
 
 local function json_kind(v)
   if is_obj(v) then return "START_OBJECT" end
@@ -139,11 +166,11 @@ local function total_hits(n, tth, as_int)
 end
 
 -- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
-function _M.search(expr, params, body, started)
+function _M.search(expr, params, body, started, path)
   body = body or {}
   if not is_obj(body) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(body) .. " in [body].") end
   for k, v in pairs(body) do
-    if not KNOWN[k] then
+    if not KNOWN[k] or (UNSUPPORTED[k] and not (UNSUPPORTED[k] == "unless_false" and v == false)) then
       errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(v) .. " in [" .. k .. "].")
     end
   end
@@ -174,7 +201,9 @@ function _M.search(expr, params, body, started)
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
-  if params.q and q == nil then q = _M.q_to_query(params.q, params) end
+  -- the URL's q replaces the body's query (RestSearchAction applies it after the body)
+  local uq = _M.url_query(params, path)
+  if uq then q = uq end
   if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "[_na] query malformed, must start with start_object") end
   local post = body.post_filter
   local min_score = tonumber(body.min_score)
@@ -239,7 +268,9 @@ function _M.search(expr, params, body, started)
       return a.order < b.order
     end)
   end
-  local track_scores = by_score or body.track_scores == true
+  local track_scores = by_score or body.track_scores == true or truthy(params.track_scores)
+  local want_version = body.version == true or truthy(params.version)
+  local want_seq_no = body.seq_no_primary_term == true or truthy(params.seq_no_primary_term)
 
   local out_hits = json.array()
   local max_score
@@ -261,10 +292,11 @@ function _M.search(expr, params, body, started)
   for i = from + 1, math.min(#hits, from + size) do
     local h = hits[i]
     local hit = json.obj("_index", h.index, "_id", (not none) and h.rec.id or nil,
-      "_version", (body.version == true or params.version == "true") and h.rec.version or nil,
-      "_seq_no", body.seq_no_primary_term == true and h.rec.seq_no or nil,
-      "_primary_term", body.seq_no_primary_term == true and 1 or nil,
-      "_score", track_scores and json.float(h.score) or null)
+      "_version", want_version and h.rec.version or nil,
+      "_seq_no", want_seq_no and h.rec.seq_no or nil,
+      "_primary_term", want_seq_no and 1 or nil,
+      "_score", track_scores and json.float(h.score) or null,
+      "_routing", h.rec.routing)
     if srcf ~= false then json.set(hit, "_source", source_filter.apply(srcf, h.rec)) end
     if sorts then
       local sv = json.array()
@@ -278,14 +310,29 @@ function _M.search(expr, params, body, started)
     out_hits[#out_hits + 1] = hit
   end
   local hits_obj = json.obj("total", total_hits(#hits, tth, as_int),
-    "max_score", (max_score ~= nil and #hits > 0) and json.float(max_score) or null, "hits", out_hits)
+    "max_score", (max_score ~= nil and #hits > 0 and size > 0) and json.float(max_score) or null, "hits", out_hits)
   ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
-  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(#idxs), "hits", hits_obj)
+  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(idxs), "hits", hits_obj)
   if agg_spec then
-    json.set(res, "aggregations", aggs.run(agg_spec, all_docs, agg_types))
+    local ares = aggs.run(agg_spec, all_docs, agg_types)
+    if truthy(params.typed_keys) then aggs.type_keys(agg_spec, ares, agg_types) end
+    json.set(res, "aggregations", ares)
   end
   return 200, res
+end
+
+-- ES's RestActions.urlParamsToQueryBuilder: ?q= (with df, default_operator, lenient) is a
+-- query_string query; those parameters without q are a 400.
+local Q_PARAMS = { "df", "analyzer", "analyze_wildcard", "lenient", "default_operator" }
+function _M.url_query(params, path)
+  if params.q then return _M.q_to_query(params.q, params) end
+  local present = {}
+  for _, k in ipairs(Q_PARAMS) do if params[k] ~= nil then present[#present + 1] = k end end
+  if #present > 0 then
+    errors.raise(400, "illegal_argument_exception", "request [" .. tostring(path) .. "] contains parameters [" ..
+      table.concat(present, ", ") .. "] but query string parameter 'q' is absent")
+  end
 end
 
 -- ?q= (with df, default_operator, lenient) becomes a query_string query.
@@ -296,7 +343,8 @@ function _M.q_to_query(q, params)
 end
 
 -- _count
-function _M.count(expr, params, body)
+function _M.count(expr, params, body, path)
+  local has_body = body ~= nil
   body = body or {}
   if not is_obj(body) then errors.raise(400, "parsing_exception", "request body must be an object") end
   for k, v in pairs(body) do
@@ -304,15 +352,20 @@ function _M.count(expr, params, body)
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
-  if params.q and q == nil then q = _M.q_to_query(params.q, params) end
+  -- RestCountAction reads q (and df, ...) only without a body
+  if not has_body then q = _M.url_query(params, path) end
+  local min_score = params.min_score and tonumber(params.min_score)
   local n = 0
   for _, idx in ipairs(idxs) do
     local matcher = query.compile(q or { match_all = {} }, idx.types)
     for _, rec in ipairs(idx.visible_list) do
-      if not rec.dead and matcher(rec) then n = n + 1 end
+      if not rec.dead then
+        local ok, score = matcher(rec)
+        if ok and (not min_score or score >= min_score) then n = n + 1 end
+      end
     end
   end
-  return 200, json.obj("count", n, "_shards", shards_obj(#idxs))
+  return 200, json.obj("count", n, "_shards", shards_obj(idxs))
 end
 
 return _M

@@ -13,6 +13,8 @@ local gzip = require "esxd.gzip"
 local store = require "esxd.store"
 local config = require "esxd.config"
 local filter_path = require "esxd.filter_path"
+local params = require "esxd.params"
+local pretty = require "esxd.pretty"
 
 local _M = {}
 
@@ -76,11 +78,21 @@ local function run(ctx)
     if type(ct) == "table" then ct = ct[1] end
     local base = ct and ct:match("^%s*([^;%s]+)") or ""
     if not CONTENT_TYPES[base:lower()] then
-      return 406, { error = "Content-Type header [" .. (ct or "") .. "] is not supported", status = 406 }
+      ctx.error_response = true
+      -- RestController.sendContentTypeErrorMessage
+      if ct == nil then return 406, { error = "Content-Type header is missing", status = 406 } end
+      return 406, { error = "Content-Type header [" .. ct .. "] is not supported", status = 406 }
     end
   end
-  local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.path)
-  if not h then return vars, body, hdrs end
+  -- ES's "no handler found" / "Incorrect HTTP method" messages quote request.uri(), query included
+  local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.uri)
+  if not h then ctx.error_response = true; return vars, body, hdrs end
+  local api = router.API[h]
+  params.check(api, ctx.args, ngx.unescape_uri(ctx.path))
+  if params.BODYLESS[api] and ctx.body and #ctx.body > 0 then
+    error(errors.illegal_argument("request [" .. ctx.method .. " " .. ngx.unescape_uri(ctx.path) ..
+      "] does not support having a body"), 0)
+  end
   ctx.vars = vars
   return h(ctx)
 end
@@ -110,6 +122,9 @@ function _M.handle()
   entry.body_wire_bytes = wire and #wire or 0
   local body = wire
   local status, out, hdrs
+  -- ES renders errors with ?error_trace=true's stack_trace, and never filters them (filter_path)
+  local is_error = false
+  local trace = args.error_trace == "" or args.error_trace == "true"
   local enc = headers["content-encoding"]
   if type(enc) == "table" then enc = enc[1] end
   if wire and #wire > 0 and enc and enc:lower():find("gzip", 1, true) then
@@ -122,7 +137,8 @@ function _M.handle()
       end
       local e = errors.new(400, "illegal_argument_exception", "Failed to decompress request body: " .. tostring(msg),
         nil, { caused_by = { type = "zip_exception", reason = tostring(msg) } })
-      status, out = 400, errors.body(e)
+      status, out = 400, errors.body(e, trace)
+      is_error = true
     end
     body = inflated
   end
@@ -139,7 +155,7 @@ function _M.handle()
         out = errors.body(errors.new(status, t, r))
       end
     else
-      local ctx = setmetatable({ method = method, path = path, segs = split_path(path), args = args,
+      local ctx = setmetatable({ method = method, path = path, uri = request_uri, segs = split_path(path), args = args,
         headers = headers, body = body, started = started, fault = fault }, Ctx)
       local ok, s, o, h = xpcall(run, function(e)
         if errors.is(e) then return e end
@@ -147,12 +163,15 @@ function _M.handle()
       end, ctx)
       if ok then
         status, out, hdrs = s, o, h
+        is_error = ctx.error_response == true
       elseif errors.is(s) then
-        status, out, hdrs = s.status, errors.body(s), s.headers
+        status, out, hdrs = s.status, errors.body(s, trace), s.headers
+        is_error = true
       else
+        is_error = true
         ngx.log(ngx.ERR, "esxd internal error: ", s.trace)
         status = 500
-        out = errors.body(errors.new(500, "exception", "esxd internal error: " .. s.bug))
+        out = errors.body(errors.new(500, "exception", "esxd internal error: " .. s.bug), trace)
       end
     end
   end
@@ -162,9 +181,12 @@ function _M.handle()
   end
   entry.status = status
   local text = render(out)
-  if args.filter_path and args.filter_path ~= "" and not (fault and fault.status) then
+  if args.filter_path and args.filter_path ~= "" and not (fault and fault.status) and not is_error then
     local okf, filtered = pcall(filter_path.apply, args.filter_path, text)
     if okf then text = filtered end
+  end
+  if (args.pretty == "" or args.pretty == "true") and not (fault and fault.status) then
+    text = pretty.format(text)
   end
   local ae = headers["accept-encoding"]
   if type(ae) == "table" then ae = table.concat(ae, ",") end

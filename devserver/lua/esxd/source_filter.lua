@@ -92,6 +92,22 @@ function _M.parse(spec, includes_param, excludes_param)
   return { inc = compile(inc), exc = compile(exc) }
 end
 
+-- The source fetch of an update (FetchSourceContext): nil when the request does not ask for
+-- the source, else { filter = spec } (spec nil: the whole source). body_spec: the update
+-- body's _source (it replaces the URL parameters, as ES parses the body after them).
+function _M.update_fetch(body_spec, spec, includes_param, excludes_param)
+  local f
+  if body_spec ~= nil then
+    f = _M.parse(body_spec)
+  elseif spec ~= nil or includes_param ~= nil or excludes_param ~= nil then
+    f = _M.parse(spec, includes_param, excludes_param)
+  else
+    return nil
+  end
+  if f == false then return nil end
+  return { filter = f }
+end
+
 -- Returns a JSON-encodable source value for a stored record.
 function _M.apply(f, rec)
   if f == nil then return json.raw(rec.raw) end

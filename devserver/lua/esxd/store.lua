@@ -5,9 +5,11 @@ local json = require "esxd.json"
 local errors = require "esxd.errors"
 local names = require "esxd.names"
 local mapping = require "esxd.mapping"
+local source_filter = require "esxd.source_filter"
 
 local _M = {}
 local null = json.null
+local add_get
 
 local indices = {}          -- name -> index
 local id_counter = 0
@@ -67,6 +69,17 @@ function _M.create(name, body)
   local idx = { name = name, uuid = uuid(), created = now_ms(), types = {}, docs = {}, count = 0,
     visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {},
     settings = type(body) == "table" and body.settings or nil, mappings = nil }
+  -- number_of_shards / number_of_replicas (also as index.* or {"index":{...}}): all documents
+  -- live in one table whatever the count, but the _shards numbers ES reports follow them
+  local st = type(body) == "table" and type(body.settings) == "table" and body.settings or {}
+  local function setting(name)
+    local v = st[name]
+    if v == nil and type(st.index) == "table" then v = st.index[name] end
+    if v == nil then v = st["index." .. name] end
+    return tonumber(v)
+  end
+  idx.shards = math.max(1, math.floor(setting("number_of_shards") or 1))
+  idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
     mapping.load(idx.types, body.mappings.properties)
@@ -119,9 +132,10 @@ local function shards(n) return json.obj("total", n or 2, "successful", n == 0 a
 _M.shards = shards
 
 local function result(idx, id, rec_version, seq_no, res, forced)
+  -- one node: the primary succeeds, its replicas are unassigned but counted in total
   return json.obj("_index", idx.name, "_id", id, "_version", rec_version, "result", res,
     "forced_refresh", forced or nil,
-    "_shards", shards(res == "noop" and 0 or 2), "_seq_no", seq_no, "_primary_term", 1)
+    "_shards", shards(res == "noop" and 0 or 1 + idx.replicas), "_seq_no", seq_no, "_primary_term", 1)
 end
 
 local function conflict(idx, id, reason)
@@ -132,7 +146,11 @@ end
 local function check_cas(idx, id, cur, opts)
   if opts.if_seq_no == nil and opts.if_primary_term == nil then return nil end
   local want_seq, want_term = tonumber(opts.if_seq_no), tonumber(opts.if_primary_term)
-  if want_seq == nil or want_term == nil then
+  if want_seq == nil then
+    return errors.new(400, "action_request_validation_exception",
+      "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [" .. tostring(opts.if_primary_term) .. "];")
+  end
+  if want_term == nil then
     return errors.new(400, "action_request_validation_exception",
       "Validation Failed: 1: ifSeqNo is set, but primary term is [0];")
   end
@@ -142,6 +160,55 @@ local function check_cas(idx, id, cur, opts)
   if cur.seq_no ~= want_seq or want_term ~= 1 then
     return conflict(idx, id, ("version conflict, required seqNo [%d], primary term [%d]. current document has seqNo [%d] and primary term [1]"):format(want_seq, want_term, cur.seq_no))
   end
+end
+
+-- ES's request validation of a write (IndexRequest / DeleteRequest.validate with
+-- DocWriteRequest.validateSeqNoBasedCASParams): returns the list of messages (empty if
+-- valid), or nil, error for an unknown version type. kind: "index" or "delete".
+-- MATCH_ANY is -3, MATCH_DELETED -4; an unset if_seq_no / if_primary_term is unassigned.
+function _M.validate_write(kind, id, opts)
+  local errs = {}
+  local vt = opts.version_type or "internal"
+  if vt ~= "internal" and vt ~= "external" and vt ~= "external_gte" then
+    return nil, errors.illegal_argument("No version type match [" .. tostring(vt) .. "]")
+  end
+  local v = opts.version == nil and -3 or tonumber(opts.version)
+  local has_seq, has_term = opts.if_seq_no ~= nil, opts.if_primary_term ~= nil
+  if kind == "index" and opts.op_type == "create" then
+    if vt ~= "internal" then
+      return { "create operations only support internal versioning. use index instead" }
+    elseif v ~= -3 and v ~= -4 then
+      return { "create operations do not support explicit versions. use index instead" }
+    elseif has_seq or has_term then
+      return { "create operations do not support compare and set. use index instead" }
+    end
+  end
+  local valid
+  if v == nil or v ~= math.floor(v) then valid = false
+  elseif vt == "internal" then valid = v > 0 or v == -3 or v == -4
+  else valid = v >= 0 end
+  if not valid then
+    errs[#errs + 1] = ("illegal version value [%s] for version type [%s]"):format(tostring(opts.version or -3), vt:upper())
+  end
+  if vt == "internal" and v ~= -3 and v ~= -4 then
+    errs[#errs + 1] = "internal versioning can not be used for optimistic concurrency control. " ..
+      "Please use `if_seq_no` and `if_primary_term` instead"
+  end
+  if has_seq and (vt ~= "internal" or v ~= -3) then
+    errs[#errs + 1] = "compare and write operations can not use versioning"
+  end
+  if has_seq and not has_term then errs[#errs + 1] = "ifSeqNo is set, but primary term is [0]" end
+  if has_term and not has_seq then
+    errs[#errs + 1] = "ifSeqNo is unassigned, but primary term is [" .. tostring(opts.if_primary_term) .. "]"
+  end
+  if id and #id > 512 then
+    errs[#errs + 1] = ("id [%s] is too long, must be no longer than 512 bytes but was: %d"):format(id, #id)
+  end
+  return errs
+end
+
+local function validation_error(errs)
+  if errs and #errs > 0 then return errors.validation(errs) end
 end
 
 -- External versioning (version_type external / external_gte): the caller's version must be
@@ -169,7 +236,7 @@ local function check_version(idx, id, cur, opts)
   if v == nil or v < 0 or v ~= math.floor(v) then
     return nil, errors.new(400, "action_request_validation_exception",
       ("Validation Failed: 1: illegal version value [%s] for version type [%s];")
-        :format(tostring(opts.version), vt:upper()))
+        :format(tostring(opts.version or -3), vt:upper()))
   end
   local have = cur and cur.version or idx.tombstones[id]
   if have and (vt == "external" and have >= v or vt == "external_gte" and have > v) then
@@ -197,7 +264,10 @@ local function put(idx, id, source, raw, cur, opts, external)
   mapping.learn(idx.types, source)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
-  local rec = { id = id, source = source, raw = raw, version = version, seq_no = idx.seq_no }
+  -- routing: the write's, else (an update) the document's current one, as ES keeps it
+  local routing = opts.routing
+  if routing == nil and opts.keep_routing and cur then routing = cur.routing end
+  local rec = { id = id, source = source, raw = raw, version = version, seq_no = idx.seq_no, routing = routing }
   if not cur then idx.count = idx.count + 1 end
   idx.docs[id] = rec
   idx.tombstones[id] = nil
@@ -221,6 +291,9 @@ end
 -- Returns status, result-object or nil, error.
 function _M.index(name, id, source, raw, opts)
   opts = opts or {}
+  local verrs, vterr = _M.validate_write("index", id, opts)
+  if not verrs then return nil, vterr end
+  if #verrs > 0 then return nil, validation_error(verrs) end
   local bad_id = check_id(id)
   if bad_id then return nil, bad_id end
   if type(source) ~= "table" or (#source > 0) then
@@ -245,24 +318,33 @@ end
 
 function _M.delete_doc(name, id, opts)
   opts = opts or {}
+  local verrs, vterr = _M.validate_write("delete", id, opts)
+  if not verrs then return nil, vterr end
+  if #verrs > 0 then return nil, validation_error(verrs) end
   local idx = indices[name]
+  -- ES auto-creates the index for a delete only with external versioning
+  local external_vt = opts.version_type == "external" or opts.version_type == "external_gte"
+  if not idx and external_vt and not names.validate(name) then idx = ensure_index(name) end
   if not idx then return nil, errors.index_not_found(name) end
   local cur = idx.docs[id]
+  local external, verr = check_version(idx, id, cur, opts)
+  if verr then return nil, verr end
   local cas = check_cas(idx, id, cur, opts)
   if cas then return nil, cas end
   idx.seq_no = idx.seq_no + 1
   if not cur then
-    local v = (idx.tombstones[id] or 0) + 1
+    local v = external or (idx.tombstones[id] or 0) + 1
     idx.tombstones[id] = v
     return 404, result(idx, id, v, idx.seq_no, "not_found", opts.refresh)
   end
+  local v = external or cur.version + 1
   idx.docs[id] = nil
   idx.count = idx.count - 1
-  idx.tombstones[id] = cur.version + 1
+  idx.tombstones[id] = v
   idx.changed[id] = true
   idx.dirty = true
   if opts.refresh then _M.refresh(idx) end
-  return 200, result(idx, id, cur.version + 1, idx.seq_no, "deleted", opts.refresh)
+  return 200, result(idx, id, v, idx.seq_no, "deleted", opts.refresh)
 end
 
 local function deep_equal(a, b)
@@ -287,6 +369,16 @@ local function copy(t)
   local c = {}
   for k, v in pairs(t) do c[k] = copy(v) end
   return c
+end
+
+-- The "get" object of an update response when the source was asked for (_source):
+-- fetch = { filter = source_filter spec or nil for the whole source }.
+add_get = function(res, rec, fetch)
+  if fetch and rec then
+    json.set(res, "get", json.obj("_seq_no", rec.seq_no, "_primary_term", 1, "found", true,
+      "_source", source_filter.apply(fetch.filter, rec)))
+  end
+  return res
 end
 
 -- Partial update. body: decoded update body {doc=, doc_as_upsert=, upsert=, detect_noop=}.
@@ -315,10 +407,17 @@ function _M.update(name, id, body, opts)
     if body.doc_as_upsert == true or body.upsert ~= nil then
       local src = body.doc_as_upsert == true and body.doc or body.upsert
       if not is_object(src) then return nil, errors.x_content_parse("[1:1] upsert must be an object") end
-      local st, res = _M.index(name, id, src, json.encode(src), { refresh = opts.refresh, op_type = "create" })
+      local st, res = _M.index(name, id, src, json.encode(src),
+        { refresh = opts.refresh, op_type = "create", routing = opts.routing })
+      if st and opts.fetch then add_get(res, indices[name].docs[id], opts.fetch) end
       return st, res
     end
-    if not idx then return nil, errors.index_not_found(name) end
+    -- an update auto-creates its index like any other write (only deletes do not)
+    if not idx then
+      local err
+      idx, err = ensure_index(name)
+      if not idx then return nil, err end
+    end
     return nil, errors.new(404, "document_missing_exception", "[" .. id .. "]: document missing",
       { "index_uuid", idx.uuid, "shard", "0", "index", name })
   end
@@ -327,11 +426,12 @@ function _M.update(name, id, body, opts)
   local merged = copy(cur.source)
   merge(merged, body.doc)
   if body.detect_noop ~= false and deep_equal(merged, cur.source) then
-    return 200, result(idx, id, cur.version, cur.seq_no, "noop")
+    return 200, add_get(result(idx, id, cur.version, cur.seq_no, "noop"), cur, opts.fetch)
   end
+  opts.keep_routing = true
   local rec, perr = put(idx, id, merged, json.encode(merged), cur, opts)
   if not rec then return nil, perr end
-  return 200, result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh)
+  return 200, add_get(result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh), rec, opts.fetch)
 end
 
 return _M
