@@ -464,8 +464,8 @@ describe("shipping", function()
     local function sent() return srv:requests("/_bulk").counts["/_bulk"] or 0 end
     local deadline = socket.gettime() + 5 * SCALE
     while sent() == 0 and socket.gettime() < deadline do socket.sleep(0.01) end
-    socket.sleep(0.35) -- the first refusal's back-off is 100-200 ms: at most two more bulks
-    assert.is_true(sent() >= 1 and sent() <= 3, sent() .. " bulks in 350 ms")
+    socket.sleep(0.35) -- every back-off is 100-200 ms: at most three more bulks (a loop: hundreds)
+    assert.is_true(sent() >= 1 and sent() <= 4, sent() .. " bulks in 350 ms")
     srv:clear_faults()
     assert.is_true(col:flush(5000))
     assert.equal(2, (indexed()))

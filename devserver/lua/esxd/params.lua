@@ -125,6 +125,15 @@ local function check_time(name, v)
     "] as a time value: unit is missing or unrecognized"), 0)
 end
 
+-- A time value that passed check_time, in milliseconds (-1 stays -1).
+function _M.time_ms(v)
+  local s = v:lower():match("^%s*(.-)%s*$")
+  if s == "-1" or s == "0" then return tonumber(s) end
+  local scale = { nanos = 1e-6, micros = 1e-3, ms = 1, s = 1000, m = 60000, h = 3600000, d = 86400000 }
+  local num, unit = s:match("^([+-]?%d+)%s*(%a+)$")
+  return tonumber(num) * scale[unit]
+end
+
 local function check_number(kind, name, v)
   local ok = v:match("^[+-]?%d+$") ~= nil
   local n = ok and tonumber(v)
