@@ -45,3 +45,45 @@ describe("require 'esx' inside nginx #nginx", function()
     assert.equal("http: boom 502\n", body)
   end)
 end)
+
+-- esx.nginx.await against a stand-in for nginx's API: what it does when the waiter socket
+-- wakes it before the request is done.
+describe("esx.nginx.await", function()
+  it("pauses, growing, between early wake-ups rather than reconnecting in a busy loop", function()
+    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    finally(function()
+      rawset(_G, "ngx", saved_ngx)
+      package.loaded["esx.nginx"] = saved_nginx
+    end)
+    local done, connects, naps, clock = false, 0, {}, 0
+    -- an engine with no room for one more waiter: every connection is woken at once
+    local sock = {
+      connect = function()
+        connects = connects + 1
+        if connects > 1000 then error("busy loop: " .. connects .. " connections") end
+        return true
+      end,
+      send = function() return true end,
+      settimeout = function() end,
+      receive = function() return "1" end,
+      close = function() end,
+    }
+    rawset(_G, "ngx", {
+      get_phase = function() return "content" end,
+      now = function() return clock end,
+      update_time = function() end,
+      socket = { tcp = function() return sock end },
+      sleep = function(s)
+        naps[#naps + 1] = s
+        clock = clock + s
+        done = #naps == 9 -- the request ends while the ninth pause runs
+      end,
+    })
+    package.loaded["esx.nginx"] = nil
+    local pending = { ready = function() return done end, id = function() return 7 end,
+                      waiter_path = function() return "/nonexistent" end }
+    assert.is_true(require("esx.nginx").await(pending))
+    assert.same({ 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.064, 0.064 }, naps)
+    assert.equal(9, connects)
+  end)
+end)

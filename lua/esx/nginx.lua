@@ -7,7 +7,7 @@
 
 local ngx = ngx
 local tostring, error, type, pcall = tostring, error, type, pcall
-local ceil = math.ceil
+local ceil, max = math.ceil, math.max
 local core = require "esx.core"
 
 local _M = {}
@@ -63,48 +63,55 @@ end
 function _M.await(pending, timeout)
   if pending:ready() then return true end
   local deadline = timeout and (now_ms() + timeout)
-  local path, perr = pending:waiter_path()
-  if not path then return nil, perr end
   local made, sock = pcall(ngx.socket.tcp)
   if not made then -- a phase without cosockets: it cannot yield either
     error("esx.nginx.wait: cannot wait in nginx's " .. tostring(ngx.get_phase()) .. " phase " ..
           "(it cannot yield): wait in a timer (ngx.timer.at), or block the worker with " ..
           "pending:wait()", 0)
   end
-  local cerr
-  sock, cerr = connect_waiter(pending, sock, path, deadline, timeout)
-  if sock == true then return true end
-  if not sock then return nil, cerr end
-  local ok, err = sock:send(tostring(pending:id()) .. "\n")
-  if not ok then
-    sock:close()
-    return nil, core.error("internal", "cannot register with the esx waiter: " .. tostring(err))
-  end
+  local nap = 0
   while true do
-    local slice = SLICE_MS
-    if deadline then
-      local left = deadline - now_ms()
-      if left <= 0 then
-        sock:close()
-        if pending:ready() then return true end
-        return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
-      end
-      -- whole ms, at least 1: the cosocket truncates its timeout to an integer, and 0 means
-      -- lua_socket_read_timeout (60 s by default), not "now"
-      if left < slice then slice = ceil(left) end
+    local path, perr = pending:waiter_path()
+    if not path then return nil, perr end
+    local cerr
+    sock, cerr = connect_waiter(pending, sock, path, deadline, timeout)
+    if sock == true then return true end
+    if not sock then return nil, cerr end
+    local ok, err = sock:send(tostring(pending:id()) .. "\n")
+    if not ok then
+      sock:close()
+      return nil, core.error("internal", "cannot register with the esx waiter: " .. tostring(err))
     end
-    sock:settimeout(slice)
-    local data, rerr = sock:receive(1)
-    if data or rerr ~= "timeout" then break end
-    -- nothing yet: ready() also rebuilds an engine whose thread died
-    if pending:ready() then break end
+    while true do
+      local slice = SLICE_MS
+      if deadline then
+        local left = deadline - now_ms()
+        if left <= 0 then
+          sock:close()
+          if pending:ready() then return true end
+          return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
+        end
+        -- whole ms, at least 1: the cosocket truncates its timeout to an integer, and 0 means
+        -- lua_socket_read_timeout (60 s by default), not "now"
+        if left < slice then slice = ceil(left) end
+      end
+      sock:settimeout(slice)
+      local data, rerr = sock:receive(1)
+      if data or rerr ~= "timeout" then break end
+      -- nothing yet: ready() also rebuilds an engine whose thread died
+      if pending:ready() then break end
+    end
+    sock:close()
+    if pending:ready() then return true end
+    -- The waiter connection ended before the request: the engine was rebuilt, or it had no
+    -- room to track one more waiter and woke this one at once.  Wait again, after a pause
+    -- that grows (1 to 64 ms), so that an engine full of waiters is polled, not spun on.
+    nap = nap == 0 and 1 or (nap < 64 and nap * 2 or 64)
+    if deadline and deadline - now_ms() < nap then nap = ceil(max(deadline - now_ms(), 0)) end
+    if nap > 0 then ngx.sleep(nap / 1000) end
+    if pending:ready() then return true end
+    sock = ngx.socket.tcp()
   end
-  sock:close()
-  if not pending:ready() then
-    -- the waiter connection ended early (engine rebuilt): wait again on the new one
-    return _M.await(pending, deadline and (deadline - now_ms()) or nil)
-  end
-  return true
 end
 
 function _M.wait(pending, timeout)
