@@ -192,8 +192,11 @@ describe("bi:close", function()
 end)
 
 describe("bi:close (whole-batch 429)", function()
-  it("waits out the Retry-After of a batch refused with 429 before retrying it", function()
-    srv:fault{ path = "/_bulk", status = 429, headers = { ["Retry-After"] = "1" }, count = 1 }
+  -- Retry-After in seconds, and as an HTTP-date two seconds ahead (whole seconds: at least 1 s)
+  for _, form in ipairs{ "seconds", "date" } do
+  it("waits out the Retry-After (" .. form .. ") of a batch refused with 429 before retrying it", function()
+    local value = form == "seconds" and "1" or os.date("!%a, %d %b %Y %H:%M:%S GMT", os.time() + 2)
+    srv:fault{ path = "/_bulk", status = 429, headers = { ["Retry-After"] = value }, count = 1 }
     local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
     bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
     local t0 = require("esx.core").now()
@@ -203,6 +206,7 @@ describe("bi:close (whole-batch 429)", function()
     assert.equal(1, s.retried)
     assert.is_true(ms >= 950, "retried after " .. ms .. " ms")
   end)
+  end
 end)
 
 describe("bi:close (client closed)", function()

@@ -16,6 +16,7 @@
 #include "lerror.h"
 #include "ljson.h"
 #include "levent.h"
+#include "retry_after.h"
 #include "version.h"
 
 __attribute__((visibility("default"))) int luaopen_esx_core(lua_State *L);
@@ -61,11 +62,25 @@ static int core_gunzip(lua_State *L)
     return 2;
 }
 
+/* core.retry_after_ms(value) -> the delay an HTTP Retry-After value asks for, in ms
+ * (delta-seconds or an HTTP-date; a past date: 0) | nil when it is not a valid one. */
+static int core_retry_after_ms(lua_State *L)
+{
+    size_t len;
+    const char *v = luaL_checklstring(L, 1, &len);
+    int64_t ms = esx_retry_after_ms(v, len, esx_wall_ms());
+    if (ms < 0)
+        return 0;
+    esx_pushinteger(L, (long long)ms);
+    return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"gunzip", core_gunzip},
     {"error", esx_lerror_new},
     {"sleep", core_sleep},
     {"now", core_now},
+    {"retry_after_ms", core_retry_after_ms},
     {NULL, NULL},
 };
 

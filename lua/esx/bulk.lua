@@ -102,14 +102,14 @@ local function retry_later(self, item, reason, not_before)
   self.delayed[#self.delayed + 1] = { item = item, due = now() + wait }
 end
 
--- The Retry-After (in seconds) of a whole request answered 429, in ms, capped at 30 s as the
--- client caps it; nil when there is none.  (The requests go out with retries = 0, so the
--- client's own 429 handling does not see it.)
+-- The Retry-After (seconds or an HTTP-date) of a whole request answered 429, in ms, capped at
+-- 30 s as the client caps it; nil when there is none.  (The requests go out with retries = 0,
+-- so the client's own 429 handling does not see it.)
 local function retry_after(err)
   local h = err.status == 429 and type(err.headers) == "table" and err.headers["retry-after"]
-  local secs = type(h) == "string" and tonumber(h:match("^%s*(%d+)%s*$"))
-  if not secs then return nil end
-  return secs * 1000 < RETRY_AFTER_MAX and secs * 1000 or RETRY_AFTER_MAX
+  local ms = type(h) == "string" and core.retry_after_ms(h)
+  if not ms then return nil end
+  return ms < RETRY_AFTER_MAX and ms or RETRY_AFTER_MAX
 end
 
 -- A batch that failed as a whole: its items are retried -- unless the client is closed, for
