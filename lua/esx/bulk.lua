@@ -14,9 +14,9 @@ local core = require "esx.core"
 local options = require "esx.options"
 local cjson = require "cjson.safe"
 
-local type, pairs, ipairs, next, select, pcall, tostring, tonumber, setmetatable, error, remove, concat, random,
-  floor = type, pairs, ipairs, next, select, pcall, tostring, tonumber, setmetatable, error, table.remove,
-  table.concat, math.random, math.floor
+local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, remove, concat, random, floor =
+  type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, table.remove, table.concat,
+  math.random, math.floor
 
 local _M = {}
 
