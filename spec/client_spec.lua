@@ -115,29 +115,45 @@ describe("client:request", function()
   it("raises on an unknown per-call option and on a path with spaces or CR/LF", function()
     local c = client()
     assert.has_error(function() c:request("GET", "/", nil, { retires = 1 }) end,
-      "bad option 'retires' to 'send' (unknown option)")
+      "bad option 'retires' to 'request' (unknown option)")
     assert.has_error(function() c:request("GET", "/a b") end)
     assert.has_error(function() c:request("GET", "/a\r\nX: y") end)
     assert.has_error(function() c:request("GET", "/", nil, { headers = { ["X-A"] = "1\r\nX-B: 2" } }) end)
     c:close()
   end)
 
+  it("raises at the caller's line, naming the method called, for a bad per-call option", function()
+    local c = client()
+    finally(function() c:close() end)
+    for _, call in ipairs{ -- (not tail calls: a tail call leaves no line of the caller)
+      { "search", function() local r = c:search("idx", {}, { timeot = 5 }) return r end },
+      { "send", function() local r = c:send("GET", "/", nil, { timeot = 5 }) return r end },
+      { "get", function() local r = c:get("idx", "1", { timeot = 5 }) return r end },
+    } do
+      local ok, err = pcall(call[2])
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*client_spec%.lua:%d+: bad option 'timeot' to '" .. call[1] ..
+        "' %(unknown option%)$"), err)
+    end
+    assert.same({}, srv:requests().requests)
+  end)
+
   it("raises naming a per-call option of the wrong type or out of range", function()
     local c = client()
     assert.has_error(function() c:request("GET", "/", nil, { timeout = -1 }) end,
-      "bad option 'timeout' to 'send' (must be >= 0)")
+      "bad option 'timeout' to 'request' (must be >= 0)")
     assert.has_error(function() c:request("GET", "/", nil, { timeout = 0 / 0 }) end,
-      "bad option 'timeout' to 'send' (integer expected, got non-integer number)")
+      "bad option 'timeout' to 'request' (integer expected, got non-integer number)")
     assert.has_error(function() c:request("GET", "/", nil, { timeout = "5" }) end,
-      "bad option 'timeout' to 'send' (integer expected, got string)")
+      "bad option 'timeout' to 'request' (integer expected, got string)")
     assert.has_error(function() c:request("GET", "/", nil, { retries = -1 }) end,
-      "bad option 'retries' to 'send' (must be >= 0)")
+      "bad option 'retries' to 'request' (must be >= 0)")
     assert.has_error(function() c:request("GET", "/", nil, { retries = 101 }) end,
-      "bad option 'retries' to 'send' (must be <= 100)")
+      "bad option 'retries' to 'request' (must be <= 100)")
     assert.has_error(function() c:request("GET", "/", nil, { ok_status = 404 }) end,
-      "bad option 'ok_status' to 'send' (list of HTTP statuses (100-599) expected)")
+      "bad option 'ok_status' to 'request' (list of HTTP statuses (100-599) expected)")
     assert.has_error(function() c:request("GET", "/", nil, { content_type = 5 }) end,
-      "bad option 'content_type' to 'send' (string expected, got number)")
+      "bad option 'content_type' to 'request' (string expected, got number)")
     assert.same({}, srv:requests().requests)
     c:close()
   end)

@@ -264,6 +264,21 @@ local send_opts = {
 local NO_OPTS = setmetatable({}, { __newindex = function() error("NO_OPTS is read-only", 2) end })
 local upper = string.upper
 
+local getinfo = debug.getinfo
+local THIS_FILE = getinfo(1, "S").source
+
+-- Raises msg at the first caller outside this file, so that a caller's mistake points at the
+-- caller's line whichever method of the client it went through (c:send, c:search, ...).
+local function raise(msg)
+  local level = 2
+  while true do
+    local info = getinfo(level, "S")
+    if not info or info.source ~= THIS_FILE then break end
+    level = level + 1
+  end
+  error(msg, level)
+end
+
 local function encode_body(body)
   if body == nil or type(body) == "string" then return body end
   if type(body) == "table" then
@@ -271,7 +286,7 @@ local function encode_body(body)
     if not s then return nil, err end
     return s
   end
-  error("bad argument #3 (body must be a string or a table, got " .. type(body) .. ")", 4)
+  raise("bad argument #3 (body must be a string or a table, got " .. type(body) .. ")")
 end
 
 local function header_lines(h)
@@ -281,19 +296,17 @@ local function header_lines(h)
   return lines
 end
 
---- c:send(method, path, body?, opts?) -> pending | nil, err  (asynchronous)
--- opts: ok_status = {404, ...}, retries = n | false, timeout = ms, headers = {name = value},
--- content_type = "...".
-function Client:send(method, path, body, opts)
-  if type(method) ~= "string" then error("bad argument #1 to 'send' (string expected)", 2) end
-  if type(path) ~= "string" then error("bad argument #2 to 'send' (string expected)", 2) end
+-- c:send, and every method through it; fname names the method the caller called.
+local function send(self, fname, method, path, body, opts)
+  if type(method) ~= "string" then raise("bad argument #1 to '" .. fname .. "' (string expected)") end
+  if type(path) ~= "string" then raise("bad argument #2 to '" .. fname .. "' (string expected)") end
   if opts ~= nil then
-    if type(opts) ~= "table" then error("bad argument #4 to 'send' (table expected)", 2) end
+    if type(opts) ~= "table" then raise("bad options to '" .. fname .. "' (table expected)") end
     for k, v in pairs(opts) do
       local check = send_opts[k]
-      if not check then error("bad option '" .. tostring(k) .. "' to 'send' (unknown option)", 2) end
+      if not check then raise("bad option '" .. tostring(k) .. "' to '" .. fname .. "' (unknown option)") end
       local why = check(v)
-      if why then error("bad option '" .. k .. "' to 'send' (" .. why .. ")", 2) end
+      if why then raise("bad option '" .. k .. "' to '" .. fname .. "' (" .. why .. ")") end
     end
   else
     opts = NO_OPTS
@@ -312,9 +325,16 @@ function Client:send(method, path, body, opts)
                         ok_status = opts.ok_status }, Pending)
 end
 
+--- c:send(method, path, body?, opts?) -> pending | nil, err  (asynchronous)
+-- opts: ok_status = {404, ...}, retries = n | false, timeout = ms, headers = {name = value},
+-- content_type = "...".
+function Client:send(method, path, body, opts)
+  return send(self, "send", method, path, body, opts)
+end
+
 --- c:request(method, path, body?, opts?) -> res = {status, headers, body} | nil, err
 function Client:request(method, path, body, opts)
-  local p, err = self:send(method, path, body, opts)
+  local p, err = send(self, "request", method, path, body, opts)
   if not p then return nil, err end
   local _, werr = await(p)
   if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
@@ -347,8 +367,8 @@ function Pending:json()
   return doc, derr
 end
 
-local function call(self, method, path, body, opts)
-  local p, err = self:send(method, path, body, opts)
+local function call(self, fname, method, path, body, opts)
+  local p, err = send(self, fname, method, path, body, opts)
   if not p then return nil, err end
   local _, werr = await(p)
   if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
@@ -399,12 +419,12 @@ end
 
 --- c:search(index, query) -> decoded response | nil, err
 function Client:search(index, query, opts)
-  return call(self, "POST", search_path(index, "_search", "search"), query or {}, opts)
+  return call(self, "search", "POST", search_path(index, "_search", "search"), query or {}, opts)
 end
 
 --- c:count(index, query) -> count, decoded response | nil, err
 function Client:count(index, query, opts)
-  local doc, err = call(self, "POST", search_path(index, "_count", "count"), query or {}, opts)
+  local doc, err = call(self, "count", "POST", search_path(index, "_count", "count"), query or {}, opts)
   if not doc then return nil, err end
   return doc.count, doc
 end
@@ -415,33 +435,35 @@ function Client:index(index, doc, id, opts)
   if type(doc) ~= "table" and type(doc) ~= "string" then
     error("bad argument #2 to 'index' (document table or JSON string expected)", 2)
   end
-  if id == nil then return call(self, "POST", "/" .. name .. "/_doc", doc, opts) end
-  return call(self, "PUT", "/" .. name .. "/_doc/" .. escape_id(id, 3, "index"), doc, opts)
+  if id == nil then return call(self, "index", "POST", "/" .. name .. "/_doc", doc, opts) end
+  return call(self, "index", "PUT", "/" .. name .. "/_doc/" .. escape_id(id, 3, "index"), doc, opts)
 end
 
 --- c:get(index, id) -> decoded document | nil, err (kind "not_found" on 404)
 function Client:get(index, id, opts)
-  return call(self, "GET", "/" .. check_index(index, 1, "get") .. "/_doc/" .. escape_id(id, 2, "get"), nil, opts)
+  return call(self, "get", "GET", "/" .. check_index(index, 1, "get") .. "/_doc/" .. escape_id(id, 2, "get"),
+    nil, opts)
 end
 
 --- c:delete(index, id) -> decoded response | nil, err (kind "not_found" on 404)
 function Client:delete(index, id, opts)
-  return call(self, "DELETE", "/" .. check_index(index, 1, "delete") .. "/_doc/" .. escape_id(id, 2, "delete"), nil, opts)
+  return call(self, "delete", "DELETE",
+    "/" .. check_index(index, 1, "delete") .. "/_doc/" .. escape_id(id, 2, "delete"), nil, opts)
 end
 
 --- c:refresh(index?) -> decoded response | nil, err
 function Client:refresh(index, opts)
-  return call(self, "POST", search_path(index, "_refresh", "refresh"), nil, opts)
+  return call(self, "refresh", "POST", search_path(index, "_refresh", "refresh"), nil, opts)
 end
 
 --- c:health() -> decoded cluster health | nil, err
 function Client:health(opts)
-  return call(self, "GET", "/_cluster/health", nil, opts)
+  return call(self, "health", "GET", "/_cluster/health", nil, opts)
 end
 
 --- c:info() -> decoded root info | nil, err
 function Client:info(opts)
-  return call(self, "GET", "/", nil, opts)
+  return call(self, "info", "GET", "/", nil, opts)
 end
 
 local function encode_line(t)
@@ -506,7 +528,7 @@ function Client:bulk(ops, opts)
     path = path .. "?refresh=" .. r
     o.refresh = nil
   end
-  return call(self, "POST", path, body, o)
+  return call(self, "bulk", "POST", path, body, o)
 end
 
 --- c:bulk_indexer(opts) -> a bulk indexer for big loads (see lua/esx/bulk.lua)
