@@ -34,10 +34,13 @@ for line in io.lines(results_file) do
 end
 
 local PEERS = { "wrk", "esx-lua5.4", "esx-luajit", "node" }
-local ALL_PEERS = { "wrk", "esx-lua5.4", "esx-luajit", "node", "esx-lua5.4-raw", "esx-luajit-raw" }
+local ALL_PEERS = { "wrk", "esx-lua5.4", "esx-luajit", "node", "esx-lua5.4-raw", "esx-luajit-raw",
+                    "esx-lua5.4-placed", "esx-luajit-placed" }
 local PEER_LABEL = { wrk = "wrk (ceiling)", ["esx-lua5.4"] = "esx, Lua 5.4", ["esx-luajit"] = "esx, LuaJIT",
                      ["esx-lua5.4-raw"] = "*esx, Lua 5.4, body not decoded*",
                      ["esx-luajit-raw"] = "*esx, LuaJIT, body not decoded*",
+                     ["esx-lua5.4-placed"] = "*esx, Lua 5.4, threads placed*",
+                     ["esx-luajit-placed"] = "*esx, LuaJIT, threads placed*",
                      node = "@elastic/elasticsearch " .. (info.version["node-client"] or "") .. " (Node " ..
                        (info.version.node or "?") .. ")" }
 local BULKS = { "events", "products" }
@@ -171,7 +174,11 @@ if all_quiet and over > 0 then
   w("")
 end
 w("Failed or short searches: ", errs, ". Rows in italics are for analysis only: esx checking the",
-  " status and body size instead of decoding the JSON (`ESX_BENCH_RAW=1`), i.e. the transport alone.")
+  " status and body size instead of decoding the JSON (`ESX_BENCH_RAW=1`), i.e. the transport alone;",
+  " and esx with its threads placed by hand for the run (`taskset`: the Lua thread alone on CPU 1,",
+  " the I/O thread together with the nginx worker on CPU 0), i.e. the same code without the",
+  " scheduler's placement -- the three busy threads share two cores, and the kernel otherwise",
+  " wakes them across cores and leaves a core idle part of the time.")
 w("")
 w("Targets at c=16: esx ≥ 3x the Node client and ≥ 0.4x wrk.")
 w("")
@@ -201,7 +208,8 @@ w("")
 w("CPU per search relative to Node at c=16 (less sensitive to other load on the machine than",
   " searches/s; \"x less CPU\" = Node µs ÷ esx µs):")
 w("")
-for _, p in ipairs({ "esx-lua5.4", "esx-luajit", "esx-lua5.4-raw", "esx-luajit-raw" }) do
+for _, p in ipairs({ "esx-lua5.4", "esx-luajit", "esx-lua5.4-raw", "esx-luajit-raw", "esx-lua5.4-placed",
+                    "esx-luajit-placed" }) do
   local e, n = cpu_us(p, 16), cpu_us("node", 16)
   if e and n then
     w("- ", PEER_LABEL[p], ": ", string.format("%.1f µs vs %.1f µs, %.2fx less CPU", e, n, n / e), ".")
