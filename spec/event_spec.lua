@@ -209,6 +209,28 @@ describe("core.events_parse", function()
       local d = accepted(ev(',"a\\"":1,"a\\\\":2,"a":"x\\"}","o":{"q":"]\\\\","r":[{"s":"{"}]},"n":-1.5e3,"t":true,"f":false,"z":null'))
       assert.truthy(d.doc:find('"a\\"":1,"a\\\\":2,"a":"x\\"}","o":{"q":"]\\\\","r":[{"s":"{"}]},"n":-1.5e3,"t":true,"f":false,"z":null,', 1, true))
     end)
+
+    it("find the end of strings and containers whatever their offset in an 8-byte word", function()
+      -- the scans read eight bytes at a time and step to the first quote, backslash or
+      -- bracket of a word: shift every special byte through all eight positions, in an
+      -- array of events (skipped once validated) and in nested values
+      local tricky = 'x\\"}]\\\\{[\\"y'
+      for pad = 0, 16 do
+        local p = ("p"):rep(pad)
+        local value = '{"' .. p .. '":"' .. p .. tricky .. '","l":["' .. tricky .. p .. '",{"' .. p .. '}":"]"}]}'
+        local one = '{"site_id":"s","type":"t","' .. p .. 'k":' .. value .. '}'
+        local docs, rejects = parse("[" .. one .. "," .. one .. ', {"site_id":"s2","type":"t2"}]')
+        assert(docs, rejects and tostring(rejects))
+        assert.same({}, rejects)
+        assert.equal(3, #docs)
+        for i = 1, 2 do
+          assert.equal("s", docs[i].site_id)
+          assert.truthy(docs[i].doc:find('"' .. p .. 'k":' .. value .. ',"received_at":', 1, true), pad)
+        end
+        assert.equal("s2", docs[3].site_id)
+        assert.equal("t2", docs[3].type)
+      end
+    end)
   end)
 
   describe("nesting", function()

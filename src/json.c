@@ -121,6 +121,19 @@ static inline uint64_t has_byte(uint64_t w, unsigned char c)
     return (x - ones) & ~x & highs;
 }
 
+/* Offset within its word of the first byte flagged in m, a mask from has_byte or
+ * string_special (their lowest flagged byte is exact), so that a scan steps straight to it.
+ * 0 where the build cannot tell: the byte loops after the word loops find it then. */
+static inline size_t first_flagged(uint64_t m)
+{
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return (size_t)__builtin_ctzll(m) >> 3;
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
 /* Nonzero when w holds a byte that ends the plain run of a string: a control character, a
  * quote, a backslash or a non-ASCII byte (exact as a yes/no answer). */
 static inline uint64_t string_special(uint64_t w)
@@ -139,8 +152,11 @@ static int scan_string(const unsigned char *s, size_t len, size_t *pos, int *fla
         while (len - i >= 8) {
             uint64_t w;
             memcpy(&w, s + i, 8);
-            if (string_special(w))
+            uint64_t m = string_special(w);
+            if (m) {
+                i += first_flagged(m);
                 break;
+            }
             i += 8;
         }
         while (i < len && s[i] >= 0x20 && s[i] < 0x80 && s[i] != '"' && s[i] != '\\')
@@ -402,21 +418,23 @@ void esx_json_iter_init_checked(esx_json_iter *it, const esx_json_val *c)
  * bytes at a time up to the first quote or backslash. */
 static size_t skip_string(const char *s, size_t len, size_t i)
 {
-    for (i++; i < len; i++) {
+    for (i++; i < len; i += 2) { /* past a backslash and the byte it escapes */
         while (len - i >= 8) {
             uint64_t w;
             memcpy(&w, s + i, 8);
-            if (has_byte(w, '"') | has_byte(w, '\\'))
+            uint64_t m = has_byte(w, '"') | has_byte(w, '\\');
+            if (m) {
+                i += first_flagged(m);
                 break;
+            }
             i += 8;
         }
+        while (i < len && s[i] != '"' && s[i] != '\\')
+            i++;
         if (i >= len)
             break;
-        char c = s[i];
-        if (c == '"')
+        if (s[i] == '"')
             return i + 1;
-        if (c == '\\')
-            i++; /* the escaped byte cannot end the string */
     }
     return len;
 }
@@ -427,9 +445,10 @@ static size_t skip_plain(const char *s, size_t len, size_t i)
     while (len - i >= 8) {
         uint64_t w;
         memcpy(&w, s + i, 8);
-        if (has_byte(w, '"') | has_byte(w, '{') | has_byte(w, '}') | has_byte(w, '[') |
-            has_byte(w, ']'))
-            break;
+        uint64_t m = has_byte(w, '"') | has_byte(w, '{') | has_byte(w, '}') | has_byte(w, '[') |
+                     has_byte(w, ']');
+        if (m)
+            return i + first_flagged(m);
         i += 8;
     }
     return i;
