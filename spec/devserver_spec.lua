@@ -1697,6 +1697,125 @@ describe("esxd", function()
     end)
   end)
 
+  describe("media types and REST API compatibility (Accept, Content-Type)", function()
+    local VND8 = "application/vnd.elasticsearch+json; compatible-with=8"
+    local VND8_ND = "application/vnd.elasticsearch+x-ndjson; compatible-with=8"
+    local V8 = { Accept = VND8, ["Content-Type"] = VND8 }
+    local function header_error(names, cause_type, cause_reason)
+      local b = es_error(400, "media_type_header_exception", "Invalid media-type value on headers [" .. names .. "]")
+      b.error.caused_by = { type = cause_type, reason = cause_reason }
+      return b
+    end
+    local function both_versioned(accept, ctype)
+      return header_error("Accept, Content-Type", "status_exception", "A compatible version is required on both " ..
+        "Content-Type and Accept headers if either one has requested a compatible version. Accept=" .. accept ..
+        ", Content-Type=" .. ctype)
+    end
+
+    it("returns the vendor Content-Type when Accept and Content-Type ask for compatible-with=8", function()
+      local st, b, h = jreq("PUT", "/mt/_doc/1?refresh=true", { a = 1 }, V8)
+      assert.equal(201, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.equal("created", b.result)
+      st, b, h = jreq("POST", "/_bulk?refresh=true", '{"index":{"_index":"mt","_id":"2"}}\n{"a":2}\n',
+        { Accept = VND8, ["Content-Type"] = VND8_ND })
+      assert.equal(200, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.is_false(b.errors)
+      st, b, h = jreq("POST", "/mt/_search", { query = { match_all = {} } }, V8)
+      assert.equal(200, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.equal(2, b.hits.total.value)
+      st, b, h = jreq("GET", "/mt/_doc/2", nil, { Accept = VND8 })   -- no body: Accept alone is enough
+      assert.equal(200, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.same({ a = 2 }, b._source)
+    end)
+    it("returns the vendor Content-Type on errors too", function()
+      local st, b, h = jreq("GET", "/missing/_doc/1", nil, { Accept = VND8 })
+      assert.equal(404, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.equal("index_not_found_exception", b.error.type)
+    end)
+    it("returns application/json when Accept is absent, a list or */*, and echoes Accept's parameters", function()
+      for _, accept in ipairs({ false, "*/*", "application/json, text/plain, */*", "text/html", "application/x-ndjson" }) do
+        local st, _, h = jreq("GET", "/", nil, { Accept = accept or nil })
+        assert.equal(200, st)
+        assert.equal("application/json", h["content-type"], tostring(accept))
+      end
+      local _, _, h = jreq("GET", "/", nil, { Accept = "application/json; charset=UTF-8" })
+      assert.equal("application/json;charset=utf-8", h["content-type"])
+    end)
+    it("returns 400 media_type_header_exception when only one of Accept and Content-Type has a version", function()
+      local st, b, h = jreq("PUT", "/mt/_doc/1", { a = 1 }, { Accept = VND8, ["Content-Type"] = "application/json" })
+      assert.equal(400, st)
+      assert.equal("application/json", h["content-type"])
+      assert.same(both_versioned(VND8, "application/json"), b)
+      st, b = jreq("PUT", "/mt/_doc/1", { a = 1 }, { ["Content-Type"] = VND8 })
+      assert.equal(400, st)
+      assert.same(both_versioned("null", VND8), b)
+      assert.equal(404, (jreq("GET", "/mt")))                      -- nothing was written
+    end)
+    it("returns 400 media_type_header_exception when the versions on Accept and Content-Type differ", function()
+      local v7 = "application/vnd.elasticsearch+json;compatible-with=7"
+      local st, b = jreq("POST", "/_search", { query = { match_all = {} } }, { Accept = VND8, ["Content-Type"] = v7 })
+      assert.equal(400, st)
+      assert.same(header_error("Accept, Content-Type", "status_exception", "A compatible version is required on " ..
+        "both Content-Type and Accept headers if either one has requested a compatible version and the compatible " ..
+        "versions must match. Accept=" .. VND8 .. ", Content-Type=" .. v7), b)
+    end)
+    it("returns 400 media_type_header_exception for a version other than 7 or 8", function()
+      local v9 = "application/vnd.elasticsearch+json; compatible-with=9"
+      local st, b = jreq("GET", "/", nil, { Accept = v9 })
+      assert.equal(400, st)
+      assert.same(header_error("Accept, Content-Type", "status_exception",
+        "Accept version must be either version 8 or 7, but found 9. Accept=" .. v9), b)
+      local v6 = "application/vnd.elasticsearch+json;compatible-with=6"
+      st, b = jreq("POST", "/_search", { query = { match_all = {} } }, { Accept = VND8, ["Content-Type"] = v6 })
+      assert.equal(400, st)
+      assert.same(header_error("Accept, Content-Type", "status_exception",
+        "Content-Type version must be either version 8 or 7, but found 6. Content-Type=" .. v6), b)
+    end)
+    it("returns 400 media_type_header_exception for a malformed Accept or Content-Type", function()
+      local st, b = jreq("GET", "/", nil, { Accept = "json" })
+      assert.equal(400, st)
+      assert.same(header_error("Accept", "illegal_argument_exception", "invalid media-type [json]"), b)
+      st, b = jreq("POST", "/_search", "{}", { ["Content-Type"] = "application/json; charset" })
+      assert.equal(400, st)
+      assert.same(header_error("Content-Type", "illegal_argument_exception",
+        "invalid parameters for header [application/json; charset]"), b)
+    end)
+    it("returns 400 when compatible-with=7 asks for v7 REST compatibility (not implemented)", function()
+      local v7 = "application/vnd.elasticsearch+json;compatible-with=7"
+      local reason = "esxd does not implement REST API compatibility with version 7 (compatible-with=7); " ..
+        "send compatible-with=8 or application/json"
+      local st, b, h = jreq("GET", "/", nil, { Accept = v7 })
+      assert.equal(400, st)
+      assert.equal("application/json", h["content-type"])
+      assert.same(es_error(400, "illegal_argument_exception", reason), b)
+      st, b = jreq("PUT", "/mt/_doc/1", { a = 1 }, { Accept = v7, ["Content-Type"] = v7 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", reason), b)
+      assert.equal(404, (jreq("GET", "/mt")))
+    end)
+    it("returns 400 when YAML, CBOR or Smile is asked for or sent (not implemented)", function()
+      local st, b = jreq("GET", "/", nil, { Accept = "application/yaml" })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "esxd answers only in JSON; [application/yaml] asks for a YAML response, which is not implemented"), b)
+      st, b = jreq("POST", "/_search", "a: 1", { ["Content-Type"] = "application/cbor" })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "esxd reads only JSON request bodies; Content-Type [application/cbor] (CBOR) is not implemented"), b)
+    end)
+    it("returns ES's 406 for a body whose Content-Type ES does not read", function()
+      local st, b = jreq("POST", "/_search", "{}", { ["Content-Type"] = "text/html" })
+      assert.equal(406, st)
+      assert.same({ error = "Content-Type header [text/html] is not supported", status = 406 }, b)
+      assert.equal(200, (jreq("POST", "/_search", "{}", { ["Content-Type"] = "application/*" })))
+    end)
+  end)
+
   describe("response parameters: pretty, error_trace, filter_path on errors", function()
     it("?pretty indents like ES's XContent pretty printer, with a final newline", function()
       req("PUT", "/pr1")
