@@ -1654,7 +1654,7 @@ describe("esxd", function()
       st, b = jreq("PUT", "/p7/_doc/2?wait_for_active_shards=some", { a = 1 })
       assert.equal(400, st)
       assert.same(es_error(400, "illegal_argument_exception", "cannot parse ActiveShardCount[some]"), b)
-      assert.equal(201, (jreq("PUT", "/p7/_doc/2?wait_for_active_shards=all", { a = 1 })))
+      assert.equal(503, (jreq("PUT", "/p7/_doc/2?wait_for_active_shards=all&timeout=0s", { a = 1 })))
       st, b = jreq("GET", "/_search?search_type=scan")
       assert.same(es_error(400, "illegal_argument_exception", "No search type for [scan]"), b)
       st, b = jreq("GET", "/_count?q=a&default_operator=xor")
@@ -1672,6 +1672,71 @@ describe("esxd", function()
       assert.equal(1, h._version)
       assert.equal(0, h._seq_no)
       assert.equal(1, h._primary_term)
+    end)
+  end)
+
+  describe("wait_for_active_shards (one node: only primaries are active)", function()
+    local function unavailable(index, uuid, count, needed, timeout, request)
+      return es_error(503, "unavailable_shards_exception", "[" .. index .. "][0] Not enough active copies to meet " ..
+        "shard count of [" .. count .. "] (have 1, needed " .. needed .. "). Timeout: [" .. timeout .. "], request: [" ..
+        request .. "]", { index_uuid = uuid, shard = "0", index = index })
+    end
+    local function uuid_of(index)
+      local _, b = jreq("GET", "/" .. index)
+      return b[index].settings.index.uuid
+    end
+
+    it("returns 503 unavailable_shards_exception after the timeout when a write needs 2 copies", function()
+      local t0 = socket.gettime()
+      local st, b = jreq("PUT", "/ws1/_doc/1?wait_for_active_shards=2&timeout=300ms", '{ "a": 1,\n "b": "x y" }')
+      assert.equal(503, st)
+      assert.is_true(socket.gettime() - t0 >= 0.3)
+      assert.same(unavailable("ws1", uuid_of("ws1"), "2", 2, "300ms",   -- the index was auto-created
+        'BulkShardRequest [[ws1][0]] containing [index {[ws1][1], source[{"a":1,"b":"x y"}]}]'), b)
+      assert.equal(404, (jreq("GET", "/ws1/_doc/1")))                   -- nothing was written
+      st, b = jreq("DELETE", "/ws1/_doc/1?wait_for_active_shards=all&timeout=0s&refresh=true")
+      assert.equal(503, st)
+      assert.same(unavailable("ws1", uuid_of("ws1"), "ALL", 2, "0s",
+        "BulkShardRequest [[ws1][0]] containing [delete {[ws1][1]}] and a refresh"), b)
+    end)
+    it("returns 201 when the count is met: 1, 0, -1, or all without replicas", function()
+      assert.equal(200, (jreq("PUT", "/ws2", { settings = { number_of_replicas = 0 } })))
+      for i, n in ipairs({ "1", "0", "-1", "all" }) do
+        assert.equal(201, (jreq("PUT", "/ws2/_doc/" .. i .. "?wait_for_active_shards=" .. n, { a = 1 })), n)
+      end
+      assert.equal(201, (jreq("PUT", "/ws3/_doc/1?wait_for_active_shards=1", { a = 1 })))  -- replicas 1
+    end)
+    it("returns 503 items for the bulk's index that lacks copies, after one wait", function()
+      assert.equal(200, (jreq("PUT", "/ws4", { settings = { number_of_replicas = 0 } })))
+      local t0 = socket.gettime()
+      local st, b = jreq("POST", "/_bulk?wait_for_active_shards=all&timeout=200ms",
+        '{"index":{"_index":"ws5","_id":"1"}}\n{"a":1}\n{"delete":{"_index":"ws5","_id":"2"}}\n' ..
+        '{"index":{"_index":"ws4","_id":"1"}}\n{"a":1}\n', NDJSON)
+      assert.equal(200, st)
+      assert.is_true(socket.gettime() - t0 >= 0.2)
+      assert.is_true(socket.gettime() - t0 < 2)
+      assert.is_true(b.errors)
+      local e = unavailable("ws5", uuid_of("ws5"), "ALL", 2, "200ms",
+        "BulkShardRequest [[ws5][0]] containing [2] requests").error.root_cause[1]
+      assert.same({ _index = "ws5", _id = "1", status = 503, error = e }, b.items[1].index)
+      assert.same({ _index = "ws5", _id = "2", status = 503, error = e }, b.items[2].delete)
+      assert.equal(201, b.items[3].index.status)                       -- ws4 has no replicas: all is 1
+    end)
+    it("returns shards_acknowledged false from index creation after the timeout", function()
+      local t0 = socket.gettime()
+      local st, b = jreq("PUT", "/ws6?wait_for_active_shards=2&timeout=200ms", { settings = { number_of_replicas = 1 } })
+      assert.equal(200, st)
+      assert.is_true(socket.gettime() - t0 >= 0.2)
+      assert.same({ acknowledged = true, shards_acknowledged = false, index = "ws6" }, b)
+      assert.equal(200, (jreq("HEAD", "/ws6")))                        -- created all the same
+      st, b = jreq("PUT", "/ws7?wait_for_active_shards=all", { settings = { number_of_replicas = 0 } })
+      assert.same({ acknowledged = true, shards_acknowledged = true, index = "ws7" }, b)
+    end)
+    it("returns 400 for timeout=-1, which would wait forever", function()
+      local st, b = jreq("PUT", "/ws8/_doc/1?wait_for_active_shards=2&timeout=-1", { a = 1 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "esxd refuses timeout=-1 with " ..
+        "wait_for_active_shards=[2]: on one node the missing shard copies never start, so the request would never end"), b)
     end)
   end)
 
