@@ -1654,7 +1654,7 @@ describe("esxd", function()
       st, b = jreq("PUT", "/p7/_doc/2?wait_for_active_shards=some", { a = 1 })
       assert.equal(400, st)
       assert.same(es_error(400, "illegal_argument_exception", "cannot parse ActiveShardCount[some]"), b)
-      assert.equal(201, (jreq("PUT", "/p7/_doc/2?wait_for_active_shards=all", { a = 1 })))
+      assert.equal(503, (jreq("PUT", "/p7/_doc/2?wait_for_active_shards=all&timeout=0s", { a = 1 })))
       st, b = jreq("GET", "/_search?search_type=scan")
       assert.same(es_error(400, "illegal_argument_exception", "No search type for [scan]"), b)
       st, b = jreq("GET", "/_count?q=a&default_operator=xor")
@@ -1672,6 +1672,71 @@ describe("esxd", function()
       assert.equal(1, h._version)
       assert.equal(0, h._seq_no)
       assert.equal(1, h._primary_term)
+    end)
+  end)
+
+  describe("wait_for_active_shards (one node: only primaries are active)", function()
+    local function unavailable(index, uuid, count, needed, timeout, request)
+      return es_error(503, "unavailable_shards_exception", "[" .. index .. "][0] Not enough active copies to meet " ..
+        "shard count of [" .. count .. "] (have 1, needed " .. needed .. "). Timeout: [" .. timeout .. "], request: [" ..
+        request .. "]", { index_uuid = uuid, shard = "0", index = index })
+    end
+    local function uuid_of(index)
+      local _, b = jreq("GET", "/" .. index)
+      return b[index].settings.index.uuid
+    end
+
+    it("returns 503 unavailable_shards_exception after the timeout when a write needs 2 copies", function()
+      local t0 = socket.gettime()
+      local st, b = jreq("PUT", "/ws1/_doc/1?wait_for_active_shards=2&timeout=300ms", '{ "a": 1,\n "b": "x y" }')
+      assert.equal(503, st)
+      assert.is_true(socket.gettime() - t0 >= 0.3)
+      assert.same(unavailable("ws1", uuid_of("ws1"), "2", 2, "300ms",   -- the index was auto-created
+        'BulkShardRequest [[ws1][0]] containing [index {[ws1][1], source[{"a":1,"b":"x y"}]}]'), b)
+      assert.equal(404, (jreq("GET", "/ws1/_doc/1")))                   -- nothing was written
+      st, b = jreq("DELETE", "/ws1/_doc/1?wait_for_active_shards=all&timeout=0s&refresh=true")
+      assert.equal(503, st)
+      assert.same(unavailable("ws1", uuid_of("ws1"), "ALL", 2, "0s",
+        "BulkShardRequest [[ws1][0]] containing [delete {[ws1][1]}] and a refresh"), b)
+    end)
+    it("returns 201 when the count is met: 1, 0, -1, or all without replicas", function()
+      assert.equal(200, (jreq("PUT", "/ws2", { settings = { number_of_replicas = 0 } })))
+      for i, n in ipairs({ "1", "0", "-1", "all" }) do
+        assert.equal(201, (jreq("PUT", "/ws2/_doc/" .. i .. "?wait_for_active_shards=" .. n, { a = 1 })), n)
+      end
+      assert.equal(201, (jreq("PUT", "/ws3/_doc/1?wait_for_active_shards=1", { a = 1 })))  -- replicas 1
+    end)
+    it("returns 503 items for the bulk's index that lacks copies, after one wait", function()
+      assert.equal(200, (jreq("PUT", "/ws4", { settings = { number_of_replicas = 0 } })))
+      local t0 = socket.gettime()
+      local st, b = jreq("POST", "/_bulk?wait_for_active_shards=all&timeout=200ms",
+        '{"index":{"_index":"ws5","_id":"1"}}\n{"a":1}\n{"delete":{"_index":"ws5","_id":"2"}}\n' ..
+        '{"index":{"_index":"ws4","_id":"1"}}\n{"a":1}\n', NDJSON)
+      assert.equal(200, st)
+      assert.is_true(socket.gettime() - t0 >= 0.2)
+      assert.is_true(socket.gettime() - t0 < 2)
+      assert.is_true(b.errors)
+      local e = unavailable("ws5", uuid_of("ws5"), "ALL", 2, "200ms",
+        "BulkShardRequest [[ws5][0]] containing [2] requests").error.root_cause[1]
+      assert.same({ _index = "ws5", _id = "1", status = 503, error = e }, b.items[1].index)
+      assert.same({ _index = "ws5", _id = "2", status = 503, error = e }, b.items[2].delete)
+      assert.equal(201, b.items[3].index.status)                       -- ws4 has no replicas: all is 1
+    end)
+    it("returns shards_acknowledged false from index creation after the timeout", function()
+      local t0 = socket.gettime()
+      local st, b = jreq("PUT", "/ws6?wait_for_active_shards=2&timeout=200ms", { settings = { number_of_replicas = 1 } })
+      assert.equal(200, st)
+      assert.is_true(socket.gettime() - t0 >= 0.2)
+      assert.same({ acknowledged = true, shards_acknowledged = false, index = "ws6" }, b)
+      assert.equal(200, (jreq("HEAD", "/ws6")))                        -- created all the same
+      st, b = jreq("PUT", "/ws7?wait_for_active_shards=all", { settings = { number_of_replicas = 0 } })
+      assert.same({ acknowledged = true, shards_acknowledged = true, index = "ws7" }, b)
+    end)
+    it("returns 400 for timeout=-1, which would wait forever", function()
+      local st, b = jreq("PUT", "/ws8/_doc/1?wait_for_active_shards=2&timeout=-1", { a = 1 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "esxd refuses timeout=-1 with " ..
+        "wait_for_active_shards=[2]: on one node the missing shard copies never start, so the request would never end"), b)
     end)
   end)
 
@@ -1694,6 +1759,125 @@ describe("esxd", function()
       local st, b = jreq("POST", "/_msearch", "", NDJSON)
       assert.equal(400, st)
       assert.same(es_error(400, "parse_exception", "request body or source parameter is required"), b)
+    end)
+  end)
+
+  describe("media types and REST API compatibility (Accept, Content-Type)", function()
+    local VND8 = "application/vnd.elasticsearch+json; compatible-with=8"
+    local VND8_ND = "application/vnd.elasticsearch+x-ndjson; compatible-with=8"
+    local V8 = { Accept = VND8, ["Content-Type"] = VND8 }
+    local function header_error(names, cause_type, cause_reason)
+      local b = es_error(400, "media_type_header_exception", "Invalid media-type value on headers [" .. names .. "]")
+      b.error.caused_by = { type = cause_type, reason = cause_reason }
+      return b
+    end
+    local function both_versioned(accept, ctype)
+      return header_error("Accept, Content-Type", "status_exception", "A compatible version is required on both " ..
+        "Content-Type and Accept headers if either one has requested a compatible version. Accept=" .. accept ..
+        ", Content-Type=" .. ctype)
+    end
+
+    it("returns the vendor Content-Type when Accept and Content-Type ask for compatible-with=8", function()
+      local st, b, h = jreq("PUT", "/mt/_doc/1?refresh=true", { a = 1 }, V8)
+      assert.equal(201, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.equal("created", b.result)
+      st, b, h = jreq("POST", "/_bulk?refresh=true", '{"index":{"_index":"mt","_id":"2"}}\n{"a":2}\n',
+        { Accept = VND8, ["Content-Type"] = VND8_ND })
+      assert.equal(200, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.is_false(b.errors)
+      st, b, h = jreq("POST", "/mt/_search", { query = { match_all = {} } }, V8)
+      assert.equal(200, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.equal(2, b.hits.total.value)
+      st, b, h = jreq("GET", "/mt/_doc/2", nil, { Accept = VND8 })   -- no body: Accept alone is enough
+      assert.equal(200, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.same({ a = 2 }, b._source)
+    end)
+    it("returns the vendor Content-Type on errors too", function()
+      local st, b, h = jreq("GET", "/missing/_doc/1", nil, { Accept = VND8 })
+      assert.equal(404, st)
+      assert.equal("application/vnd.elasticsearch+json;compatible-with=8", h["content-type"])
+      assert.equal("index_not_found_exception", b.error.type)
+    end)
+    it("returns application/json when Accept is absent, a list or */*, and echoes Accept's parameters", function()
+      for _, accept in ipairs({ false, "*/*", "application/json, text/plain, */*", "text/html", "application/x-ndjson" }) do
+        local st, _, h = jreq("GET", "/", nil, { Accept = accept or nil })
+        assert.equal(200, st)
+        assert.equal("application/json", h["content-type"], tostring(accept))
+      end
+      local _, _, h = jreq("GET", "/", nil, { Accept = "application/json; charset=UTF-8" })
+      assert.equal("application/json;charset=utf-8", h["content-type"])
+    end)
+    it("returns 400 media_type_header_exception when only one of Accept and Content-Type has a version", function()
+      local st, b, h = jreq("PUT", "/mt/_doc/1", { a = 1 }, { Accept = VND8, ["Content-Type"] = "application/json" })
+      assert.equal(400, st)
+      assert.equal("application/json", h["content-type"])
+      assert.same(both_versioned(VND8, "application/json"), b)
+      st, b = jreq("PUT", "/mt/_doc/1", { a = 1 }, { ["Content-Type"] = VND8 })
+      assert.equal(400, st)
+      assert.same(both_versioned("null", VND8), b)
+      assert.equal(404, (jreq("GET", "/mt")))                      -- nothing was written
+    end)
+    it("returns 400 media_type_header_exception when the versions on Accept and Content-Type differ", function()
+      local v7 = "application/vnd.elasticsearch+json;compatible-with=7"
+      local st, b = jreq("POST", "/_search", { query = { match_all = {} } }, { Accept = VND8, ["Content-Type"] = v7 })
+      assert.equal(400, st)
+      assert.same(header_error("Accept, Content-Type", "status_exception", "A compatible version is required on " ..
+        "both Content-Type and Accept headers if either one has requested a compatible version and the compatible " ..
+        "versions must match. Accept=" .. VND8 .. ", Content-Type=" .. v7), b)
+    end)
+    it("returns 400 media_type_header_exception for a version other than 7 or 8", function()
+      local v9 = "application/vnd.elasticsearch+json; compatible-with=9"
+      local st, b = jreq("GET", "/", nil, { Accept = v9 })
+      assert.equal(400, st)
+      assert.same(header_error("Accept, Content-Type", "status_exception",
+        "Accept version must be either version 8 or 7, but found 9. Accept=" .. v9), b)
+      local v6 = "application/vnd.elasticsearch+json;compatible-with=6"
+      st, b = jreq("POST", "/_search", { query = { match_all = {} } }, { Accept = VND8, ["Content-Type"] = v6 })
+      assert.equal(400, st)
+      assert.same(header_error("Accept, Content-Type", "status_exception",
+        "Content-Type version must be either version 8 or 7, but found 6. Content-Type=" .. v6), b)
+    end)
+    it("returns 400 media_type_header_exception for a malformed Accept or Content-Type", function()
+      local st, b = jreq("GET", "/", nil, { Accept = "json" })
+      assert.equal(400, st)
+      assert.same(header_error("Accept", "illegal_argument_exception", "invalid media-type [json]"), b)
+      st, b = jreq("POST", "/_search", "{}", { ["Content-Type"] = "application/json; charset" })
+      assert.equal(400, st)
+      assert.same(header_error("Content-Type", "illegal_argument_exception",
+        "invalid parameters for header [application/json; charset]"), b)
+    end)
+    it("returns 400 when compatible-with=7 asks for v7 REST compatibility (not implemented)", function()
+      local v7 = "application/vnd.elasticsearch+json;compatible-with=7"
+      local reason = "esxd does not implement REST API compatibility with version 7 (compatible-with=7); " ..
+        "send compatible-with=8 or application/json"
+      local st, b, h = jreq("GET", "/", nil, { Accept = v7 })
+      assert.equal(400, st)
+      assert.equal("application/json", h["content-type"])
+      assert.same(es_error(400, "illegal_argument_exception", reason), b)
+      st, b = jreq("PUT", "/mt/_doc/1", { a = 1 }, { Accept = v7, ["Content-Type"] = v7 })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", reason), b)
+      assert.equal(404, (jreq("GET", "/mt")))
+    end)
+    it("returns 400 when YAML, CBOR or Smile is asked for or sent (not implemented)", function()
+      local st, b = jreq("GET", "/", nil, { Accept = "application/yaml" })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "esxd answers only in JSON; [application/yaml] asks for a YAML response, which is not implemented"), b)
+      st, b = jreq("POST", "/_search", "a: 1", { ["Content-Type"] = "application/cbor" })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "esxd reads only JSON request bodies; Content-Type [application/cbor] (CBOR) is not implemented"), b)
+    end)
+    it("returns ES's 406 for a body whose Content-Type ES does not read", function()
+      local st, b = jreq("POST", "/_search", "{}", { ["Content-Type"] = "text/html" })
+      assert.equal(406, st)
+      assert.same({ error = "Content-Type header [text/html] is not supported", status = 406 }, b)
+      assert.equal(200, (jreq("POST", "/_search", "{}", { ["Content-Type"] = "application/*" })))
     end)
   end)
 

@@ -5,6 +5,7 @@ local errors = require "esxd.errors"
 local store = require "esxd.store"
 local source_filter = require "esxd.source_filter"
 local params = require "esxd.params"
+local active_shards = require "esxd.active_shards"
 
 local _M = {}
 
@@ -73,6 +74,31 @@ local function check_pipeline(args)
   end
 end
 
+-- wait_for_active_shards above what one node has: ES validates the request, auto-creates the
+-- index, then the shard-level write waits `timeout` (default 1m) for copies and fails (503).
+local function await_copies(ctx, kind, id, opts, item)
+  if ctx.args.wait_for_active_shards == nil then return end
+  local verrs = store.validate_write(kind, id, opts)
+  if not verrs or #verrs > 0 then return end   -- store.index / delete_doc answer with the error
+  local idx
+  if kind == "delete" then idx = store.get(ctx.vars.index) else idx = store.ensure_index(ctx.vars.index) end
+  if not idx then return end
+  local label, needed = active_shards.unmet(ctx.args.wait_for_active_shards, idx)
+  if not label then return end
+  local timeout, ms = active_shards.timeout(ctx.args, "1m")
+  active_shards.wait(ms, label)
+  error(active_shards.failure(idx, label, needed, timeout,
+    active_shards.shard_request(idx, { item(idx) }, ctx.args.refresh)), 0)
+end
+
+local function write_doc(ctx, id, src, opts)
+  local raw = ctx.body:gsub("^%s+", ""):gsub("%s+$", "")
+  if ctx.args.wait_for_active_shards ~= nil and id == nil then id = store.new_id() end
+  await_copies(ctx, "index", id, opts, function(idx) return active_shards.index_request(idx.name, id, raw) end)
+  local st, res = store.index(ctx.vars.index, id, src, raw, opts)
+  return finish(st, res, opts)
+end
+
 function _M.index(ctx)
   check_index_name(ctx.vars.index)
   check_pipeline(ctx.args)
@@ -83,8 +109,7 @@ function _M.index(ctx)
   if ctx.method == "PUT" and id == nil then
     error(errors.new(405, "illegal_argument_exception", "PUT requires an id"), 0)
   end
-  local st, res = store.index(ctx.vars.index, id, src, (ctx.body:gsub("^%s+", ""):gsub("%s+$", "")), opts)
-  return finish(st, res, opts)
+  return write_doc(ctx, id, src, opts)
 end
 
 function _M.create(ctx)
@@ -98,8 +123,7 @@ function _M.create(ctx)
   local src = doc_body(ctx)
   local opts = write_opts(ctx, "create")
   check_require_alias(ctx)
-  local st, res = store.index(ctx.vars.index, ctx.vars.id, src, (ctx.body:gsub("^%s+", ""):gsub("%s+$", "")), opts)
-  return finish(st, res, opts)
+  return write_doc(ctx, ctx.vars.id, src, opts)
 end
 
 function _M.update(ctx)
@@ -116,6 +140,8 @@ end
 
 function _M.delete(ctx)
   local opts = write_opts(ctx)
+  await_copies(ctx, "delete", ctx.vars.id, opts,
+    function(idx) return active_shards.delete_request(idx.name, ctx.vars.id) end)
   local st, res = store.delete_doc(ctx.vars.index, ctx.vars.id, opts)
   return finish(st, res, opts)
 end

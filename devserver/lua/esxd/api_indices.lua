@@ -5,6 +5,7 @@ local store = require "esxd.store"
 local search = require "esxd.search"
 local dates = require "esxd.dates"
 local mapping = require "esxd.mapping"
+local active_shards = require "esxd.active_shards"
 
 local _M = {}
 
@@ -36,9 +37,13 @@ function _M.create(ctx)
           root_cause = { { type = "mapper_parsing_exception", reason = msg } } }), 0)
     end
   end
-  local _, err = store.create(name, body)
+  local idx, err = store.create(name, body)
   if err then error(err, 0) end
-  return 200, json.obj("acknowledged", true, "shards_acknowledged", true, "index", name)
+  -- ActiveShardsObserver: the index exists; waiting `timeout` (default 30s) for copies that
+  -- one node never starts ends with shards_acknowledged false
+  local label = active_shards.unmet(ctx.args.wait_for_active_shards, idx)
+  if label then active_shards.wait(select(2, active_shards.timeout(ctx.args, "30s")), label) end
+  return 200, json.obj("acknowledged", true, "shards_acknowledged", label == nil, "index", name)
 end
 
 local function resolve_strict(expr, ctx)

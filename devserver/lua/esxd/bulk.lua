@@ -7,6 +7,7 @@ local errors = require "esxd.errors"
 local store = require "esxd.store"
 local names = require "esxd.names"
 local source_filter = require "esxd.source_filter"
+local active_shards = require "esxd.active_shards"
 
 local _M = {}
 local null = json.null
@@ -134,6 +135,75 @@ end
 
 local function truthy(v) return v == true or v == "true" or v == "" end
 
+local function pipeline_of(op, params)
+  if op.action ~= "index" and op.action ~= "create" then return nil end
+  local p = op.meta.pipeline or params.pipeline
+  if p ~= nil and p ~= "_none" then return p end
+end
+
+-- The checks ES makes on the coordinating node, before an item reaches its shard.
+local function coordinating_error(op, params)
+  local bad = names.validate(op.index)
+  if bad then return bad end
+  local require_alias = op.meta.require_alias
+  if require_alias == nil then require_alias = params.require_alias end
+  if truthy(require_alias) then -- esxd has no aliases
+    return errors.new(404, "index_not_found_exception",
+      "no such index [" .. op.index .. "] and [require_alias] request flag is [true] and [" .. op.index .. "] is not an alias",
+      { "index_uuid", "_na_", "index", op.index })
+  end
+  local pipeline = pipeline_of(op, params)
+  if pipeline then return errors.illegal_argument("pipeline with id [" .. tostring(pipeline) .. "] does not exist") end
+end
+
+-- UpdateRequest.toString (the partial documents print with esxd's key order)
+local function update_request(op, id)
+  local u, out = op.update, { "update {[" .. op.index .. "][" .. tostring(id) .. "], doc_as_upsert[" ..
+    tostring(u.doc_as_upsert == true) .. "]" }
+  if type(u.doc) == "table" then out[#out + 1] = ", doc[index {[null][null], source[" .. json.encode(u.doc) .. "]}]" end
+  if type(u.upsert) == "table" then out[#out + 1] = ", upsert[index {[null][null], source[" .. json.encode(u.upsert) .. "]}]" end
+  out[#out + 1] = ", scripted_upsert[" .. tostring(u.scripted_upsert == true) .. "], detect_noop[" ..
+    tostring(u.detect_noop ~= false) .. "]}"
+  return table.concat(out)
+end
+
+-- wait_for_active_shards: the indices whose shard requests cannot get enough copies, after
+-- waiting the bulk's timeout once (ES's shard requests wait in parallel). Auto-creates the
+-- indices the items write to, as ES does first. Returns index name -> the items' error.
+local function unmet_shards(ops, params)
+  if params.wait_for_active_shards == nil then return {} end
+  local unmet, order = {}, {}
+  for _, op in ipairs(ops) do
+    if not coordinating_error(op, params) then
+      if op.action ~= "delete" and op.action ~= "update" and op.id == nil then op.auto_id = store.new_id() end
+      local idx = store.get(op.index)
+      if not idx and op.action ~= "delete" then idx = store.ensure_index(op.index) end
+      local label, needed
+      if idx then label, needed = active_shards.unmet(params.wait_for_active_shards, idx) end
+      if label then
+        local u = unmet[op.index]
+        if not u then
+          u = { idx = idx, label = label, needed = needed, items = {} }
+          unmet[op.index] = u; order[#order + 1] = u
+        end
+        local id = op.id or op.auto_id
+        u.items[#u.items + 1] = (op.action == "delete" and active_shards.delete_request(op.index, id))
+          or (op.action == "update" and update_request(op, id))
+          or active_shards.index_request(op.index, id, op.source_line)
+      end
+    end
+  end
+  if #order == 0 then return unmet end
+  local timeout, ms = active_shards.timeout(params, "1m")
+  active_shards.wait(ms, order[1].label)
+  local out = {}
+  for name, u in pairs(unmet) do
+    out[name] = active_shards.failure(u.idx, u.label, u.needed, timeout,
+      active_shards.shard_request(u.idx, u.items, params.refresh))
+  end
+  return out
+end
+
 -- Execute parsed ops. fault: {status=, count=} or nil. Returns response object.
 function _M.execute(ops, params, fault, started)
   local refresh = params.refresh ~= nil and params.refresh ~= "false"
@@ -141,12 +211,11 @@ function _M.execute(ops, params, fault, started)
   local any_error = false
   local touched = {}
   local failed_left = fault and (fault.count or math.huge) or 0
+  local unmet = unmet_shards(ops, params)
   for _, op in ipairs(ops) do
     local st, res, err
     local id = op.id
-    if op.action ~= "delete" and op.action ~= "update" and id == nil then id = store.new_id() end
-    local require_alias = op.meta.require_alias
-    if require_alias == nil then require_alias = params.require_alias end
+    if op.action ~= "delete" and op.action ~= "update" and id == nil then id = op.auto_id or store.new_id() end
     if fault and failed_left > 0 then
       failed_left = failed_left - 1
       local r = REJECT[fault.status] or { "exception", "esxd injected item failure" }
@@ -156,16 +225,9 @@ function _M.execute(ops, params, fault, started)
       goto continue
     end
     do
-      local bad = names.validate(op.index)
-      if bad then
-        err = bad
-      elseif truthy(require_alias) then -- esxd has no aliases
-        err = errors.new(404, "index_not_found_exception",
-          "no such index [" .. op.index .. "] and [require_alias] request flag is [true] and [" .. op.index .. "] is not an alias",
-          { "index_uuid", "_na_", "index", op.index })
-      elseif (op.action == "index" or op.action == "create")
-        and (op.meta.pipeline or params.pipeline) and (op.meta.pipeline or params.pipeline) ~= "_none" then
-        err = errors.illegal_argument("pipeline with id [" .. tostring(op.meta.pipeline or params.pipeline) .. "] does not exist")
+      err = coordinating_error(op, params) or unmet[op.index]
+      if err then
+        -- refused on the coordinating node, or its shard lacks copies: not applied
       elseif op.action == "index" or op.action == "create" then
         if op.id == "" then
           err = errors.illegal_argument("if _id is specified it must not be empty")

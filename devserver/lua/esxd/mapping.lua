@@ -18,6 +18,18 @@ for t in ([[binary boolean keyword constant_keyword wildcard long integer short 
   sparse_vector rank_feature rank_features geo_point geo_shape point shape percolator semantic_text
   counted_keyword passthrough]]):gmatch("%S+") do ES_TYPES[t] = true end
 
+-- Calls fn(sub, type) for each multi-field of def (its "fields") that declares a type; the
+-- first call returning a value ends the walk, and each_field returns what it returned.
+local function each_field(def, fn)
+  if type(def.fields) ~= "table" then return nil end
+  for sub, sdef in pairs(def.fields) do
+    if type(sdef) == "table" and type(sdef.type) == "string" then
+      local a, b = fn(sub, sdef.type)
+      if a ~= nil then return a, b end
+    end
+  end
+end
+
 -- Returns nil, or the field path and type name of the first mapping whose type ES does not know.
 function _M.unknown_type(props, prefix)
   if type(props) ~= "table" then return nil end
@@ -31,13 +43,8 @@ function _M.unknown_type(props, prefix)
       if type(def.type) == "string" and not ES_TYPES[def.type] then return name, def.type end
       local p, t = _M.unknown_type(def.properties, path)
       if p then return p, t end
-      if type(def.fields) == "table" then
-        for sub, sdef in pairs(def.fields) do
-          if type(sdef) == "table" and type(sdef.type) == "string" and not ES_TYPES[sdef.type] then
-            return sub, sdef.type
-          end
-        end
-      end
+      p, t = each_field(def, function(sub, ty) if not ES_TYPES[ty] then return sub, ty end end)
+      if p then return p, t end
     end
   end
 end
@@ -53,11 +60,7 @@ function _M.load(types, props, prefix)
         _M.load(types, def.properties, path)
       elseif type(def.type) == "string" then
         types[path] = def.type
-        if type(def.fields) == "table" then
-          for sub, sdef in pairs(def.fields) do
-            if type(sdef) == "table" and type(sdef.type) == "string" then types[path .. "." .. sub] = sdef.type end
-          end
-        end
+        each_field(def, function(sub, ty) types[path .. "." .. sub] = ty end)
       end
     end
   end

@@ -222,7 +222,7 @@ function _M.check(name, args, path)
       local f = v:lower()
       if f == "yaml" or f == "cbor" or f == "smile" then invalid[#invalid + 1] = k end
     elseif kind == "active_shards" then
-      -- ActiveShardCount.parseString ("all" or an int >= -1); esxd does not wait for copies
+      -- ActiveShardCount.parseString ("all" or an int >= -1); esxd.active_shards honours it
       local n = v:match("^[+-]?%d+$") and tonumber(v)
       if v ~= "all" and not n then
         error(errors.illegal_argument("cannot parse ActiveShardCount[" .. v .. "]"), 0)

@@ -1,6 +1,7 @@
 -- esxd.server: the nginx entry points. handle() runs every request: control API, request
--- log, fault matching, body reading (gzip inflate with a cap), content-type check, auth,
--- routing under xpcall (genuine bugs become an ES-shaped 500), and the response.
+-- log, fault matching, body reading (gzip inflate with a cap), auth, media headers (esxd.media),
+-- content-type check, routing under xpcall (genuine bugs become an ES-shaped 500), and the
+-- response (its Content-Type from esxd.media).
 local json = require "esxd.json"
 local errors = require "esxd.errors"
 local router = require "esxd.router"
@@ -15,11 +16,9 @@ local config = require "esxd.config"
 local filter_path = require "esxd.filter_path"
 local params = require "esxd.params"
 local pretty = require "esxd.pretty"
+local media = require "esxd.media"
 
 local _M = {}
-
-local CONTENT_TYPES = { ["application/json"] = true, ["application/x-ndjson"] = true,
-  ["application/vnd.elasticsearch+json"] = true, ["application/vnd.elasticsearch+x-ndjson"] = true }
 
 function _M.init_worker()
   math.randomseed(math.floor(ngx.now() * 1000) + ngx.worker.pid())
@@ -73,16 +72,15 @@ local function run(ctx)
   if type(authz) == "table" then authz = authz[1] end
   local aerr = auth.check(authz, ctx.path)
   if aerr then error(aerr, 0) end
-  if ctx.body and ctx.body ~= "" then
+  -- ES authenticates in the HTTP pipeline (HttpHeadersValidator), then checks the media
+  -- headers while building the RestRequest, before routing
+  if ctx.media.err then error(ctx.media.err, 0) end
+  if ctx.body and ctx.body ~= "" and not ctx.media.body_format then
+    -- RestController.sendContentTypeErrorMessage (several values were refused by esxd.media)
     local ct = ctx.headers["content-type"]
-    if type(ct) == "table" then ct = ct[1] end
-    local base = ct and ct:match("^%s*([^;%s]+)") or ""
-    if not CONTENT_TYPES[base:lower()] then
-      ctx.error_response = true
-      -- RestController.sendContentTypeErrorMessage
-      if ct == nil then return 406, { error = "Content-Type header is missing", status = 406 } end
-      return 406, { error = "Content-Type header [" .. ct .. "] is not supported", status = 406 }
-    end
+    ctx.error_response = true
+    if ct == nil then return 406, { error = "Content-Type header is missing", status = 406 } end
+    return 406, { error = "Content-Type header [" .. ct .. "] is not supported", status = 406 }
   end
   -- ES's "no handler found" / "Incorrect HTTP method" messages quote request.uri(), query included
   local h, vars, body, hdrs = router.find(ctx.method, ctx.segs, ctx.uri)
@@ -120,6 +118,7 @@ function _M.handle()
 
   local wire = read_body()
   entry.body_wire_bytes = wire and #wire or 0
+  local mt = media.read(headers, wire ~= nil and #wire > 0, args.format)
   local body = wire
   local status, out, hdrs
   -- ES renders errors with ?error_trace=true's stack_trace, and never filters them (filter_path)
@@ -156,7 +155,7 @@ function _M.handle()
       end
     else
       local ctx = setmetatable({ method = method, path = path, uri = request_uri, segs = split_path(path), args = args,
-        headers = headers, body = body, started = started, fault = fault }, Ctx)
+        headers = headers, body = body, started = started, fault = fault, media = mt }, Ctx)
       local ok, s, o, h = xpcall(run, function(e)
         if errors.is(e) then return e end
         return { bug = tostring(e), trace = debug.traceback(tostring(e), 2) }
@@ -175,10 +174,9 @@ function _M.handle()
       end
     end
   end
-  if fault and fault.headers then
-    hdrs = hdrs or {}
-    for k, v in pairs(fault.headers) do hdrs[k] = v end
-  end
+  local out_headers = { ["Content-Type"] = mt.content_type }
+  for k, v in pairs(hdrs or {}) do out_headers[k] = v end
+  for k, v in pairs(fault and fault.headers or {}) do out_headers[k] = v end
   entry.status = status
   local text = render(out)
   if args.filter_path and args.filter_path ~= "" and not (fault and fault.status) and not is_error then
@@ -191,7 +189,7 @@ function _M.handle()
   local ae = headers["accept-encoding"]
   if type(ae) == "table" then ae = table.concat(ae, ",") end
   local accept_gzip = ae and ae:lower():find("gzip", 1, true) ~= nil
-  return respond.send(status, text, hdrs, accept_gzip, fault)
+  return respond.send(status, text, out_headers, accept_gzip, fault)
 end
 
 -- error_page 413 target: body larger than --max-body.
