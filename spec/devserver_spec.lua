@@ -1737,6 +1737,10 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "illegal_argument_exception", "esxd refuses timeout=-1 with " ..
         "wait_for_active_shards=[2]: on one node the missing shard copies never start, so the request would never end"), b)
+      assert.equal(404, (jreq("GET", "/ws8/_doc/1")))                  -- the write is not applied
+      st = jreq("PUT", "/ws9?wait_for_active_shards=2&timeout=-1", { settings = { number_of_replicas = 1 } })
+      assert.equal(400, st)
+      assert.equal(404, (jreq("HEAD", "/ws9")))                        -- nor creates the index
     end)
   end)
 

@@ -42,7 +42,13 @@ function _M.create(ctx)
   -- ActiveShardsObserver: the index exists; waiting `timeout` (default 30s) for copies that
   -- one node never starts ends with shards_acknowledged false
   local label = active_shards.unmet(ctx.args.wait_for_active_shards, idx)
-  if label then active_shards.wait(select(2, active_shards.timeout(ctx.args, "30s")), label) end
+  if label then
+    local ok, werr = pcall(active_shards.wait, select(2, active_shards.timeout(ctx.args, "30s")), label)
+    if not ok then
+      store.delete(name) -- refused (timeout=-1): the request leaves no index behind
+      error(werr, 0)
+    end
+  end
   return 200, json.obj("acknowledged", true, "shards_acknowledged", label == nil, "index", name)
 end
 
