@@ -977,6 +977,31 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
+    local dir = tmpdir()
+    spool_victim(dir, { "h1", "h2" })
+    local p = io.popen("ls " .. dir .. "/seg-*.log")
+    local path = p:read("*l")
+    p:close()
+    -- a write cut short after 5 of the 8 header bytes of a third record
+    local f = assert(io.open(path, "ab"))
+    f:write(string.char(200, 0, 0, 0, 7))
+    f:close()
+    local col = new{ spool_dir = dir }
+    col:flush(0) -- starts it: it claims and replays at once
+    assert_replays(col, 2, 2)
+    local s = col:stats()
+    assert.equal(5, s.spool_skipped_bytes)
+    -- everything in it is acknowledged: the segment is gone (not left for every later
+    -- process to replay again, nor counted against spool_max_bytes)
+    assert.equal(0, s.spool_bytes)
+    col:close()
+    p = io.popen("ls " .. dir .. " | grep -c seg- ")
+    assert.equal("0", p:read("*l"))
+    p:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("keeps a claimed segment it cannot open for want of descriptors (EMFILE) and replays it later", function()
     local dir = tmpdir()
     local ids = {}
