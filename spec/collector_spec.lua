@@ -976,6 +976,104 @@ describe("spool", function()
     p:close()
     os.execute("rm -rf " .. dir)
   end)
+
+  it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
+    local dir = tmpdir()
+    spool_victim(dir, { "h1", "h2" })
+    local p = io.popen("ls " .. dir .. "/seg-*.log")
+    local path = p:read("*l")
+    p:close()
+    -- a write cut short after 5 of the 8 header bytes of a third record
+    local f = assert(io.open(path, "ab"))
+    f:write(string.char(200, 0, 0, 0, 7))
+    f:close()
+    local col = new{ spool_dir = dir }
+    col:flush(0) -- starts it: it claims and replays at once
+    assert_replays(col, 2, 2)
+    local s = col:stats()
+    assert.equal(5, s.spool_skipped_bytes)
+    -- everything in it is acknowledged: the segment is gone (not left for every later
+    -- process to replay again, nor counted against spool_max_bytes)
+    assert.equal(0, s.spool_bytes)
+    col:close()
+    p = io.popen("ls " .. dir .. " | grep -c seg- ")
+    assert.equal("0", p:read("*l"))
+    p:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("keeps a claimed segment it cannot open for want of descriptors (EMFILE) and replays it later", function()
+    local dir = tmpdir()
+    local ids = {}
+    for i = 1, 60 do ids[i] = "m" .. i end
+    spool_victim(dir, ids, "spool_segment_bytes = 4096") -- three segments
+    -- every item is answered 429 until the fault is cleared: what was loaded stays in memory
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    -- The child claims the segments, loads records until its memory is full and says so; the
+    -- parent then lowers its descriptor limit to 3 (fds 0-2 are taken: every new descriptor
+    -- fails with EMFILE, those open -- the sink's keep-alive connection, the segment being
+    -- read -- go on working) and clears the fault.  Memory drains; the next segment cannot be
+    -- opened.  Once the limit is back the child flushes.
+    local run = child_script(dir, "starved", ([[
+      local esx = require "esx"
+      local socket = require "socket"
+      local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s", queue_max_bytes = 4096,
+        flush_interval = 10, bulk_concurrency = 1, retry_backoff_min = 100,
+        retry_backoff_max = 100, rollup = false }
+      local function say(...) io.stdout:write(table.concat({ ... }, " "), "\n") io.stdout:flush() end
+      local function can_open()
+        local f = io.open("/dev/null")
+        if f then f:close() end
+        return f ~= nil
+      end
+      local function wait(cond)
+        local deadline = socket.gettime() + 15
+        while not cond() and socket.gettime() < deadline do socket.sleep(0.02) end
+      end
+      local pid = io.open("/proc/self/stat"):read("*l"):match("^(%%d+)")
+      assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+        body = '{"site_id":"s1","type":"view","event_id":"live-m"}' } == 204)
+      wait(function() return col:stats().queued_bytes >= 4096 end)
+      -- (replayed counts the events the intake spilled to disk too)
+      local function claimed() local t = col:stats() return t.replayed - t.spilled end
+      say("full", pid, claimed())
+      wait(function() return not can_open() end)
+      wait(function() return col:stats().queued_events == 0 end)
+      local s = col:stats()
+      say("drained", s.queued_events, claimed())
+      wait(can_open)
+      local ok = col:flush(15000)
+      say("flushed", tostring(ok), claimed())
+      col:close()
+      c:close()
+    ]]):format(srv.url, dir))
+    local p = io.popen(run .. " 2>&1")
+    local line = p:read("*l")
+    local pid, loaded = (line or ""):match("^full (%d+) (%d+)$")
+    assert.is_not_nil(pid, line)
+    assert.is_true(tonumber(loaded) > 0 and tonumber(loaded) < 60, line)
+    local h = io.popen("prlimit --pid " .. pid .. " --nofile --output SOFT --noheadings")
+    local soft = h:read("*l"):match("%d+")
+    h:close()
+    local ok = os.execute("prlimit --pid " .. pid .. " --nofile=3:")
+    assert.is_true(ok == true or ok == 0) -- Lua 5.4 or LuaJIT
+    srv:clear_faults()
+    line = p:read("*l")
+    local left, replayed = (line or ""):match("^drained (%d+) (%d+)$")
+    -- memory is empty, yet part of the dead process's events still wait: the segment that
+    -- could not be opened is still in the backlog, not given up
+    assert.equal("0", left, line)
+    assert.is_true(tonumber(replayed) < 60, line)
+    os.execute("prlimit --pid " .. pid .. " --nofile=" .. soft .. ":")
+    assert.equal("flushed true 60", p:read("*l"))
+    p:close()
+    assert.equal(61, (indexed()))
+    local ls = io.popen("ls " .. dir .. " | grep -c seg- ")
+    assert.equal("0", ls:read("*l"))
+    ls:close()
+    os.execute("rm -rf " .. dir)
+  end)
 end)
 
 describe("col:stats and esx.metrics", function()

@@ -342,6 +342,9 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
         if (rc == REC_NONE) {
             if (seg == sp->overflow)
                 break; /* still being written: more may come */
+            /* fewer than 8 bytes left: a torn tail cut short inside its header */
+            sp->bytes_skipped += seg->bytes - seg->read_off;
+            seg->read_off = seg->bytes;
             backlog_remove(sp, seg);
             if (seg->rfd >= 0) {
                 close(seg->rfd);
