@@ -8,7 +8,7 @@
  *     series), which is unbiased from 0 to far beyond 10^9 without bias-correction tables.
  *
  * A 64-bit hash h gives the register index (its top P bits) and the rank: one plus the
- * number of leading zeros of the remaining 64-P bits, 1..Q+1 with Q = 64-P = 52.
+ * number of leading zeros of the remaining 64-P bits, 1..Q+1 with Q = 64-P = 50 (P = 14).
  *
  * Sparse form: a sorted array of uint32 entries (index << 8 | rank), one per non-zero
  * register; it turns dense once it would need more than the dense form's M*6/8 bytes.
