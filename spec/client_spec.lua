@@ -819,6 +819,26 @@ describe("credentials", function()
     assert.falsy(esx.metrics():find("s3cret", 1, true))
     c:close()
   end)
+
+  it("refuses a node URL whose credentials hold an unencoded '/', without showing them", function()
+    -- "user:pa/ss@host": the authority ends at the '/', so the rest of the password and the
+    -- real host would become the node's path, shown in stats and every error
+    for _, url in ipairs{ "http://elastic:s3/cret-pw@127.0.0.1:9200",
+                          "http://elastic:123/s3cret@127.0.0.1:9200/prefix" } do
+      local ok, err = pcall(esx.client, { hosts = { url } })
+      assert.is_false(ok)
+      assert.equal("esx.client: bad option 'hosts' (node URL has an '@' after its host: " ..
+        "percent-encode a '/' in the credentials as %2F, or pass username and password)", err)
+    end
+  end)
+
+  it("percent-decodes credentials taken from the URL", function()
+    local url = secure.url:gsub("^http://", "http://elastic:s3cret%%2Dpw@")
+    local c = client{ hosts = { url } }
+    assert(c:info()) -- "s3cret-pw": a 401 if "%2D" were sent as is
+    assert.equal(secure.url, c:stats().nodes[1].url)
+    c:close()
+  end)
 end)
 
 local has_posix, unistd = pcall(require, "posix.unistd")
