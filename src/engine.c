@@ -1234,6 +1234,13 @@ static void take_submissions(esx_engine *e, int64_t now)
     pthread_mutex_unlock(&e->mu);
     while (req) {
         esx_request *next = req->next;
+        if (req->attempt > req->max_retries) {
+            /* salvaged from a dead engine that had it on the wire, with no retry left */
+            atomic_fetch_sub(&e->nwaiting, 1);
+            finish(e, req, ESX_EINTERNAL, "the I/O thread failed with the request in flight");
+            req = next;
+            continue;
+        }
         req->state = ESX_REQ_QUEUED;
         if (req->submitted_at == 0) {
             req->submitted_at = now;
@@ -1769,8 +1776,17 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
             esx_inflate_end(&req->inflater);
             memset(&req->inflater, 0, sizeof req->inflater);
             req->node = -1;
-            if (l > 0)
-                req->retries++;
+            if (l == 2) {
+                /* it may have reached its node: sending it again is a retry, when one is left;
+                 * without, attempt passes max_retries and `to` fails it (take_submissions) */
+                if (req->attempt < req->max_retries) {
+                    req->retries++;
+                    pthread_mutex_lock(&to->mu);
+                    to->stats.retries++;
+                    pthread_mutex_unlock(&to->mu);
+                }
+                req->attempt++;
+            }
             if (esx_engine_submit(to, req) != 0) {
                 finish(e, req, ESX_ECLOSED, "the client was closed");
             } else {
