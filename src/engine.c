@@ -1100,10 +1100,14 @@ static void h1_send(esx_engine *e, esx_h1_conn *c, int64_t now)
 static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
 {
     const char *why = NULL;
+    size_t got = c->got;
     int rc = esx_h1_conn_recv(c, e->rbuf, sizeof e->rbuf, &why);
     esx_request *req = c->req;
-    if (rc == ESX_H1_MORE)
+    if (rc == ESX_H1_MORE) {
+        if (c->got != got)
+            req->last_activity = now; /* bytes, even of a line not whole yet, end a silence */
         return 1;
+    }
     if (rc == ESX_H1C_BROKEN) {
         h1_broken(e, c, why, now);
         return 0;
