@@ -790,6 +790,56 @@ describe("self-healing", function()
     assert.equal(200, (assert(p:result())).status)
     c:close()
   end)
+
+  it("does not send again, past max_retries, a request the dead thread had on the wire", function()
+    local l = net.listener()
+    local c = client{ hosts = { l.url }, max_retries = 0 }
+    local p = assert(c:send("GET", "/once"))
+    local conn = assert(l:accept())
+    assert.equal("/once", assert(net.read_request(conn)).target)
+    c:_kill_io_thread()
+    assert.is_true(p:wait(5000))
+    local res, err = p:result()
+    assert.is_nil(res)
+    assert.equal("internal", err.kind)
+    assert.equal("the I/O thread failed with the request in flight", err.message)
+    assert.is_nil(l:accept(0.3)) -- nothing was sent again
+    assert.equal(0, c:stats().retries)
+    conn:close()
+    c:close()
+    l:close()
+  end)
+
+  it("counts a retry only for the request the dead thread had on the wire", function()
+    local l = net.listener()
+    local c = client{ hosts = { l.url }, max_retries = 1, max_per_route = 1, pool_timeout = 5000 }
+    local p1 = assert(c:send("GET", "/active"))
+    local conn = assert(l:accept())
+    assert.equal("/active", assert(net.read_request(conn)).target)
+    local p2 = assert(c:send("GET", "/waiting")) -- no slot: it waits
+    socket.sleep(0.05)
+    c:_kill_io_thread()
+    socket.sleep(0.05)
+    c:stats() -- the next call rebuilds the engine
+    local served = {}
+    for _ = 1, 2 do -- one slot: the two calls come one after the other on the new engine
+      local conn2 = assert(l:accept())
+      local req = assert(net.read_request(conn2))
+      served[#served + 1] = req.target
+      conn2:send("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+      conn2:close()
+    end
+    table.sort(served)
+    assert.same({ "/active", "/waiting" }, served)
+    assert.is_true(p1:wait(5000))
+    assert.is_true(p2:wait(5000))
+    assert.equal(1, (assert(p1:result())).retries)
+    assert.equal(0, (assert(p2:result())).retries)
+    assert.equal(1, c:stats().retries)
+    conn:close()
+    c:close()
+    l:close()
+  end)
 end)
 
 describe("credentials", function()
@@ -817,6 +867,26 @@ describe("credentials", function()
     assert.falsy(tostring(err):find("s3cret", 1, true))
     assert.falsy(err.node:find("s3cret", 1, true))
     assert.falsy(esx.metrics():find("s3cret", 1, true))
+    c:close()
+  end)
+
+  it("refuses a node URL whose credentials hold an unencoded '/', without showing them", function()
+    -- "user:pa/ss@host": the authority ends at the '/', so the rest of the password and the
+    -- real host would become the node's path, shown in stats and every error
+    for _, url in ipairs{ "http://elastic:s3/cret-pw@127.0.0.1:9200",
+                          "http://elastic:123/s3cret@127.0.0.1:9200/prefix" } do
+      local ok, err = pcall(esx.client, { hosts = { url } })
+      assert.is_false(ok)
+      assert.equal("esx.client: bad option 'hosts' (node URL has an '@' after its host: " ..
+        "percent-encode a '/' in the credentials as %2F, or pass username and password)", err)
+    end
+  end)
+
+  it("percent-decodes credentials taken from the URL", function()
+    local url = secure.url:gsub("^http://", "http://elastic:s3cret%%2Dpw@")
+    local c = client{ hosts = { url } }
+    assert(c:info()) -- "s3cret-pw": a 401 if "%2D" were sent as is
+    assert.equal(secure.url, c:stats().nodes[1].url)
     c:close()
   end)
 end)

@@ -200,6 +200,26 @@ describe("response bodies", function()
     c:close()
   end)
 
+  it("counts every byte read against socket_timeout, not only whole header lines", function()
+    local c = client{ socket_timeout = 400 }
+    local head = "HTTP/1.1 200 OK\r\nX-Slow: " .. ("s"):rep(12) .. "\r\nContent-Length: 2\r\n\r\nok"
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      -- a byte every 100 ms: never 400 ms of silence, 1.2 s inside one header line
+      local at = head:find("X-Slow", 1, true)
+      conn:send(head:sub(1, at - 1))
+      for i = at, at + 11 do conn:send(head:sub(i, i)); socket.sleep(0.1) end
+      conn:send(head:sub(at + 12))
+    end)
+    if os.getenv("ESX_TRANSPORT") == "curl" then
+      assert.equal("socket_timeout", err.kind) -- libcurl reports header bytes line by line only
+    else
+      assert.is_nil(err)
+      assert.equal("ok", res.body)
+      assert.equal(("s"):rep(12), res.headers["x-slow"])
+    end
+    c:close()
+  end)
+
   it("ignores empty lines before the status line", function()
     local c = client()
     local res, err = exchange(c, "GET", "/", nil, "\r\n" .. OK)

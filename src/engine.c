@@ -1100,10 +1100,14 @@ static void h1_send(esx_engine *e, esx_h1_conn *c, int64_t now)
 static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
 {
     const char *why = NULL;
+    size_t got = c->got;
     int rc = esx_h1_conn_recv(c, e->rbuf, sizeof e->rbuf, &why);
     esx_request *req = c->req;
-    if (rc == ESX_H1_MORE)
+    if (rc == ESX_H1_MORE) {
+        if (c->got != got)
+            req->last_activity = now; /* bytes, even of a line not whole yet, end a silence */
         return 1;
+    }
     if (rc == ESX_H1C_BROKEN) {
         h1_broken(e, c, why, now);
         return 0;
@@ -1234,6 +1238,13 @@ static void take_submissions(esx_engine *e, int64_t now)
     pthread_mutex_unlock(&e->mu);
     while (req) {
         esx_request *next = req->next;
+        if (req->attempt > req->max_retries) {
+            /* salvaged from a dead engine that had it on the wire, with no retry left */
+            atomic_fetch_sub(&e->nwaiting, 1);
+            finish(e, req, ESX_EINTERNAL, "the I/O thread failed with the request in flight");
+            req = next;
+            continue;
+        }
         req->state = ESX_REQ_QUEUED;
         if (req->submitted_at == 0) {
             req->submitted_at = now;
@@ -1769,8 +1780,17 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
             esx_inflate_end(&req->inflater);
             memset(&req->inflater, 0, sizeof req->inflater);
             req->node = -1;
-            if (l > 0)
-                req->retries++;
+            if (l == 2) {
+                /* it may have reached its node: sending it again is a retry, when one is left;
+                 * without, attempt passes max_retries and `to` fails it (take_submissions) */
+                if (req->attempt < req->max_retries) {
+                    req->retries++;
+                    pthread_mutex_lock(&to->mu);
+                    to->stats.retries++;
+                    pthread_mutex_unlock(&to->mu);
+                }
+                req->attempt++;
+            }
             if (esx_engine_submit(to, req) != 0) {
                 finish(e, req, ESX_ECLOSED, "the client was closed");
             } else {

@@ -59,7 +59,9 @@ int esx_engine_ours(const esx_engine *e);
 void esx_engine_free(esx_engine *e);
 
 /* In a process whose I/O thread died (same process), joins the dead thread, hands every
- * unfinished request to `to` (as a retry), and frees e. */
+ * unfinished request to `to`, and frees e.  A request that was on the wire goes again as a
+ * retry when it has one left, else `to` fails it with "internal"; queued ones keep their
+ * place in the count. */
 void esx_engine_salvage(esx_engine *e, esx_engine *to);
 
 /* In a forked child: closes the sockets the parent's engine had open (the parent keeps

@@ -7,6 +7,38 @@
 
 #include "node.h"
 
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Copies n bytes of URL userinfo to out (at least n + 1 bytes), decoding %XX escapes (a '%'
+ * not followed by two hex digits stays as it is).  Returns 0, or -1 for an escaped NUL. */
+static int decode_userinfo(char *out, const char *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int hi, lo;
+        if (s[i] == '%' && i + 2 < n && (hi = hex_digit(s[i + 1])) >= 0 &&
+            (lo = hex_digit(s[i + 2])) >= 0) {
+            if (hi == 0 && lo == 0)
+                return -1;
+            out[k++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            out[k++] = s[i];
+        }
+    }
+    out[k] = '\0';
+    return 0;
+}
+
 int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char *why)
 {
     memset(node, 0, sizeof *node);
@@ -42,11 +74,10 @@ int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char
             snprintf(why, 256, "node URL credentials are too long");
             return -1;
         }
-        memcpy(user, rest, ulen);
-        user[ulen] = '\0';
-        if (colon) {
-            memcpy(pass, colon + 1, plen);
-            pass[plen] = '\0';
+        if (decode_userinfo(user, rest, ulen) != 0 ||
+            (colon && decode_userinfo(pass, colon + 1, plen) != 0)) {
+            snprintf(why, 256, "node URL credentials contain an escaped NUL (%%00)");
+            return -1;
         }
         host = at + 1;
     }
@@ -56,6 +87,13 @@ int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char
     }
     if (*host_end == '?' || *host_end == '#') {
         snprintf(why, 256, "node URL must not have a query or fragment");
+        return -1;
+    }
+    if (strchr(host_end, '@')) {
+        /* "user:pa/ss@host": the authority ended at the '/'; the rest of the password would
+         * become the node's path, shown in stats and errors */
+        snprintf(why, 256, "node URL has an '@' after its host: percent-encode a '/' in the "
+                           "credentials as %%2F, or pass username and password");
         return -1;
     }
     /* path prefix without trailing slashes */

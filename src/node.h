@@ -31,8 +31,9 @@ typedef struct esx_nodes {
 
 /* Parses one node URL ("http[s]://[user:pass@]host[:port][/prefix]") into node->url (the
  * credentials stripped) and returns 0; the credentials, if any, are copied to user/pass
- * (each at least 256 bytes, "" when absent).  Returns -1 with a reason in why (256 bytes)
- * when the URL is not an http(s) URL or is too long. */
+ * (each at least 256 bytes, "" when absent), %XX escapes decoded.  Returns -1 with a reason
+ * in why (256 bytes, never the URL or its credentials) when the URL is not an http(s) URL,
+ * is too long, or has an '@' after its host (credentials with an unencoded '/'). */
 int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char *why);
 
 enum { ESX_PICK_OK = 0, ESX_PICK_BUSY = 1, ESX_PICK_NONE = 2 };

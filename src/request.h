@@ -57,7 +57,8 @@ struct esx_request {
     uint64_t id;
     enum esx_req_state state;
     esx_request *next;          /* in the engine's queue or active list */
-    int attempt;                /* 0 for the first try */
+    int attempt;                /* 0 for the first try; > max_retries only for a request
+                                 * salvaged off the wire with no retry left (engine.c) */
     int n429;                   /* 429 answers so far (back-off exponent) */
     uint64_t tried;             /* bit i: node i was tried in this call */
     int node;                   /* node index of the running attempt, -1 none */
