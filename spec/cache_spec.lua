@@ -828,6 +828,21 @@ describe("memory", function()
     assert.same({ 0, 0, 2 }, { c:stats().pages.entries, c:stats().pages.bytes, loads() })
   end)
 
+  -- docs/cache.md: "a page whose text would not fit is cached without it".  The page below
+  -- measures 2311 bytes (+ 96 of entry overhead) and its pre-encoded JSON about 2040: with
+  -- max_bytes = 3000 the page fits (with its article's empty reader set, 160) but not with its
+  -- text, so it must be cached without the text, not reloaded on every read.
+  it("caches a page without its JSON text when only the text does not fit in max_bytes", function()
+    local c, loads = page_cache({ { id = 1, title = string.rep("x", 2000) } }, { max_bytes = 3000 })
+    c:read_articles(7, 1)
+    c:read_articles(7, 1)
+    assert.same({ 1, 2407, 1 }, { c:stats().pages.entries, c:stats().pages.bytes, loads() })
+    assert.same({ { id = 1, title = string.rep("x", 2000), read = false } },
+      cjson.decode(c:read_articles_json(7, 1)))
+    assert.same({ 1, 2407, 1 }, { c:stats().pages.entries, c:stats().pages.bytes, loads() })
+    assert.truthy(c:stats().bytes <= 3000)
+  end)
+
   it("does not cache a page holding a function or full userdata (unmeasurable)", function()
     for _, v in ipairs{ print, io.stdout, coroutine.create(print) } do
       local c, loads = page_cache({ { id = 1, x = { v } } })

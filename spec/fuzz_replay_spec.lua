@@ -4,7 +4,7 @@
 -- corpus input that once crashed or broke a promise fails here.  The build is Lua-independent,
 -- so it runs under the first flavour only.
 local flavour = os.getenv("ESX_TEST_FLAVOUR")
-local TARGETS = { "event", "ndjson", "json", "gzip", "bulk_response", "retry_after", "hll", "h1" }
+local TARGETS = { "event", "ndjson", "json", "gzip", "bulk_response", "retry_after", "hll", "h1", "rset" }
 
 local function sh(cmd)
   local p = assert(io.popen(cmd .. " 2>&1; echo \"rc=$?\""))

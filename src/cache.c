@@ -482,17 +482,25 @@ int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
 {
     if (page_no < 1 || page_no > c->cfg.max_pages)
         return 0;
-    bytes += ENTRY_OVERHEAD + blob_len;
+    bytes += ENTRY_OVERHEAD;
     if (bytes > c->cfg.max_bytes)
         return 0;
+    /* a page whose blob would not fit with it is cached without the blob (docs/cache.md) */
+    int keep_blob = blob != NULL && blob_len <= c->cfg.max_bytes - bytes;
+    if (keep_blob)
+        bytes += blob_len;
     rg_lock(c);
     sync_locked(c);
     int changed = changed_since(c, ESX_CACHE_PAGE, page_no, start_seq, NULL);
     rg_unlock(c);
     if (changed != 0)
         return 0;
-    return insert(c, ESX_CACHE_PAGE, page_no, bytes, now + c->cfg.page_ttl, NULL, blob,
-                  blob_len) ? 1 : -1;
+    if (insert(c, ESX_CACHE_PAGE, page_no, bytes, now + c->cfg.page_ttl, NULL,
+               keep_blob ? blob : NULL, keep_blob ? blob_len : 0) == NULL)
+        return -1;
+    if (!keep_blob)
+        free(blob); /* owned by the cache on success: dropped */
+    return 1;
 }
 
 static struct entry *fresh_readers(esx_cache *c, uint64_t article, double now, int count)

@@ -95,7 +95,8 @@ int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now);
 /* Records page_no as cached with the given measured size, if page_no <= max_pages, the page
  * fits in max_bytes and no invalidate_pages happened since start_seq.  blob (blob_len bytes,
  * malloc'ed, may be NULL) is an opaque rendering of the page kept with it (the binding keeps
- * the ids and pre-encoded JSON of the articles there); its length counts towards the budget.
+ * the ids and pre-encoded JSON of the articles there); its length counts towards the budget,
+ * and a page that fits only without its blob is cached without it (the blob is freed).
  * Evicts LRU entries to make room.  Returns 1 if cached (the cache then owns blob), 0 if not,
  * -1 when out of memory (not cached); in both of those cases the caller still owns blob. */
 int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,

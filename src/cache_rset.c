@@ -424,6 +424,57 @@ size_t esx_rset_serialize(const esx_rset *s, char *buf, size_t cap)
     return off;
 }
 
+/* Whether bm, fresh from roaring_bitmap_portable_deserialize_safe, is well formed.  CRoaring
+ * 0.2.66 checks there that lengths stay within the buffer, not what they hold: it accepts a
+ * run container without runs (its iterator then reads runs[0] of a NULL array), unsorted keys
+ * or values (binary searches go astray) and a bitset whose cardinality is not its popcount.
+ * O(values), like the deserialisation itself. */
+static int bitmap_valid(const roaring_bitmap_t *bm)
+{
+    const roaring_array_t *ra = &bm->high_low_container;
+    for (int32_t i = 0; i < ra->size; i++) {
+        const void *c = ra->containers[i];
+        if (c == NULL || (i > 0 && ra->keys[i] <= ra->keys[i - 1]))
+            return 0;
+        switch (ra->typecodes[i]) {
+        case ARRAY_CONTAINER_TYPE_CODE: {
+            const array_container_t *a = c;
+            if (a->cardinality < 1)
+                return 0;
+            for (int32_t k = 1; k < a->cardinality; k++)
+                if (a->array[k] <= a->array[k - 1])
+                    return 0;
+            break;
+        }
+        case RUN_CONTAINER_TYPE_CODE: {
+            const run_container_t *r = c;
+            if (r->n_runs < 1)
+                return 0;
+            uint32_t next = 0; /* the smallest value the next run may start at */
+            for (int32_t k = 0; k < r->n_runs; k++) {
+                uint32_t start = r->runs[k].value, end = start + r->runs[k].length;
+                if (start < next || end > UINT16_MAX)
+                    return 0;
+                next = end + 1;
+            }
+            break;
+        }
+        case BITSET_CONTAINER_TYPE_CODE: {
+            const bitset_container_t *b = c;
+            int32_t card = 0;
+            for (size_t k = 0; k < BITSET_CONTAINER_SIZE_IN_WORDS; k++)
+                card += __builtin_popcountll(b->array[k]);
+            if (card < 1 || card != b->cardinality)
+                return 0;
+            break;
+        }
+        default: /* a shared (copy-on-write) container: never serialised by esx */
+            return 0;
+        }
+    }
+    return 1;
+}
+
 esx_rset *esx_rset_deserialize(const char *buf, size_t len)
 {
     if (len < 4)
@@ -466,6 +517,10 @@ esx_rset *esx_rset_deserialize(const char *buf, size_t len)
         roaring_bitmap_t *bm = roaring_bitmap_portable_deserialize_safe(buf + off, plen);
         if (bm == NULL)
             goto bad;
+        if (!bitmap_valid(bm)) {
+            roaring_bitmap_free(bm);
+            goto bad;
+        }
         if (insert_part(s, s->n, high, bm) != 0) {
             roaring_bitmap_free(bm);
             goto bad;

@@ -831,7 +831,8 @@ static int l_read_flags(lua_State *L)
 /* ud:read_json(page_no, user, now [, page_counted [, readers_counted]]) -> json
  *   | false            the page is not cached (a miss is counted)
  *   | nil, missing     the ids of the page's articles whose reader set is not cached
- *   | nil              the page is cached without its JSON rendering (out of memory then)
+ *   | nil              the page is cached without its JSON rendering (out of memory then,
+ *                      or the text did not fit in max_bytes with the page)
  * A retry after loads passes page_counted / readers_counted so that lookups already counted
  * count neither hits nor misses again.
  * json is the page's articles as a JSON array, each object with "read":true|false added. */

@@ -396,7 +396,7 @@ function Cache:read_articles_json(user_id, page_no)
       end
       if all_listed then break end -- loaded here but not cacheable: compose from the lists
     else
-      break -- cached without its JSON (out of memory then): use the tables
+      break -- cached without its JSON (out of memory, or no room for it): use the tables
     end
     if not self._cc then return closed_error() end
   end
