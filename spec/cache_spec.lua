@@ -236,6 +236,12 @@ describe("cache:read_articles(user_id, page_no)", function()
     c._load_readers = function() return { 1, 2.5 } end
     list, err = c:has_read(1, 1)
     assert.equal("bad data from load_readers: reader 2 is not an integer in [0, 2^53)", err.message)
+    -- far outside any integer type, and NaN: refused without converting them (undefined in C)
+    for _, bad in ipairs({ 1e300, -1e300, 0 / 0, math.huge }) do
+      c._load_readers = function() return { 1, bad } end
+      list, err = c:has_read(1, 1)
+      assert.equal("bad data from load_readers: reader 2 is not an integer in [0, 2^53)", err.message)
+    end
     assert.equal(0, c:stats().readers.entries)
   end)
 

@@ -65,7 +65,8 @@ static inline int esx_isinteger(lua_State *L, int i)
     if (lua_type(L, i) != LUA_TNUMBER)
         return 0;
     lua_Number n = lua_tonumber(L, i);
-    return n == (lua_Number)(long long)n && n >= -9007199254740992.0 && n <= 9007199254740992.0;
+    /* range first: converting a double outside long long's range (or NaN) is undefined */
+    return n >= -9007199254740992.0 && n <= 9007199254740992.0 && n == (lua_Number)(long long)n;
 }
 
 #else
@@ -77,7 +78,8 @@ static inline int esx_isinteger(lua_State *L, int i)
     if (lua_type(L, i) != LUA_TNUMBER)
         return 0;
     lua_Number n = lua_tonumber(L, i);
-    return n == (lua_Number)(long long)n && n >= -9007199254740992.0 && n <= 9007199254740992.0;
+    /* range first: converting a double outside long long's range (or NaN) is undefined */
+    return n >= -9007199254740992.0 && n <= 9007199254740992.0 && n == (lua_Number)(long long)n;
 }
 #endif
 
