@@ -836,6 +836,7 @@ describe("self-healing", function()
     assert.equal(1, (assert(p1:result())).retries)
     assert.equal(0, (assert(p2:result())).retries)
     assert.equal(1, c:stats().retries)
+    assert.equal(2, c:stats().requests) -- each call counted once, across the rebuild
     conn:close()
     c:close()
     l:close()

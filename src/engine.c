@@ -1671,7 +1671,8 @@ int esx_engine_submit(esx_engine *e, esx_request *req)
     if (atomic_load(&e->stop))
         return -1;
     esx_request_ref(req);
-    if (req->id == 0)
+    int first = req->id == 0; /* not a request salvaged from a dead engine, counted there */
+    if (first)
         req->id = atomic_fetch_add(&next_request_id, 1);
     req->gen = e->generation;
     req->next = NULL;
@@ -1683,7 +1684,7 @@ int esx_engine_submit(esx_engine *e, esx_request *req)
         e->sub_head = req;
     e->sub_tail = req;
     e->nsub++;
-    e->stats.requests += req->retries == 0 && req->submitted_at == 0;
+    e->stats.requests += first;
     pthread_mutex_unlock(&e->mu);
     if (!atomic_exchange(&e->wake_pending, 1))
         curl_multi_wakeup(e->multi); /* one system call per burst of submissions */
