@@ -832,7 +832,8 @@ static int l_read_flags(lua_State *L)
  *   | false            the page is not cached (a miss is counted)
  *   | nil, missing     the ids of the page's articles whose reader set is not cached
  *   | nil              the page is cached without its JSON rendering (out of memory then,
- *                      or the text did not fit in max_bytes with the page)
+ *                      or the text did not fit in max_bytes with the page), or there is no
+ *                      memory for the answer
  * A retry after loads passes page_counted / readers_counted so that lookups already counted
  * count neither hits nor misses again.
  * json is the page's articles as a JSON array, each object with "read":true|false added. */
@@ -863,8 +864,10 @@ static int l_read_json(lua_State *L)
     size_t need = (size_t)n * 16 + 2 + total; /* flags, [ ], fragments, commas, reads */
     if (need > lc->scratch_cap) {
         char *ns = realloc(lc->scratch, need);
-        if (ns == NULL)
-            return luaL_error(L, "esx.cache: out of memory");
+        if (ns == NULL) {
+            lua_pushnil(L); /* as a page without its text: the caller renders it itself */
+            return 1;
+        }
         lc->scratch = ns;
         lc->scratch_cap = need;
     }
