@@ -232,6 +232,20 @@ describe("response bodies", function()
     c:close()
   end)
 
+  it("replaces a NUL in a header with a space, keeping the headers after it", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nX-A: a\0b\r\nX-B: c\r\nContent-Length: 2\r\n\r\n{}")
+    if os.getenv("ESX_TRANSPORT") == "curl" then
+      assert.equal("reset", err.kind) -- libcurl 7.88 refuses the response as malformed
+    else
+      assert.is_nil(err)
+      assert.equal("a b", res.headers["x-a"])
+      assert.equal("c", res.headers["x-b"])
+    end
+    c:close()
+  end)
+
   it("skips interim 100 responses", function()
     local c = client()
     local res, err = exchange(c, "POST", "/", "x",

@@ -323,6 +323,7 @@ static int record_header(esx_request *req, const char *buf, size_t len)
     name[nlen] = '\0';
     if (strcmp(name, "content-encoding") == 0 && vlen >= 4 && strncasecmp(v, "gzip", 4) == 0)
         req->resp_gzip = 1;
+    size_t at = req->resp_headers.len;
     if (esx_buf_append(&req->resp_headers, name, nlen) != ESX_BUF_OK ||
         esx_buf_append(&req->resp_headers, ": ", 2) != ESX_BUF_OK ||
         esx_buf_append(&req->resp_headers, v, vlen) != ESX_BUF_OK ||
@@ -330,6 +331,10 @@ static int record_header(esx_request *req, const char *buf, size_t len)
         abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
         return 0;
     }
+    /* RFC 9110 5.5: a NUL in a field is replaced by SP (it would end the list here) */
+    for (size_t i = at; i < req->resp_headers.len; i++)
+        if (req->resp_headers.data[i] == '\0')
+            req->resp_headers.data[i] = ' ';
     return 1;
 }
 
