@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "h1.h"
+#include "hex.h"
 
 enum { S_HEAD, S_BODY, S_CHUNK_SIZE, S_CHUNK_DATA, S_CHUNK_END, S_TRAILER, S_CLOSE, S_DONE };
 
@@ -212,14 +213,8 @@ static int chunk_size(esx_h1_parser *p, const char *s, size_t len)
     size_t k = 0;
     for (; k < len; k++) {
         char c = s[k];
-        int d;
-        if (c >= '0' && c <= '9')
-            d = c - '0';
-        else if (c >= 'a' && c <= 'f')
-            d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F')
-            d = c - 'A' + 10;
-        else
+        int d = esx_hex_digit((unsigned char)c);
+        if (d < 0)
             break;
         if (x > MAX_LENGTH / 16)
             return fail(p, "chunk size too large");

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "hash.h"
+#include "hex.h"
 #include "json.h"
 
 static int is_ws(unsigned char c)
@@ -81,17 +82,6 @@ size_t esx_utf8_valid_prefix(const unsigned char *s, size_t n)
     return n;
 }
 
-static int hexval(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The 4 hex digits at s[i..i+4) as a code unit, or -1. */
 static long hex4(const unsigned char *s, size_t len, size_t i)
 {
@@ -99,7 +89,7 @@ static long hex4(const unsigned char *s, size_t len, size_t i)
         return -1;
     long v = 0;
     for (int k = 0; k < 4; k++) {
-        int h = hexval(s[i + (size_t)k]);
+        int h = esx_hex_digit(s[i + (size_t)k]);
         if (h < 0)
             return -1;
         v = v * 16 + h;

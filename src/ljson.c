@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "compat.h"
+#include "hex.h"
 #include "lerror.h"
 #include "ljson.h"
 
@@ -44,16 +45,10 @@ static int hex4(const char *p, unsigned *out)
 {
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        v <<= 4;
-        if (c >= '0' && c <= '9')
-            v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F')
-            v |= (unsigned)(c - 'A' + 10);
-        else
+        int d = esx_hex_digit((unsigned char)p[i]);
+        if (d < 0)
             return -1;
+        v = v << 4 | (unsigned)d;
     }
     *out = v;
     return 0;

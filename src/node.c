@@ -5,18 +5,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "hex.h"
 #include "node.h"
-
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /* Copies n bytes of URL userinfo to out (at least n + 1 bytes), decoding %XX escapes (a '%'
  * not followed by two hex digits stays as it is).  Returns 0, or -1 for an escaped NUL. */
@@ -25,8 +15,8 @@ static int decode_userinfo(char *out, const char *s, size_t n)
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         int hi, lo;
-        if (s[i] == '%' && i + 2 < n && (hi = hex_digit(s[i + 1])) >= 0 &&
-            (lo = hex_digit(s[i + 2])) >= 0) {
+        if (s[i] == '%' && i + 2 < n && (hi = esx_hex_digit((unsigned char)s[i + 1])) >= 0 &&
+            (lo = esx_hex_digit((unsigned char)s[i + 2])) >= 0) {
             if (hi == 0 && lo == 0)
                 return -1;
             out[k++] = (char)(hi * 16 + lo);
