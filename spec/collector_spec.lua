@@ -28,6 +28,14 @@ local function tmpdir()
   return d
 end
 
+-- the number of spool segment files in dir
+local function segments(dir)
+  local p = io.popen("ls " .. dir .. " | grep -c '^seg-'")
+  local n = tonumber(p:read("*l"))
+  p:close()
+  return n
+end
+
 -- Writes `code` to dir/name.lua after the lines that make it load this tree's esx; returns
 -- the command that runs it with the interpreter of this run.
 local function child_script(dir, name, code)
@@ -759,9 +767,7 @@ describe("spool", function()
     assert.is_true(col:flush(5000))
     assert.equal(2, col:stats().spooled)
     col:close()
-    p = io.popen("ls " .. dir .. " | grep -c seg- ")
-    assert.equal("0", p:read("*l"))
-    p:close()
+    assert.equal(0, segments(dir))
     os.execute("rm -rf " .. dir)
   end)
 
@@ -781,9 +787,7 @@ describe("spool", function()
     assert.equal(60, s.shipped)
     assert.equal(s.spilled, s.replayed)
     col:close()
-    local p = io.popen("ls " .. dir .. " | grep -c seg- ")
-    assert.equal("0", p:read("*l"))
-    p:close()
+    assert.equal(0, segments(dir))
     os.execute("rm -rf " .. dir)
   end)
 
@@ -933,9 +937,7 @@ describe("spool", function()
     local ids = {}
     for i = 1, 40 do ids[i] = "r" .. i end
     spool_victim(dir, ids, "spool_segment_bytes = 4096") -- several segments
-    local p = io.popen("ls " .. dir .. " | grep -c '^seg-'")
-    assert.is_true(tonumber(p:read("*l")) >= 2)
-    p:close()
+    assert.is_true(segments(dir) >= 2)
     local col = new{ spool_dir = dir }
     post(col, cjson.encode(ev({ event_id = "live-r" })))
     assert_replays(col, 40, 41)
@@ -974,9 +976,7 @@ describe("spool", function()
     assert.equal(8 + len2 + #torn, col:stats().spool_skipped_bytes)
     assert.is_truthy(client:get(col.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "r3"))
     col:close()
-    p = io.popen("ls " .. dir .. " | grep -c seg- ")
-    assert.equal("0", p:read("*l"))
-    p:close()
+    assert.equal(0, segments(dir))
     os.execute("rm -rf " .. dir)
   end)
 
@@ -999,9 +999,7 @@ describe("spool", function()
     -- process to replay again, nor counted against spool_max_bytes)
     assert.equal(0, s.spool_bytes)
     col:close()
-    p = io.popen("ls " .. dir .. " | grep -c seg- ")
-    assert.equal("0", p:read("*l"))
-    p:close()
+    assert.equal(0, segments(dir))
     os.execute("rm -rf " .. dir)
   end)
 
@@ -1072,9 +1070,7 @@ describe("spool", function()
     assert.equal("flushed true 60", p:read("*l"))
     p:close()
     assert.equal(61, (indexed()))
-    local ls = io.popen("ls " .. dir .. " | grep -c seg- ")
-    assert.equal("0", ls:read("*l"))
-    ls:close()
+    assert.equal(0, segments(dir))
     os.execute("rm -rf " .. dir)
   end)
 end)
