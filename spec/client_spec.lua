@@ -1008,6 +1008,25 @@ describe("pending:waiter_path", function()
     c:close()
   end)
 
+  it("does not wake a waiter that registers before the I/O thread has taken its request in", function()
+    -- esx.nginx.await registers right after c:send: often before the loop has taken the
+    -- submission (about half the time here), which used to wake it at once as "unknown",
+    -- and the nginx wait retried after a 1 ms sleep
+    local c = client()
+    local early = 0
+    for _ = 1, 40 do
+      srv:fault{ path = "/", stall_ms = 60, count = 1 }
+      local p = assert(c:send("GET", "/"))
+      local w = waiter(p)
+      w:settimeout(0.03)
+      if w:receive(1) and not p:ready() then early = early + 1 end
+      w:close()
+      assert.is_true(p:wait(10000))
+    end
+    assert.equal(0, early)
+    c:close()
+  end)
+
   it("keeps no connection of a waiter that went away", function()
     srv:fault{ path = "/", stall_ms = 1500, count = 1 }
     local c = client()

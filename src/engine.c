@@ -1448,6 +1448,11 @@ static void read_waiter(esx_engine *e, int i)
         if (nl) {
             uint64_t id = strtoull(c->buf, NULL, 10);
             esx_request *req = find_live(e, id);
+            if (req == NULL) {
+                /* a waiter often registers before the loop has taken its request in */
+                take_submissions(e, esx_now_ms());
+                req = find_live(e, id);
+            }
             if (req) {
                 add_watcher(req, c->fd);
             } else {
