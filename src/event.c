@@ -64,10 +64,20 @@ void esx_idgen_next(esx_idgen *g, char *out)
 /* ---- one event ---- */
 
 typedef struct ctx {
-    int64_t received_at;
+    char tail[48];  /* "\"received_at\":<ms>", the same for every event of the body */
+    size_t tail_len;
     esx_idgen *ids;
     esx_buf *out;
 } ctx;
+
+static void ctx_init(ctx *c, int64_t received_at, esx_idgen *ids, esx_buf *out)
+{
+    c->ids = ids;
+    c->out = out;
+    c->tail_len = sizeof "\"received_at\":" - 1;
+    memcpy(c->tail, "\"received_at\":", c->tail_len);
+    c->tail_len += esx_format_i64(c->tail + c->tail_len, received_at);
+}
 
 static int ident_char(unsigned char ch, int colon)
 {
@@ -340,9 +350,8 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
         goto reject;
     }
     char tail[96];
-    size_t tl = sizeof "\"received_at\":" - 1;
-    memcpy(tail, "\"received_at\":", tl);
-    tl += esx_format_i64(tail + tl, c->received_at);
+    size_t tl = c->tail_len;
+    memcpy(tail, c->tail, tl);
     if (!seen_event) {
         esx_idgen_next(c->ids, ev->event_id);
         memcpy(tail + tl, ",\"event_id\":\"", 13);
@@ -501,7 +510,8 @@ int esx_events_parse(const char *body, size_t len, int64_t received_at, esx_idge
                      esx_buf *out, esx_event *events, int *n_events, esx_event_reject *rejects,
                      int *n_rejects, int max_events, char *why)
 {
-    ctx c = {received_at, ids, out};
+    ctx c;
+    ctx_init(&c, received_at, ids, out);
     results r = {events, n_events, rejects, n_rejects};
     size_t save = out->len;
     *n_events = *n_rejects = 0;
@@ -640,7 +650,8 @@ int esx_event_from_query(const char *query, size_t len, int64_t received_at, esx
             rc = ESX_EV_NOT_JSON; /* cannot happen: we wrote it */
             goto done;
         }
-        ctx c = {received_at, ids, out};
+        ctx c;
+        ctx_init(&c, received_at, ids, out);
         results r = {event, n_events, reject, n_rejects};
         rc = add(&c, &r, &v, 0);
         if (rc < 0)
