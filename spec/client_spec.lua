@@ -791,6 +791,24 @@ describe("self-healing", function()
     c:close()
   end)
 
+  it("keeps the rest of a 429's Retry-After for a request backing off when the thread died", function()
+    srv:fault{ path = "/", status = 429, headers = { ["Retry-After"] = "1" }, count = 1 }
+    local c = client()
+    local t0 = socket.gettime()
+    local p = assert(c:send("GET", "/"))
+    socket.sleep(0.2) -- answered 429: backing off until t0 + 1 s
+    c:_kill_io_thread()
+    socket.sleep(0.05)
+    c:stats() -- the next call rebuilds the engine
+    assert.is_true(p:wait(5000))
+    local ms = (socket.gettime() - t0) * 1000
+    assert.equal(200, (assert(p:result())).status)
+    assert.is_true(ms >= 950, "retried after " .. ms .. " ms")
+    assert.equal(2, srv:requests("/").counts["/"])
+    assert.equal(1, c:stats().rebuilds)
+    c:close()
+  end)
+
   it("does not send again, past max_retries, a request the dead thread had on the wire", function()
     local l = net.listener()
     local c = client{ hosts = { l.url }, max_retries = 0 }

@@ -1250,6 +1250,15 @@ static void take_submissions(esx_engine *e, int64_t now)
             req = next;
             continue;
         }
+        if (req->retry_at > now) {
+            /* salvaged from a dead engine in its back-off: the rest of it is kept (a 429's
+             * Retry-After included); schedule_retry set its pool_deadline */
+            atomic_fetch_sub(&e->nwaiting, 1);
+            req->state = ESX_REQ_BACKOFF;
+            list_push(&e->backoff, req);
+            req = next;
+            continue;
+        }
         req->state = ESX_REQ_QUEUED;
         if (req->submitted_at == 0) {
             req->submitted_at = now;
