@@ -1326,6 +1326,41 @@ describe("shared = true (outside nginx: one process)", function()
     assert.equal("load", results[1][2].kind)
     assert.is_true(results[2][1])
   end)
+
+  -- Debian's lua-posix has no Lua 5.4 build: this runs under LuaJIT.
+  local has_posix, unistd = pcall(require, "posix.unistd")
+  if has_posix then
+    it("gives back on close() the shared locks of its loads, for other processes to load at once", function()
+      local wait = require("posix.sys.wait")
+      local c = new_cache(sample_db(), { shared = true, lock_timeout = 3000 })
+      c._load_readers = function() coroutine.yield() return { 7 } end
+      local co = coroutine.create(function() return c:has_read(1, 7) end)
+      assert(coroutine.resume(co)) -- this process holds the shared lock of article 1, loading
+      local r, w = unistd.pipe()
+      local pid = unistd.fork()
+      if pid == 0 then -- "another worker": waits for the close, then misses the same set
+        unistd.close(w)
+        unistd.read(r, 1)
+        c._readers_flights = {}
+        c._load_readers = function() return { 7 } end
+        c._wait = function() require("socket").sleep(0.01) return true end -- a blocking wait
+        local clock = require("esx.core").cache_clock
+        local t0 = clock()
+        local v = c:has_read(1, 7)
+        unistd._exit((v == true and clock() - t0 < 1000) and 0 or 1)
+      end
+      unistd.close(r)
+      c:close()
+      unistd.write(w, "x")
+      unistd.close(w)
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status) -- without the hand-back: 3 s (lock_timeout) of waiting, then 1
+      local ok, v, err = coroutine.resume(co)
+      assert.is_true(ok)
+      assert.is_nil(v)
+      assert.equal("closed", err.kind)
+    end)
+  end
 end)
 
 describe("model-based randomized test", function()

@@ -198,6 +198,18 @@ local function call_loader(fn, arg)
   return value
 end
 
+-- call_loader with the shared lock (kind, key) held as ticket (nil: none) recorded for the
+-- time the loader runs -- it may yield, and close() gives back the locks of the loads it cuts
+-- short, so that other processes take the key over at once rather than after lock_timeout.
+local function call_loader_holding(self, kind, key, ticket, fn)
+  if not ticket then return call_loader(fn, key) end
+  local held = self._held[kind]
+  held[key] = ticket
+  local list, err = call_loader(fn, key)
+  held[key] = nil
+  return list, err
+end
+
 local function load_page(self, page_no)
   local cc, ticket = self._cc, nil
   if self._shared then
@@ -208,7 +220,7 @@ local function load_page(self, page_no)
   local start = cc:seq()
   local counters = self._counters
   counters.page_loads = counters.page_loads + 1
-  local list, err = call_loader(self._load_page, page_no)
+  local list, err = call_loader_holding(self, PAGE, page_no, ticket, self._load_page)
   if not list then
     counters.load_errors = counters.load_errors + 1
     if ticket then cc:unlock(PAGE, page_no, ticket) end
@@ -234,7 +246,7 @@ local function load_readers(self, article)
   local start = cc:seq()
   local counters = self._counters
   counters.readers_loads = counters.readers_loads + 1
-  local list, err = call_loader(self._load_readers, article)
+  local list, err = call_loader_holding(self, READERS, article, ticket, self._load_readers)
   if not list then
     counters.load_errors = counters.load_errors + 1
     if ticket then cc:unlock(READERS, article, ticket) end
@@ -319,6 +331,7 @@ function _M.new(opts)
     _use_sema = semaphore ~= nil and o.wait == nil,
     _page_flights = {},
     _readers_flights = {},
+    _held = { [PAGE] = {}, [READERS] = {} }, -- kind -> key -> ticket of the shared locks held
     _counters = { page_loads = 0, readers_loads = 0, load_errors = 0, waits = 0 },
   }, Cache)
   -- The stats function must not hold the cache strongly: LuaJIT's weak-keyed tables are not
@@ -477,6 +490,10 @@ end
 function Cache:close()
   local cc = self._cc
   if cc then
+    for kind, held in pairs(self._held) do
+      for key, ticket in pairs(held) do cc:unlock(kind, key, ticket) end
+      self._held[kind] = {}
+    end
     self._cc = nil
     cc:close()
     registry.remove(self)
