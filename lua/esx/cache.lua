@@ -198,68 +198,50 @@ local function call_loader(fn, arg)
   return value
 end
 
--- call_loader with the shared lock (kind, key) held as ticket (nil: none) recorded for the
--- time the loader runs -- it may yield, and close() gives back the locks of the loads it cuts
--- short, so that other processes take the key over at once rather than after lock_timeout.
-local function call_loader_holding(self, kind, key, ticket, fn)
-  if not ticket then return call_loader(fn, key) end
-  local held = self._held[kind]
-  held[key] = ticket
-  local list, err = call_loader(fn, key)
-  held[key] = nil
-  return list, err
-end
+-- What load() needs of each kind: the user's loader, its counter, the core's put method.
+local LOADS = {
+  [PAGE] = { fn = "_load_page", counter = "page_loads", put = "page_put", name = "load_page" },
+  [READERS] = { fn = "_load_readers", counter = "readers_loads", put = "readers_put",
+                name = "load_readers" },
+}
 
-local function load_page(self, page_no)
+-- Loads (kind, key) with the user's loader and caches it; in shared mode under the shared
+-- lock, or takes another process's result.  Returns the loaded value, or (another process's
+-- result, now cached here) its page list / true for a reader set; or nil, err.
+-- The lock's ticket is recorded while the loader runs -- it may yield, and close() gives back
+-- the locks of the loads it cuts short, so that other processes take the key over at once
+-- rather than after lock_timeout.
+local function load(self, kind, key)
+  local how = LOADS[kind]
   local cc, ticket = self._cc, nil
   if self._shared then
-    local st, v = shared_lock(self, PAGE, page_no)
-    if st == "done" then return v end
+    local st, v = shared_lock(self, kind, key)
+    if st == "done" and v then return v end
     if st == "acquired" then ticket = v end
   end
   local start = cc:seq()
   local counters = self._counters
-  counters.page_loads = counters.page_loads + 1
-  local list, err = call_loader_holding(self, PAGE, page_no, ticket, self._load_page)
+  counters[how.counter] = counters[how.counter] + 1
+  local held = self._held[kind]
+  if ticket then held[key] = ticket end
+  local list, err = call_loader(self[how.fn], key)
+  if ticket then held[key] = nil end
   if not list then
     counters.load_errors = counters.load_errors + 1
-    if ticket then cc:unlock(PAGE, page_no, ticket) end
+    if ticket then cc:unlock(kind, key, ticket) end
     return nil, err
   end
   if self._cc == nil then return list end -- closed while loading
-  local cached, why = cc:page_put(page_no, list, self._clock(), start, ticket)
+  local cached, why = cc[how.put](cc, key, list, self._clock(), start, ticket)
   if cached == nil then
     counters.load_errors = counters.load_errors + 1
-    return nil, make_error("load", "bad data from load_page: " .. why)
+    return nil, make_error("load", "bad data from " .. how.name .. ": " .. why)
   end
   return list
 end
 
--- Returns the id list (loaded here) or true (another process's result, cached locally).
-local function load_readers(self, article)
-  local cc, ticket = self._cc, nil
-  if self._shared then
-    local st, v = shared_lock(self, READERS, article)
-    if st == "done" and v then return true end
-    if st == "acquired" then ticket = v end
-  end
-  local start = cc:seq()
-  local counters = self._counters
-  counters.readers_loads = counters.readers_loads + 1
-  local list, err = call_loader_holding(self, READERS, article, ticket, self._load_readers)
-  if not list then
-    counters.load_errors = counters.load_errors + 1
-    if ticket then cc:unlock(READERS, article, ticket) end
-    return nil, err
-  end
-  if self._cc == nil then return list end
-  local cached, why = cc:readers_put(article, list, self._clock(), start, ticket)
-  if cached == nil then
-    counters.load_errors = counters.load_errors + 1
-    return nil, make_error("load", "bad data from load_readers: " .. why)
-  end
-  return list
-end
+local function load_page(self, page_no) return load(self, PAGE, page_no) end
+local function load_readers(self, article) return load(self, READERS, article) end
 
 -- What another caller may have cached while this one waited (single_flight's recheck).
 local function cached_page(self, page_no)
