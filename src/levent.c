@@ -101,6 +101,19 @@ static int fail_ev(lua_State *L, int rc, const char *why)
     return esx_lerror_fail(L, kind, "%s", why[0] ? why : kind);
 }
 
+/* The results of a parse into out (freed here): docs, rejects; or nil, err. */
+static int parsed(lua_State *L, int rc, const char *why, esx_buf *out, const esx_event *ev,
+                  int ne, const esx_event_reject *rj, int nr)
+{
+    if (rc != ESX_EV_OK) {
+        esx_buf_free(out);
+        return fail_ev(L, rc, why);
+    }
+    lua_pushlstring(L, out->data ? out->data : "", out->len);
+    esx_buf_free(out);
+    return push_results(L, lua_gettop(L), ev, ne, rj, nr);
+}
+
 static int l_events_parse(lua_State *L)
 {
     size_t len;
@@ -123,13 +136,7 @@ static int l_events_parse(lua_State *L)
     int ne = 0, nr = 0;
     char why[128];
     int rc = esx_events_parse(body, len, now, ids, out, ev, &ne, rj, &nr, (int)max, why);
-    if (rc != ESX_EV_OK) {
-        esx_buf_free(out);
-        return fail_ev(L, rc, why);
-    }
-    lua_pushlstring(L, out->data ? out->data : "", out->len);
-    esx_buf_free(out);
-    return push_results(L, lua_gettop(L), ev, ne, rj, nr);
+    return parsed(L, rc, why, out, ev, ne, rj, nr);
 }
 
 static int l_event_from_query(lua_State *L)
@@ -144,13 +151,7 @@ static int l_event_from_query(lua_State *L)
     int ne = 0, nr = 0;
     char why[128];
     int rc = esx_event_from_query(q, len, now, ids, out, ev, &ne, rj, &nr, why);
-    if (rc != ESX_EV_OK) {
-        esx_buf_free(out);
-        return fail_ev(L, rc, why);
-    }
-    lua_pushlstring(L, out->data ? out->data : "", out->len);
-    esx_buf_free(out);
-    return push_results(L, lua_gettop(L), ev, ne, rj, nr);
+    return parsed(L, rc, why, out, ev, ne, rj, nr);
 }
 
 static int l_bulk_response_parse(lua_State *L)
