@@ -7,7 +7,10 @@ CFLAGS     ?= -O2 -g
 ESX_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -pthread -fvisibility=hidden \
               -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
               -Wno-unused-parameter
-ESX_LIBS   := -lcurl -lz -lroaring -pthread
+# -z nodelete: the module stays mapped when Lua dlclose()s it at exit (lua_close).  esx's
+# threads can outlive the Lua state for a moment -- an I/O thread that freed its own engine
+# from a completion callback, say -- and must not find their code unmapped under them.
+ESX_LIBS   := -lcurl -lz -lroaring -pthread -Wl,-z,nodelete
 LDFLAGS    ?=
 
 LUA54_INC  := $(shell pkg-config --cflags lua5.4 2>/dev/null || echo -I/usr/include/lua5.4)

@@ -22,6 +22,17 @@ describe("require 'esx'", function()
     assert.equal(text:match('ESX_VERSION "([^"]+)"'), esx.version)
   end)
 
+  it("stays mapped when Lua unloads it at exit (its threads may outlive the Lua state)", function()
+    -- an I/O thread that freed its engine from a completion callback (the last reference
+    -- to a client, held by a collector's bulk in flight) is still running when lua_close
+    -- dlclose()s the module: unmapped, it crashed the process at exit about once in 60
+    local so = "build/" .. (jit and "luajit" or "lua5.4") .. "/esx/core.so"
+    local p = io.popen("readelf -d " .. so .. " 2>&1")
+    local dyn = p:read("*a")
+    p:close()
+    assert.truthy(dyn:find("NODELETE", 1, true), dyn)
+  end)
+
   it("creates no globals", function()
     local before = {}
     for k in pairs(_G) do before[k] = true end
