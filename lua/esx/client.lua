@@ -1,7 +1,7 @@
 --- esx.client: the Elasticsearch client pool.
 --
 -- The pool, the I/O thread, retries, timeouts and compression live in the C core
--- (src/engine.c); this module checks options, encodes and decodes JSON, turns HTTP error
+-- (src/engine*.c); this module checks options, encodes and decodes JSON, turns HTTP error
 -- statuses into error objects and offers the Elasticsearch methods.  In nginx, calls made
 -- from a phase that can yield wait through esx.nginx (the worker keeps serving); elsewhere
 -- they block the calling thread.

@@ -1,0 +1,234 @@
+/*
+ * engine_curl.c -- the engine's libcurl transfers (https:// nodes, nodes by name, and every
+ * node under ESX_TRANSPORT=curl): the easy handle's options and callbacks, and what a
+ * finished transfer means for its call.  I/O thread only (engine_int.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "engine_int.h"
+#include "version.h"
+
+/* ---------------------------------------------------------------- curl callbacks */
+
+static size_t on_header(char *buf, size_t size, size_t n, void *ud)
+{
+    return esx_eng_record_header(ud, buf, size * n) ? size * n : 0;
+}
+
+static size_t on_body(char *buf, size_t size, size_t n, void *ud)
+{
+    return esx_eng_record_body(ud, buf, size * n) ? size * n : 0;
+}
+
+/* libcurl has a connection for the transfer (new, or reused): socket silence counts from now. */
+static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
+                     int conn_local_port)
+{
+    esx_request *req = ud;
+    (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
+    req->curl_connecting = 0;
+    req->last_activity = esx_now_ms();
+    return CURL_PREREQFUNC_OK;
+}
+
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    esx_request *req = ud;
+    /* upload progress counts as activity for the silence watchdog */
+    if ((long long)ulnow != req->ul_seen) {
+        req->ul_seen = (long long)ulnow;
+        req->last_activity = esx_now_ms();
+    }
+    return 0;
+}
+
+static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr)
+{
+    esx_engine *e = ud;
+    if (e->nsockets >= MAX_SOCKETS)
+        return CURL_SOCKET_BAD;
+    int fd = socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
+    if (fd < 0)
+        return CURL_SOCKET_BAD;
+    esx_eng_sock_register(e, fd);
+    return fd;
+}
+
+static int on_close_socket(void *ud, curl_socket_t fd)
+{
+    esx_eng_sock_forget(ud, fd);
+    return close(fd);
+}
+
+/* ---------------------------------------------------------------- transfers */
+
+static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int64_t now)
+{
+    const esx_config *cfg = e->cfg;
+    CURL *h = req->easy;
+    size_t ulen = strlen(node->url), tlen = strlen(req->target);
+    char *url = malloc(ulen + tlen + 1);
+    if (url == NULL)
+        return -1;
+    memcpy(url, node->url, ulen);
+    memcpy(url + ulen, req->target, tlen + 1);
+    CURLcode rc = curl_easy_setopt(h, CURLOPT_URL, url);
+    free(url);
+    if (rc != CURLE_OK)
+        return -1;
+    curl_easy_setopt(h, CURLOPT_PRIVATE, req);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+    if (strcmp(req->method, "HEAD") == 0) {
+        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (req->body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, req->body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
+        if (strcmp(req->method, "POST") != 0)
+            curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+    } else if (strcmp(req->method, "GET") != 0) {
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+        if (strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0) {
+            curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+            curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+        }
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, req->headers);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, req);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, req);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, req);
+    curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
+    curl_easy_setopt(h, CURLOPT_PREREQDATA, req);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, e);
+    curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
+    curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, e);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    /* Nodes are given explicitly: no proxy from the environment (and no getenv per call). */
+    curl_easy_setopt(h, CURLOPT_PROXY, "");
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "esx/" ESX_VERSION);
+    if (cfg->compression) {
+        /* ask for gzip, but inflate ourselves: bounded, and counted on both sides */
+        curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "gzip");
+        curl_easy_setopt(h, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+    }
+    if (cfg->connect_timeout > 0)
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->connect_timeout);
+    /* The loop enforces every deadline itself; this is only a backstop. */
+    if (req->deadline > 0)
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(req->deadline - now + 250));
+    if (cfg->username[0]) {
+        curl_easy_setopt(h, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
+        curl_easy_setopt(h, CURLOPT_USERNAME, cfg->username);
+        curl_easy_setopt(h, CURLOPT_PASSWORD, cfg->password);
+    }
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, cfg->tls_verify ? 1L : 0L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, cfg->tls_verify ? 2L : 0L);
+    if (cfg->ca_file[0])
+        curl_easy_setopt(h, CURLOPT_CAINFO, cfg->ca_file);
+    return 0;
+}
+
+/* Prepares a libcurl transfer for req on node.  Returns 0, or -1 with req finished. */
+int esx_eng_curl_start(esx_engine *e, esx_request *req, const esx_node *node, int64_t now)
+{
+    req->easy = e->nspare ? e->spare[--e->nspare] : curl_easy_init();
+    if (req->easy == NULL) {
+        esx_eng_finish(e, req, ESX_EINTERNAL, "out of memory creating a transfer");
+        return -1;
+    }
+    curl_easy_reset(req->easy);
+    if (setup_easy(e, req, node, now) != 0) {
+        curl_easy_cleanup(req->easy);
+        req->easy = NULL;
+        esx_eng_finish(e, req, ESX_EINTERNAL, "out of memory preparing a transfer");
+        return -1;
+    }
+    req->curl_connecting = 1;
+    CURLMcode mc = curl_multi_add_handle(e->multi, req->easy);
+    if (mc != CURLM_OK) {
+        curl_easy_cleanup(req->easy);
+        req->easy = NULL;
+        esx_eng_finish(e, req, ESX_EINTERNAL, "cannot start a transfer: %s",
+                       curl_multi_strerror(mc));
+        return -1;
+    }
+    return 0;
+}
+
+static const char *transport_kind(CURLcode rc, CURL *h, int *node_dead, int *retryable)
+{
+    curl_off_t connect_time = 0;
+    curl_easy_getinfo(h, CURLINFO_CONNECT_TIME_T, &connect_time);
+    *node_dead = 1;
+    *retryable = 1;
+    switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+        return ESX_ECONNECT;
+    case CURLE_OPERATION_TIMEDOUT:
+        if (connect_time == 0)
+            return ESX_ECONNECT_TIMEOUT;
+        *node_dead = *retryable = 0;
+        return ESX_EREQUEST_TIMEOUT;
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_WEIRD_SERVER_REPLY:
+        return ESX_ERESET;
+    case CURLE_OUT_OF_MEMORY:
+        *node_dead = *retryable = 0;
+        return ESX_EINTERNAL;
+    default:
+        *node_dead = 0;
+        *retryable = 0;
+        return ESX_EINTERNAL;
+    }
+}
+
+/* A transfer ended (CURLMSG_DONE): finish the call or schedule its next attempt. */
+void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64_t now)
+{
+    CURL *h = req->easy;
+    int node_index = req->node;
+    esx_eng_list_remove(&e->active, req);
+    if (rc == CURLE_OK) {
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &req->status);
+        int truncated = req->resp_gzip && req->wire_in > 0 && !req->inflater.finished;
+        esx_eng_release_attempt(e, req);
+        esx_eng_on_response(e, req, node_index, truncated, now);
+        return;
+    }
+    if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
+        esx_eng_release_attempt(e, req);
+        esx_eng_finish(e, req, req->abort_kind, "%s", req->abort_msg);
+        return;
+    }
+    int node_dead, retryable;
+    const char *kind = transport_kind(rc, h, &node_dead, &retryable);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%.60s (%.180s)", curl_easy_strerror(rc), esx_request_node(req));
+    esx_eng_release_attempt(e, req);
+    esx_eng_on_failure(e, req, node_index, kind, node_dead, retryable, msg, now);
+}

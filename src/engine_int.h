@@ -1,0 +1,199 @@
+/*
+ * engine_int.h -- the engine's private parts, shared by its files and by nothing else:
+ *   engine.c          the loop, slots, deadlines, retries; the public calls (engine.h)
+ *   engine_curl.c     libcurl transfers
+ *   engine_h1.c       esx's own plain HTTP/1.1 connections
+ *   engine_waiters.c  the unix socket nginx waiters wait on
+ *
+ * Threading: `mu` guards the submission queue, the counters and the node states (which the
+ * Lua side reads for stats).  Everything else -- the multi handle, the easy handles, the
+ * waiting/active/back-off lists, the socket table and the waiter connections -- belongs to
+ * the I/O thread alone; other threads read only the counts it keeps (nwaiting, nopen).
+ * The functions below run on the I/O thread, or while none runs (before it starts, after
+ * it was joined).
+ */
+#ifndef ESX_ENGINE_INT_H
+#define ESX_ENGINE_INT_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <curl/curl.h>
+
+#include "engine.h"
+#include "h1conn.h"
+
+#define MAX_SOCKETS 1024
+#define MAX_SPARE_EASY 32
+
+typedef struct waiter_conn {
+    int fd;
+    int len;
+    char buf[32];
+} waiter_conn;
+
+/* How the engine reaches a node over plain HTTP/1.1 (h1.h); fast = 0: through libcurl. */
+typedef struct h1_node {
+    int fast;
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    struct sockaddr_in6 alt; /* "localhost": [::1], tried when 127.0.0.1 refuses */
+    int has_alt, use_alt;    /* use_alt: the last connect that worked went to alt */
+    char host[300];   /* the Host header: the URL's authority */
+    char prefix[512]; /* the URL's path prefix ("" or "/prefix") */
+} h1_node;
+
+struct esx_engine {
+    const esx_config *cfg;      /* &own_cfg */
+    esx_config own_cfg;         /* a copy: the client may be freed before its engine (below) */
+    pthread_mutex_t mu;
+    pthread_t thread;
+    int thread_started;
+    int free_on_exit;           /* I/O thread only: esx_engine_free was called on this thread
+                                 * (a completion callback dropped the client's last
+                                 * reference); the thread frees the engine when its loop ends */
+    atomic_int alive;
+    atomic_int stop;
+    atomic_int kill;
+    atomic_int wake_pending;    /* the I/O thread is awake, or a wakeup is on its way:
+                                 * submitters need not send another */
+    pid_t pid;
+    uint64_t generation;
+    CURLM *multi;
+
+    /* under mu */
+    esx_request *sub_head, *sub_tail;
+    int nsub;                   /* requests on the submission queue */
+    esx_nodes nodes;
+    esx_stats stats;
+
+    /* I/O thread only */
+    esx_request *wait_head, *wait_tail; /* FIFO waiting for a slot */
+    int64_t wait_due;           /* no waiting request is due (deadline, pool_deadline) before
+                                 * this; 0 when none waits.  A lower bound: a request leaving
+                                 * for a connection does not raise it, the next walk of the
+                                 * list in expire() recomputes it.  So neither expire() nor
+                                 * next_wakeup() walks a long queue on every loop. */
+    esx_request *active;
+    esx_request *backoff;
+    int in_use;
+    int sockets[MAX_SOCKETS];
+    int nsockets;
+
+    /* kept by the I/O thread for esx_engine_stats, which must never walk its lists */
+    atomic_int nwaiting;        /* requests on the wait list (added under mu when taken from
+                                 * the submission queue, so a request is always counted once) */
+    atomic_int nopen;           /* = nsockets */
+    CURL *spare[MAX_SPARE_EASY];
+    int nspare;
+    waiter_conn *conns;
+    int nconns, capconns;
+    unsigned int rng;
+    h1_node h1n[ESX_MAX_NODES];
+    esx_h1_conn **h1c;       /* every plain HTTP/1.1 connection, busy or idle */
+    int nh1, caph1;
+    int h1_kick;             /* a connection has work to do before the next poll */
+    char auth[700];          /* "Basic ..." for h1 connections, "" without credentials */
+    struct curl_waitfd *pfd; /* poll set beyond libcurl's own sockets */
+    int cappfd;
+    char rbuf[64 * 1024];    /* read scratch for h1 connections */
+
+    /* set by any thread once, read by the I/O thread */
+    atomic_int listen_fd;
+    char listen_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+/* ---------------------------------------------------------------- engine.c */
+
+/* Unlinks req from the list at *head; nothing happens when it is not on it. */
+void esx_eng_list_remove(esx_request **head, esx_request *req);
+
+/* Ends req (outcome, waiters woken, the engine's reference dropped; kind NULL: its HTTP
+ * response).  Cannot fail; req may be freed on return. */
+void esx_eng_finish(esx_engine *e, esx_request *req, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Records one response header line into req.  Returns 0 when req was aborted (abort_kind,
+ * abort_msg set: headers too big), nonzero to go on. */
+int esx_eng_record_header(esx_request *req, const char *buf, size_t len);
+
+/* Records response body bytes into req (inflating gzip).  Returns 0 when req was aborted
+ * (abort_kind, abort_msg set: too big, corrupt gzip, out of memory), 1 to go on. */
+int esx_eng_record_body(esx_request *req, const char *buf, size_t len);
+
+/* Adds fd to the engine's table of open sockets.  Returns 0, or -1 when the table is full
+ * (fd not added; the caller still owns and closes it). */
+int esx_eng_sock_register(esx_engine *e, int fd);
+
+/* Drops fd from the table of open sockets; it does not close it. */
+void esx_eng_sock_forget(esx_engine *e, int fd);
+
+/* Releases req's transfer, connection slot and any h1 connection still attached (closed). */
+void esx_eng_release_attempt(esx_engine *e, esx_request *req);
+
+/* After an attempt ended with an HTTP response (slot released): retries or finishes req. */
+void esx_eng_on_response(esx_engine *e, esx_request *req, int node_index, int truncated,
+                         int64_t now);
+
+/* After an attempt failed in transport (slot released): retries req, or finishes it with
+ * kind and msg. */
+void esx_eng_on_failure(esx_engine *e, esx_request *req, int node_index, const char *kind,
+                        int node_dead, int retryable, const char *msg, int64_t now);
+
+/* Takes every request off the submission queue onto the wait list (or the back-off list,
+ * or finished: salvaged ones).  Cannot fail. */
+void esx_eng_take_submissions(esx_engine *e, int64_t now);
+
+/* ---------------------------------------------------------------- engine_curl.c */
+
+/* Starts a libcurl transfer for req on node.  Returns 0, or -1 with req finished
+ * ("internal"). */
+int esx_eng_curl_start(esx_engine *e, esx_request *req, const esx_node *node, int64_t now);
+
+/* A libcurl transfer ended (CURLMSG_DONE with rc): finishes req or schedules its retry. */
+void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64_t now);
+
+/* ---------------------------------------------------------------- engine_h1.c */
+
+/* Fills hn from a node URL; hn->fast stays 0 (use libcurl) when the URL does not suit. */
+void esx_eng_h1_node_setup(h1_node *hn, const char *url);
+
+/* Closes and frees connection c, whose request is unfinished (the request is not ended). */
+void esx_eng_h1_drop(esx_engine *e, esx_h1_conn *c);
+
+/* Starts req on node_index over a plain HTTP/1.1 connection (an idle one, else a new one).
+ * Returns 0, or -1 with req finished ("internal"). */
+int esx_eng_h1_start(esx_engine *e, esx_request *req, int node_index, int64_t now);
+
+/* Fails c's request (already off the active list) with kind: connect_timeout passed. */
+void esx_eng_h1_fail_detached(esx_engine *e, esx_h1_conn *c, const char *kind, int64_t now);
+
+/* Does the h1 work that needs no poll (failed connects, requests to send); no-op unless
+ * h1_kick is set. */
+void esx_eng_h1_service(esx_engine *e, int64_t now);
+
+/* Adds the h1 connections to the poll set at set[*n], up to cap entries. */
+void esx_eng_h1_poll_set(esx_engine *e, struct curl_waitfd *set, unsigned int *n,
+                         unsigned int cap);
+
+/* Handles what the poll reported for the h1 connections. */
+void esx_eng_h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now);
+
+/* ---------------------------------------------------------------- engine_waiters.c */
+
+/* Wakes (and closes) every waiter connection of the finished req. */
+void esx_eng_poke_watchers(esx_request *req);
+
+/* Accepts the waiter connections pending on the listen socket; one it cannot keep is
+ * woken at once. */
+void esx_eng_accept_waiters(esx_engine *e);
+
+/* Reads waiter connection i; once it named a request (or broke) it leaves e->conns, the
+ * last one taking index i. */
+void esx_eng_read_waiter(esx_engine *e, int i);
+
+#endif

@@ -1,0 +1,196 @@
+/*
+ * engine_waiters.c -- the unix socket nginx waiters wait on (esx.nginx.wait): its path, the
+ * connections on it, each naming a request by id, and waking them when that request ends.
+ * esx_engine_waiter_path runs on any thread; the rest on the I/O thread, or after it was
+ * joined (engine_int.h).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "engine_int.h"
+#include "proc.h"
+
+#define MAX_WAITER_CONNS 4096
+
+/* Wakes one waiter connection (it reads the byte and checks the request) and closes it. */
+static void poke_fd(int fd)
+{
+    ssize_t w = write(fd, "1", 1);
+    (void)w; /* a waiter that went away needs no wake-up */
+    close(fd);
+}
+
+/* Wakes every waiter of a finished request. */
+void esx_eng_poke_watchers(esx_request *req)
+{
+    for (int i = 0; i < req->nwatchers; i++)
+        poke_fd(req->watchers[i]);
+    req->nwatchers = 0;
+}
+
+/* Adds waiter connection fd to unfinished req.  Waiters that went away (a timed-out await:
+ * the peer closed, so the fd polls readable) are dropped first.  Every live waiter is kept:
+ * waking one early would have it register again and wake the next, in a loop that lasts as
+ * long as the request (the process's descriptor limit bounds them).  Without memory for one
+ * more, the new waiter is woken at once (it finds the request unfinished and comes back). */
+static void add_watcher(esx_request *req, int fd)
+{
+    int n = req->nwatchers;
+    struct pollfd small[16];
+    struct pollfd *pfd = n <= 16 ? small : malloc((size_t)n * sizeof *pfd);
+    if (n > 0 && pfd != NULL) {
+        for (int i = 0; i < n; i++)
+            pfd[i] = (struct pollfd){.fd = req->watchers[i], .events = POLLIN};
+        if (poll(pfd, (nfds_t)n, 0) > 0) {
+            int kept = 0;
+            for (int i = 0; i < n; i++) {
+                if (pfd[i].revents)
+                    close(req->watchers[i]); /* a waiter sends nothing more: this is its end */
+                else
+                    req->watchers[kept++] = req->watchers[i];
+            }
+            req->nwatchers = kept;
+        }
+    }
+    if (pfd != small)
+        free(pfd);
+    if (req->nwatchers == req->watchers_cap) {
+        int cap = req->watchers_cap ? req->watchers_cap * 2 : 4;
+        int *w = realloc(req->watchers, (size_t)cap * sizeof *w);
+        if (w == NULL) {
+            poke_fd(fd);
+            return;
+        }
+        req->watchers = w;
+        req->watchers_cap = cap;
+    }
+    req->watchers[req->nwatchers++] = fd;
+}
+
+static esx_request *find_live(esx_engine *e, uint64_t id)
+{
+    for (esx_request *r = e->wait_head; r; r = r->next)
+        if (r->id == id)
+            return r;
+    for (esx_request *r = e->active; r; r = r->next)
+        if (r->id == id)
+            return r;
+    for (esx_request *r = e->backoff; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+void esx_eng_accept_waiters(esx_engine *e)
+{
+    int lfd = atomic_load(&e->listen_fd);
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        if (e->nconns == e->capconns) {
+            int cap = e->capconns ? e->capconns * 2 : 16;
+            waiter_conn *c = cap <= MAX_WAITER_CONNS ? realloc(e->conns, (size_t)cap * sizeof *c)
+                                                     : NULL;
+            if (c == NULL) {
+                /* cannot track it: wake it at once, the waiter re-checks and retries */
+                ssize_t w = write(fd, "1", 1);
+                (void)w;
+                close(fd);
+                continue;
+            }
+            e->conns = c;
+            e->capconns = cap;
+        }
+        e->conns[e->nconns++] = (waiter_conn){.fd = fd, .len = 0};
+    }
+}
+
+void esx_eng_read_waiter(esx_engine *e, int i)
+{
+    waiter_conn *c = &e->conns[i];
+    ssize_t n = read(c->fd, c->buf + c->len, sizeof c->buf - 1 - (size_t)c->len);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    int drop = n <= 0;
+    if (n > 0) {
+        c->len += (int)n;
+        c->buf[c->len] = '\0';
+        char *nl = strchr(c->buf, '\n');
+        if (nl) {
+            uint64_t id = strtoull(c->buf, NULL, 10);
+            esx_request *req = find_live(e, id);
+            if (req == NULL) {
+                /* a waiter often registers before the loop has taken its request in */
+                esx_eng_take_submissions(e, esx_now_ms());
+                req = find_live(e, id);
+            }
+            if (req) {
+                add_watcher(req, c->fd);
+            } else {
+                ssize_t w = write(c->fd, "1", 1); /* done already (or unknown) */
+                (void)w;
+                close(c->fd);
+            }
+            c->fd = -1;
+        } else if (c->len >= (int)sizeof c->buf - 1) {
+            drop = 1;
+        }
+    }
+    if (drop && c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    if (c->fd < 0)
+        e->conns[i] = e->conns[--e->nconns];
+}
+
+const char *esx_engine_waiter_path(esx_engine *e, char *why)
+{
+    if (atomic_load(&e->listen_fd) >= 0)
+        return e->listen_path; /* written before listen_fd was published */
+    /* Under the lock: two threads creating it at once would each unlink the other's socket
+     * file, and the one that won could be listening on a path that no longer exists. */
+    pthread_mutex_lock(&e->mu);
+    if (atomic_load(&e->listen_fd) >= 0) {
+        pthread_mutex_unlock(&e->mu);
+        return e->listen_path;
+    }
+    const char *dir = getenv("TMPDIR");
+    if (dir == NULL || strlen(dir) > 60)
+        dir = "/tmp";
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/esx-%d-%llu.sock", dir,
+                     (int)esx_pid(), (unsigned long long)e->generation);
+    int fd = -1;
+    if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
+        snprintf(why, 256, "waiter socket path too long");
+        goto fail;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, 256, "cannot create the waiter socket: %s", strerror(errno));
+        goto fail;
+    }
+    unlink(addr.sun_path);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0) {
+        snprintf(why, 256, "cannot listen on %s: %s", addr.sun_path, strerror(errno));
+        close(fd);
+        goto fail;
+    }
+    memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
+    atomic_store(&e->listen_fd, fd);
+    pthread_mutex_unlock(&e->mu);
+    curl_multi_wakeup(e->multi);
+    return e->listen_path;
+fail:
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
