@@ -8,8 +8,8 @@ ESX_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -pthread -fvisibility=hidden \
               -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
               -Wno-unused-parameter
 # -z nodelete: the module stays mapped when Lua dlclose()s it at exit (lua_close).  esx's
-# threads can outlive the Lua state for a moment -- an I/O thread that freed its own engine
-# from a completion callback, say -- and must not find their code unmapped under them.
+# threads can outlive the Lua state -- the I/O thread of a client kept alive by a collector's
+# bulk still in flight, say -- and must not find their code unmapped under them.
 ESX_LIBS   := -lcurl -lz -lroaring -pthread -Wl,-z,nodelete
 LDFLAGS    ?=
 

@@ -23,9 +23,9 @@ describe("require 'esx'", function()
   end)
 
   it("stays mapped when Lua unloads it at exit (its threads may outlive the Lua state)", function()
-    -- an I/O thread that freed its engine from a completion callback (the last reference
-    -- to a client, held by a collector's bulk in flight) is still running when lua_close
-    -- dlclose()s the module: unmapped, it crashed the process at exit about once in 60
+    -- the I/O thread of a client kept alive by a collector's bulk still in flight runs on
+    -- when lua_close dlclose()s the module: with its code unmapped, the process crashed at
+    -- exit about once in 60 runs (the close(-5) child of the collector spec below)
     local so = "build/" .. (jit and "luajit" or "lua5.4") .. "/esx/core.so"
     local p = io.popen("readelf -d " .. so .. " 2>&1")
     local dyn = p:read("*a")
