@@ -529,9 +529,13 @@ static void send_batch(esx_collector *col, batch *b)
     free(b);
 }
 
+/* Queues a rollup row while the queue has room (a flush or close takes every row: the
+ * table is bounded by rollup.max_rows); returns 1 to stop when it has none. */
 static int emit_rollup_line(void *ud, const char *line, size_t len)
 {
     esx_collector *col = ud;
+    if (!col->emit_now && col->queue_bytes >= col->cfg.queue_max_bytes)
+        return 1;
     item *it = item_new(line, len, esx_now_ms(), NULL);
     if (it == NULL)
         return -1;

@@ -205,8 +205,11 @@ int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instan
             esx_rollup_row *row = *p;
             int ended = row->window_start < current;
             if (row->dirty && (all || ended)) {
-                if (write_row(r, row, instance, index_fmt, emit, ud) != 0)
+                int rc = write_row(r, row, instance, index_fmt, emit, ud);
+                if (rc < 0)
                     return -1;
+                if (rc > 0)
+                    return written; /* no room: the rest stays dirty for the next call */
                 row->dirty = 0;
                 written++;
             }

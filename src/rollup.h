@@ -44,8 +44,9 @@ void esx_rollups_current(esx_rollups *r, int64_t now_ms,
 /* Writes each dirty row as one bulk "index" operation (action line + document line) through
  * emit, marks it clean, and forgets rows of windows that ended before now_ms once written.
  * With all = 0 only rows of ended windows are written.  instance and index_fmt (strftime,
- * UTC of the window start) name the writer and the target index.  Returns the number of
- * rows written, or -1 when emit failed (the remaining rows stay dirty). */
+ * UTC of the window start) name the writer and the target index.  emit returns 0 when it
+ * took the line, > 0 to stop without it (no room), < 0 on failure; rows not taken stay
+ * dirty.  Returns the number of rows written, or -1 when emit failed. */
 int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instance,
                      const char *index_fmt,
                      int (*emit)(void *ud, const char *line, size_t len), void *ud);
