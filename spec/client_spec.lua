@@ -976,6 +976,29 @@ describe("TLS", function()
     c:close()
   end)
 
+  it("keeps max_total across an http:// node and an https:// node", function()
+    local c = client{ hosts = { srv.url, tls.url }, tls_verify = false, connect_timeout = 10000,
+                      max_total = 2, max_per_route = 2, pool_timeout = 5000 }
+    assert(c:info())
+    assert(c:info()) -- one connection to each node, both idle now
+    assert.equal(2, c:stats().pool.open)
+    -- the https node answers 503 once: dead, so the next two requests both go to srv
+    tls:fault{ path = "/", status = 503, count = 1 }
+    for _ = 1, 2 do assert(c:info()) end
+    assert.is_false(c:stats().nodes[2].alive)
+    srv:fault{ path = "/", stall_ms = 200, count = 2 }
+    local p1, p2 = assert(c:send("GET", "/")), assert(c:send("GET", "/"))
+    local max_open = 0
+    while not (p1:ready() and p2:ready()) do
+      max_open = math.max(max_open, c:stats().pool.open)
+      socket.sleep(0.01)
+    end
+    assert.equal(200, (assert(p1:result())).status)
+    assert.equal(200, (assert(p2:result())).status)
+    assert.is_true(max_open <= 2, "opened " .. max_open)
+    c:close()
+  end)
+
   it("skips verification only when tls_verify = false", function()
     local c = client{ hosts = { tls.url }, tls_verify = false, connect_timeout = 10000 }
     assert(c:info())
