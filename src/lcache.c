@@ -17,6 +17,7 @@
 
 #include "cache.h"
 #include "lcache.h"
+#include "lclass.h"
 
 #define CACHE_MT "esx.cache"
 
@@ -1188,17 +1189,7 @@ static const luaL_Reg methods[] = {
 
 void esx_lcache_open(lua_State *L)
 {
-    if (luaL_newmetatable(L, CACHE_MT)) {
-        lua_pushcfunction(L, l_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_tostring);
-        lua_setfield(L, -2, "__tostring");
-        lua_pushliteral(L, CACHE_MT);
-        lua_setfield(L, -2, "__name");
-        luaL_newlib(L, methods);
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
+    esx_lclass(L, CACHE_MT, methods, l_gc, l_tostring);
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "cache_new");
     lua_pushcfunction(L, l_clock);

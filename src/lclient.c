@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "lclass.h"
 #include "lclient.h"
 #include "lerror.h"
 #include "ljson.h"
@@ -519,24 +520,10 @@ static const luaL_Reg pending_methods[] = {
     {NULL, NULL},
 };
 
-static void new_metatable(lua_State *L, const char *name, const luaL_Reg *methods,
-                          lua_CFunction gc, lua_CFunction tostring)
-{
-    luaL_newmetatable(L, name);
-    lua_newtable(L);
-    luaL_setfuncs(L, methods, 0);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, tostring);
-    lua_setfield(L, -2, "__tostring");
-    lua_pop(L, 1);
-}
-
 void esx_lclient_open(lua_State *L)
 {
-    new_metatable(L, CLIENT_MT, client_methods, client_gc, client_tostring);
-    new_metatable(L, PENDING_MT, pending_methods, pending_gc, pending_tostring);
+    esx_lclass(L, CLIENT_MT, client_methods, client_gc, client_tostring);
+    esx_lclass(L, PENDING_MT, pending_methods, pending_gc, pending_tostring);
     lua_pushcfunction(L, client_new);
     lua_setfield(L, -2, "client_new");
     lua_pushcfunction(L, check_node_url);

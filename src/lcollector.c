@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "collector.h"
 #include "hll.h"
+#include "lclass.h"
 #include "lclient.h"
 #include "lcollector.h"
 #include "lerror.h"
@@ -295,15 +296,7 @@ static const luaL_Reg methods[] = {
 
 void esx_lcollector_open(lua_State *L)
 {
-    luaL_newmetatable(L, COLLECTOR_MT);
-    lua_newtable(L);
-    luaL_setfuncs(L, methods, 0);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, col_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, col_tostring);
-    lua_setfield(L, -2, "__tostring");
-    lua_pop(L, 1);
+    esx_lclass(L, COLLECTOR_MT, methods, col_gc, col_tostring);
     lua_pushcfunction(L, collector_new);
     lua_setfield(L, -2, "collector_new");
     lua_pushcfunction(L, hll_union);

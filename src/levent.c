@@ -24,6 +24,7 @@
 #include "event.h"
 #include "hash.h"
 #include "hll.h"
+#include "lclass.h"
 #include "lerror.h"
 #include "levent.h"
 
@@ -281,22 +282,8 @@ static const luaL_Reg hll_methods[] = {
 
 void esx_levent_open(lua_State *L)
 {
-    if (luaL_newmetatable(L, HLL_MT)) {
-        lua_pushcfunction(L, l_hll_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_hll_tostring);
-        lua_setfield(L, -2, "__tostring");
-        lua_pushliteral(L, HLL_MT);
-        lua_setfield(L, -2, "__name");
-        luaL_newlib(L, hll_methods);
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
-    if (luaL_newmetatable(L, BUF_MT)) {
-        lua_pushcfunction(L, l_buf_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    esx_lclass(L, HLL_MT, hll_methods, l_hll_gc, l_hll_tostring);
+    esx_lclass(L, BUF_MT, NULL, l_buf_gc, NULL);
 
     /* one id generator per Lua state, shared by both parsers as an upvalue */
     esx_idgen *ids = lua_newuserdata(L, sizeof *ids);
