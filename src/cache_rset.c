@@ -496,7 +496,7 @@ esx_rset *esx_rset_deserialize(const char *buf, size_t len)
         if (s->arr == NULL)
             goto bad;
         memcpy(s->arr, buf + 8, (size_t)count * 8);
-        s->alen = s->acap = count ? count : 0;
+        s->alen = count;
         s->acap = count ? count : 1;
         for (uint32_t i = 0; i < count; i++)
             if (s->arr[i] > ESX_RSET_MAX_ID || (i > 0 && s->arr[i] <= s->arr[i - 1]))
@@ -514,6 +514,10 @@ esx_rset *esx_rset_deserialize(const char *buf, size_t len)
             goto bad;
         if (s->n > 0 && s->parts[s->n - 1].high >= high)
             goto bad; /* parts are written in increasing order */
+        /* measured first: CRoaring's deserialiser writes a line to stderr for each flaw it
+         * finds, this one finds the same flaws silently */
+        if (roaring_bitmap_portable_deserialize_size(buf + off, plen) != plen)
+            goto bad;
         roaring_bitmap_t *bm = roaring_bitmap_portable_deserialize_safe(buf + off, plen);
         if (bm == NULL)
             goto bad;
