@@ -58,6 +58,19 @@ describe("core.json_decode", function()
     same(cjson.decode(text), decode(text))
   end)
 
+  it("decodes containers of every size side by side at one depth (each sized from the last)", function()
+    local parts = {}
+    for _, n in ipairs{ 20, 1, 0, 17, 3, 40, 2 } do
+      local a, o = {}, {}
+      for i = 1, n do a[i] = tostring(i) o[i] = '"k' .. i .. '":' .. i end
+      parts[#parts + 1] = "[" .. table.concat(a, ",") .. "]"
+      parts[#parts + 1] = "{" .. table.concat(o, ",") .. "}"
+    end
+    local text = "[" .. table.concat(parts, ",") .. "]"
+    same(cjson.decode(text), decode(text))
+    assert.equal(40, #decode(text)[11])
+  end)
+
   it("returns null as cjson.null", function()
     assert.equal(cjson.null, decode("null"))
     assert.equal(cjson.null, decode('{"a":null}').a)

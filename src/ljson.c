@@ -18,13 +18,30 @@
 #include "ljson.h"
 
 #define MAX_DEPTH 512
+#define HINT_DEPTHS 16
+#define HINT_MAX 16
 
+/* hint[d]: the size of the last container closed at depth d, which the next one there is
+ * created with (up to HINT_MAX) -- the hits of a response are alike, and a table sized
+ * right is not rehashed as it fills. */
 typedef struct dec {
     lua_State *L;
     const char *p, *end;
     const char *err;
     int depth;
+    unsigned char hint[2][HINT_DEPTHS]; /* [0] arrays, [1] objects */
 } dec;
+
+static int size_hint(const dec *d, int object)
+{
+    return d->depth < HINT_DEPTHS ? d->hint[object][d->depth] : 4;
+}
+
+static void learn_size(dec *d, int object, int n)
+{
+    if (d->depth < HINT_DEPTHS)
+        d->hint[object][d->depth] = (unsigned char)(n < 1 ? 1 : n > HINT_MAX ? HINT_MAX : n);
+}
 
 static int value(dec *d);
 
@@ -338,7 +355,7 @@ static int array(dec *d)
 {
     lua_State *L = d->L;
     d->p++;
-    lua_createtable(L, 4, 0);
+    lua_createtable(L, size_hint(d, 0), 0);
     skip_ws(d);
     if (d->p < d->end && *d->p == ']') {
         d->p++;
@@ -353,6 +370,7 @@ static int array(dec *d)
             return fail(d, "unterminated array");
         if (*d->p == ']') {
             d->p++;
+            learn_size(d, 0, i);
             return 0;
         }
         if (*d->p != ',')
@@ -365,13 +383,13 @@ static int object(dec *d)
 {
     lua_State *L = d->L;
     d->p++;
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, size_hint(d, 1));
     skip_ws(d);
     if (d->p < d->end && *d->p == '}') {
         d->p++;
         return 0;
     }
-    for (;;) {
+    for (int n = 1;; n++) {
         skip_ws(d);
         if (d->p >= d->end || *d->p != '"')
             return fail(d, "expected a member name");
@@ -389,6 +407,7 @@ static int object(dec *d)
             return fail(d, "unterminated object");
         if (*d->p == '}') {
             d->p++;
+            learn_size(d, 1, n);
             return 0;
         }
         if (*d->p != ',')
@@ -441,7 +460,8 @@ static int value(dec *d)
 
 int esx_ljson_decode(lua_State *L, const char *s, size_t len)
 {
-    dec d = {L, s, s + len, NULL, 0};
+    dec d = {L, s, s + len, NULL, 0, {{0}}};
+    memset(d.hint, 4, sizeof d.hint);
     int top = lua_gettop(L);
     if (value(&d) == 0) {
         skip_ws(&d);
