@@ -745,14 +745,17 @@ describe("col:rollups", function()
 
   it("queues only the rollup rows that fit in queue_max_bytes when they fall due", function()
     local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
-    local col = new{ sink = c2, queue_max_bytes = 16384, rollup = { interval = 100 },
+    -- (the first interval ends after the posts, however slow the host: rows queued sooner
+    -- would take the room the last events need)
+    local col = new{ sink = c2, queue_max_bytes = 16384, rollup = { interval = 200 * SCALE },
                      retry_backoff_min = 1000, retry_backoff_max = 1000 }
     for b = 1, 40 do -- about 8 KiB of events, then 40 rows of about 550 bytes each
       assert.equal(204, (post(col, cjson.encode(ev({ block_id = "b" .. b })))))
     end
     local before = col:stats().queued_bytes
     assert.is_true(before < 16384, "events alone filled the queue: " .. before)
-    socket.sleep(0.3)
+    local deadline = socket.gettime() + 5 * SCALE
+    repeat socket.sleep(0.05) until col:stats().rollup_written > 0 or socket.gettime() > deadline
     local s = col:stats()
     assert.is_true(s.queued_bytes > before, "no row was queued")
     assert.is_true(s.queued_bytes <= 16384 + 1024, "queued_bytes " .. s.queued_bytes)
