@@ -216,6 +216,21 @@ describe("client methods", function()
     assert.equal("deleted", (assert(c:delete("books", "b1"))).result)
   end)
 
+  it("sends table bodies with integers exact and doubles that read back the same", function()
+    -- (lua-cjson 2.1.0 writes numbers with 14 digits: a 48-bit id would come back rounded)
+    assert(c:index("books", { user_id = 281474976710655, ratio = 0.1 + 0.2 }, "n1"))
+    local src = (assert(c:get("books", "n1")))._source
+    assert.equal(281474976710655, src.user_id)
+    assert.equal(0.1 + 0.2, src.ratio)
+  end)
+
+  it("returns nil, err with kind 'decode' when a table body cannot be encoded", function()
+    local r, err = c:index("books", { n = 0 / 0 }, "n2")
+    assert.is_nil(r)
+    assert.equal("decode", err.kind)
+    assert.equal("cannot encode the body as JSON: cannot encode NaN or infinity", err.message)
+  end)
+
   it("index without an id lets the server choose one", function()
     local r = assert(c:index("books", { title = "x" }))
     assert.is_string(r._id)

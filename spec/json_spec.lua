@@ -163,3 +163,120 @@ describe("core.json_decode", function()
     assert.has_error(function() decode({}) end)
   end)
 end)
+
+describe("core.json_encode", function()
+  local encode = core.json_encode
+
+  -- random Lua values of every kind cjson encodes: strings of any bytes, integers, short
+  -- decimals, booleans, cjson.null, arrays with holes, objects with string and number keys
+  local function value(rng, depth)
+    local r = rng(10)
+    if depth > 4 or r <= 5 then
+      local k = rng(7)
+      if k == 1 then return cjson.null elseif k == 2 then return rng(2) == 1
+      elseif k == 3 then return rng(2000000000) - 1000000000
+      elseif k == 4 then return (rng(2000000) - 1000000) / 8
+      elseif k == 5 then
+        local b = {}
+        for i = 1, rng(12) - 1 do b[i] = string.char(rng(256) - 1) end
+        return table.concat(b)
+      elseif k == 6 then return 'q"uo\\te/slash\n\t\0 é'
+      else return "" end
+    elseif r <= 7 then
+      local a = {}
+      for i = 1, rng(6) - 1 do a[i] = value(rng, depth + 1) end
+      if #a > 2 and rng(3) == 1 then a[2] = nil end -- a hole: null
+      return a
+    else
+      local o = {}
+      for i = 1, rng(5) - 1 do o["k" .. rng(100)] = value(rng, depth + 1) end
+      if rng(4) == 1 then o[rng(5) + 0.5] = true end -- a number key, written as a string
+      return o
+    end
+  end
+
+  it("encodes what lua-cjson encodes, to the same JSON values", function()
+    local seed = 4242
+    local function rng(n)
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      return seed % n + 1
+    end
+    for _ = 1, 1000 do
+      local v = value(rng, 0)
+      local text = assert(encode(v))
+      same(cjson.decode(cjson.encode(v)), cjson.decode(text))
+    end
+  end)
+
+  it("writes integers exactly, where cjson keeps 14 digits", function()
+    assert.equal('{"user_id":281474976710655}', encode({ user_id = 281474976710655 }))
+    assert.equal('[9007199254740992,-9007199254740991,0,10]', encode({ 2^53, -(2^53 - 1), 0, 10.0 }))
+    if math.type then
+      assert.equal("9223372036854775807", encode(math.maxinteger))
+      assert.equal("-9223372036854775808", encode(math.mininteger))
+    end
+  end)
+
+  it("writes other numbers in the fewest digits that read back as the same double", function()
+    assert.equal("0.30000000000000004", encode(0.1 + 0.2))
+    assert.equal("0.1", encode(0.1))
+    assert.equal("1e+300", encode(1e300))
+    local seed = 7
+    for _ = 1, 2000 do
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      local x = (seed / 2147483648 - 0.5) * 10 ^ (seed % 40 - 20)
+      assert.equal(x, tonumber(encode(x)))
+    end
+  end)
+
+  it("escapes quotes, backslashes and control characters, and nothing else", function()
+    assert.equal([["a\"b\\c/d\n\r\t\b\f\u0001\u001fé"]], encode('a"b\\c/d\n\r\t\b\f\1\31é'))
+    assert.equal('"\\u0000"', encode("\0"))
+  end)
+
+  it("writes nil and cjson.null as null, an empty table as {}, holes as null", function()
+    assert.equal("null", encode(nil))
+    assert.equal("null", encode(cjson.null))
+    assert.equal("{}", encode({}))
+    assert.equal("[1,null,3]", encode({ 1, nil, 3 }))
+    assert.equal('{"1.5":true}', encode({ [1.5] = true }))
+  end)
+
+  local refused = {
+    { "NaN", 0 / 0, "cannot encode NaN or infinity" },
+    { "infinity", { n = math.huge }, "cannot encode NaN or infinity" },
+    { "a function", { f = print }, "cannot encode a function" },
+    { "a table key that is not a string or a number", { [true] = 1 },
+      "cannot encode a table key that is not a string or a number" },
+    { "an excessively sparse array", { [11] = 1 }, "cannot encode an excessively sparse array" },
+  }
+  for _, case in ipairs(refused) do
+    it("returns nil, err when given " .. case[1], function()
+      local s, err = encode(case[2])
+      assert.is_nil(s)
+      assert.equal(case[3], err)
+    end)
+  end
+
+  it("returns nil, err when given a cycle or over 1000 levels, without crashing", function()
+    local t = {}
+    t.t = t
+    local s, err = encode(t)
+    assert.is_nil(s)
+    assert.equal("nested too deep (over 1000 levels, or a cycle)", err)
+    local deep = {}
+    for _ = 1, 999 do deep = { deep } end
+    assert.equal(string.rep("[", 999) .. "{}" .. string.rep("]", 999), encode(deep))
+  end)
+
+  it("keeps working after a failure and after a large value", function()
+    assert.is_nil(encode({ print }))
+    local big = string.rep("x", 200000)
+    assert.equal(200002, #encode(big))
+    assert.equal('["ok"]', encode({ "ok" }))
+  end)
+
+  it("raises when given no argument", function()
+    assert.has_error(function() encode() end)
+  end)
+end)

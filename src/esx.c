@@ -91,6 +91,7 @@ int luaopen_esx_core(lua_State *L)
     esx_lclient_open(L);
     esx_lcollector_open(L);
     esx_ljson_open(L);
+    esx_ljson_encode_open(L);
     esx_lcache_open(L);
     esx_levent_open(L);
     lua_pushliteral(L, ESX_VERSION);

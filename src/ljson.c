@@ -14,6 +14,7 @@
 
 #include "compat.h"
 #include "hex.h"
+#include "json_special.h"
 #include "lerror.h"
 #include "ljson.h"
 
@@ -149,19 +150,6 @@ static size_t unescape(dec *d, const char *s, size_t n, char *out)
     return o;
 }
 
-/* The bytes of w that may end a run of plain string text: a quote, a backslash or a control
- * character, as the high bit of each byte.  The lowest bit set is exact (a borrow can only
- * mark bytes above a real match), which is the one the scanner uses. */
-static uint64_t special_bytes(uint64_t w)
-{
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-    uint64_t ctl = (w - 0x20 * ones) & ~w & highs;
-    uint64_t q = w ^ (0x22 * ones), b = w ^ (0x5c * ones);
-    q = (q - ones) & ~q & highs;
-    b = (b - ones) & ~b & highs;
-    return ctl | q | b;
-}
-
 static int special(unsigned char c)
 {
     return c == '"' || c == '\\' || c < 0x20;
@@ -179,7 +167,7 @@ static int string(dec *d)
         while (d->end - d->p >= 8) {
             uint64_t w;
             memcpy(&w, d->p, 8);
-            uint64_t m = special_bytes(w);
+            uint64_t m = esx_json_special_bytes(w);
             if (m) {
                 d->p += __builtin_ctzll(m) >> 3;
                 break;

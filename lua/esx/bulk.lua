@@ -11,8 +11,8 @@
 -- reason — through `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
 
 local core = require "esx.core"
+local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/ljson.h)
 local options = require "esx.options"
-local cjson = require "cjson.safe"
 
 local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, remove, concat, random, floor =
   type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, table.remove, table.concat,
@@ -252,7 +252,7 @@ function Indexer:add(action, meta, doc)
   if not actions[action] then error("bad argument #1 to 'add' (unknown action " .. tostring(action) .. ")", 2) end
   if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
   if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
-  local head = cjson.encode({ [action] = meta })
+  local head = json_encode({ [action] = meta })
   if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON)", 2) end
   local line
   if action == "delete" then
@@ -262,7 +262,7 @@ function Indexer:add(action, meta, doc)
     if type(doc) ~= "table" and type(doc) ~= "string" then
       error("bad argument #3 to 'add' (document table or JSON string expected, got " .. type(doc) .. ")", 2)
     end
-    local body = type(doc) == "string" and doc or cjson.encode(doc)
+    local body = type(doc) == "string" and doc or json_encode(doc)
     if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON)", 2) end
     if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
     line = head .. "\n" .. body .. "\n"

@@ -7,6 +7,7 @@
 -- they block the calling thread.
 
 local core = require "esx.core"
+local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/ljson.h)
 local options = require "esx.options"
 local registry = require "esx.registry"
 local cjson = require "cjson.safe"
@@ -282,7 +283,7 @@ end
 local function encode_body(body)
   if body == nil or type(body) == "string" then return body end
   if type(body) == "table" then
-    local s, err = cjson.encode(body)
+    local s, err = json_encode(body)
     if not s then return nil, err end
     return s
   end
@@ -467,7 +468,7 @@ function Client:info(opts)
 end
 
 local function encode_line(t)
-  local s = cjson.encode(t)
+  local s = json_encode(t)
   if not s then error("bulk: cannot encode an operation as JSON", 4) end
   return s
 end

@@ -6,9 +6,9 @@
 -- Elasticsearch, and it sheds load with 503/429 and Retry-After instead of queueing requests.
 
 local core = require "esx.core"
+local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/ljson.h)
 local options = require "esx.options"
 local registry = require "esx.registry"
-local cjson = require "cjson.safe"
 
 local type, pairs, ipairs, tostring, setmetatable, error, tonumber, select =
   type, pairs, ipairs, tostring, setmetatable, error, tonumber, select
@@ -142,7 +142,7 @@ end
 
 local JSON_TYPE = "application/json"
 
-local function json_body(t) return (cjson.encode(t)) end
+local function json_body(t) return (json_encode(t)) end
 
 -- Answers carry their headers as a flat list {name, value, name, value, ...}.  The lists of
 -- the common answers are made once and shared (read only): no table per request.  col:handle

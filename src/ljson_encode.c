@@ -1,0 +1,305 @@
+/*
+ * ljson_encode.c -- core.json_encode(v): Lua values to JSON text, for request bodies.
+ *
+ * The tables lua-cjson 2.1.0 accepts, encoded the way it encodes them (see ljson.h), with two
+ * differences that matter to Elasticsearch documents: integers are written exactly (cjson
+ * formats every number with "%.14g", so 281474976710655 became 2.8147497671066e+14), and other
+ * numbers with the fewest digits that read back as the same double (0.1 + 0.2 stays
+ * 0.30000000000000004 instead of becoming 0.3).  '/' is not escaped.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "json_special.h"
+#include "lclass.h"
+#include "ljson.h"
+
+#define MAX_DEPTH 1000            /* cjson's encode_max_depth */
+#define MAX_TEXT (1024u << 20)    /* 1 GiB: past it the value is refused, not truncated */
+#define KEEP_BYTES 65536          /* a buffer up to this size is kept for the next call */
+#define BUF_MT "esx.jsonbuf"
+
+typedef struct enc {
+    lua_State *L;
+    esx_buf out;
+    char err[128];
+} enc;
+
+/* The output buffer of a Lua state: an upvalue of json_encode (a raise cannot leak it, and
+ * small bodies reuse its memory).  json_encode calls no Lua code, so it is never re-entered. */
+static int buf_gc(lua_State *L)
+{
+    esx_buf_free(luaL_checkudata(L, 1, BUF_MT));
+    return 0;
+}
+
+static int fail(enc *e, const char *why)
+{
+    if (!e->err[0])
+        snprintf(e->err, sizeof e->err, "%s", why);
+    return -1;
+}
+
+/* Makes room for n more bytes (and the NUL esx_buf keeps after them). */
+static int grow(enc *e, size_t n)
+{
+    int rc = esx_buf_reserve(&e->out, n);
+    if (rc == ESX_BUF_OK)
+        return 0;
+    return fail(e, rc == ESX_BUF_TOOBIG ? "the JSON text would pass 1 GiB" : "out of memory");
+}
+
+static inline int room(enc *e, size_t n)
+{
+    return e->out.cap - e->out.len > n ? 0 : grow(e, n);
+}
+
+/* Appends without the NUL: the text is read by its length only. */
+static inline int put(enc *e, const char *s, size_t n)
+{
+    if (room(e, n) != 0)
+        return -1;
+    memcpy(e->out.data + e->out.len, s, n);
+    e->out.len += n;
+    return 0;
+}
+
+static inline int put1(enc *e, char c)
+{
+    if (room(e, 1) != 0)
+        return -1;
+    e->out.data[e->out.len++] = c;
+    return 0;
+}
+
+/* 0: the byte stands for itself; 'u': \u00XX; otherwise the letter after the backslash. */
+static const char escape_of[256] = {
+    ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't',
+    [0x00] = 'u', [0x01] = 'u', [0x02] = 'u', [0x03] = 'u', [0x04] = 'u', [0x05] = 'u',
+    [0x06] = 'u', [0x07] = 'u', [0x0b] = 'u', [0x0e] = 'u', [0x0f] = 'u', [0x10] = 'u',
+    [0x11] = 'u', [0x12] = 'u', [0x13] = 'u', [0x14] = 'u', [0x15] = 'u', [0x16] = 'u',
+    [0x17] = 'u', [0x18] = 'u', [0x19] = 'u', [0x1a] = 'u', [0x1b] = 'u', [0x1c] = 'u',
+    [0x1d] = 'u', [0x1e] = 'u', [0x1f] = 'u', ['"'] = '"', ['\\'] = '\\',
+};
+
+/* Bytes are copied as they are (like cjson, UTF-8 is not checked: Elasticsearch does). */
+static int string(enc *e, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (n > MAX_TEXT || room(e, n + 2) != 0) /* enough unless there are escapes */
+        return n > MAX_TEXT ? fail(e, "the JSON text would pass 1 GiB") : -1;
+    e->out.data[e->out.len++] = '"';
+    size_t run = 0; /* start of the bytes not written yet */
+    for (size_t i = 0; i < n; i++) {
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        while (n - i >= 8) { /* plain text eight bytes at a time */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            uint64_t m = esx_json_special_bytes(w);
+            if (m) {
+                i += (size_t)__builtin_ctzll(m) >> 3;
+                break;
+            }
+            i += 8;
+        }
+        if (i >= n)
+            break;
+#endif
+        char x = escape_of[(unsigned char)s[i]];
+        if (x == 0)
+            continue;
+        unsigned char c = (unsigned char)s[i];
+        char esc[6] = {'\\', x, '0', '0', hex[c >> 4], hex[c & 15]};
+        if (put(e, s + run, i - run) != 0 || put(e, esc, x == 'u' ? 6 : 2) != 0 ||
+            room(e, n - i + 1) != 0)
+            return -1;
+        run = i + 1;
+    }
+    memcpy(e->out.data + e->out.len, s + run, n - run);
+    e->out.len += n - run;
+    e->out.data[e->out.len++] = '"';
+    return 0;
+}
+
+/* The number at idx as JSON: integers exactly, other finite numbers in the fewest of 15, 16
+ * or 17 significant digits that read back as the same double. */
+static int number(enc *e, int idx)
+{
+    char tmp[32];
+    size_t n;
+#if !ESX_LUA51
+    if (lua_isinteger(e->L, idx)) {
+        n = esx_format_i64(tmp, (long long)lua_tointeger(e->L, idx));
+        return put(e, tmp, n);
+    }
+#endif
+    double v = (double)lua_tonumber(e->L, idx);
+    if (!isfinite(v))
+        return fail(e, "cannot encode NaN or infinity");
+    if (v == floor(v) && fabs(v) < 9.2e18) { /* integral: exact, as an integer */
+        n = esx_format_i64(tmp, (long long)v);
+        return put(e, tmp, n);
+    }
+    int len = 0;
+    for (int digits = 15; digits <= 17; digits++) {
+        len = snprintf(tmp, sizeof tmp, "%.*g", digits, v);
+        if (digits == 17 || strtod(tmp, NULL) == v)
+            break;
+    }
+    return put(e, tmp, (size_t)len);
+}
+
+/* The length of the table at idx as a JSON array, or -1 when it is an object (some key is not
+ * a positive integer; an empty table is an object, as in cjson), or -2 when it is an
+ * excessively sparse array (cjson's default rule: highest index over twice the number of
+ * items, and over 10).  Uses two stack slots. */
+static long long array_length(lua_State *L, int idx)
+{
+    double max = 0, items = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) == LUA_TNUMBER) {
+            double k = (double)lua_tonumber(L, -1);
+            if (k >= 1 && k == floor(k)) {
+                if (k > max)
+                    max = k;
+                items++;
+                continue;
+            }
+        }
+        lua_pop(L, 1);
+        return -1;
+    }
+    if (max > items * 2 && max > 10)
+        return -2;
+    return (long long)max;
+}
+
+static int value(enc *e, int idx, int depth);
+
+static int table(enc *e, int idx, int depth)
+{
+    lua_State *L = e->L;
+    if (depth > MAX_DEPTH)
+        return fail(e, "nested too deep (over 1000 levels, or a cycle)");
+    if (!lua_checkstack(L, 4))
+        return fail(e, "nested too deep for the Lua stack");
+    long long len = array_length(L, idx);
+    if (len == -2)
+        return fail(e, "cannot encode an excessively sparse array");
+    if (len > 0) {
+        if (put1(e, '[') != 0)
+            return -1;
+        for (long long i = 1; i <= len; i++) {
+            if (i > 1 && put1(e, ',') != 0)
+                return -1;
+            lua_rawgeti(L, idx, (lua_Integer)i);
+            int rc = value(e, lua_gettop(L), depth + 1);
+            lua_pop(L, 1);
+            if (rc != 0)
+                return -1;
+        }
+        return put1(e, ']');
+    }
+    if (put1(e, '{') != 0)
+        return -1;
+    int first = 1;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        int key = lua_gettop(L) - 1;
+        if (!first && put1(e, ',') != 0)
+            return -1;
+        first = 0;
+        int rc;
+        if (lua_type(L, key) == LUA_TSTRING) {
+            size_t klen;
+            const char *k = lua_tolstring(L, key, &klen);
+            rc = string(e, k, klen);
+        } else if (lua_type(L, key) == LUA_TNUMBER) { /* written as a string, as cjson does */
+            rc = put1(e, '"');
+            if (rc == 0)
+                rc = number(e, key);
+            if (rc == 0)
+                rc = put1(e, '"');
+        } else {
+            rc = fail(e, "cannot encode a table key that is not a string or a number");
+        }
+        if (rc == 0)
+            rc = put1(e, ':');
+        if (rc == 0)
+            rc = value(e, key + 1, depth + 1);
+        lua_pop(L, 1); /* the value; the key stays for lua_next */
+        if (rc != 0) {
+            lua_pop(L, 1);
+            return -1;
+        }
+    }
+    return put1(e, '}');
+}
+
+static int value(enc *e, int idx, int depth)
+{
+    lua_State *L = e->L;
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        return string(e, s, n);
+    }
+    case LUA_TNUMBER:
+        return number(e, idx);
+    case LUA_TBOOLEAN:
+        return lua_toboolean(L, idx) ? put(e, "true", 4) : put(e, "false", 5);
+    case LUA_TTABLE:
+        return table(e, idx, depth);
+    case LUA_TNIL:
+        return put(e, "null", 4);
+    case LUA_TLIGHTUSERDATA:
+        if (lua_touserdata(L, idx) == NULL) /* cjson.null */
+            return put(e, "null", 4);
+        /* fall through */
+    default: {
+        char why[64];
+        snprintf(why, sizeof why, "cannot encode a %s", lua_typename(L, lua_type(L, idx)));
+        return fail(e, why);
+    }
+    }
+}
+
+/* core.json_encode(v) -> text | nil, message */
+static int json_encode(lua_State *L)
+{
+    luaL_checkany(L, 1);
+    lua_settop(L, 1);
+    esx_buf *b = lua_touserdata(L, lua_upvalueindex(1));
+    enc e = {.L = L, .out = *b};
+    e.out.len = 0;
+    int rc = value(&e, 1, 1);
+    *b = e.out; /* the memory, grown or not, is the state's again */
+    if (rc != 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, e.err);
+    } else {
+        lua_pushlstring(L, b->data ? b->data : "", b->len);
+    }
+    if (b->cap > KEEP_BYTES)
+        esx_buf_free(b);
+    else
+        esx_buf_reset(b);
+    return rc != 0 ? 2 : 1;
+}
+
+void esx_ljson_encode_open(lua_State *L)
+{
+    esx_lclass(L, BUF_MT, NULL, buf_gc, NULL);
+    esx_buf *b = lua_newuserdata(L, sizeof *b);
+    esx_buf_init(b, MAX_TEXT);
+    luaL_setmetatable(L, BUF_MT);
+    lua_pushcclosure(L, json_encode, 1);
+    lua_setfield(L, -2, "json_encode");
+}
