@@ -126,6 +126,20 @@ static int append_header(struct curl_slist **list, const char *line)
     return 0;
 }
 
+/* dst = a followed by b, cut to cap - 1 bytes and NUL-terminated (what snprintf "%s%s" would
+ * give, for a tenth of its instructions: this runs for every request). */
+static void join(char *dst, size_t cap, const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > cap - 1)
+        la = cap - 1;
+    if (lb > cap - 1 - la)
+        lb = cap - 1 - la;
+    memcpy(dst, a, la);
+    memcpy(dst + la, b, lb);
+    dst[la + lb] = '\0';
+}
+
 esx_request *esx_client_prepare(esx_client *c, const char *method, const char *target,
                                 const char *body, size_t body_len, const char *content_type,
                                 const char *const *extra, int n_extra, int max_retries,
@@ -135,7 +149,7 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
     esx_request *req = esx_request_new(cfg->max_response_bytes);
     if (req == NULL)
         goto nomem;
-    snprintf(req->method, sizeof req->method, "%s", method);
+    join(req->method, sizeof req->method, "", method);
     req->target = strdup(target);
     if (req->target == NULL)
         goto nomem;
@@ -169,12 +183,12 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
         if (append_header(&req->headers, cfg->headers[i]))
             goto nomem;
     if (cfg->api_key[0]) {
-        snprintf(line, sizeof line, "Authorization: ApiKey %s", cfg->api_key);
+        join(line, sizeof line, "Authorization: ApiKey ", cfg->api_key);
         if (append_header(&req->headers, line))
             goto nomem;
     }
     if (body && content_type) {
-        snprintf(line, sizeof line, "Content-Type: %s", content_type);
+        join(line, sizeof line, "Content-Type: ", content_type);
         if (append_header(&req->headers, line))
             goto nomem;
     }
