@@ -348,6 +348,15 @@ describe("cache:read_articles_json(user_id, page_no)", function()
                     f = cjson.null, nan = cjson.null, read = true } }, got)
   end)
 
+  it("writes numbers that read back as the same number", function()
+    local c = esx.cache{ load_readers = function() return { 1 } end,
+      load_page = function() return { { id = 1, score = 0.1 + 0.2, big = 2^53, price = 19.99 } } end }
+    local json = c:read_articles_json(1, 1)
+    assert.truthy(json:find('"score":0.30000000000000004', 1, true), json)
+    assert.truthy(json:find('"big":9007199254740992', 1, true), json)
+    assert.truthy(json:find('"price":19.99', 1, true), json)
+  end)
+
   it("returns nil, err when a loader fails", function()
     local db = sample_db()
     db.fail = true

@@ -18,6 +18,7 @@
 #include "cache.h"
 #include "lcache.h"
 #include "lclass.h"
+#include "ljson.h"
 
 #define CACHE_MT "esx.cache"
 
@@ -341,7 +342,7 @@ static int unwalk(lua_State *L, const char **p, const char *e, int depth)
  * i as a JSON object without its closing brace and without any "read" key, so that
  * read_json() answers with memcpy and one membership test per article.
  * Encoding: strings as bytes with ", \ and control characters escaped; integers exactly;
- * other finite numbers with %.14g (as cjson); NaN, infinities, functions, userdata (e.g.
+ * other finite numbers as core.json_encode writes them (ljson.h); NaN, infinities, functions, userdata (e.g.
  * cjson.null) and tables nested deeper than MAX_DEPTH as null; a table whose keys are exactly
  * 1..n (n > 0) as an array, any other as an object (number keys as strings, other key types
  * skipped; {} when empty). */
@@ -378,12 +379,11 @@ static void json_number(lua_State *L, int idx, sbuf *b)
     if (esx_isinteger(L, idx)) {
         n = snprintf(num, sizeof num, "%lld", esx_tointeger(L, idx));
     } else {
-        double d = (double)lua_tonumber(L, idx);
-        if (d != d || d > 1.7976931348623157e308 || d < -1.7976931348623157e308) {
+        n = (int)esx_json_number_text((double)lua_tonumber(L, idx), num);
+        if (n == 0) {
             sb_put(b, "null", 4);
             return;
         }
-        n = snprintf(num, sizeof num, "%.14g", d);
     }
     sb_put(b, num, (size_t)n);
 }

@@ -18,6 +18,12 @@ void esx_ljson_open(lua_State *L);
  * on Lua memory errors. */
 void esx_ljson_encode_open(lua_State *L);
 
+/* Writes the finite number v to out (room for 32 bytes, no NUL needed) as json_encode does:
+ * an integral value exactly as an integer, any other in the fewest of 15, 16 or 17
+ * significant digits that read back as v.  Returns the length, or 0 for NaN and infinities
+ * (nothing written). */
+size_t esx_json_number_text(double v, char *out);
+
 /* Decodes len bytes of JSON onto L's stack: returns 1 with the value pushed, or 2 with nil
  * and an error (kind "decode") pushed.  Raises only on Lua memory errors. */
 int esx_ljson_decode(lua_State *L, const char *s, size_t len);

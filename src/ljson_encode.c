@@ -125,8 +125,22 @@ static int string(enc *e, const char *s, size_t n)
     return 0;
 }
 
-/* The number at idx as JSON: integers exactly, other finite numbers in the fewest of 15, 16
- * or 17 significant digits that read back as the same double. */
+size_t esx_json_number_text(double v, char *out)
+{
+    if (!isfinite(v))
+        return 0;
+    if (v == floor(v) && fabs(v) < 9.2e18) /* integral: exact, as an integer */
+        return esx_format_i64(out, (long long)v);
+    int len = 0;
+    for (int digits = 15; digits <= 17; digits++) {
+        len = snprintf(out, 32, "%.*g", digits, v);
+        if (digits == 17 || strtod(out, NULL) == v)
+            break;
+    }
+    return (size_t)len;
+}
+
+/* The number at idx as JSON (see esx_json_number_text). */
 static int number(enc *e, int idx)
 {
     char tmp[32];
@@ -137,20 +151,10 @@ static int number(enc *e, int idx)
         return put(e, tmp, n);
     }
 #endif
-    double v = (double)lua_tonumber(e->L, idx);
-    if (!isfinite(v))
+    n = esx_json_number_text((double)lua_tonumber(e->L, idx), tmp);
+    if (n == 0)
         return fail(e, "cannot encode NaN or infinity");
-    if (v == floor(v) && fabs(v) < 9.2e18) { /* integral: exact, as an integer */
-        n = esx_format_i64(tmp, (long long)v);
-        return put(e, tmp, n);
-    }
-    int len = 0;
-    for (int digits = 15; digits <= 17; digits++) {
-        len = snprintf(tmp, sizeof tmp, "%.*g", digits, v);
-        if (digits == 17 || strtod(tmp, NULL) == v)
-            break;
-    }
-    return put(e, tmp, (size_t)len);
+    return put(e, tmp, n);
 }
 
 /* The length of the table at idx as a JSON array, or -1 when it is an object (some key is not
