@@ -10,6 +10,7 @@
 #include "hash.h"
 #include "hex.h"
 #include "json.h"
+#include "json_special.h"
 
 static int is_ws(unsigned char c)
 {
@@ -675,40 +676,59 @@ fail:
     return rc;
 }
 
+/* 0: the byte stands for itself; 'u': \u00XX; otherwise the letter after the backslash. */
+static const char escape_of[256] = {
+    ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't',
+    [0x00] = 'u', [0x01] = 'u', [0x02] = 'u', [0x03] = 'u', [0x04] = 'u', [0x05] = 'u',
+    [0x06] = 'u', [0x07] = 'u', [0x0b] = 'u', [0x0e] = 'u', [0x0f] = 'u', [0x10] = 'u',
+    [0x11] = 'u', [0x12] = 'u', [0x13] = 'u', [0x14] = 'u', [0x15] = 'u', [0x16] = 'u',
+    [0x17] = 'u', [0x18] = 'u', [0x19] = 'u', [0x1a] = 'u', [0x1b] = 'u', [0x1c] = 'u',
+    [0x1d] = 'u', [0x1e] = 'u', [0x1f] = 'u', ['"'] = '"', ['\\'] = '\\',
+};
+
 int esx_json_write_str(esx_buf *out, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
-    size_t save = out->len, run = 0;
+    size_t save = out->len, run = 0; /* run: start of the bytes not written yet */
     int rc;
-    if ((rc = esx_buf_append(out, "\"", 1)) != ESX_BUF_OK)
-        return rc;
+    /* room for the text without escapes, written in place; an escape makes room again */
+    if (n > SIZE_MAX - 2 || (rc = esx_buf_reserve(out, n + 2)) != ESX_BUF_OK)
+        return n > SIZE_MAX - 2 ? ESX_BUF_TOOBIG : rc;
+    out->data[out->len++] = '"';
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-        size_t elen = 6;
-        if (c == '"' || c == '\\') {
-            esc[1] = (char)c;
-            elen = 2;
-        } else if (c == '\n' || c == '\t' || c == '\r') {
-            esc[1] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
-            elen = 2;
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        while (n - i >= 8) { /* plain text eight bytes at a time */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            uint64_t m = esx_json_special_bytes(w);
+            if (m) {
+                i += (size_t)__builtin_ctzll(m) >> 3;
+                break;
+            }
+            i += 8;
         }
-        if ((i > run && (rc = esx_buf_append(out, s + run, i - run)) != ESX_BUF_OK) ||
-            (rc = esx_buf_append(out, esc, elen)) != ESX_BUF_OK)
-            goto fail;
+        if (i >= n)
+            break;
+#endif
+        char x = escape_of[(unsigned char)s[i]];
+        if (x == 0)
+            continue;
+        unsigned char c = (unsigned char)s[i];
+        char esc[6] = {'\\', x, '0', '0', hex[c >> 4], hex[c & 15]};
+        if ((rc = esx_buf_append(out, s + run, i - run)) != ESX_BUF_OK ||
+            (rc = esx_buf_append(out, esc, x == 'u' ? 6 : 2)) != ESX_BUF_OK ||
+            (rc = esx_buf_reserve(out, n - i + 1)) != ESX_BUF_OK) {
+            out->len = save;
+            out->data[save] = '\0';
+            return rc;
+        }
         run = i + 1;
     }
-    if ((n > run && (rc = esx_buf_append(out, s + run, n - run)) != ESX_BUF_OK) ||
-        (rc = esx_buf_append(out, "\"", 1)) != ESX_BUF_OK)
-        goto fail;
+    memcpy(out->data + out->len, s + run, n - run);
+    out->len += n - run;
+    out->data[out->len++] = '"';
+    out->data[out->len] = '\0';
     return ESX_BUF_OK;
-fail:
-    out->len = save;
-    if (out->data)
-        out->data[save] = '\0';
-    return rc;
 }
 
 /* ---- duplicate member names ---- */

@@ -104,8 +104,9 @@ int esx_json_duplicate(const esx_json_val *v);
  * memory (names longer than 64 bytes with escapes). */
 int esx_json_same_name(const esx_json_val *a, const esx_json_val *b);
 
-/* Appends s (n bytes of valid UTF-8) as a JSON string with quotes, escaping '"', '\\' and
- * control bytes.  Returns as esx_buf_append (out->len unchanged on failure). */
+/* Appends s (n bytes, copied as they are: callers that need valid UTF-8 check it) as a JSON
+ * string with quotes, escaping '"', '\\' and control bytes (\b \f \n \r \t short, the others
+ * as \u00XX).  Returns as esx_buf_append (out->len unchanged on failure). */
 int esx_json_write_str(esx_buf *out, const char *s, size_t n);
 
 /* Length of the valid UTF-8 prefix of s[0..n): n when all of it is valid. */

@@ -8,13 +8,12 @@
  * 0.30000000000000004 instead of becoming 0.3).  '/' is not escaped.
  */
 #include <math.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "buf.h"
-#include "json_special.h"
+#include "json.h"
 #include "lclass.h"
 #include "ljson.h"
 
@@ -76,53 +75,13 @@ static inline int put1(enc *e, char c)
     return 0;
 }
 
-/* 0: the byte stands for itself; 'u': \u00XX; otherwise the letter after the backslash. */
-static const char escape_of[256] = {
-    ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't',
-    [0x00] = 'u', [0x01] = 'u', [0x02] = 'u', [0x03] = 'u', [0x04] = 'u', [0x05] = 'u',
-    [0x06] = 'u', [0x07] = 'u', [0x0b] = 'u', [0x0e] = 'u', [0x0f] = 'u', [0x10] = 'u',
-    [0x11] = 'u', [0x12] = 'u', [0x13] = 'u', [0x14] = 'u', [0x15] = 'u', [0x16] = 'u',
-    [0x17] = 'u', [0x18] = 'u', [0x19] = 'u', [0x1a] = 'u', [0x1b] = 'u', [0x1c] = 'u',
-    [0x1d] = 'u', [0x1e] = 'u', [0x1f] = 'u', ['"'] = '"', ['\\'] = '\\',
-};
-
 /* Bytes are copied as they are (like cjson, UTF-8 is not checked: Elasticsearch does). */
 static int string(enc *e, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
-    if (n > MAX_TEXT || room(e, n + 2) != 0) /* enough unless there are escapes */
-        return n > MAX_TEXT ? fail(e, "the JSON text would pass 1 GiB") : -1;
-    e->out.data[e->out.len++] = '"';
-    size_t run = 0; /* start of the bytes not written yet */
-    for (size_t i = 0; i < n; i++) {
-#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        while (n - i >= 8) { /* plain text eight bytes at a time */
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            uint64_t m = esx_json_special_bytes(w);
-            if (m) {
-                i += (size_t)__builtin_ctzll(m) >> 3;
-                break;
-            }
-            i += 8;
-        }
-        if (i >= n)
-            break;
-#endif
-        char x = escape_of[(unsigned char)s[i]];
-        if (x == 0)
-            continue;
-        unsigned char c = (unsigned char)s[i];
-        char esc[6] = {'\\', x, '0', '0', hex[c >> 4], hex[c & 15]};
-        if (put(e, s + run, i - run) != 0 || put(e, esc, x == 'u' ? 6 : 2) != 0 ||
-            room(e, n - i + 1) != 0)
-            return -1;
-        run = i + 1;
-    }
-    memcpy(e->out.data + e->out.len, s + run, n - run);
-    e->out.len += n - run;
-    e->out.data[e->out.len++] = '"';
-    return 0;
+    int rc = esx_json_write_str(&e->out, s, n);
+    if (rc == ESX_BUF_OK)
+        return 0;
+    return fail(e, rc == ESX_BUF_TOOBIG ? "the JSON text would pass 1 GiB" : "out of memory");
 }
 
 size_t esx_json_number_text(double v, char *out)
