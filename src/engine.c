@@ -769,14 +769,15 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     /* ESX_TRANSPORT=curl: every node through libcurl (diagnostics, and the specs of that path) */
     const char *transport = getenv("ESX_TRANSPORT");
     int curl_only = transport && strcmp(transport, "curl") == 0;
-    for (int i = 0; i < e->nodes.n && !curl_only; i++)
-        esx_eng_h1_node_setup(&e->h1n[i], e->nodes.v[i].url);
     /* One transport per client: with some nodes through libcurl, all are.  Each transport
      * can close only its own idle connections, so two of them could not keep max_total. */
-    for (int i = 0; i < e->nodes.n; i++)
-        if (!e->h1n[i].fast)
-            for (int j = 0; j < e->nodes.n; j++)
-                e->h1n[j].fast = 0;
+    int all_fast = !curl_only;
+    for (int i = 0; i < e->nodes.n && all_fast; i++) {
+        esx_eng_h1_node_setup(&e->h1n[i], e->nodes.v[i].url);
+        all_fast = e->h1n[i].fast;
+    }
+    for (int i = 0; i < e->nodes.n && !all_fast; i++)
+        e->h1n[i].fast = 0;
     if (cfg->username[0]) {
         char cred[sizeof cfg->username + sizeof cfg->password + 1];
         int n = snprintf(cred, sizeof cred, "%s:%s", cfg->username, cfg->password);
