@@ -16,6 +16,14 @@ local function same(x, y, path)
   end
 end
 
+-- a repeatable random source: rng(n) is 1..n
+local function lcg(seed)
+  return function(n)
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    return seed % n + 1
+  end
+end
+
 -- random JSON text with whitespace, escapes, unicode, numbers of every shape
 local function gen(rng, depth)
   local r = rng(10)
@@ -40,11 +48,7 @@ end
 
 describe("core.json_decode", function()
   it("decodes what lua-cjson decodes, to the same values", function()
-    local seed = 12345
-    local function rng(n)
-      seed = (seed * 1103515245 + 12345) % 2147483648
-      return seed % n + 1
-    end
+    local rng = lcg(12345)
     for _ = 1, 500 do
       local text = gen(rng, 0)
       same(cjson.decode(text), decode(text))
@@ -196,11 +200,7 @@ describe("core.json_encode", function()
   end
 
   it("encodes what lua-cjson encodes, to the same JSON values", function()
-    local seed = 4242
-    local function rng(n)
-      seed = (seed * 1103515245 + 12345) % 2147483648
-      return seed % n + 1
-    end
+    local rng = lcg(4242)
     for _ = 1, 1000 do
       local v = value(rng, 0)
       local text = assert(encode(v))
