@@ -348,6 +348,14 @@ describe("cache:read_articles_json(user_id, page_no)", function()
                     f = cjson.null, nan = cjson.null, read = true } }, got)
   end)
 
+  it("writes the short escapes, \\u00XX for other control characters, and number keys as strings", function()
+    local c = esx.cache{ load_readers = function() return { 1 } end,
+      load_page = function() return { { id = 1, t = 'q"\\\t\r\1\127', keys = { [2.5] = "a", [3] = "b", x = 1 } } } end }
+    local json = c:read_articles_json(1, 1)
+    assert.truthy(json:find('"t":"q\\"\\\\\\t\\r\\u0001\127"', 1, true), json)
+    assert.same({ ["2.5"] = "a", ["3"] = "b", x = 1 }, cjson.decode(json)[1].keys)
+  end)
+
   it("writes numbers that read back as the same number", function()
     local c = esx.cache{ load_readers = function() return { 1 } end,
       load_page = function() return { { id = 1, score = 0.1 + 0.2, big = 2^53, price = 19.99 } } end }

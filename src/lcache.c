@@ -18,6 +18,7 @@
 #include "cache.h"
 #include "lcache.h"
 #include "lclass.h"
+#include "json.h"
 #include "ljson.h"
 
 #define CACHE_MT "esx.cache"
@@ -77,37 +78,24 @@ static void drain(lua_State *L, lcache *lc)
 
 /* ---- page measuring and (shared mode) serialisation ------------------------------------ */
 
+/* A bounded output that keeps its first failure, so that a walk can write without checking
+ * each call and stop at its next check. */
 typedef struct {
-    char *buf;
-    size_t len, cap, limit;
-    int failed; /* over the limit, unsupported value, or out of memory */
-    int cycle;  /* JSON: failed because a table contains itself */
+    esx_buf out; /* out.max: the limit */
+    int failed;  /* over the limit, unsupported value, or out of memory */
+    int cycle;   /* JSON: failed because a table contains itself */
 } sbuf;
+
+static void sb_init(sbuf *b, size_t limit)
+{
+    esx_buf_init(&b->out, limit);
+    b->failed = b->cycle = 0;
+}
 
 static void sb_put(sbuf *b, const void *p, size_t n)
 {
-    if (b->failed)
-        return;
-    if (n > b->limit - b->len) {
+    if (!b->failed && esx_buf_append(&b->out, p, n) != ESX_BUF_OK)
         b->failed = 1;
-        return;
-    }
-    if (b->len + n > b->cap) {
-        size_t ncap = b->cap ? b->cap * 2 : 4096;
-        while (ncap < b->len + n)
-            ncap *= 2;
-        if (ncap > b->limit)
-            ncap = b->limit;
-        char *nb = realloc(b->buf, ncap);
-        if (nb == NULL) {
-            b->failed = 1;
-            return;
-        }
-        b->buf = nb;
-        b->cap = ncap;
-    }
-    memcpy(b->buf + b->len, p, n);
-    b->len += n;
 }
 
 static void sb_tag(sbuf *b, char t)
@@ -207,7 +195,7 @@ static size_t measure(lua_State *L, int idx, size_t limit)
 
 /* Serialises the value at idx into b (shared mode's hand-off).  Fails (b->failed) on
  * functions and userdata, on tables nested deeper than MAX_DEPTH -- so a cycle fails -- and
- * past b->limit; it stops at the first failure, so its cost is bounded by b->limit.  A table
+ * past the buffer's limit; it stops at the first failure, so its cost is bounded by that limit.  A table
  * referenced twice is written twice. */
 static void walk(lua_State *L, int idx, sbuf *b, int depth)
 {
@@ -249,7 +237,7 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
         }
         uint32_t count = 0;
         sb_tag(b, 't');
-        size_t count_at = b->len;
+        size_t count_at = b->out.len;
         sb_put(b, &count, 4);
         lua_pushnil(L);
         while (lua_next(L, idx) != 0) {
@@ -262,7 +250,7 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
                 return;
             }
         }
-        memcpy(b->buf + count_at, &count, 4);
+        memcpy(b->out.data + count_at, &count, 4);
         return;
     }
     default: /* functions, userdata (e.g. cjson.null): not serialisable */
@@ -341,51 +329,34 @@ static int unwalk(lua_State *L, const char **p, const char *e, int depth)
  * with the page:  u32 n | u64 ids[n] | u32 off[n + 1] | fragments.  Fragment i is article
  * i as a JSON object without its closing brace and without any "read" key, so that
  * read_json() answers with memcpy and one membership test per article.
- * Encoding: strings as bytes with ", \ and control characters escaped; integers exactly;
- * other finite numbers as core.json_encode writes them (ljson.h); NaN, infinities, functions, userdata (e.g.
- * cjson.null) and tables nested deeper than MAX_DEPTH as null; a table whose keys are exactly
+ * Encoding: strings by esx_json_write_str (json.h: bytes as they are, with ", \ and control
+ * characters escaped); integers exactly; other finite numbers as core.json_encode writes them
+ * (ljson.h); NaN, infinities, functions, userdata (e.g. cjson.null) and tables nested deeper than MAX_DEPTH as null; a table whose keys are exactly
  * 1..n (n > 0) as an array, any other as an object (number keys as strings, other key types
  * skipped; {} when empty). */
 
 static void json_string(sbuf *b, const char *s, size_t len)
 {
-    static const char hex[] = "0123456789abcdef";
-    sb_put(b, "\"", 1);
-    size_t start = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch >= 0x20 && ch != '"' && ch != '\\')
-            continue;
-        sb_put(b, s + start, i - start);
-        char esc[6] = {'\\', 'u', '0', '0', hex[ch >> 4], hex[ch & 15]};
-        if (ch == '"' || ch == '\\') {
-            esc[1] = (char)ch;
-            sb_put(b, esc, 2);
-        } else if (ch == '\n') {
-            sb_put(b, "\\n", 2);
-        } else {
-            sb_put(b, esc, 6);
-        }
-        start = i + 1;
-    }
-    sb_put(b, s + start, len - start);
-    sb_put(b, "\"", 1);
+    if (!b->failed && esx_json_write_str(&b->out, s, len) != ESX_BUF_OK)
+        b->failed = 1;
+}
+
+/* The text of the number at idx in num (40 bytes); its length, or 0 for NaN and infinities. */
+static size_t number_text(lua_State *L, int idx, char *num)
+{
+    if (esx_isinteger(L, idx))
+        return esx_format_i64(num, esx_tointeger(L, idx));
+    return esx_json_number_text((double)lua_tonumber(L, idx), num);
 }
 
 static void json_number(lua_State *L, int idx, sbuf *b)
 {
     char num[40];
-    int n;
-    if (esx_isinteger(L, idx)) {
-        n = snprintf(num, sizeof num, "%lld", esx_tointeger(L, idx));
-    } else {
-        n = (int)esx_json_number_text((double)lua_tonumber(L, idx), num);
-        if (n == 0) {
-            sb_put(b, "null", 4);
-            return;
-        }
-    }
-    sb_put(b, num, (size_t)n);
+    size_t n = number_text(L, idx, num);
+    if (n == 0)
+        sb_put(b, "null", 4);
+    else
+        sb_put(b, num, n);
 }
 
 /* The tables being encoded, outermost first: path[d] is the table at depth d. */
@@ -396,7 +367,7 @@ static void json_value(lua_State *L, int idx, sbuf *b, int depth, json_path path
 /* Encodes the table at idx; skip_read leaves out a "read" key; open leaves the object open
  * (no closing brace) and returns whether anything was written after the opening brace.
  * A table that contains itself (one of its ancestors in path) cannot be JSON: b fails with
- * b->cycle set.  Stops at the first failure, so its cost is bounded by b->limit. */
+ * b->cycle set.  Stops at the first failure, so its cost is bounded by the buffer's limit. */
 static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, int open,
                       json_path path)
 {
@@ -444,12 +415,12 @@ static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, 
             if (skip_read && klen == 4 && memcmp(k, "read", 4) == 0)
                 k = NULL;
         } else if (kt == LUA_TNUMBER) {
-            sbuf kb = {num, 0, sizeof num, sizeof num, 0, 0}; /* fits: never reallocated */
-            lua_pushvalue(L, -2);
-            json_number(L, -1, &kb);
-            lua_pop(L, 1);
+            klen = number_text(L, -2, num);
+            if (klen == 0) {
+                memcpy(num, "null", 4);
+                klen = 4;
+            }
             k = num;
-            klen = kb.len;
         }
         if (k != NULL) {
             if (!first)
@@ -509,7 +480,8 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     size_t head = 4 + (size_t)n * 8 + ((size_t)n + 1) * 4;
     if (head > limit)
         return NULL;
-    sbuf b = {NULL, 0, 0, limit, 0, 0};
+    sbuf b;
+    sb_init(&b, limit);
     sb_put(&b, &n, 4);
     for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
         lua_rawgeti(L, idx, (int)i + 1);
@@ -518,16 +490,16 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
         lua_pop(L, 2);
         sb_put(&b, &id, 8);
     }
-    size_t offs_at = b.len;
+    size_t offs_at = b.out.len;
     for (uint32_t i = 0; i <= n; i++) {
         uint32_t zero = 0;
         sb_put(&b, &zero, 4);
     }
-    size_t frags_at = b.len;
+    size_t frags_at = b.out.len;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t off = (uint32_t)(b.len - frags_at);
+        uint32_t off = (uint32_t)(b.out.len - frags_at);
         if (!b.failed)
-            memcpy(b.buf + offs_at + (size_t)i * 4, &off, 4);
+            memcpy(b.out.data + offs_at + (size_t)i * 4, &off, 4);
         lua_rawgeti(L, idx, (int)i + 1);
         json_path path = {NULL};
         json_table(L, lua_gettop(L), &b, 1, 1, 1, path);
@@ -535,15 +507,15 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
         if (b.failed)
             break;
     }
-    uint32_t end = (uint32_t)(b.len - frags_at);
+    uint32_t end = (uint32_t)(b.out.len - frags_at);
     if (!b.failed)
-        memcpy(b.buf + offs_at + (size_t)n * 4, &end, 4);
-    if (b.failed || b.len > UINT32_MAX) {
-        free(b.buf);
+        memcpy(b.out.data + offs_at + (size_t)n * 4, &end, 4);
+    if (b.failed || b.out.len > UINT32_MAX) {
+        free(b.out.data);
         return NULL;
     }
-    *blob_len = b.len;
-    return b.buf;
+    *blob_len = b.out.len;
+    return b.out.data;
 }
 
 /* Checks that the value at idx is a list of article tables with integer ids; pushes nothing.
@@ -654,15 +626,16 @@ static int l_page_put(lua_State *L)
     char msg[128];
     const char *bad = check_page(L, 3, msg, sizeof msg);
     if (has_ticket) {
-        sbuf b = {NULL, 0, 0, ESX_CACHE_SLOT_BYTES, 0, 0};
+        sbuf b;
+    sb_init(&b, ESX_CACHE_SLOT_BYTES);
         if (bad == NULL)
             walk(L, 3, &b, 0);
         else
             b.failed = 1;
         int ok = bad == NULL && !b.failed;
-        esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b.buf : NULL,
-                         ok ? b.len : 0, start_seq, now);
-        free(b.buf);
+        esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b.out.data : NULL,
+                         ok ? b.out.len : 0, start_seq, now);
+        free(b.out.data);
     }
     if (bad != NULL) {
         lua_pushnil(L);
@@ -924,18 +897,19 @@ static int l_read_json(lua_State *L)
 static int l_json(lua_State *L)
 {
     luaL_checkany(L, 1);
-    sbuf b = {NULL, 0, 0, (size_t)1 << 30, 0, 0};
+    sbuf b;
+    sb_init(&b, (size_t)1 << 30);
     json_path path = {NULL};
     json_value(L, 1, &b, 0, path);
     if (b.failed) {
-        free(b.buf);
+        free(b.out.data);
         lua_pushnil(L);
         lua_pushstring(L, b.cycle ? "a table contains itself (a cycle cannot be JSON)"
                                   : "the JSON text is larger than 1 GiB, or out of memory");
         return 2;
     }
-    lua_pushlstring(L, b.buf ? b.buf : "", b.len);
-    free(b.buf);
+    lua_pushlstring(L, b.out.data ? b.out.data : "", b.out.len);
+    free(b.out.data);
     return 1;
 }
 
