@@ -183,6 +183,11 @@ static const char *transport_kind(CURLcode rc, CURL *h, int *node_dead, int *ret
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_CLIENTCERT:
         return ESX_ECONNECT;
     case CURLE_OPERATION_TIMEDOUT:
         if (connect_time == 0)
@@ -196,6 +201,8 @@ static const char *transport_kind(CURLcode rc, CURL *h, int *node_dead, int *ret
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
     case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_UNSUPPORTED_PROTOCOL: /* node URLs are http(s): this is a reply that is not
+                                      * HTTP/1.x ("HTTP/0.9 when not allowed") */
         return ESX_ERESET;
     case CURLE_OUT_OF_MEMORY:
         *node_dead = *retryable = 0;
