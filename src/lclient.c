@@ -247,14 +247,16 @@ static int client_send(lua_State *L)
     }
     if (u->c == NULL || u->c->closed)
         return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
+    /* the userdata first: lua_newuserdata raises when out of memory, and a prepared
+     * request would then be lost */
+    lpending *p = lua_newuserdata(L, sizeof *p);
+    p->c = NULL;
+    p->req = NULL;
     char why[256];
     esx_request *req = esx_client_prepare(u->c, method, target, body, blen, ctype, extra, n_extra,
                                           max_retries, timeout, why);
     if (req == NULL)
         return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
-    lpending *p = lua_newuserdata(L, sizeof *p);
-    p->c = NULL;
-    p->req = NULL;
     const char *kind;
     if (esx_client_submit(u->c, req, &kind, why) != 0) {
         esx_request_unref(req);
