@@ -54,6 +54,21 @@ describe("esx.client", function()
       "esx.client: bad option 'hosts' (no node URL given)")
   end)
 
+  it("raises on a node URL with a port outside 1-65535 or an unclosed IPv6 address", function()
+    for _, url in ipairs{ "http://127.0.0.1:99999", "http://127.0.0.1:0", "http://127.0.0.1:",
+                          "http://127.0.0.1:92x0", "https://h:-1/p" } do
+      assert.has_error(function() esx.client{ hosts = { url } } end,
+        "esx.client: bad option 'hosts' (node URL has an invalid port (1-65535))", url)
+    end
+    for _, url in ipairs{ "http://[::1:9200", "http://[]:9200", "http://[::1]x" } do
+      assert.has_error(function() esx.client{ hosts = { url } } end,
+        'esx.client: bad option \'hosts\' (node URL has an invalid IPv6 address ("[address]:port"))', url)
+    end
+    for _, url in ipairs{ "http://127.0.0.1:65535", "http://[::1]:9200/es", "https://es.example", "http://[::1]" } do
+      assert(esx.client{ hosts = { url } }):close()
+    end
+  end)
+
   it("accepts hosts as one comma-separated string", function()
     local c = client{ hosts = srv.url .. ", http://127.0.0.1:1" }
     local s = c:stats()

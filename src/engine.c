@@ -672,9 +672,12 @@ static void *io_main(void *arg)
             esx_eng_on_transfer_done(e, req, rc, now);
         }
         esx_eng_h1_service(e, now);
+        /* freed slots go to waiting requests at once, retries first (as at the top of the
+         * loop, before expiring: a retry under pool_timeout 0 takes a free slot) ... */
+        start_waiting(e, now);
         expire(e, now);
-        start_waiting(e, now); /* freed slots and due retries go to waiting requests at once */
-        esx_eng_h1_service(e, now);    /* ... and their requests are written before the poll */
+        start_waiting(e, now);
+        esx_eng_h1_service(e, now); /* ... and their requests are written before the poll */
 
         long curl_ms = -1;
         curl_multi_timeout(e->multi, &curl_ms);
@@ -797,7 +800,11 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         snprintf(why, 256, "cannot create a curl multi handle");
         return NULL;
     }
-    curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)cfg->max_per_route);
+    /* libcurl's limit is per host and port, esx's per node: nodes that share a host (path
+     * prefixes behind one proxy) share libcurl's limit, which must never hold back a transfer
+     * esx has given a slot -- it would wait in libcurl's queue, outside pool_timeout */
+    curl_multi_setopt(e->multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+                      (long)cfg->max_per_route * esx_nodes_max_per_host(&e->nodes));
     curl_multi_setopt(e->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)cfg->max_total);
     curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, (long)cfg->max_total);
     atomic_store(&e->alive, 1);

@@ -1,6 +1,7 @@
 /*
  * node.c -- node URLs, liveness and selection (see node.h).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -86,6 +87,38 @@ int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char
                            "credentials as %%2F, or pass username and password");
         return -1;
     }
+    /* host: a name, an IPv4 address or a bracketed IPv6 one; port: 1-65535 when given */
+    const char *port_at = NULL, *name_end = host_end;
+    if (*host == '[') {
+        const char *close = memchr(host, ']', (size_t)(host_end - host));
+        if (close == NULL || close == host + 1 || (close + 1 < host_end && close[1] != ':')) {
+            snprintf(why, 256, "node URL has an invalid IPv6 address (\"[address]:port\")");
+            return -1;
+        }
+        name_end = close + 1;
+        port_at = close + 1 < host_end ? close + 2 : NULL;
+    } else {
+        const char *colon = memchr(host, ':', (size_t)(host_end - host));
+        if (colon) {
+            name_end = colon;
+            port_at = colon + 1;
+        }
+    }
+    long port = strncasecmp(url, "https", 5) == 0 ? 443 : 80;
+    if (port_at) {
+        size_t digits = (size_t)(host_end - port_at);
+        port = 0;
+        for (size_t i = 0; i < digits && port <= 65535; i++)
+            port = port_at[i] >= '0' && port_at[i] <= '9' ? port * 10 + (port_at[i] - '0') : -1;
+        if (digits == 0 || port < 1 || port > 65535) {
+            snprintf(why, 256, "node URL has an invalid port (1-65535)");
+            return -1;
+        }
+    }
+    if (name_end == host) {
+        snprintf(why, 256, "node URL has no host");
+        return -1;
+    }
     /* path prefix without trailing slashes */
     size_t path_len = strlen(host_end);
     while (path_len && host_end[path_len - 1] == '/')
@@ -100,10 +133,33 @@ int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char
         char c = url[i];
         node->url[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
     }
+    node->host_len = (int)(name_end - host);
+    node->port = (int)port;
     memcpy(node->url + scheme_len, host, host_len);
     memcpy(node->url + scheme_len + host_len, host_end, path_len);
     node->url[scheme_len + host_len + path_len] = '\0';
     return 0;
+}
+
+/* 1 when a and b are the same host and port (the unit of libcurl's per-host limit). */
+static int same_host(const esx_node *a, const esx_node *b)
+{
+    const char *ha = strstr(a->url, "://") + 3, *hb = strstr(b->url, "://") + 3;
+    return a->port == b->port && a->host_len == b->host_len &&
+           strncasecmp(ha, hb, (size_t)a->host_len) == 0;
+}
+
+int esx_nodes_max_per_host(const esx_nodes *nodes)
+{
+    int most = 1;
+    for (int i = 0; i < nodes->n; i++) {
+        int k = 0;
+        for (int j = 0; j < nodes->n; j++)
+            k += same_host(&nodes->v[i], &nodes->v[j]);
+        if (k > most)
+            most = k;
+    }
+    return most;
 }
 
 static int eligible(const esx_node *n, int64_t now)
@@ -156,9 +212,10 @@ int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tr
 
 void esx_node_failed(esx_node *node, int64_t now, int64_t backoff_min, int64_t backoff_max)
 {
-    node->failures++;
+    if (node->failures < INT_MAX)
+        node->failures++;
     int64_t delay = backoff_min;
-    for (int i = 1; i < node->failures && delay < backoff_max; i++)
+    for (int i = 1; i < node->failures && delay > 0 && delay < backoff_max; i++)
         delay *= 2;
     if (delay > backoff_max)
         delay = backoff_max;

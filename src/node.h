@@ -21,6 +21,8 @@ typedef struct esx_node {
     int failures;         /* consecutive failures */
     int64_t dead_until;   /* monotonic ms; meaningful when !alive */
     uint64_t requests;    /* attempts sent to this node */
+    int host_len;         /* the host's bytes after "scheme://" in url (brackets included) */
+    int port;             /* the port, given or the scheme's default */
 } esx_node;
 
 typedef struct esx_nodes {
@@ -33,8 +35,13 @@ typedef struct esx_nodes {
  * credentials stripped) and returns 0; the credentials, if any, are copied to user/pass
  * (each at least 256 bytes, "" when absent), %XX escapes decoded.  Returns -1 with a reason
  * in why (256 bytes, never the URL or its credentials) when the URL is not an http(s) URL,
- * is too long, or has an '@' after its host (credentials with an unencoded '/'). */
+ * is too long, has an '@' after its host (credentials with an unencoded '/'), an IPv6 address
+ * without its closing bracket, or a port outside 1-65535. */
 int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char *why);
+
+/* The most nodes that share one host and port (1 for distinct nodes; more when nodes differ
+ * only in their path prefix, or a URL is listed twice). */
+int esx_nodes_max_per_host(const esx_nodes *nodes);
 
 enum { ESX_PICK_OK = 0, ESX_PICK_BUSY = 1, ESX_PICK_NONE = 2 };
 
