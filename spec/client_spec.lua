@@ -695,6 +695,31 @@ describe("retries and nodes", function()
     c:close()
   end)
 
+  it("counts requests that fail together, in flight when the node died, as one failure", function()
+    local l = net.listener()
+    local c = client{ hosts = { l.url }, max_retries = 0, max_per_route = 5,
+                      dead_backoff_min = 60000, dead_backoff_max = 1800000 }
+    local pending, conns = {}, {}
+    for i = 1, 5 do pending[i] = assert(c:send("GET", "/" .. i)) end
+    for i = 1, 5 do
+      conns[i] = assert(l:accept(), "no connection " .. i)
+      assert(net.read_request(conns[i]))
+    end
+    for i = 1, 5 do conns[i]:close() end -- the node goes away with five requests on the wire
+    for i = 1, 5 do
+      assert.is_true(pending[i]:wait(5000))
+      local _, err = pending[i]:result()
+      assert.equal("reset", err.kind)
+    end
+    local n = c:stats().nodes[1]
+    assert.is_false(n.alive)
+    assert.equal(1, n.failures)
+    local wait = n.dead_until - socket.gettime() * 1000
+    assert.is_true(wait > 55000 and wait <= 61000, "dead for " .. wait)
+    c:close()
+    l:close()
+  end)
+
   it("doubles the dead time on each failure up to dead_backoff_max", function()
     local c = client{ hosts = { "http://127.0.0.1:" .. closed_port() }, max_retries = 3,
                       dead_backoff_min = 1000, dead_backoff_max = 4000 }

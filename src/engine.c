@@ -317,6 +317,7 @@ static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64
     req->tried |= 1ULL << node_index;
     req->state = ESX_REQ_ACTIVE;
     req->last_activity = now;
+    req->sent_marks = node->marks;
     esx_request_set_node(req, node->url);
     pthread_mutex_lock(&e->mu);
     node->in_flight++;
@@ -362,7 +363,8 @@ static int schedule_retry(esx_engine *e, esx_request *req, int64_t now, int64_t 
     return 1;
 }
 
-static void mark_node(esx_engine *e, int node_index, int ok, int64_t now)
+/* Records the outcome of req's attempt on node_index (-1: none). */
+static void mark_node(esx_engine *e, int node_index, const esx_request *req, int ok, int64_t now)
 {
     if (node_index < 0)
         return;
@@ -371,7 +373,7 @@ static void mark_node(esx_engine *e, int node_index, int ok, int64_t now)
     if (ok)
         esx_node_succeeded(node);
     else
-        esx_node_failed(node, now, e->cfg->dead_backoff_min, e->cfg->dead_backoff_max);
+        esx_node_failed(node, now, req->sent_marks, e->cfg->dead_backoff_min, e->cfg->dead_backoff_max);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -403,7 +405,7 @@ void esx_eng_on_response(esx_engine *e, esx_request *req, int node_index, int tr
         return;
     }
     if (is_retry_status(e->cfg, req->status)) {
-        mark_node(e, node_index, 0, now);
+        mark_node(e, node_index, req, 0, now);
         if (!schedule_retry(e, req, now, 0))
             esx_eng_finish(e, req, NULL, NULL);
         return;
@@ -415,7 +417,7 @@ void esx_eng_on_response(esx_engine *e, esx_request *req, int node_index, int tr
             esx_eng_finish(e, req, NULL, NULL);
         return;
     }
-    mark_node(e, node_index, 1, now);
+    mark_node(e, node_index, req, 1, now);
     esx_eng_finish(e, req, NULL, NULL);
 }
 
@@ -424,7 +426,7 @@ void esx_eng_on_failure(esx_engine *e, esx_request *req, int node_index, const c
                         int node_dead, int retryable, const char *msg, int64_t now)
 {
     if (node_dead)
-        mark_node(e, node_index, 0, now);
+        mark_node(e, node_index, req, 0, now);
     if (retryable && schedule_retry(e, req, now, 0))
         return;
     esx_eng_finish(e, req, kind, "%s", msg);

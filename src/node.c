@@ -210,8 +210,12 @@ int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tr
     return ESX_PICK_OK;
 }
 
-void esx_node_failed(esx_node *node, int64_t now, int64_t backoff_min, int64_t backoff_max)
+void esx_node_failed(esx_node *node, int64_t now, unsigned sent_marks, int64_t backoff_min,
+                     int64_t backoff_max)
 {
+    if (!node->alive && sent_marks != node->marks)
+        return; /* in flight when the node was marked dead: the same outage, counted once */
+    node->marks++;
     if (node->failures < INT_MAX)
         node->failures++;
     int64_t delay = backoff_min;

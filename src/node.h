@@ -3,8 +3,9 @@
  *
  * Selection is round-robin over live nodes that have a free connection slot.  A node that
  * fails to connect, resets a connection, or answers a retryable 5xx (retry_on_status) is dead
- * for min * 2^(failures-1) ms (capped at
- * max); once that time has passed it is tried again, and a success makes it alive.  When every
+ * for min * 2^(failures-1) ms (capped at max); once that time has passed it is tried again,
+ * and a success makes it alive.  Failures of attempts that were in flight when the node was
+ * marked dead are not counted again.  When every
  * node is dead, the one due soonest is tried rather than failing outright.
  */
 #ifndef ESX_NODE_H
@@ -20,6 +21,7 @@ typedef struct esx_node {
     int alive;
     int failures;         /* consecutive failures */
     int64_t dead_until;   /* monotonic ms; meaningful when !alive */
+    unsigned marks;       /* failures counted so far (attempts remember it when sent) */
     uint64_t requests;    /* attempts sent to this node */
     int host_len;         /* the host's bytes after "scheme://" in url (brackets included) */
     int port;             /* the port, given or the scheme's default */
@@ -52,8 +54,12 @@ enum { ESX_PICK_OK = 0, ESX_PICK_BUSY = 1, ESX_PICK_NONE = 2 };
 int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tried,
                    int resurrect, esx_node **out);
 
-/* Records a failure that makes the node dead (connect errors, resets, retryable 5xx). */
-void esx_node_failed(esx_node *node, int64_t now, int64_t backoff_min, int64_t backoff_max);
+/* Records a failure that makes the node dead (connect errors, resets, retryable 5xx) of an
+ * attempt sent when the node's `marks` was sent_marks.  An attempt that was already in flight
+ * when the node was marked dead adds no failure: concurrent requests failing together are one
+ * outage, not n. */
+void esx_node_failed(esx_node *node, int64_t now, unsigned sent_marks, int64_t backoff_min,
+                     int64_t backoff_max);
 
 /* Records a success: the node is alive again. */
 void esx_node_succeeded(esx_node *node);

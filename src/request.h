@@ -63,6 +63,7 @@ struct esx_request {
     uint64_t tried;             /* bit i: node i was tried in this call */
     int node;                   /* node index of the running attempt, -1 none */
     int64_t submitted_at, deadline, pool_deadline, retry_at, last_activity;
+    unsigned sent_marks;        /* its node's `marks` when the current attempt started */
     CURL *easy;                 /* the attempt's libcurl transfer, or NULL */
     void *h1;                   /* the attempt's plain HTTP/1.1 connection (h1conn.h), or NULL */
     int slot;                   /* the attempt holds a connection slot */
