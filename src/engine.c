@@ -649,8 +649,10 @@ static void *io_main(void *arg)
     esx_engine *e = arg;
     pthread_cleanup_push(mark_dead, e);
     while (!atomic_load(&e->stop)) {
-        if (atomic_load(&e->kill))
+        if (atomic_load(&e->kill)) {
+            esx_eng_thread_gone();
             pthread_exit(NULL); /* test hook: die with everything in flight */
+        }
         int64_t now = esx_now_ms();
         esx_eng_take_submissions(e, now);
         start_waiting(e, now); /* before expiring: pool_timeout 0 means "only if a slot is free" */
@@ -736,6 +738,7 @@ static void *io_main(void *arg)
     pthread_cleanup_pop(1);
     if (e->free_on_exit)
         free_rest(e); /* nobody else holds e: its client is gone and the thread detached */
+    esx_eng_thread_gone();
     return NULL;
 }
 
@@ -810,7 +813,9 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     curl_multi_setopt(e->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)cfg->max_total);
     curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, (long)cfg->max_total);
     atomic_store(&e->alive, 1);
+    esx_eng_thread_starting();
     if (pthread_create(&e->thread, NULL, io_main, e) != 0) {
+        esx_eng_thread_gone();
         curl_multi_cleanup(e->multi);
         pthread_mutex_destroy(&e->mu);
         free(e);
@@ -818,6 +823,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         return NULL;
     }
     e->thread_started = 1;
+    esx_eng_live_add(e);
     return e;
 }
 
@@ -890,6 +896,7 @@ void esx_engine_free(esx_engine *e)
 {
     if (e == NULL)
         return;
+    esx_eng_live_remove(e);
     atomic_store(&e->stop, 1);
     if (pthread_equal(pthread_self(), e->thread)) {
         /* Called from a completion callback on the I/O thread itself: joining would fail
@@ -910,6 +917,7 @@ void esx_engine_free(esx_engine *e)
 
 void esx_engine_salvage(esx_engine *e, esx_engine *to)
 {
+    esx_eng_live_remove(e);
     pthread_join(e->thread, NULL);
     esx_request *lists[4];
     pthread_mutex_lock(&e->mu);

@@ -4,6 +4,7 @@
  *   engine_curl.c     libcurl transfers
  *   engine_h1.c       esx's own plain HTTP/1.1 connections
  *   engine_waiters.c  the unix socket nginx waiters wait on
+ *   engine_exit.c     the process's engines, stopped before its exit handlers run
  *
  * Threading: `mu` guards the submission queue, the counters and the node states (which the
  * Lua side reads for stats).  Everything else -- the multi handle, the easy handles, the
@@ -64,6 +65,7 @@ struct esx_engine {
     pid_t pid;
     uint64_t generation;
     CURLM *multi;
+    esx_engine *live_prev, *live_next; /* engine_exit.c's list, under its lock */
 
     /* under mu */
     esx_request *sub_head, *sub_tail;
@@ -195,5 +197,13 @@ void esx_eng_accept_waiters(esx_engine *e);
 /* Reads waiter connection i; once it named a request (or broke) it leaves e->conns, the
  * last one taking index i. */
 void esx_eng_read_waiter(esx_engine *e, int i);
+
+/* engine_exit.c.  live_add: e (its thread started) is stopped by exit(); live_remove: before
+ * e is joined or freed.  thread_starting: before pthread_create (and thread_gone if it
+ * fails); thread_gone: the last thing an I/O thread does.  None fails. */
+void esx_eng_live_add(esx_engine *e);
+void esx_eng_live_remove(esx_engine *e);
+void esx_eng_thread_starting(void);
+void esx_eng_thread_gone(void);
 
 #endif
