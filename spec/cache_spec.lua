@@ -1268,6 +1268,30 @@ describe("shared = true (outside nginx: one process)", function()
       results[2][1])
   end)
 
+  it("hands a page over with its floats and integers apart (Lua 5.4 subtypes)", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      coroutine.yield()
+      return { { id = 1, score = 1.0, rank = 2, ratio = 0.5, big = 2 ^ 60 } }
+    end
+    local results = run_all{
+      function() return c:read_articles(7, 1) end,
+      function()
+        c._page_flights = {} -- "another worker": takes the page from the hand-off buffer
+        return c:read_articles(7, 1)
+      end,
+    }
+    assert.equal(1, loads)
+    local a = results[2][1][1]
+    assert.same({ id = 1, score = 1.0, rank = 2, ratio = 0.5, big = 2 ^ 60, read = true }, a)
+    if math.type then -- Lua 5.4; LuaJIT has one number type
+      assert.same({ "integer", "float", "integer", "float", "float" },
+        { math.type(a.id), math.type(a.score), math.type(a.rank), math.type(a.ratio), math.type(a.big) })
+    end
+  end)
+
   it("takes over a shared lock whose load began before an invalidation of its key", function()
     local c = new_cache(sample_db(), { shared = true })
     local snapshot = { 7 }

@@ -217,7 +217,14 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
         return;
     }
     case LUA_TNUMBER:
+        /* Lua 5.4: the subtype, so that 1.0 stays a float (and 1 an integer) on the other
+         * side; LuaJIT has no subtype, and an integral double goes as 'i' to come back the
+         * same double. */
+#if ESX_LUA51
         if (esx_isinteger(L, idx)) {
+#else
+        if (lua_isinteger(L, idx)) {
+#endif
             long long v = esx_tointeger(L, idx);
             sb_tag(b, 'i');
             sb_put(b, &v, 8);
