@@ -1292,6 +1292,29 @@ describe("shared = true (outside nginx: one process)", function()
     end
   end)
 
+  it("hands a page holding cjson.null over, but not one holding a full userdata", function()
+    for _, case in ipairs{ { value = cjson.null, loads = 1 }, { value = io.stdout, loads = 2 } } do
+      local c = new_cache(sample_db(), { shared = true })
+      local loads = 0
+      c._load_page = function()
+        loads = loads + 1
+        coroutine.yield()
+        return { { id = 1, subtitle = case.value, tags = { case.value } } }
+      end
+      local results = run_all{
+        function() return c:read_articles(7, 1) end,
+        function()
+          c._page_flights = {} -- "another worker"
+          return c:read_articles(7, 1)
+        end,
+      }
+      assert.equal(case.loads, loads)
+      assert.same({ { id = 1, subtitle = case.value, tags = { case.value }, read = true } }, results[2][1])
+      assert.equal(case.value, results[2][1][1].subtitle)
+      c:close()
+    end
+  end)
+
   it("takes over a shared lock whose load began before an invalidation of its key", function()
     local c = new_cache(sample_db(), { shared = true })
     local snapshot = { 7 }

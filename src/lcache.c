@@ -194,9 +194,10 @@ static size_t measure(lua_State *L, int idx, size_t limit)
 }
 
 /* Serialises the value at idx into b (shared mode's hand-off).  Fails (b->failed) on
- * functions and userdata, on tables nested deeper than MAX_DEPTH -- so a cycle fails -- and
- * past the buffer's limit; it stops at the first failure, so its cost is bounded by that limit.  A table
- * referenced twice is written twice. */
+ * functions, threads, userdata other than the NULL light userdata (cjson.null), on tables
+ * nested deeper than MAX_DEPTH -- so a cycle fails -- and past the buffer's limit; it stops
+ * at the first failure, so its cost is bounded by that limit.  A table referenced twice is
+ * written twice. */
 static void walk(lua_State *L, int idx, sbuf *b, int depth)
 {
     if (b->failed)
@@ -260,7 +261,16 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
         memcpy(b->out.data + count_at, &count, 4);
         return;
     }
-    default: /* functions, userdata (e.g. cjson.null): not serialisable */
+    case LUA_TLIGHTUSERDATA:
+        /* the NULL light userdata is cjson.null (and esx's JSON null): the only light
+         * userdata that means the same in every process */
+        if (lua_touserdata(L, idx) == NULL) {
+            sb_tag(b, 'n');
+            return;
+        }
+        b->failed = 1;
+        return;
+    default: /* functions, full userdata, threads: not serialisable */
         b->failed = 1;
         return;
     }
@@ -306,6 +316,9 @@ static int unwalk(lua_State *L, const char **p, const char *e, int depth)
     case 'T':
     case 'F':
         lua_pushboolean(L, t == 'T');
+        return 0;
+    case 'n':
+        lua_pushlightuserdata(L, NULL);
         return 0;
     case 't': {
         uint32_t n;
