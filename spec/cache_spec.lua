@@ -339,6 +339,16 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.equal(2, db.page_loads)
   end)
 
+  it("answers an empty page with [] whether it is cached or not", function()
+    for _, extra in ipairs{ {}, { max_pages = 1 }, { max_bytes = 0 } } do
+      local c = esx.cache{ load_page = function() return {} end, load_readers = function() return {} end,
+        max_pages = extra.max_pages, max_bytes = extra.max_bytes }
+      assert.equal("[]", c:read_articles_json(1, 1)) -- cached, except with max_bytes = 0
+      assert.equal("[]", c:read_articles_json(1, 2)) -- beyond max_pages = 1
+      assert.equal("[]", c:read_articles_json(1, 2))
+    end
+  end)
+
   it("escapes strings and encodes nested values, replacing what JSON cannot hold by null", function()
     local c = esx.cache{ load_readers = function() return { 1 } end,
       load_page = function() return { { id = 1, t = 'a"b\\c\n\1', list = { 1, 2.5, true }, obj = { k = "v" },

@@ -403,6 +403,7 @@ function Cache:read_articles_json(user_id, page_no)
   if not self._cc then return closed_error() end
   local res, err = compose(self, page, user_id, lists)
   if not res then return nil, err end
+  if res[1] == nil then return "[]" end -- (the encoder writes an empty table as {})
   local json, why = json_encode(res)
   if not json then -- a cycle in the page (read_articles serves it; JSON cannot)
     return nil, make_error("load", "cannot encode the page from load_page as JSON: " .. why)
