@@ -222,6 +222,20 @@ describe("cache:read_articles(user_id, page_no)", function()
     assert.equal(0, c:stats().pages.entries)
   end)
 
+  it("returns nil, err when an article's id is not its own field (metatables are not consulted)", function()
+    local Article = { __index = function(t, k) if k == "id" then return rawget(t, "_id") end end }
+    for _, shared in ipairs{ false, true } do
+      local c = esx.cache{ shared = shared, load_readers = function() return {} end,
+        load_page = function(p) return { { id = 9 }, setmetatable({ _id = p }, Article) } end }
+      local list, err = c:read_articles(1, 1)
+      assert.is_nil(list)
+      assert.same({ "load", "bad data from load_page: article 2 has no integer id in [0, 2^53)" },
+        { err.kind, err.message })
+      assert.equal(0, c:stats().pages.entries)
+      c:close()
+    end
+  end)
+
   it("returns nil, err when load_readers returns bad data", function()
     local c = esx.cache{ load_page = function() return { { id = 1 } } end,
       load_readers = function() return { 1, 2, -3 } end }
@@ -1323,6 +1337,66 @@ describe("shared = true (outside nginx: one process)", function()
       assert.equal(case.value, results[2][1][1].subtitle)
       c:close()
     end
+  end)
+
+  -- The cache's core is wrapped to count (and bound) the polls of the shared lock.
+  local function counting_core(c, poll)
+    local cc, n = c._cc, { polls = 0 }
+    c._cc = setmetatable({}, { __index = function(_, k)
+      if k == "poll" then
+        return function(_, ...)
+          n.polls = n.polls + 1
+          assert(n.polls <= 100, "polled the shared lock 100 times: a busy loop")
+          return (poll or cc.poll)(cc, ...)
+        end
+      end
+      local v = cc[k]
+      if type(v) == "function" then return function(_, ...) return v(cc, ...) end end
+      return v
+    end })
+    return n
+  end
+
+  it("does not spin on a shared page whose article ids come from a metatable", function()
+    local Article = { __index = function(t, k) if k == "id" then return rawget(t, "_id") end end }
+    local waits = 0
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 600, page_ttl = 60000,
+      wait = function() waits = waits + 1 return true end })
+    c._load_page = function(p) return { setmetatable({ _id = p, title = "t" }, Article) } end
+    local message = "bad data from load_page: article 1 has no integer id in [0, 2^53)"
+    for _, p in ipairs{ 1, 2 } do -- (without the check: page 2 evicts page 1 here, not from
+      local list, err = c:read_articles(1, p) -- the slot, whose copy lost its metatables)
+      assert.is_nil(list)
+      assert.same({ "load", message }, { err.kind, err.message })
+    end
+    local n = counting_core(c)
+    local list, err = c:read_articles(1, 1)
+    assert.is_nil(list)
+    assert.same({ "load", message }, { err.kind, err.message })
+    assert.same({ 0, 0 }, { n.polls, waits }) -- nothing was published: the lock is free
+  end)
+
+  it("waits, within lock_timeout, when a result it could not take is offered again", function()
+    local db = sample_db()
+    local waits = 0
+    local c = new_cache(db, { shared = true, wait = function() waits = waits + 1 return false end })
+    local cc = c._cc
+    local n = counting_core(c, function() return "gone" end)
+    local real_lock = cc.lock
+    getmetatable(c._cc).__index = (function(index)
+      return function(t, k)
+        if k == "lock" then -- the same published result, every time
+          return function(_, kind, key, ...)
+            real_lock(cc, kind, key, ...)
+            return "busy", 4242
+          end
+        end
+        return index(t, k)
+      end
+    end)(getmetatable(c._cc).__index)
+    assert.same({ true }, { c:has_read(1, 7) })
+    assert.same({ 1, 1 }, { n.polls, waits }) -- polled once, paused (could not): loaded itself
+    assert.equal(1, db.readers_loads)
   end)
 
   it("takes over a shared lock whose load began before an invalidation of its key", function()

@@ -505,7 +505,8 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     sb_put(&b, &n, 4);
     for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
         lua_rawgeti(L, idx, (int)i + 1);
-        lua_getfield(L, -1, "id");
+        lua_pushliteral(L, "id");
+        lua_rawget(L, -2);
         uint64_t id = (uint64_t)esx_tointeger(L, -1);
         lua_pop(L, 2);
         sb_put(&b, &id, 8);
@@ -538,8 +539,10 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     return b.out.data;
 }
 
-/* Checks that the value at idx is a list of article tables with integer ids; pushes nothing.
- * Returns NULL or a static message naming what is wrong. */
+/* Checks that the value at idx is a list of article tables with integer ids (raw fields:
+ * metatables are not consulted, as nothing else here follows them -- a page handed to
+ * another worker travels without them); pushes nothing.  Returns NULL or a message naming
+ * what is wrong (static, or written into msg). */
 static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
 {
     if (!lua_istable(L, idx))
@@ -552,7 +555,8 @@ static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
             lua_pop(L, 1);
             return msg;
         }
-        lua_getfield(L, -1, "id");
+        lua_pushliteral(L, "id"); /* raw, as walk() and measure() see it: not via __index */
+        lua_rawget(L, -2);
         int ok = esx_isinteger(L, -1) && esx_tointeger(L, -1) >= 0 &&
                  esx_tointeger(L, -1) <= ESX_MAX_SAFE_INTEGER;
         lua_pop(L, 2);
@@ -791,7 +795,8 @@ static int l_read_flags(lua_State *L)
                 lua_insert(L, -2);
                 lua_rawset(L, 8);
             }
-            lua_getfield(L, 7, "id");
+            lua_pushliteral(L, "id");
+            lua_rawget(L, 7);
         } else {
             lua_pushnil(L);
         }
@@ -961,7 +966,9 @@ static int l_unlock(lua_State *L)
 
 /* ud:poll(kind, key, ticket, now) -> "busy" | "gone" | "done", value
  * On "done" the published result is installed locally: value is the page list (pages) or
- * whether the set could be cached (readers). */
+ * whether the set could be cached (readers).  "gone": the holder failed, died or was
+ * overtaken by an invalidation, or its result cannot be taken here -- then it is withdrawn
+ * from the slot, so that the next lock is acquired rather than offered it again. */
 static int l_poll(lua_State *L)
 {
     lcache *lc = check_open(L);
@@ -986,17 +993,13 @@ static int l_poll(lua_State *L)
     if (kind == ESX_CACHE_PAGE) {
         const char *p = data;
         int top = lua_gettop(L);
-        if (unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
-            !lua_istable(L, -1)) {
-            free(data);
-            lua_settop(L, top);
-            lua_pushliteral(L, "gone");
-            return 1;
-        }
-        free(data);
         char msg[128];
-        if (check_page(L, -1, msg, sizeof msg) != NULL) {
+        int bad = unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
+                  !lua_istable(L, -1) || check_page(L, -1, msg, sizeof msg) != NULL;
+        free(data);
+        if (bad) { /* withdrawn, or every later lock would offer it again: a busy loop */
             lua_settop(L, top);
+            esx_cache_lock_discard(lc->core, kind, key, ticket);
             lua_pushliteral(L, "gone");
             return 1;
         }
@@ -1007,7 +1010,8 @@ static int l_poll(lua_State *L)
     }
     esx_rset *s = esx_rset_deserialize(data, len);
     free(data);
-    if (s == NULL) {
+    if (s == NULL) { /* malformed, or out of memory: withdrawn, as a page above */
+        esx_cache_lock_discard(lc->core, kind, key, ticket);
         lua_pushliteral(L, "gone");
         return 1;
     }

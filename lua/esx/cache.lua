@@ -169,18 +169,27 @@ end
 --   "acquired", ticket   -- we load and must publish or release
 --   "done", value        -- another process's result, installed locally
 --   "none"               -- load without coordination
+-- Every path back to cc:lock passes the deadline check, and a lock that offers again the
+-- ticket that just went "gone" is waited on: the core withdraws a result that cannot be
+-- taken, but nothing here may turn into a busy loop if one were offered again.
 local function shared_lock(self, kind, key)
   local cc = self._cc
   local deadline = core_clock() + self._lock_timeout
+  local attempt, gone = 0, nil
   while true do
     local st, ticket = cc:lock(kind, key, self._lock_timeout, self._clock())
     if st ~= "busy" then return st, ticket end
-    local attempt = 0
+    if ticket == gone then -- offered the same result again: pause before polling it
+      if core_clock() > deadline or not self._wait(attempt) then return "none" end
+      attempt = attempt + 1
+    end
     while true do
       local s, value = cc:poll(kind, key, ticket, self._clock())
       if s == "done" then return "done", value end
-      if s == "gone" then break end -- the holder failed or died: try to take the lock
-      if core_clock() > deadline or not self._wait(attempt) then return "none" end
+      if core_clock() > deadline then return "none" end
+      -- "gone": the holder failed or died, or its result cannot be taken: take the lock
+      if s == "gone" then gone = ticket break end
+      if not self._wait(attempt) then return "none" end
       attempt = attempt + 1
     end
   end
