@@ -521,6 +521,61 @@ describe("cache:mark_read(article_id, user_id)", function()
     assert.same({ 233, 345, 457, 459, 539 }, sizes(low, { 2 ^ 40 + 1, 2 ^ 41 + 1, 2 ^ 40 + 2, 2 ^ 42 + 65536 }))
   end)
 
+  -- The database has the read before mark_read is called; the load in flight read the
+  -- database before that.  A caller that marked and then joined that load must see its mark
+  -- when the set cannot be cached and it is answered from the loaded list.
+  local function join_after_mark(opts, readers, between)
+    local gate = false
+    local c = esx.cache{ max_bytes = opts.max_bytes, load_page = function() return {} end,
+      load_readers = function()
+        local snapshot = {}
+        for i, v in ipairs(readers) do snapshot[i] = v end
+        while not gate do coroutine.yield() end -- a slow query
+        return snapshot
+      end }
+    local a = coroutine.create(function() return c:has_read(1, 42) end)
+    assert(coroutine.resume(a)) -- the load starts
+    readers[#readers + 1] = 42 -- user 42 reads article 1: the database first,
+    opts.mark(c) -- then the cache
+    if between then between(c) end
+    local b = coroutine.create(function() return c:has_read(1, 42) end)
+    assert(coroutine.resume(b))
+    assert.equal("suspended", coroutine.status(b)) -- joined the load
+    gate = true
+    local _, read_a = coroutine.resume(a)
+    local ok, read_b, err = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.same({ true, true }, { read_a, read_b })
+    assert.is_nil(err)
+    assert.equal(1, c:stats().readers.loads)
+    return c
+  end
+
+  local function plain_mark(c) assert.is_true(c:mark_read(1, 42)) end
+  local function tx_mark(c)
+    local tx = c:transaction()
+    tx:mark_read(1, 42)
+    assert.is_true(tx:commit())
+  end
+
+  it("gives the mark to callers joining a load in flight when the set is larger than max_bytes", function()
+    for _, mark in ipairs{ plain_mark, tx_mark } do
+      local readers = {}
+      for i = 1, 5000 do readers[i] = i * 1000 end -- scattered: ~40 kB
+      local c = join_after_mark({ max_bytes = 2000, mark = mark }, readers)
+      assert.equal(0, c:stats().readers.entries)
+    end
+  end)
+
+  it("gives the mark to callers joining a load in flight when marks overran the change log", function()
+    for _, mark in ipairs{ plain_mark, tx_mark } do
+      local c = join_after_mark({ mark = mark }, { 5, 6 }, function(c)
+        for i = 1, 5000 do c:mark_read(1000 + i, 7) end -- other users' reads: past the log
+      end)
+      assert.equal(0, c:stats().readers.entries)
+    end
+  end)
+
   it("does nothing to an article that is not cached", function()
     local db = sample_db()
     local c = new_cache(db)

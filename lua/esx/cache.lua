@@ -111,8 +111,21 @@ local function default_wait()
   end
 end
 
+-- The loaded id list with the marks made while it loaded (a fresh table: the loader's own
+-- list is not modified).
+local function with_marks(list, marks)
+  local out, n = {}, #list
+  for i = 1, n do out[i] = list[i] end
+  for i = 1, #marks do out[n + i] = marks[i] end
+  return out
+end
+
 -- Runs load(self, key) once for concurrent callers of one key in this Lua state; returns the
--- in-flight record {value=, err=} every caller shares.  A caller never joins a load that
+-- in-flight record {value=, err=} every caller shares.  Marks made in this state while a
+-- reader-set load is in flight are recorded on its record (rec.marks, by note_mark) and
+-- added to the list it hands out: a caller that marked a read and then joined the load must
+-- see its mark even when the set cannot be cached (larger than max_bytes, or the marks
+-- overran the change log) and it is answered from the list.  A caller never joins a load that
 -- began before an invalidation of its key (in this process or, shared, in any): that load's
 -- result is older than the invalidation the caller may have seen, so it loads by itself.
 -- A record's deadline is its load's start + lock_timeout, whenever a waiter arrived: a load
@@ -160,6 +173,7 @@ local function single_flight(self, flights, kind, key, load, recheck)
       value, err = nil, make_error("load", "loader failed: " .. tostring(value))
     end
   end
+  if rec.marks and type(value) == "table" then value = with_marks(value, rec.marks) end
   rec.value, rec.err, rec.done = value, err, true
   if rec.sema and rec.waiters > 0 then rec.sema:post(rec.waiters) end
   return rec
@@ -192,6 +206,16 @@ local function shared_lock(self, kind, key)
       if not self._wait(attempt) then return "none" end
       attempt = attempt + 1
     end
+  end
+end
+
+-- Records mark_read(article, user) on the reader-set load of article in flight here, if any.
+local function note_mark(self, article, user)
+  local rec = self._readers_flights[article]
+  if rec then
+    local marks = rec.marks
+    if not marks then marks = {} rec.marks = marks end
+    marks[#marks + 1] = user
   end
 end
 
@@ -437,6 +461,7 @@ function Cache:mark_read(article_id, user_id)
   local cc = self._cc
   if not cc then return closed_error() end
   cc:apply({ OP_MARK, article_id, user_id })
+  note_mark(self, article_id, user_id)
   return true
 end
 
@@ -532,7 +557,11 @@ function Tx:commit()
   self._done = "committed"
   local cc = self._cache._cc
   if not cc then return closed_error() end
-  if #self._ops > 0 then cc:apply(self._ops) end
+  local ops = self._ops
+  if #ops > 0 then cc:apply(ops) end
+  for i = 1, #ops, 3 do
+    if ops[i] == OP_MARK then note_mark(self._cache, ops[i + 1], ops[i + 2]) end
+  end
   self._ops = nil
   return true
 end
