@@ -1512,6 +1512,66 @@ describe("shared = true (outside nginx: one process)", function()
     assert.equal(2, loads)
   end)
 
+  it("answers has_read from the set when the hand-off it shared was evicted before it looked", function()
+    local readers = { [1] = { 7, 8 }, [2] = {} }
+    for i = 1, 3000 do readers[2][i] = i * 977 end -- article 2: a set that pushes article 1 out
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 7500 })
+    local loads, gate = { 0, 0 }, false
+    c._load_readers = function(a)
+      loads[a] = loads[a] + 1
+      while a == 1 and not gate do coroutine.yield() end
+      return readers[a]
+    end
+    local function finish(co)
+      local ok, v, err
+      repeat ok, v, err = coroutine.resume(co) assert(ok, v) until coroutine.status(co) == "dead"
+      return v, err
+    end
+    local x = coroutine.create(function()
+      c._readers_flights = {} -- "another worker": holds the shared lock of article 1, loading
+      return c:has_read(1, 0)
+    end)
+    assert(coroutine.resume(x))
+    local flights = {} -- this worker: A waits on the shared lock, B joins A's load
+    local a = coroutine.create(function() c._readers_flights = flights return c:has_read(1, 7) end)
+    local b = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(a))
+    assert(coroutine.resume(b))
+    gate = true
+    assert.is_false(finish(x)) -- publishes article 1
+    assert.is_true(finish(a)) -- takes it from the slot: cached here
+    assert.is_false(c:has_read(2, 7)) -- a load that evicts article 1 before B looks
+    assert.equal(1, c:stats().readers.entries)
+    assert.same({ true }, { finish(b) }) -- not cached: B loads the list by itself
+    assert.same({ 2, 1 }, loads)
+  end)
+
+  it("returns nil, err (closed) to a caller whose shared hand-off was evicted and the cache closed", function()
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 7500 })
+    local gate = false
+    c._load_readers = function(a)
+      while a == 1 and not gate do coroutine.yield() end
+      return a == 1 and { 7 } or {}
+    end
+    local x = coroutine.create(function() c._readers_flights = {} return c:has_read(1, 0) end)
+    assert(coroutine.resume(x))
+    local flights = {}
+    local a = coroutine.create(function() c._readers_flights = flights return c:has_read(1, 7) end)
+    local b = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(a))
+    assert(coroutine.resume(b))
+    gate = true
+    assert(coroutine.resume(x))
+    assert(coroutine.resume(a))
+    assert.equal("dead", coroutine.status(a))
+    c:invalidate_article(1) -- (not cached when B looks)
+    c._load_readers = function() c:close() return { 7 } end -- closed while B loads by itself
+    local ok, v, err = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.is_nil(v)
+    assert.equal("closed", err.kind)
+  end)
+
   it("lets waiters load by themselves when the holder fails", function()
     local c = new_cache(sample_db(), { shared = true })
     local loads = 0

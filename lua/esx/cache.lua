@@ -240,14 +240,16 @@ local LOADS = {
 
 -- Loads (kind, key) with the user's loader and caches it; in shared mode under the shared
 -- lock, or takes another process's result.  Returns the loaded value, or (another process's
--- result, now cached here) its page list / true for a reader set; or nil, err.
+-- result, now cached here) its page list / true for a reader set; or nil, err.  With
+-- `alone`, no shared lock: the user's loader always runs, and a reader set comes back as
+-- its id list.
 -- The lock's ticket is recorded while the loader runs -- it may yield, and close() gives back
 -- the locks of the loads it cuts short, so that other processes take the key over at once
 -- rather than after lock_timeout.
-local function load(self, kind, key)
+local function load(self, kind, key, alone)
   local how = LOADS[kind]
   local cc, ticket = self._cc, nil
-  if self._shared then
+  if self._shared and not alone then
     local st, v = shared_lock(self, kind, key)
     if st == "done" and v then return v end
     if st == "acquired" then ticket = v end
@@ -275,6 +277,15 @@ end
 
 local function load_page(self, page_no) return load(self, PAGE, page_no) end
 local function load_readers(self, article) return load(self, READERS, article) end
+
+-- The reader set's id list, loaded by this caller alone (no single flight, no shared lock);
+-- errors as single_flight reports them.
+local function load_readers_alone(self, article)
+  local ok, list, err = pcall(load, self, READERS, article, true)
+  if ok then return list, err end
+  if self._cc == nil then return closed_error() end
+  return nil, make_error("load", "loader failed: " .. tostring(list))
+end
 
 -- What another caller may have cached while this one waited (single_flight's recheck).
 local function cached_page(self, page_no)
@@ -310,11 +321,16 @@ local function read_flag(self, article, user, counted, lists)
     if v ~= nil then return v end
     list = rec.value
     if type(list) ~= "table" then
-      -- another process's result could not be cached here: load it ourselves
+      -- The load was another process's result (`true`), installed here, and it is gone again
+      -- (a load that finished meanwhile evicted it), or it could not be cached here
+      -- (`false`).  Load the list by ourselves, without the shared lock -- which could hand
+      -- out the same result again -- and answer from it.
       local err
-      list, err = load_readers(self, article)
+      list, err = load_readers_alone(self, article)
       if not list then return nil, err end
-      if type(list) ~= "table" then return false end
+      if self._cc == nil then return closed_error() end
+      v = cc:has_read(article, user, self._clock(), true)
+      if v ~= nil then return v end
     end
     if lists then lists[article] = list end
   end
