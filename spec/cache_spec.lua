@@ -222,6 +222,20 @@ describe("cache:read_articles(user_id, page_no)", function()
     assert.equal(0, c:stats().pages.entries)
   end)
 
+  it("returns nil, err when an article's id is not its own field (metatables are not consulted)", function()
+    local Article = { __index = function(t, k) if k == "id" then return rawget(t, "_id") end end }
+    for _, shared in ipairs{ false, true } do
+      local c = esx.cache{ shared = shared, load_readers = function() return {} end,
+        load_page = function(p) return { { id = 9 }, setmetatable({ _id = p }, Article) } end }
+      local list, err = c:read_articles(1, 1)
+      assert.is_nil(list)
+      assert.same({ "load", "bad data from load_page: article 2 has no integer id in [0, 2^53)" },
+        { err.kind, err.message })
+      assert.equal(0, c:stats().pages.entries)
+      c:close()
+    end
+  end)
+
   it("returns nil, err when load_readers returns bad data", function()
     local c = esx.cache{ load_page = function() return { { id = 1 } } end,
       load_readers = function() return { 1, 2, -3 } end }
@@ -337,6 +351,16 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     local c = new_cache(db, { max_pages = 1 })
     assert.same(c:read_articles(8, 2), cjson.decode(c:read_articles_json(8, 2)))
     assert.equal(2, db.page_loads)
+  end)
+
+  it("answers an empty page with [] whether it is cached or not", function()
+    for _, extra in ipairs{ {}, { max_pages = 1 }, { max_bytes = 0 } } do
+      local c = esx.cache{ load_page = function() return {} end, load_readers = function() return {} end,
+        max_pages = extra.max_pages, max_bytes = extra.max_bytes }
+      assert.equal("[]", c:read_articles_json(1, 1)) -- cached, except with max_bytes = 0
+      assert.equal("[]", c:read_articles_json(1, 2)) -- beyond max_pages = 1
+      assert.equal("[]", c:read_articles_json(1, 2))
+    end
   end)
 
   it("escapes strings and encodes nested values, replacing what JSON cannot hold by null", function()
@@ -495,6 +519,61 @@ describe("cache:mark_read(article_id, user_id)", function()
       sizes(scattered, { 2, 65536 * 7 + 9, 65536 * 9000 + 1, 3 }))
     -- ids >= 2^32 add parts (a bitmap each, and the part table)
     assert.same({ 233, 345, 457, 459, 539 }, sizes(low, { 2 ^ 40 + 1, 2 ^ 41 + 1, 2 ^ 40 + 2, 2 ^ 42 + 65536 }))
+  end)
+
+  -- The database has the read before mark_read is called; the load in flight read the
+  -- database before that.  A caller that marked and then joined that load must see its mark
+  -- when the set cannot be cached and it is answered from the loaded list.
+  local function join_after_mark(opts, readers, between)
+    local gate = false
+    local c = esx.cache{ max_bytes = opts.max_bytes, load_page = function() return {} end,
+      load_readers = function()
+        local snapshot = {}
+        for i, v in ipairs(readers) do snapshot[i] = v end
+        while not gate do coroutine.yield() end -- a slow query
+        return snapshot
+      end }
+    local a = coroutine.create(function() return c:has_read(1, 42) end)
+    assert(coroutine.resume(a)) -- the load starts
+    readers[#readers + 1] = 42 -- user 42 reads article 1: the database first,
+    opts.mark(c) -- then the cache
+    if between then between(c) end
+    local b = coroutine.create(function() return c:has_read(1, 42) end)
+    assert(coroutine.resume(b))
+    assert.equal("suspended", coroutine.status(b)) -- joined the load
+    gate = true
+    local _, read_a = coroutine.resume(a)
+    local ok, read_b, err = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.same({ true, true }, { read_a, read_b })
+    assert.is_nil(err)
+    assert.equal(1, c:stats().readers.loads)
+    return c
+  end
+
+  local function plain_mark(c) assert.is_true(c:mark_read(1, 42)) end
+  local function tx_mark(c)
+    local tx = c:transaction()
+    tx:mark_read(1, 42)
+    assert.is_true(tx:commit())
+  end
+
+  it("gives the mark to callers joining a load in flight when the set is larger than max_bytes", function()
+    for _, mark in ipairs{ plain_mark, tx_mark } do
+      local readers = {}
+      for i = 1, 5000 do readers[i] = i * 1000 end -- scattered: ~40 kB
+      local c = join_after_mark({ max_bytes = 2000, mark = mark }, readers)
+      assert.equal(0, c:stats().readers.entries)
+    end
+  end)
+
+  it("gives the mark to callers joining a load in flight when marks overran the change log", function()
+    for _, mark in ipairs{ plain_mark, tx_mark } do
+      local c = join_after_mark({ mark = mark }, { 5, 6 }, function(c)
+        for i = 1, 5000 do c:mark_read(1000 + i, 7) end -- other users' reads: past the log
+      end)
+      assert.equal(0, c:stats().readers.entries)
+    end
   end)
 
   it("does nothing to an article that is not cached", function()
@@ -1268,6 +1347,113 @@ describe("shared = true (outside nginx: one process)", function()
       results[2][1])
   end)
 
+  it("hands a page over with its floats and integers apart (Lua 5.4 subtypes)", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      coroutine.yield()
+      return { { id = 1, score = 1.0, rank = 2, ratio = 0.5, big = 2 ^ 60 } }
+    end
+    local results = run_all{
+      function() return c:read_articles(7, 1) end,
+      function()
+        c._page_flights = {} -- "another worker": takes the page from the hand-off buffer
+        return c:read_articles(7, 1)
+      end,
+    }
+    assert.equal(1, loads)
+    local a = results[2][1][1]
+    assert.same({ id = 1, score = 1.0, rank = 2, ratio = 0.5, big = 2 ^ 60, read = true }, a)
+    if math.type then -- Lua 5.4; LuaJIT has one number type
+      assert.same({ "integer", "float", "integer", "float", "float" },
+        { math.type(a.id), math.type(a.score), math.type(a.rank), math.type(a.ratio), math.type(a.big) })
+    end
+  end)
+
+  it("hands a page holding cjson.null over, but not one holding a full userdata", function()
+    for _, case in ipairs{ { value = cjson.null, loads = 1 }, { value = io.stdout, loads = 2 } } do
+      local c = new_cache(sample_db(), { shared = true })
+      local loads = 0
+      c._load_page = function()
+        loads = loads + 1
+        coroutine.yield()
+        return { { id = 1, subtitle = case.value, tags = { case.value } } }
+      end
+      local results = run_all{
+        function() return c:read_articles(7, 1) end,
+        function()
+          c._page_flights = {} -- "another worker"
+          return c:read_articles(7, 1)
+        end,
+      }
+      assert.equal(case.loads, loads)
+      assert.same({ { id = 1, subtitle = case.value, tags = { case.value }, read = true } }, results[2][1])
+      assert.equal(case.value, results[2][1][1].subtitle)
+      c:close()
+    end
+  end)
+
+  -- The cache's core is wrapped to count (and bound) the polls of the shared lock.
+  local function counting_core(c, poll)
+    local cc, n = c._cc, { polls = 0 }
+    c._cc = setmetatable({}, { __index = function(_, k)
+      if k == "poll" then
+        return function(_, ...)
+          n.polls = n.polls + 1
+          assert(n.polls <= 100, "polled the shared lock 100 times: a busy loop")
+          return (poll or cc.poll)(cc, ...)
+        end
+      end
+      local v = cc[k]
+      if type(v) == "function" then return function(_, ...) return v(cc, ...) end end
+      return v
+    end })
+    return n
+  end
+
+  it("does not spin on a shared page whose article ids come from a metatable", function()
+    local Article = { __index = function(t, k) if k == "id" then return rawget(t, "_id") end end }
+    local waits = 0
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 600, page_ttl = 60000,
+      wait = function() waits = waits + 1 return true end })
+    c._load_page = function(p) return { setmetatable({ _id = p, title = "t" }, Article) } end
+    local message = "bad data from load_page: article 1 has no integer id in [0, 2^53)"
+    for _, p in ipairs{ 1, 2 } do -- (without the check: page 2 evicts page 1 here, not from
+      local list, err = c:read_articles(1, p) -- the slot, whose copy lost its metatables)
+      assert.is_nil(list)
+      assert.same({ "load", message }, { err.kind, err.message })
+    end
+    local n = counting_core(c)
+    local list, err = c:read_articles(1, 1)
+    assert.is_nil(list)
+    assert.same({ "load", message }, { err.kind, err.message })
+    assert.same({ 0, 0 }, { n.polls, waits }) -- nothing was published: the lock is free
+  end)
+
+  it("waits, within lock_timeout, when a result it could not take is offered again", function()
+    local db = sample_db()
+    local waits = 0
+    local c = new_cache(db, { shared = true, wait = function() waits = waits + 1 return false end })
+    local cc = c._cc
+    local n = counting_core(c, function() return "gone" end)
+    local real_lock = cc.lock
+    getmetatable(c._cc).__index = (function(index)
+      return function(t, k)
+        if k == "lock" then -- the same published result, every time
+          return function(_, kind, key, ...)
+            real_lock(cc, kind, key, ...)
+            return "busy", 4242
+          end
+        end
+        return index(t, k)
+      end
+    end)(getmetatable(c._cc).__index)
+    assert.same({ true }, { c:has_read(1, 7) })
+    assert.same({ 1, 1 }, { n.polls, waits }) -- polled once, paused (could not): loaded itself
+    assert.equal(1, db.readers_loads)
+  end)
+
   it("takes over a shared lock whose load began before an invalidation of its key", function()
     local c = new_cache(sample_db(), { shared = true })
     local snapshot = { 7 }
@@ -1324,6 +1510,66 @@ describe("shared = true (outside nginx: one process)", function()
     assert.is_true(ok)
     assert.equal(2, #list_b)
     assert.equal(2, loads)
+  end)
+
+  it("answers has_read from the set when the hand-off it shared was evicted before it looked", function()
+    local readers = { [1] = { 7, 8 }, [2] = {} }
+    for i = 1, 3000 do readers[2][i] = i * 977 end -- article 2: a set that pushes article 1 out
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 7500 })
+    local loads, gate = { 0, 0 }, false
+    c._load_readers = function(a)
+      loads[a] = loads[a] + 1
+      while a == 1 and not gate do coroutine.yield() end
+      return readers[a]
+    end
+    local function finish(co)
+      local ok, v, err
+      repeat ok, v, err = coroutine.resume(co) assert(ok, v) until coroutine.status(co) == "dead"
+      return v, err
+    end
+    local x = coroutine.create(function()
+      c._readers_flights = {} -- "another worker": holds the shared lock of article 1, loading
+      return c:has_read(1, 0)
+    end)
+    assert(coroutine.resume(x))
+    local flights = {} -- this worker: A waits on the shared lock, B joins A's load
+    local a = coroutine.create(function() c._readers_flights = flights return c:has_read(1, 7) end)
+    local b = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(a))
+    assert(coroutine.resume(b))
+    gate = true
+    assert.is_false(finish(x)) -- publishes article 1
+    assert.is_true(finish(a)) -- takes it from the slot: cached here
+    assert.is_false(c:has_read(2, 7)) -- a load that evicts article 1 before B looks
+    assert.equal(1, c:stats().readers.entries)
+    assert.same({ true }, { finish(b) }) -- not cached: B loads the list by itself
+    assert.same({ 2, 1 }, loads)
+  end)
+
+  it("returns nil, err (closed) to a caller whose shared hand-off was evicted and the cache closed", function()
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 7500 })
+    local gate = false
+    c._load_readers = function(a)
+      while a == 1 and not gate do coroutine.yield() end
+      return a == 1 and { 7 } or {}
+    end
+    local x = coroutine.create(function() c._readers_flights = {} return c:has_read(1, 0) end)
+    assert(coroutine.resume(x))
+    local flights = {}
+    local a = coroutine.create(function() c._readers_flights = flights return c:has_read(1, 7) end)
+    local b = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(a))
+    assert(coroutine.resume(b))
+    gate = true
+    assert(coroutine.resume(x))
+    assert(coroutine.resume(a))
+    assert.equal("dead", coroutine.status(a))
+    c:invalidate_article(1) -- (not cached when B looks)
+    c._load_readers = function() c:close() return { 7 } end -- closed while B loads by itself
+    local ok, v, err = coroutine.resume(b)
+    assert.is_true(ok)
+    assert.is_nil(v)
+    assert.equal("closed", err.kind)
   end)
 
   it("lets waiters load by themselves when the holder fails", function()

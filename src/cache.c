@@ -692,6 +692,18 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
     return rc;
 }
 
+void esx_cache_lock_discard(esx_cache *c, int kind, uint64_t key, uint64_t ticket)
+{
+    if (!c->cfg.shared)
+        return;
+    char *buf;
+    struct slot *s = slot_of(c, kind, key, &buf);
+    rg_lock(c);
+    if (s->state == SLOT_DONE && s->ticket == ticket && s->kind == (uint32_t)kind && s->key == key)
+        s->state = SLOT_FREE;
+    rg_unlock(c);
+}
+
 /* ---- life cycle ------------------------------------------------------------------------- */
 
 esx_cache *esx_cache_new(const esx_cache_config *cfg, char *err, size_t errlen)

@@ -166,6 +166,12 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
 int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, double clock_now,
                         void **data, size_t *len, uint64_t *start_seq, double *age_ms);
 
+/* Withdraws a result published under ticket that the caller got from esx_cache_lock_poll
+ * but could not take (it did not decode, or is not a valid page), so that esx_cache_lock
+ * never offers it again: the next caller takes the lock and loads.  A no-op when the slot
+ * has moved on (another ticket, or no longer published).  Never fails. */
+void esx_cache_lock_discard(esx_cache *c, int kind, uint64_t key, uint64_t ticket);
+
 /* Milliseconds of CLOCK_MONOTONIC: the default clock outside nginx. */
 double esx_cache_now_ms(void);
 

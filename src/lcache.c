@@ -194,9 +194,10 @@ static size_t measure(lua_State *L, int idx, size_t limit)
 }
 
 /* Serialises the value at idx into b (shared mode's hand-off).  Fails (b->failed) on
- * functions and userdata, on tables nested deeper than MAX_DEPTH -- so a cycle fails -- and
- * past the buffer's limit; it stops at the first failure, so its cost is bounded by that limit.  A table
- * referenced twice is written twice. */
+ * functions, threads, userdata other than the NULL light userdata (cjson.null), on tables
+ * nested deeper than MAX_DEPTH -- so a cycle fails -- and past the buffer's limit; it stops
+ * at the first failure, so its cost is bounded by that limit.  A table referenced twice is
+ * written twice. */
 static void walk(lua_State *L, int idx, sbuf *b, int depth)
 {
     if (b->failed)
@@ -217,7 +218,14 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
         return;
     }
     case LUA_TNUMBER:
+        /* Lua 5.4: the subtype, so that 1.0 stays a float (and 1 an integer) on the other
+         * side; LuaJIT has no subtype, and an integral double goes as 'i' to come back the
+         * same double. */
+#if ESX_LUA51
         if (esx_isinteger(L, idx)) {
+#else
+        if (lua_isinteger(L, idx)) {
+#endif
             long long v = esx_tointeger(L, idx);
             sb_tag(b, 'i');
             sb_put(b, &v, 8);
@@ -253,7 +261,16 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
         memcpy(b->out.data + count_at, &count, 4);
         return;
     }
-    default: /* functions, userdata (e.g. cjson.null): not serialisable */
+    case LUA_TLIGHTUSERDATA:
+        /* the NULL light userdata is cjson.null (and esx's JSON null): the only light
+         * userdata that means the same in every process */
+        if (lua_touserdata(L, idx) == NULL) {
+            sb_tag(b, 'n');
+            return;
+        }
+        b->failed = 1;
+        return;
+    default: /* functions, full userdata, threads: not serialisable */
         b->failed = 1;
         return;
     }
@@ -299,6 +316,9 @@ static int unwalk(lua_State *L, const char **p, const char *e, int depth)
     case 'T':
     case 'F':
         lua_pushboolean(L, t == 'T');
+        return 0;
+    case 'n':
+        lua_pushlightuserdata(L, NULL);
         return 0;
     case 't': {
         uint32_t n;
@@ -485,7 +505,8 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     sb_put(&b, &n, 4);
     for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
         lua_rawgeti(L, idx, (int)i + 1);
-        lua_getfield(L, -1, "id");
+        lua_pushliteral(L, "id");
+        lua_rawget(L, -2);
         uint64_t id = (uint64_t)esx_tointeger(L, -1);
         lua_pop(L, 2);
         sb_put(&b, &id, 8);
@@ -518,8 +539,10 @@ static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     return b.out.data;
 }
 
-/* Checks that the value at idx is a list of article tables with integer ids; pushes nothing.
- * Returns NULL or a static message naming what is wrong. */
+/* Checks that the value at idx is a list of article tables with integer ids (raw fields:
+ * metatables are not consulted, as nothing else here follows them -- a page handed to
+ * another worker travels without them); pushes nothing.  Returns NULL or a message naming
+ * what is wrong (static, or written into msg). */
 static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
 {
     if (!lua_istable(L, idx))
@@ -532,7 +555,8 @@ static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
             lua_pop(L, 1);
             return msg;
         }
-        lua_getfield(L, -1, "id");
+        lua_pushliteral(L, "id"); /* raw, as walk() and measure() see it: not via __index */
+        lua_rawget(L, -2);
         int ok = esx_isinteger(L, -1) && esx_tointeger(L, -1) >= 0 &&
                  esx_tointeger(L, -1) <= ESX_MAX_SAFE_INTEGER;
         lua_pop(L, 2);
@@ -771,7 +795,8 @@ static int l_read_flags(lua_State *L)
                 lua_insert(L, -2);
                 lua_rawset(L, 8);
             }
-            lua_getfield(L, 7, "id");
+            lua_pushliteral(L, "id");
+            lua_rawget(L, 7);
         } else {
             lua_pushnil(L);
         }
@@ -941,7 +966,9 @@ static int l_unlock(lua_State *L)
 
 /* ud:poll(kind, key, ticket, now) -> "busy" | "gone" | "done", value
  * On "done" the published result is installed locally: value is the page list (pages) or
- * whether the set could be cached (readers). */
+ * whether the set could be cached (readers).  "gone": the holder failed, died or was
+ * overtaken by an invalidation, or its result cannot be taken here -- then it is withdrawn
+ * from the slot, so that the next lock is acquired rather than offered it again. */
 static int l_poll(lua_State *L)
 {
     lcache *lc = check_open(L);
@@ -966,17 +993,13 @@ static int l_poll(lua_State *L)
     if (kind == ESX_CACHE_PAGE) {
         const char *p = data;
         int top = lua_gettop(L);
-        if (unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
-            !lua_istable(L, -1)) {
-            free(data);
-            lua_settop(L, top);
-            lua_pushliteral(L, "gone");
-            return 1;
-        }
-        free(data);
         char msg[128];
-        if (check_page(L, -1, msg, sizeof msg) != NULL) {
+        int bad = unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
+                  !lua_istable(L, -1) || check_page(L, -1, msg, sizeof msg) != NULL;
+        free(data);
+        if (bad) { /* withdrawn, or every later lock would offer it again: a busy loop */
             lua_settop(L, top);
+            esx_cache_lock_discard(lc->core, kind, key, ticket);
             lua_pushliteral(L, "gone");
             return 1;
         }
@@ -987,7 +1010,8 @@ static int l_poll(lua_State *L)
     }
     esx_rset *s = esx_rset_deserialize(data, len);
     free(data);
-    if (s == NULL) {
+    if (s == NULL) { /* malformed, or out of memory: withdrawn, as a page above */
+        esx_cache_lock_discard(lc->core, kind, key, ticket);
         lua_pushliteral(L, "gone");
         return 1;
     }

@@ -111,8 +111,21 @@ local function default_wait()
   end
 end
 
+-- The loaded id list with the marks made while it loaded (a fresh table: the loader's own
+-- list is not modified).
+local function with_marks(list, marks)
+  local out, n = {}, #list
+  for i = 1, n do out[i] = list[i] end
+  for i = 1, #marks do out[n + i] = marks[i] end
+  return out
+end
+
 -- Runs load(self, key) once for concurrent callers of one key in this Lua state; returns the
--- in-flight record {value=, err=} every caller shares.  A caller never joins a load that
+-- in-flight record {value=, err=} every caller shares.  Marks made in this state while a
+-- reader-set load is in flight are recorded on its record (rec.marks, by note_mark) and
+-- added to the list it hands out: a caller that marked a read and then joined the load must
+-- see its mark even when the set cannot be cached (larger than max_bytes, or the marks
+-- overran the change log) and it is answered from the list.  A caller never joins a load that
 -- began before an invalidation of its key (in this process or, shared, in any): that load's
 -- result is older than the invalidation the caller may have seen, so it loads by itself.
 -- A record's deadline is its load's start + lock_timeout, whenever a waiter arrived: a load
@@ -160,6 +173,7 @@ local function single_flight(self, flights, kind, key, load, recheck)
       value, err = nil, make_error("load", "loader failed: " .. tostring(value))
     end
   end
+  if rec.marks and type(value) == "table" then value = with_marks(value, rec.marks) end
   rec.value, rec.err, rec.done = value, err, true
   if rec.sema and rec.waiters > 0 then rec.sema:post(rec.waiters) end
   return rec
@@ -169,20 +183,39 @@ end
 --   "acquired", ticket   -- we load and must publish or release
 --   "done", value        -- another process's result, installed locally
 --   "none"               -- load without coordination
+-- Every path back to cc:lock passes the deadline check, and a lock that offers again the
+-- ticket that just went "gone" is waited on: the core withdraws a result that cannot be
+-- taken, but nothing here may turn into a busy loop if one were offered again.
 local function shared_lock(self, kind, key)
   local cc = self._cc
   local deadline = core_clock() + self._lock_timeout
+  local attempt, gone = 0, nil
   while true do
     local st, ticket = cc:lock(kind, key, self._lock_timeout, self._clock())
     if st ~= "busy" then return st, ticket end
-    local attempt = 0
-    while true do
-      local s, value = cc:poll(kind, key, ticket, self._clock())
-      if s == "done" then return "done", value end
-      if s == "gone" then break end -- the holder failed or died: try to take the lock
+    if ticket == gone then -- offered the same result again: pause before polling it
       if core_clock() > deadline or not self._wait(attempt) then return "none" end
       attempt = attempt + 1
     end
+    while true do
+      local s, value = cc:poll(kind, key, ticket, self._clock())
+      if s == "done" then return "done", value end
+      if core_clock() > deadline then return "none" end
+      -- "gone": the holder failed or died, or its result cannot be taken: take the lock
+      if s == "gone" then gone = ticket break end
+      if not self._wait(attempt) then return "none" end
+      attempt = attempt + 1
+    end
+  end
+end
+
+-- Records mark_read(article, user) on the reader-set load of article in flight here, if any.
+local function note_mark(self, article, user)
+  local rec = self._readers_flights[article]
+  if rec then
+    local marks = rec.marks
+    if not marks then marks = {} rec.marks = marks end
+    marks[#marks + 1] = user
   end
 end
 
@@ -207,14 +240,16 @@ local LOADS = {
 
 -- Loads (kind, key) with the user's loader and caches it; in shared mode under the shared
 -- lock, or takes another process's result.  Returns the loaded value, or (another process's
--- result, now cached here) its page list / true for a reader set; or nil, err.
+-- result, now cached here) its page list / true for a reader set; or nil, err.  With
+-- `alone`, no shared lock: the user's loader always runs, and a reader set comes back as
+-- its id list.
 -- The lock's ticket is recorded while the loader runs -- it may yield, and close() gives back
 -- the locks of the loads it cuts short, so that other processes take the key over at once
 -- rather than after lock_timeout.
-local function load(self, kind, key)
+local function load(self, kind, key, alone)
   local how = LOADS[kind]
   local cc, ticket = self._cc, nil
-  if self._shared then
+  if self._shared and not alone then
     local st, v = shared_lock(self, kind, key)
     if st == "done" and v then return v end
     if st == "acquired" then ticket = v end
@@ -242,6 +277,15 @@ end
 
 local function load_page(self, page_no) return load(self, PAGE, page_no) end
 local function load_readers(self, article) return load(self, READERS, article) end
+
+-- The reader set's id list, loaded by this caller alone (no single flight, no shared lock);
+-- errors as single_flight reports them.
+local function load_readers_alone(self, article)
+  local ok, list, err = pcall(load, self, READERS, article, true)
+  if ok then return list, err end
+  if self._cc == nil then return closed_error() end
+  return nil, make_error("load", "loader failed: " .. tostring(list))
+end
 
 -- What another caller may have cached while this one waited (single_flight's recheck).
 local function cached_page(self, page_no)
@@ -277,11 +321,16 @@ local function read_flag(self, article, user, counted, lists)
     if v ~= nil then return v end
     list = rec.value
     if type(list) ~= "table" then
-      -- another process's result could not be cached here: load it ourselves
+      -- The load was another process's result (`true`), installed here, and it is gone again
+      -- (a load that finished meanwhile evicted it), or it could not be cached here
+      -- (`false`).  Load the list by ourselves, without the shared lock -- which could hand
+      -- out the same result again -- and answer from it.
       local err
-      list, err = load_readers(self, article)
+      list, err = load_readers_alone(self, article)
       if not list then return nil, err end
-      if type(list) ~= "table" then return false end
+      if self._cc == nil then return closed_error() end
+      v = cc:has_read(article, user, self._clock(), true)
+      if v ~= nil then return v end
     end
     if lists then lists[article] = list end
   end
@@ -403,6 +452,7 @@ function Cache:read_articles_json(user_id, page_no)
   if not self._cc then return closed_error() end
   local res, err = compose(self, page, user_id, lists)
   if not res then return nil, err end
+  if res[1] == nil then return "[]" end -- (the encoder writes an empty table as {})
   local json, why = json_encode(res)
   if not json then -- a cycle in the page (read_articles serves it; JSON cannot)
     return nil, make_error("load", "cannot encode the page from load_page as JSON: " .. why)
@@ -427,6 +477,7 @@ function Cache:mark_read(article_id, user_id)
   local cc = self._cc
   if not cc then return closed_error() end
   cc:apply({ OP_MARK, article_id, user_id })
+  note_mark(self, article_id, user_id)
   return true
 end
 
@@ -522,7 +573,11 @@ function Tx:commit()
   self._done = "committed"
   local cc = self._cache._cc
   if not cc then return closed_error() end
-  if #self._ops > 0 then cc:apply(self._ops) end
+  local ops = self._ops
+  if #ops > 0 then cc:apply(ops) end
+  for i = 1, #ops, 3 do
+    if ops[i] == OP_MARK then note_mark(self._cache, ops[i + 1], ops[i + 2]) end
+  end
   self._ops = nil
   return true
 end
