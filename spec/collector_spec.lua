@@ -78,6 +78,18 @@ describe("esx.collector", function()
       "esx.collector: bad option 'sink' (esx.client expected)")
   end)
 
+  it("raises when queue_max_bytes is below max_body without spool_dir", function()
+    assert.has_error(function() esx.collector{ sink = client, queue_max_bytes = 8192 } end,
+      "esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)")
+    local dir = tmpdir()
+    -- with a spool what does not fit in memory waits on disk; without, max_body fits
+    local a = assert(esx.collector{ sink = client, queue_max_bytes = 8192, spool_dir = dir })
+    local b = assert(esx.collector{ sink = client, queue_max_bytes = 8192, max_body = 8192 })
+    a:close(0)
+    b:close(0)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("raises naming an unknown option or a bad value", function()
     assert.has_error(function() esx.collector{ sink = client, max_concurent = 5 } end,
       "esx.collector: bad option 'max_concurent' (unknown option)")
@@ -149,6 +161,33 @@ describe("col:handle", function()
     small:close()
   end)
 
+  it("answers 413, counted as queue_full, to a request whose events could never fit in queue_max_bytes", function()
+    local small = new{ queue_max_bytes = 4096, max_body = 4096 }
+    local evs = {}
+    for i = 1, 30 do evs[i] = ev({ i = i }) end -- ~1,000 bytes of body, ~5,000 queued
+    local body = cjson.encode(evs)
+    assert.is_true(#body < 4096)
+    local status, headers, b = post(small, body)
+    assert.equal(413, status)
+    assert.is_nil(headers["Retry-After"]) -- resending it would never help
+    assert.equal("the request's events are larger than queue_max_bytes", cjson.decode(b).error)
+    local s = small:stats()
+    assert.equal(30, s.rejected.queue_full)
+    assert.equal(0, s.rejected.nomem)
+    assert.equal(0, s.queued_bytes)
+    assert.equal(204, (post(small, cjson.encode(ev())))) -- a request that fits is taken
+    small:close()
+  end)
+
+  it("answers a GET whose query is too long for max_body with 413", function()
+    local small = new{ max_body = 1024, max_events = 1 }
+    local status = small:handle{ method = "GET", path = "/collect",
+      query = "site_id=s1&type=view&pad=" .. string.rep("x", 2048) }
+    assert.equal(413, status)
+    assert.equal(1, small:stats().rejected.too_large)
+    small:close()
+  end)
+
   it("answers 415 for an unsupported content type or encoding, and counts each refusal", function()
     assert.equal(415, (post(col, "{}", { ["content-type"] = "application/xml" })))
     assert.equal(1, col:stats().rejected.unsupported)
@@ -192,7 +231,7 @@ describe("col:handle", function()
 
   it("answers 503 with Retry-After when the queue is full, and accepts again once it drains", function()
     srv:fault{ path = "/_bulk", stall_ms = 600 }
-    local c2 = new{ queue_max_bytes = 4096, flush_interval = 10 }
+    local c2 = new{ queue_max_bytes = 4096, max_body = 4096, flush_interval = 10 }
     local statuses = {}
     for i = 1, 30 do statuses[i] = (post(c2, cjson.encode(ev({ pad = string.rep("p", 200) })))) end
     local s503 = 0
@@ -747,7 +786,7 @@ describe("col:rollups", function()
     local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     -- (the first interval ends after the posts, however slow the host: rows queued sooner
     -- would take the room the last events need)
-    local col = new{ sink = c2, queue_max_bytes = 16384, rollup = { interval = 200 * SCALE },
+    local col = new{ sink = c2, queue_max_bytes = 16384, max_body = 16384, rollup = { interval = 200 * SCALE },
                      retry_backoff_min = 1000, retry_backoff_max = 1000 }
     for b = 1, 40 do -- about 8 KiB of events, then 40 rows of about 550 bytes each
       assert.equal(204, (post(col, cjson.encode(ev({ block_id = "b" .. b })))))
@@ -808,6 +847,27 @@ describe("spool", function()
     s = col:stats()
     assert.equal(60, s.shipped)
     assert.equal(s.spilled, s.replayed)
+    col:close()
+    assert.equal(0, segments(dir))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("takes a request larger than queue_max_bytes onto disk and ships it", function()
+    local dir = tmpdir()
+    local col = new{ spool_dir = dir, queue_max_bytes = 8192, flush_interval = 10 }
+    local evs = {}
+    for i = 1, 40 do evs[i] = ev({ event_id = "big" .. i, pad = string.rep("x", 200) }) end
+    local body = cjson.encode(evs) -- ~10 KB: under max_body (64 KiB), over the queue
+    assert.is_true(#body > 8192 and #body < 65536)
+    local status, _, b = post(col, body)
+    assert.equal(204, status, b)
+    local s = col:stats()
+    assert.equal(40, s.accepted)
+    assert.equal(40, s.spilled)
+    assert.equal(0, s.rejected.nomem)
+    assert.is_true(col:flush(10000 * SCALE))
+    assert.equal(40, (indexed()))
+    assert.equal(40, col:stats().shipped)
     col:close()
     assert.equal(0, segments(dir))
     os.execute("rm -rf " .. dir)

@@ -30,6 +30,10 @@ const char *const esx_reject_names[ESX_RJ_COUNT] = {
 };
 
 #define ITEM_OVERHEAD 64     /* bytes charged per queued event beyond its text */
+/* Bytes esx adds to an event's document beyond the body's own bytes (documents are the
+ * body's, minified): ',"received_at":<ms>,"event_id":"<20>"}' and the '\n' (event.c's tail,
+ * at most 96). */
+#define DOC_ADDED 128
 #define BULK_TARGET "/_bulk?filter_path=errors,items.*.status,items.*.error"
 #define ORPHAN_SCAN_MS 2000
 #define LOAD_PER_PASS ((size_t)1 << 20) /* bytes of spool records loaded per shipper pass */
@@ -764,8 +768,13 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
         snprintf(why, 256, "out of memory");
         return NULL;
     }
-    esx_buf_init(&col->docs, cfg->queue_max_bytes);
-    esx_buf_init(&col->lines, cfg->queue_max_bytes);
+    /* The scratch holds one request's output, whatever the queue's bound: its documents
+     * (at most max_body bytes of the body plus DOC_ADDED per event) and its bulk lines (those
+     * plus an action line of at most sizeof action + 80 bytes per event).  A request larger
+     * than the queue is the admission's to judge (on disk with a spool, 413 without). */
+    size_t docs_max = cfg->max_body + m * DOC_ADDED;
+    esx_buf_init(&col->docs, docs_max);
+    esx_buf_init(&col->lines, docs_max + m * (sizeof col->action + 80));
     if (cfg->rollup_window > 0 &&
         (col->rollups = esx_rollups_new(cfg->rollup_window, cfg->rollup_max_rows)) == NULL) {
         snprintf(why, 256, "out of memory");
@@ -914,6 +923,11 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         refuse(out, 413, ESX_RJ_TOO_MANY, col, 0, msg);
         return;
     }
+    if (rc == ESX_EV_TOOBIG) {
+        /* only a GET's query string (not bounded by max_body before parsing) gets here */
+        refuse(out, 413, ESX_RJ_TOO_LARGE, col, 0, "request larger than max_body once parsed");
+        return;
+    }
     if (rc != ESX_EV_OK) {
         refuse(out, 503, ESX_RJ_NOMEM, col, 0, "out of memory parsing the request");
         out->retry_after_ms = 1000;
@@ -954,17 +968,33 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         hl += idl;
         memcpy(head + hl, "\"}}\n", 4);
         hl += 4;
-        if (esx_buf_append(&col->lines, head, hl) != ESX_BUF_OK ||
-            esx_buf_append(&col->lines, col->docs.data + col->events[i].doc_off,
-                           col->events[i].doc_len) != ESX_BUF_OK ||
-            esx_buf_append(&col->lines, "\n", 1) != ESX_BUF_OK) {
-            refuse(out, 503, ESX_RJ_QUEUE_FULL, col, n, "the queue is full");
+        int brc;
+        if ((brc = esx_buf_append(&col->lines, head, hl)) != ESX_BUF_OK ||
+            (brc = esx_buf_append(&col->lines, col->docs.data + col->events[i].doc_off,
+                                  col->events[i].doc_len)) != ESX_BUF_OK ||
+            (brc = esx_buf_append(&col->lines, "\n", 1)) != ESX_BUF_OK) {
+            if (brc == ESX_BUF_TOOBIG) { /* cannot happen: the bound is the documents' + actions' */
+                refuse(out, 413, ESX_RJ_TOO_LARGE, col, n, "request larger than max_body once parsed");
+                return;
+            }
+            refuse(out, 503, ESX_RJ_NOMEM, col, n, "out of memory");
             out->retry_after_ms = 1000;
             return;
         }
     }
     offs[n] = col->lines.len;
     total = col->lines.len + (size_t)n * ITEM_OVERHEAD;
+    /* A request that could never be taken, however empty the queue: without a spool, events
+     * larger than queue_max_bytes; with one, a record larger than spool_max_bytes.  503 and
+     * Retry-After would have the tag resend it for ever: 413, counted as queue_full. */
+    if (col->cfg.spool_dir[0] ? col->lines.len + 8 > col->cfg.spool_max_bytes ||
+                                    col->lines.len > ESX_SPOOL_MAX_RECORD
+                              : total > col->cfg.queue_max_bytes) {
+        refuse(out, 413, ESX_RJ_QUEUE_FULL, col, n,
+               col->cfg.spool_dir[0] ? "the request's events are larger than spool_max_bytes"
+                                     : "the request's events are larger than queue_max_bytes");
+        return;
+    }
 
     /* per-site counts for the rate limiter */
     const char **sites = col->sites;

@@ -28,6 +28,8 @@
 
 typedef struct esx_collector_config {
     char index_fmt[128];         /* strftime pattern (UTC of received_at) */
+    size_t max_body;             /* largest request body (after inflation): sizes the parse
+                                    scratch, which no longer depends on queue_max_bytes */
     int max_events;
     size_t queue_max_bytes;
     size_t batch_max_bytes;

@@ -48,6 +48,7 @@ static int collector_new(lua_State *L)
     esx_collector_config cfg;
     memset(&cfg, 0, sizeof cfg);
     esx_lopt_str(L, 2, "esx.collector", "index", cfg.index_fmt, sizeof cfg.index_fmt);
+    cfg.max_body = (size_t)esx_lopt_int(L, 2, "esx.collector", "max_body", 65536);
     cfg.max_events = (int)esx_lopt_int(L, 2, "esx.collector", "max_events", 100);
     cfg.queue_max_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "queue_max_bytes", 64 << 20);
     cfg.batch_max_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "batch_max_bytes", 1 << 20);

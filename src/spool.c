@@ -17,7 +17,7 @@
 #include "proc.h"
 #include "spool.h"
 
-#define MAX_RECORD (64u << 20)
+#define MAX_RECORD ESX_SPOOL_MAX_RECORD
 
 int esx_mkdirs(const char *dir)
 {

@@ -53,6 +53,9 @@ typedef struct esx_spool {
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged) */
 } esx_spool;
 
+/* The largest record esx_spool_append takes (bytes of bulk lines). */
+#define ESX_SPOOL_MAX_RECORD ((size_t)64 << 20)
+
 /* Creates dir and its missing parents (mode 0700).  Returns 0, or -1 with errno set. */
 int esx_mkdirs(const char *dir);
 

@@ -112,12 +112,17 @@ function _M.new(opts)
   if o.site_burst and not o.site_rate then
     error("esx.collector: bad option 'site_burst' (given without 'site_rate')", 2)
   end
+  if not o.spool_dir and o.queue_max_bytes < o.max_body then
+    -- a request max_body allows could never be taken: memory is all there is
+    error("esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)", 2)
+  end
   local dead_letter = o.dead_letter or
     (o.spool_dir and (o.spool_dir .. "/dead-letter.ndjson")) or
     ((os.getenv("TMPDIR") or "/tmp") .. "/esx-dead-letter.ndjson")
   local rollup = o.rollup or {}
   local c, err = core.collector_new(o.sink.c, {
-    index = o.index, max_events = o.max_events, queue_max_bytes = o.queue_max_bytes,
+    index = o.index, max_body = o.max_body, max_events = o.max_events,
+    queue_max_bytes = o.queue_max_bytes,
     batch_max_bytes = o.batch_max_bytes, batch_max_events = o.batch_max_events,
     flush_interval = o.flush_interval, bulk_concurrency = o.bulk_concurrency,
     retry_backoff_min = o.retry_backoff_min, retry_backoff_max = o.retry_backoff_max,
