@@ -614,6 +614,24 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("sends a lone event once it is flush_interval old, even after the queue was idle", function()
+    local col = new{ flush_interval = 20, rollup = false }
+    local worst = 0
+    for i = 1, 3 do
+      socket.sleep(0.1) -- the queue is empty, the shipper asleep
+      local before = col:stats().shipped
+      local t0 = socket.gettime()
+      assert.equal(204, (post(col, cjson.encode(ev()))))
+      local deadline = t0 + 5 * SCALE
+      while col:stats().shipped == before and socket.gettime() < deadline do socket.sleep(0.002) end
+      assert.equal(before + 1, col:stats().shipped)
+      worst = math.max(worst, (socket.gettime() - t0) * 1000)
+    end
+    -- (it used to wait for the shipper's idle timer: ~900 ms each)
+    assert.is_true(worst < 400 * SCALE, ("%.0f ms"):format(worst))
+    col:close()
+  end)
+
   it("keeps at most bulk_concurrency bulk requests in flight", function()
     srv:fault{ path = "/_bulk", stall_ms = 200, count = -1 }
     local col = new{ bulk_concurrency = 2, batch_max_events = 1, flush_interval = 1 }

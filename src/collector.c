@@ -1065,7 +1065,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         out->status = out->n_rejects ? 200 : 204;
         return;
     }
-    int queued = 0;
+    int queued = 0, was_empty = col->ready_head == NULL;
     for (int i = 0; i < n; i++) {
         item *it = item_new(col->lines.data + offs[i], offs[i + 1] - offs[i], now, seg);
         if (it == NULL)
@@ -1093,10 +1093,13 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         }
     }
     col->st.accepted += (uint64_t)queued;
-    /* a full batch is worth a wake-up only when a bulk slot is free: otherwise batch_done
-     * wakes the shipper when one frees (a signal per request cost 20% of a worker's CPU
-     * with a stalled sink) */
-    if ((col->ready_bytes >= col->batch_cap || col->ready_count >= col->cfg.batch_max_events) &&
+    /* A wake-up only when a bulk slot is free (otherwise batch_done wakes the shipper when
+     * one frees: a signal per request cost 20% of a worker's CPU with a stalled sink), and
+     * only for a full batch or for the first event of an empty queue: the shipper, asleep
+     * with nothing queued, would otherwise wake on its idle timer (up to 1 s) instead of
+     * once that event is flush_interval old -- one signal per bulk, none per request. */
+    if (((was_empty && queued > 0) || col->ready_bytes >= col->batch_cap ||
+         col->ready_count >= col->cfg.batch_max_events) &&
         col->inflight < col->cfg.bulk_concurrency && now >= col->paused_until)
         pthread_cond_signal(&col->wake);
     pthread_mutex_unlock(&col->mu);
