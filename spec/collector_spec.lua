@@ -1209,3 +1209,18 @@ describe("col:stats and esx.metrics", function()
     assert.equal(503, (post(col, cjson.encode(ev()))))
   end)
 end)
+
+describe("col:close", function()
+  it("writes the open window's rollup rows even when the queue is empty at close", function()
+    local col = new{ flush_interval = 10, rollup = { window = 3600000, interval = 3600000 } }
+    for i = 1, 5 do assert.equal(204, (post(col, cjson.encode(ev({ user_id = "u" .. i }))))) end
+    local deadline = socket.gettime() + 5 * SCALE
+    while col:stats().shipped < 5 and socket.gettime() < deadline do socket.sleep(0.01) end
+    assert.equal(5, col:stats().shipped) -- delivered: the queue is empty
+    assert.equal(1, #col:rollups())
+    assert.is_true(col:close(5000 * SCALE))
+    local n, hits = indexed("rollups-*")
+    assert.equal(1, n)
+    assert.equal(5, hits[1]._source.count)
+  end)
+end)

@@ -1147,16 +1147,14 @@ static int wait_empty(esx_collector *col, int64_t timeout_ms)
     return col->queue_events == 0 && !(col->spool && esx_spool_has_backlog(col->spool));
 }
 
-int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
+/* Has the shipper queue every rollup row (emit_now), then waits until the queue is empty,
+ * both within timeout_ms (< 0: no limit).  Without the first wait an empty queue would look
+ * done before the rows are in it.  Called with mu held; returns wait_empty's answer. */
+static int emit_and_wait(esx_collector *col, int64_t timeout_ms)
 {
-    char why[256];
-    if (ensure_running(col, why) != 0)
-        return 0;
-    pthread_mutex_lock(&col->mu);
     col->emit_now = 1;
     col->flush_requested = 1;
     pthread_cond_signal(&col->wake);
-    /* let the shipper queue the rollup rows before we look at the queue */
     int64_t start = esx_now_ms();
     while (col->emit_now && col->running &&
            (timeout_ms < 0 || esx_now_ms() - start < timeout_ms)) {
@@ -1164,7 +1162,16 @@ int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
         pthread_cond_timedwait(&col->idle, &col->mu, &ts);
     }
     int64_t left = timeout_ms < 0 ? -1 : timeout_ms - (esx_now_ms() - start);
-    int empty = wait_empty(col, left < 0 && timeout_ms >= 0 ? 0 : left);
+    return wait_empty(col, left < 0 && timeout_ms >= 0 ? 0 : left);
+}
+
+int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
+{
+    char why[256];
+    if (ensure_running(col, why) != 0)
+        return 0;
+    pthread_mutex_lock(&col->mu);
+    int empty = emit_and_wait(col, timeout_ms);
     pthread_mutex_unlock(&col->mu);
     return empty;
 }
@@ -1242,9 +1249,9 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
     col->closed = 1;
     int64_t left = 0;
     if (col->running) {
-        col->emit_now = 1;
-        pthread_cond_signal(&col->wake);
-        wait_empty(col, timeout_ms);
+        /* the open window's rows are written even when the queue is already empty (the
+         * shipper must have queued them before it is told to stop) */
+        emit_and_wait(col, timeout_ms);
         col->stop = 1;
         pthread_cond_signal(&col->wake);
         pthread_mutex_unlock(&col->mu);
