@@ -982,6 +982,48 @@ describe("spool", function()
     assert.equal(total, (indexed()))
   end
 
+  it("never lets a closed collector's late acknowledgement delete a new collector's segment", function()
+    local dir = tmpdir()
+    local function names()
+      local p, set = io.popen("ls " .. dir), {}
+      for name in p:lines() do if name:find("^seg%-") then set[name] = true end end
+      p:close()
+      return set
+    end
+    local cA = assert(esx.client{ hosts = { srv.url }, max_retries = 0, request_timeout = 60000 * SCALE })
+    local A = new{ sink = cA, spool_dir = dir, flush_interval = 10, rollup = false }
+    for _ = 1, 3 do -- each segment is deleted once delivered: A's next one has a new name
+      assert.equal(204, (post(A, cjson.encode(ev()))))
+      assert.is_true(A:flush(5000 * SCALE))
+    end
+    srv:fault{ path = "/_bulk", stall_ms = 1000 * SCALE, count = 1 }
+    assert.equal(204, (post(A, cjson.encode(ev()))))
+    local deadline = socket.gettime() + 5 * SCALE
+    while A:stats().in_flight == 0 and socket.gettime() < deadline do socket.sleep(0.005) end
+    local a_seg = next(names())
+    assert.truthy(a_seg)
+    assert.is_true(A:close(0)) -- its spool is kept until the bulk in flight answers
+    -- B claims A's segment (renaming it) and writes segments of its own, each deleted once
+    -- delivered, until it holds an undelivered event (in the name A's segment had, once)
+    local B = new{ spool_dir = dir, flush_interval = 3600000, rollup = false }
+    for _ = 1, 8 do
+      assert.equal(204, (post(B, cjson.encode(ev()))))
+      if names()[a_seg] then break end
+      assert.is_true(B:flush(5000 * SCALE))
+    end
+    if B:stats().queued_events == 0 then assert.equal(204, (post(B, cjson.encode(ev())))) end
+    assert.equal(1, segments(dir))
+    -- A's bulk answers: A acknowledges its event and deletes its segment -- by its old name
+    deadline = socket.gettime() + 5 * SCALE + 1
+    while cA:stats().nodes[1].in_flight > 0 and socket.gettime() < deadline do socket.sleep(0.02) end
+    socket.sleep(0.2 * SCALE)
+    assert.equal(1, B:stats().queued_events)
+    assert.equal(1, segments(dir)) -- B's write-ahead segment is still on disk
+    assert.is_true(B:close(5000 * SCALE))
+    cA:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
     local ids = {}

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,19 @@
 #include "spool.h"
 
 #define MAX_RECORD ESX_SPOOL_MAX_RECORD
+
+/* Sequence numbers of segment names, shared by every spool of the process: a name is never
+ * used twice by one process.  A per-spool counter let a collector closed with a bulk in
+ * flight (its spool kept until the bulk answers) and a new collector on the same directory
+ * both own "seg-<pid>-<n>.log" -- the new one's live segment, and the name the closed one
+ * still had for a segment the new one had claimed (renamed) -- so the late acknowledgement
+ * unlinked the new collector's write-ahead segment. */
+static atomic_ullong segment_seq;
+
+static unsigned long long next_seq(void)
+{
+    return atomic_fetch_add(&segment_seq, 1) + 1;
+}
 
 int esx_mkdirs(const char *dir)
 {
@@ -153,7 +167,7 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
      * reuses pids) is never appended to -- it is that process's, to be claimed and replayed */
     for (int tries = 0; tries < 1000; tries++) {
         snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
-                 (unsigned long long)++sp->seq);
+                 next_seq());
         seg->fd = open(seg->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
         if (seg->fd >= 0 || errno != EEXIST)
             break;
@@ -444,7 +458,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
         int rc = -1;
         for (int tries = 0; tries < 1000; tries++) {
             snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
-                     (unsigned long long)++sp->seq);
+                     next_seq());
             rc = renameat2(AT_FDCWD, from, AT_FDCWD, seg->path, RENAME_NOREPLACE);
             if (rc != 0 && errno == EINVAL && (rc = link(from, seg->path)) == 0)
                 unlink(from); /* a file system without RENAME_NOREPLACE */

@@ -4,8 +4,9 @@
  * Each accepted request's events are appended to the current segment file (one record:
  * length, CRC-32, the request's bulk lines) before the request is answered, so a process
  * killed with SIGKILL loses nothing it acknowledged; fdatasync runs on an interval (for
- * power loss).  Segments are named seg-<pid>-<seq>.log; a segment is deleted once every
- * event in it is acknowledged by Elasticsearch.  On start, and periodically, a process
+ * power loss).  Segments are named seg-<pid>-<seq>.log, seq counting over all the spools of
+ * the process (a name is never used twice while the process lives); a segment is deleted
+ * once every event in it is acknowledged by Elasticsearch.  On start, and periodically, a process
  * claims the segments of processes that no longer exist (atomic rename) and replays them.
  * A torn record at a segment's end (a write cut short) ends that segment's replay.
  *
@@ -40,7 +41,6 @@ typedef struct esx_segment {
 typedef struct esx_spool {
     char dir[512];
     pid_t pid;
-    uint64_t seq;
     size_t max_segment_bytes;
     esx_segment *current;    /* write-ahead of events that are in memory */
     esx_segment *overflow;   /* events that are only on disk */
