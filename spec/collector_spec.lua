@@ -90,6 +90,24 @@ describe("esx.collector", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("raises when index or rollup.index can give an invalid index name on some date", function()
+    local use = "use %Y %y %C %G %g %m %d %j %H %I %M %S %U %V %W %u %w %F"
+    -- space-padded: "events-2023.12. 5" on the 1st to the 9th (and hours 0-9 for %k, %l)
+    for _, c in ipairs({ "e", "k", "l", "b", "T", "c", "D", "p", "Ey" }) do
+      assert.has_error(function() esx.collector{ sink = client, index = "events-%Y.%m.%" .. c } end,
+        "esx.collector: bad option 'index' (conversion %" .. c:sub(1, 1) ..
+        " can give an invalid index name (" .. use .. "))")
+    end
+    assert.has_error(function() esx.collector{ sink = client, rollup = { index = "rollups-%e" } } end,
+      "esx.collector: bad option 'rollup' (bad option 'index' (conversion %e can give an invalid index name (" ..
+      use .. ")))")
+    assert.has_error(function() esx.collector{ sink = client, index = "Events-%Y" } end,
+      "esx.collector: bad option 'index' (does not give a valid index name (Events-2023))")
+    for _, fmt in ipairs({ "events-%Y.%m.%d", "events-%F-%H", "events-%G.%V", "e_%y%j" }) do
+      esx.collector{ sink = client, index = fmt, rollup = { index = fmt } }:close(0)
+    end
+  end)
+
   it("raises naming an unknown option or a bad value", function()
     assert.has_error(function() esx.collector{ sink = client, max_concurent = 5 } end,
       "esx.collector: bad option 'max_concurent' (unknown option)")

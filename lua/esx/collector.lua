@@ -23,13 +23,52 @@ local function int(min, max, default)
   return { type = "integer", min = min, max = max, default = default }
 end
 
+-- Conversions an index pattern may use: digits only, never padded with spaces, in every
+-- locale (%F is %Y-%m-%d).  %e, %k and %l pad with a space ("events-2023.12. 5" on the 1st to
+-- the 9th), names (%b, %a, %p) hold capitals, %c %D %T %R %r %x %X slashes, colons or spaces.
+local INDEX_CONVERSIONS = "YyCGgmdjHIMSUVWuwF"
+
+-- instants to format: every month, days 1-9 and later ones, hours 0-23 (UTC, 2023-2024)
+local probe_times = {}
+do
+  local days_before = { 0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334 }
+  for _, yb in ipairs({ { 2023, 1672531200 }, { 2024, 1704067200 } }) do
+    local year, base = yb[1], yb[2]
+    for m = 1, 12 do
+      local leap = year == 2024 and m > 2 and 1 or 0
+      for _, d in ipairs({ 1, 5, 9, 10, 28 }) do
+        local h = (m * 7 + d) % 24
+        probe_times[#probe_times + 1] = base + ((days_before[m] + leap + d - 1) * 24 + h) * 3600 + 59 * 60 + 59
+      end
+    end
+  end
+  for h = 0, 23 do probe_times[#probe_times + 1] = 1704067200 + 4 * 86400 + h * 3600 end
+end
+
 local function check_index_fmt(v)
-  -- (Lua 5.4's os.date raises on a conversion it does not know; LuaJIT's copies it)
-  local valid, probe = pcall(os.date, "!" .. v, 1700000000)
-  if not valid then return nil, "not a valid strftime pattern (" .. v .. ")" end
-  local ok, err = pcall(require("esx.client").check_index, probe, 1, "collector")
-  if not ok then return nil, "does not give a valid index name (" .. tostring(probe) .. ")" end
   if #v > 120 then return nil, "too long" end
+  local i = 1
+  while true do
+    local at = v:find("%", i, true)
+    if not at then break end
+    local c = v:sub(at + 1, at + 1)
+    if c == "" then return nil, "ends with a lone %" end
+    if not INDEX_CONVERSIONS:find(c, 1, true) then
+      return nil, "conversion %" .. c .. " can give an invalid index name (use %" ..
+        INDEX_CONVERSIONS:gsub(".", "%0 %%"):sub(1, -3) .. ")"
+    end
+    i = at + 2
+  end
+  -- every instant must give a valid name (the literal parts included)
+  local check = require("esx.client").check_index
+  for _, t in ipairs(probe_times) do
+    local valid, probe = pcall(os.date, "!" .. v, t)
+    if not valid then return nil, "not a valid strftime pattern (" .. v .. ")" end
+    local ok = pcall(check, probe, 1, "collector")
+    if not ok or probe:find(":", 1, true) then
+      return nil, "does not give a valid index name (" .. tostring(probe) .. ")"
+    end
+  end
   return v
 end
 
