@@ -217,6 +217,21 @@ describe("col:handle", function()
     assert.equal(400, (post(col, "\31\139garbage", { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
   end)
 
+  it("answers 503 with Retry-After, counted as nomem, when inflating the body runs out of memory", function()
+    local gunzip = core.gunzip
+    core.gunzip = function() return nil, "nomem" end
+    local ok, status, headers, body = pcall(post, col, ds.gzip(cjson.encode(ev())),
+      { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })
+    core.gunzip = gunzip
+    assert.is_true(ok, status)
+    assert.equal(503, status)
+    assert.equal("1", headers["Retry-After"])
+    assert.equal("out of memory inflating the body", cjson.decode(body).error)
+    assert.equal(1, col:stats().rejected.nomem)
+    assert.equal(204, (post(col, ds.gzip(cjson.encode(ev())),
+      { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
+  end)
+
   it("answers a GET pixel beacon with a 1x1 GIF", function()
     local status, headers, body = col:handle{ method = "GET", query = "site_id=s1&type=view&ts=5" }
     assert.equal(200, status)

@@ -303,7 +303,7 @@ local function query_string(q)
 end
 
 -- The answer to one request: status, header list (shared for the common answers: do not
--- change it), body, and whether the C core made the decision (it counts its own refusals).
+-- change it), body, and whether the refusal is counted already (the C core counts its own).
 local function answer(self, method, query, body, ctype, coding, origin)
   local base = cors(self, origin)
   if not base then
@@ -333,6 +333,11 @@ local function answer(self, method, query, body, ctype, coding, origin)
         if not plain then
           if why == "too_large" then
             return error_answer(base, 413, "body inflates past " .. max .. " bytes")
+          end
+          if why == "nomem" then -- our failure, not the client's: like the core's, 503
+            count(self, "nomem")
+            local s, h, b = retry_answer(base, 503, "out of memory inflating the body", "1")
+            return s, h, b, true -- counted
           end
           return error_answer(base, 400, "body is not valid gzip")
         end
