@@ -54,7 +54,7 @@ describe("esx.client", function()
       "esx.client: bad option 'hosts' (no node URL given)")
   end)
 
-  it("raises on a node URL with a port outside 1-65535 or an unclosed IPv6 address", function()
+  it("raises on a node URL with a port outside 1-65535, an unclosed IPv6 address or a byte that is not ASCII", function()
     for _, url in ipairs{ "http://127.0.0.1:99999", "http://127.0.0.1:0", "http://127.0.0.1:",
                           "http://127.0.0.1:92x0", "https://h:-1/p" } do
       assert.has_error(function() esx.client{ hosts = { url } } end,
@@ -63,6 +63,11 @@ describe("esx.client", function()
     for _, url in ipairs{ "http://[::1:9200", "http://[]:9200", "http://[::1]x" } do
       assert.has_error(function() esx.client{ hosts = { url } } end,
         'esx.client: bad option \'hosts\' (node URL has an invalid IPv6 address ("[address]:port"))', url)
+    end
+    for _, url in ipairs{ "http://127.0.0.1:9200/\255", "http://h\195\169:9200", "http://h :9200" } do
+      assert.has_error(function() esx.client{ hosts = { url } } end,
+        "esx.client: bad option 'hosts' (node URL contains a space, a control character or a byte " ..
+        "that is not ASCII (percent-encode it))", url)
     end
     for _, url in ipairs{ "http://127.0.0.1:65535", "http://[::1]:9200/es", "https://es.example", "http://[::1]" } do
       assert(esx.client{ hosts = { url } }):close()
@@ -1214,5 +1219,33 @@ describe("client:stats and esx.metrics", function()
     assert.truthy(text:find('esx_client_nodes_alive{name="search",item="' .. srv.url .. '"} 1\n', 1, true))
     c:close()
     assert.falsy(esx.metrics():find('name="search"', 1, true))
+  end)
+
+  it("writes each series once, whatever names the clients were given", function()
+    local a = client{ name = "x" }
+    local b = client{ name = "x" }
+    local text = esx.metrics()
+    local second = text:match('esx_client_requests_total{name="(x#%d+)"}')
+    assert.is_string(second)
+    local c = client{ name = second } -- the name esx made up for b, given to a third client
+    text = esx.metrics()
+    local seen, dup = {}, {}
+    for series in text:gmatch("\n(esx_client_requests_total{[^}]*})") do
+      if seen[series] then dup[#dup + 1] = series end
+      seen[series] = true
+    end
+    assert.same({}, dup)
+    local n = 0
+    for _ in pairs(seen) do n = n + 1 end
+    assert.is_true(n >= 3)
+    a:close() b:close() c:close()
+  end)
+
+  it("raises on a name that is not UTF-8 (metric labels must be)", function()
+    for _, bad in ipairs{ "bad\255", "\192\175", "\237\160\128", "x\226\130" } do
+      assert.has_error(function() esx.client{ name = bad } end,
+        "esx.client: bad option 'name' (must be UTF-8 text)")
+    end
+    assert(esx.client{ name = "caf\195\169 \240\159\154\128" }):close()
   end)
 end)

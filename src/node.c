@@ -45,8 +45,11 @@ int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char
         return -1;
     }
     for (const char *p = url; *p; p++) {
-        if ((unsigned char)*p <= 0x20 || *p == 0x7f) {
-            snprintf(why, 256, "node URL contains a space or control character");
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f) {
+            /* (URLs are ASCII: a raw byte above 0x7e would also reach the metrics' labels,
+             * which must be UTF-8) */
+            snprintf(why, 256, "node URL contains a space, a control character or a byte "
+                               "that is not ASCII (percent-encode it)");
             return -1;
         }
     }

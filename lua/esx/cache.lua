@@ -60,7 +60,7 @@ local schema = {
   lock_timeout = { type = "number", default = 5000, min = 0 },
   clock = { type = "function" },
   wait = { type = "function" },
-  name = { type = "string", nonempty = true },
+  name = { type = "string", nonempty = true, check = options.utf8_text },
 }
 
 -- ---- private helpers ----------------------------------------------------------------------

@@ -110,7 +110,7 @@ _M.schema = {
   tls_verify = { type = "boolean", default = true },
   ca_file = { type = "string", nonempty = true },
   headers = { type = "table", check = check_headers },
-  name = { type = "string", nonempty = true },
+  name = { type = "string", nonempty = true, check = options.utf8_text },
 }
 
 local Client = {}

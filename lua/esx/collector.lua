@@ -133,7 +133,7 @@ _M.schema = {
   site_burst = { type = "number", min = 1, max = 1e9 },
   max_sites = int(1, 10000000, 100000),
   instance = { type = "string", check = check_instance },
-  name = { type = "string", nonempty = true },
+  name = { type = "string", nonempty = true, check = options.utf8_text },
 }
 
 local Collector = {}

@@ -44,6 +44,34 @@ local function violation(spec, v)
   return nil
 end
 
+--- A `check` for names that become metric labels: UTF-8, as the Prometheus text format
+-- requires (a stray byte would make every scrape of esx.metrics() fail).
+function _M.utf8_text(v)
+  local i, n, byte = 1, #v, string.byte
+  while i <= n do
+    local c = byte(v, i)
+    local len, lo, hi = 1, 0x80, 0xBF -- the sequence's length; the range of its 2nd byte
+    if c >= 0xC2 and c <= 0xDF then len = 2
+    elseif c >= 0xE0 and c <= 0xEF then
+      len = 3
+      if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end -- no overlongs, surrogates
+    elseif c >= 0xF0 and c <= 0xF4 then
+      len = 4
+      if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end -- no overlongs, > U+10FFFF
+    elseif c >= 0x80 then
+      return nil, "must be UTF-8 text"
+    end
+    for k = 1, len - 1 do
+      local b = byte(v, i + k)
+      if not b or b < (k == 1 and lo or 0x80) or b > (k == 1 and hi or 0xBF) then
+        return nil, "must be UTF-8 text"
+      end
+    end
+    i = i + len
+  end
+  return v
+end
+
 --- Validates `opts` (a table or nil) against `schema`; returns the filled-in copy.
 -- `ctor` names the constructor in messages; `level` is passed to error() (default 3: the
 -- caller of the function that called check).

@@ -130,10 +130,14 @@ function _M.metrics(version, flavour)
     local ok, stats = pcall(entry.stats, item.obj)
     if ok and type(stats) == "table" then
       -- two live objects of a kind with one name (a name given twice, an object replaced
-      -- but not yet collected) would give duplicate series: the later ones get "#<n>"
-      local key = entry.kind .. "\0" .. entry.name
-      local name = names[key] and (entry.name .. "#" .. entry.order) or entry.name
-      names[key] = true
+      -- but not yet collected) would give duplicate series: the later ones get "#<n>", and
+      -- "#<n>-<k>" should a name of that form be taken too
+      local name, k = entry.name, 1
+      while names[entry.kind .. "\0" .. name] do
+        name = entry.name .. "#" .. entry.order .. (k > 1 and ("-" .. k) or "")
+        k = k + 1
+      end
+      names[entry.kind .. "\0" .. name] = true
       flatten(entry.kind, nil, 'name="' .. escape_label(name) .. '"', stats, samples)
     end
   end
