@@ -158,6 +158,28 @@ describe("client:request", function()
     assert.same({}, srv:requests().requests)
   end)
 
+  it("raises at the caller's line, naming the method called, for a bad index, path or body", function()
+    local c = client()
+    finally(function() c:close() end)
+    for _, call in ipairs{
+      { "bad argument #1 to 'search' %(invalid index name \"A\"%)",
+        function() local r = c:search("A", {}) return r end },
+      { "bad argument #1 to 'count' %(invalid index name \"a b\"%)",
+        function() local r = c:count({ "ok", "a b" }) return r end },
+      { "bad argument #2 to 'request' %(path must start with '/'",
+        function() local r = c:request("GET", "nope") return r end },
+      { "bad argument #1 to 'request' %(method must be 1%-15 letters%)",
+        function() local r = c:request("GE T", "/") return r end },
+      { "bad body to 'search' %(cannot be encoded as JSON",
+        function() local r = c:search("idx", { x = 0 / 0 }) return r end },
+    } do
+      local ok, err = pcall(call[2])
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*client_spec%.lua:%d+: " .. call[1]), err)
+    end
+    assert.same({}, srv:requests().requests)
+  end)
+
   it("raises naming a per-call option of the wrong type or out of range", function()
     local c = client()
     assert.has_error(function() c:request("GET", "/", nil, { timeout = -1 }) end,
@@ -244,11 +266,11 @@ describe("client methods", function()
     assert.equal(0.1 + 0.2, src.ratio)
   end)
 
-  it("returns nil, err with kind 'decode' when a table body cannot be encoded", function()
-    local r, err = c:index("books", { n = 0 / 0 }, "n2")
-    assert.is_nil(r)
-    assert.equal("decode", err.kind)
-    assert.equal("cannot encode the body as JSON: cannot encode NaN or infinity", err.message)
+  it("raises when a table body cannot be encoded, as c:bulk and bi:add do", function()
+    assert.has_error(function() c:index("books", { n = 0 / 0 }, "n2") end,
+      "bad body to 'index' (cannot be encoded as JSON: cannot encode NaN or infinity)")
+    assert.has_error(function() c:request("POST", "/books/_doc", { f = print }) end,
+      "bad body to 'request' (cannot be encoded as JSON: cannot encode a function)")
   end)
 
   it("index without an id lets the server choose one", function()

@@ -15,6 +15,7 @@ local cjson = require "cjson.safe"
 local type, pairs, ipairs, tostring, tonumber, setmetatable, error, select =
   type, pairs, ipairs, tostring, tonumber, setmetatable, error, select
 local concat, format, byte, gsub, floor = table.concat, string.format, string.byte, string.gsub, math.floor
+local find = string.find
 local new_error = core.error
 -- responses are decoded by esx's own single-pass decoder (src/ljson.c): about twice as fast
 -- as lua-cjson on search responses, with the same tables and the same null (cjson.null)
@@ -266,15 +267,16 @@ local NO_OPTS = setmetatable({}, { __newindex = function() error("NO_OPTS is rea
 local upper = string.upper
 
 local getinfo = debug.getinfo
-local THIS_FILE = getinfo(1, "S").source
+-- the source prefix of esx's Lua files ("@/usr/share/lua/5.1/esx/"): this file's directory
+local ESX_DIR = getinfo(1, "S").source:match("^(.*[/\\])") or getinfo(1, "S").source
 
--- Raises msg at the first caller outside this file, so that a caller's mistake points at the
--- caller's line whichever method of the client it went through (c:send, c:search, ...).
+-- Raises msg at the first caller outside esx's Lua files, so that a caller's mistake points
+-- at the caller's line whichever method it went through (c:send, c:search, bi:add, ...).
 local function raise(msg)
   local level = 2
   while true do
     local info = getinfo(level, "S")
-    if not info or info.source ~= THIS_FILE then break end
+    if not info or info.source:sub(1, #ESX_DIR) ~= ESX_DIR then break end
     level = level + 1
   end
   error(msg, level)
@@ -314,11 +316,19 @@ local function send(self, fname, method, path, body, opts)
   end
   local encoded, err = encode_body(body)
   if body ~= nil and not encoded then
-    return nil, new_error("decode", "cannot encode the body as JSON: " .. tostring(err))
+    raise("bad body to '" .. fname .. "' (cannot be encoded as JSON: " .. tostring(err) .. ")")
   end
   local retries = opts.retries
   if retries == false then retries = 0 elseif retries == true then retries = nil end
   method = upper(method)
+  -- (the core checks these too, but would name its own 'send' and argument numbers)
+  if #method > 15 or not find(method, "^%u+$") then
+    raise("bad argument #1 to '" .. fname .. "' (method must be 1-15 letters)")
+  end
+  if byte(path, 1) ~= 47 or find(path, "[%z\1-\32\127]") then
+    raise("bad argument #2 to '" .. fname .. "' (path must start with '/' and contain no " ..
+          "spaces or control characters)")
+  end
   local p, serr = self.c:send(method, path, encoded, opts.content_type,
     header_lines(opts.headers), retries, opts.timeout)
   if not p then return nil, serr end
@@ -383,11 +393,11 @@ local function check_index(index, argn, fname, allow_multi)
   if type(index) == "table" and allow_multi then
     local parts = {}
     for i, v in ipairs(index) do parts[i] = check_index(v, argn, fname, true) end
-    if #parts == 0 then error(format("bad argument #%d to '%s' (empty index list)", argn, fname), 3) end
+    if #parts == 0 then raise(format("bad argument #%d to '%s' (empty index list)", argn, fname)) end
     return concat(parts, ",")
   end
   if type(index) ~= "string" then
-    error(format("bad argument #%d to '%s' (index name expected, got %s)", argn, fname, type(index)), 3)
+    raise(format("bad argument #%d to '%s' (index name expected, got %s)", argn, fname, type(index)))
   end
   local bad = index == "" or index == "." or index == ".." or #index > 255 or
     index:find('[\\/?"<>| ,#%c%u]') or index:find("^[-_+]")
@@ -396,7 +406,7 @@ local function check_index(index, argn, fname, allow_multi)
   end
   if not allow_multi and index:find("*", 1, true) then bad = true end
   if bad then
-    error(format("bad argument #%d to '%s' (invalid index name %q)", argn, fname, index), 3)
+    raise(format("bad argument #%d to '%s' (invalid index name %q)", argn, fname, index))
   end
   -- '+' is legal in index names but some servers read it as a space in a path: send %2B
   return (gsub(index, "%+", "%%2B"))
@@ -407,9 +417,9 @@ local function escape_id(id, argn, fname)
   local t = type(id)
   if t == "number" then id = format("%.17g", id)
   elseif t ~= "string" or id == "" then
-    error(format("bad argument #%d to '%s' (document id expected)", argn, fname), 3)
+    raise(format("bad argument #%d to '%s' (document id expected)", argn, fname))
   end
-  if #id > 512 then error(format("bad argument #%d to '%s' (id longer than 512 bytes)", argn, fname), 3) end
+  if #id > 512 then raise(format("bad argument #%d to '%s' (id longer than 512 bytes)", argn, fname)) end
   return (gsub(id, "[^%w%-%._~]", function(c) return format("%%%02X", byte(c)) end))
 end
 
