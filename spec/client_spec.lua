@@ -548,6 +548,17 @@ describe("error kinds and deadlines", function()
     c:close()
   end)
 
+  it("returns the last answer, not no_nodes, when retries of a 503 run out of live nodes", function()
+    srv:fault{ path = "/", status = 503, count = 1 }
+    local c = client{ max_retries = 3, resurrect = false }
+    local res, err = c:request("GET", "/")
+    assert.is_nil(res)
+    assert.equal("http", err.kind)
+    assert.equal(503, err.status)
+    assert.is_false(c:stats().nodes[1].alive)
+    c:close()
+  end)
+
   it("returns nil, err with kind 'closed' after close", function()
     local c = client()
     c:close()

@@ -486,7 +486,9 @@ static void start_waiting(esx_engine *e, int64_t now)
         if (pick == ESX_PICK_BUSY)
             break; /* every eligible node is full: FIFO order is kept */
         wait_remove(e, req, prev);
-        if (pick == ESX_PICK_NONE)
+        if (pick == ESX_PICK_NONE && req->status != 0)
+            esx_eng_finish(e, req, NULL, NULL); /* a retry with no node left: the last answer */
+        else if (pick == ESX_PICK_NONE)
             esx_eng_finish(e, req, ESX_ENO_NODES, "every node is dead and none is due for a retry");
         else
             start_attempt(e, req, (int)(node - e->nodes.v), now);
