@@ -818,6 +818,26 @@ describe("col:rollups", function()
     assert.equal(10001, err.rows)
   end)
 
+  it("totals raise at the caller's line on an unknown or ill-typed query field", function()
+    local col = new{ instance = "x" }
+    local M = require("esx.collector")
+    for _, case in ipairs{
+      { function() local r = col:totals{ site_id = "s1", form = 0 } return r end,
+        "esx.collector.totals: bad option 'form' %(unknown option%)" },
+      { function() local r = M.totals(client, { site_id = "s1", from = "yesterday" }) return r end,
+        "esx.collector.totals: bad option 'from' %(integer expected, got string%)" },
+      { function() local r = M.totals(client, { site_id = "s1", by_windw = true }) return r end,
+        "esx.collector.totals: bad option 'by_windw' %(unknown option%)" },
+      { function() local r = col:totals{} return r end,
+        "bad argument #2 to 'totals' %(table with site_id expected%)" },
+    } do
+      local ok, err = pcall(case[1])
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*collector_spec%.lua:%d+: " .. case[2] .. "$"), err)
+    end
+    col:close()
+  end)
+
   it("totals find site ids with '-', '.' and capitals, and never mix in another site", function()
     local col = new{ instance = "x" }
     assert.equal(204, (post(col, cjson.encode({ ev({ site_id = "Shop-EU.1" }), ev({ site_id = "Shop-EU.1" }),

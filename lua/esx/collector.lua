@@ -497,11 +497,21 @@ end
 --- esx.collector.totals(client, {site_id=, from=, to=[, index=][, by_window=]}) -> rows
 -- Sums the rollup rows of every instance for a site and time range: counts add, HyperLogLog
 -- registers merge.  Rows: {block_id, variant, type, count, uniques[, window_start]}.
-function _M.totals(client, q)
+local TOTALS_QUERY = {
+  site_id = { type = "string", required = true },
+  from = { type = "integer" },   -- ms of window_start, inclusive
+  to = { type = "integer" },     -- exclusive
+  index = { type = "string", default = "rollups-*" },
+  by_window = { type = "boolean", default = false },
+}
+
+-- level: error()'s level for the caller's line (esx.collector.totals or col:totals)
+local function totals(client, q, level)
   if type(q) ~= "table" or type(q.site_id) ~= "string" then
-    error("bad argument #2 to 'totals' (table with site_id expected)", 2)
+    error("bad argument #2 to 'totals' (table with site_id expected)", level)
   end
-  local index = q.index or "rollups-*"
+  q = options.check("esx.collector.totals", TOTALS_QUERY, q, level + 1)
+  local index = q.index
   local range = {}
   if q.from then range.gte = q.from end
   if q.to then range.lt = q.to end
@@ -550,8 +560,14 @@ function _M.totals(client, q)
 end
 
 --- col:totals(q) -> esx.collector.totals(col's sink, q)
+function _M.totals(client, q)
+  local rows, err = totals(client, q, 3) -- (not a tail call: level 3 is the caller)
+  return rows, err
+end
+
 function Collector:totals(q)
-  return _M.totals(self.sink, q)
+  local rows, err = totals(self.sink, q, 3)
+  return rows, err
 end
 
 function Collector:__tostring()
