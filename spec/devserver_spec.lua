@@ -1675,6 +1675,43 @@ describe("esxd", function()
     end)
   end)
 
+  describe("REST API conformance (es-spec/api)", function()
+    local function illegal(reason) return es_error(400, "illegal_argument_exception", reason) end
+    local function invalid(...)
+      local parts = {}
+      for i, m in ipairs({ ... }) do parts[i] = i .. ": " .. m .. ";" end
+      return es_error(400, "action_request_validation_exception", "Validation Failed: " .. table.concat(parts))
+    end
+    it("_search refuses batched_reduce_size, pre_filter_shard_size and max_concurrent_shard_requests below ES's minimums", function()
+      put_doc("c1", "1", { a = 1 })
+      local st, b = jreq("GET", "/c1/_search?batched_reduce_size=1")
+      assert.equal(400, st)
+      assert.same(illegal("batchedReduceSize must be >= 2"), b)
+      st, b = jreq("GET", "/c1/_search?pre_filter_shard_size=0")
+      assert.same(illegal("preFilterShardSize must be >= 1"), b)
+      st, b = jreq("GET", "/c1/_search?max_concurrent_shard_requests=0")
+      assert.same(illegal("maxConcurrentShardRequests must be >= 1"), b)
+      -- RestSearchAction reads both with paramAsInt, although the spec says long
+      st, b = jreq("GET", "/c1/_search?batched_reduce_size=3000000000")
+      assert.same(illegal("Failed to parse int parameter [batched_reduce_size] with value [3000000000]"), b)
+      assert.equal(200, (jreq("GET", "/c1/_search?batched_reduce_size=2&pre_filter_shard_size=1&max_concurrent_shard_requests=1")))
+    end)
+    it("_msearch refuses max_concurrent_searches below 1, shard request limits below 1 and an unknown search_type in a header", function()
+      put_doc("c2", "1", { a = 1 })
+      local st, b = jreq("POST", "/c2/_msearch?max_concurrent_searches=0", '{}\n{}\n', NDJSON)
+      assert.equal(400, st)
+      assert.same(illegal("maxConcurrentSearchRequests must be positive"), b)
+      st, b = jreq("POST", "/c2/_msearch?max_concurrent_shard_requests=0", '{}\n{}\n', NDJSON)
+      assert.same(illegal("maxConcurrentShardRequests must be >= 1"), b)
+      st, b = jreq("POST", "/c2/_msearch", '{}\n{}\n{"search_type":"scan"}\n{}\n', NDJSON)
+      assert.equal(400, st)
+      assert.same(illegal("No search type for [scan]"), b)
+      st, b = jreq("POST", "/c2/_msearch?max_concurrent_searches=1", '{"search_type":"dfs_query_then_fetch"}\n{}\n', NDJSON)
+      assert.equal(200, st)
+      assert.equal(1, b.responses[1].hits.total.value)
+    end)
+  end)
+
   describe("wait_for_active_shards (one node: only primaries are active)", function()
     local function unavailable(index, uuid, count, needed, timeout, request)
       return es_error(503, "unavailable_shards_exception", "[" .. index .. "][0] Not enough active copies to meet " ..

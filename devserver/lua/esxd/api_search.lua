@@ -6,6 +6,7 @@ local bulk = require "esxd.bulk"
 local params = require "esxd.params"
 
 local _M = {}
+local null = json.null
 
 function _M.search(ctx)
   return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started, ngx.unescape_uri(ctx.path))
@@ -46,6 +47,11 @@ local MSEARCH_HEADER = { index = true, indices = true, search_type = true, ccs_m
 local ITEM_ERRORS = { index_not_found_exception = true, search_phase_execution_exception = true }
 
 function _M.msearch(ctx)
+  -- MultiSearchRequest.maxConcurrentSearchRequests, set before the body is read
+  local mcs = ctx.args.max_concurrent_searches
+  if mcs ~= nil and tonumber(mcs) < 1 then
+    error(errors.illegal_argument("maxConcurrentSearchRequests must be positive"), 0)
+  end
   local body = ctx.body
   if body == nil or body == "" then
     error(errors.new(400, "parse_exception", "request body or source parameter is required"), 0)
@@ -73,6 +79,11 @@ function _M.msearch(ctx)
       if not MSEARCH_HEADER[k] then
         error(errors.illegal_argument("key [" .. tostring(k) .. "] is not supported in the metadata section"), 0)
       end
+    end
+    -- SearchRequest.searchType(String): SearchType.fromString
+    local st = header.search_type
+    if st ~= nil and st ~= null and st ~= "query_then_fetch" and st ~= "dfs_query_then_fetch" then
+      error(errors.illegal_argument("No search type for [" .. tostring(st) .. "]"), 0)
     end
     local idx = header.index or header.indices
     if type(idx) == "table" then idx = table.concat(idx, ",") end

@@ -70,7 +70,7 @@ _M.APIS = {
   ["indices.refresh"] = { index = "path", ignore_unavailable = "bool", allow_no_indices = "bool",
     expand_wildcards = "ok" },
   msearch = api(SEARCH_COMMON, { index = "path", search_type = "search_type", max_concurrent_searches = "int",
-    typed_keys = "bool", pre_filter_shard_size = "long", max_concurrent_shard_requests = "int",
+    typed_keys = "bool", pre_filter_shard_size = "int", max_concurrent_shard_requests = "int",
     rest_total_hits_as_int = "bool", ccs_minimize_roundtrips = "bool", include_named_queries_score = "default:false",
     preference = false }),  -- not in the msearch spec: RestMultiSearchAction does not read it
   search = api(SEARCH_COMMON, { index = "path", analyzer = "no", analyze_wildcard = "bool",
@@ -81,8 +81,8 @@ _M.APIS = {
     terminate_after = "no", stats = "ok", suggest_field = "no", suggest_mode = "no", suggest_size = "no",
     suggest_text = "no", timeout = "time", track_scores = "bool", track_total_hits = "ok",
     allow_partial_search_results = "bool", typed_keys = "bool", version = "bool",
-    seq_no_primary_term = "bool", request_cache = "bool", batched_reduce_size = "long",
-    max_concurrent_shard_requests = "int", pre_filter_shard_size = "long", rest_total_hits_as_int = "bool",
+    seq_no_primary_term = "bool", request_cache = "bool", batched_reduce_size = "int",
+    max_concurrent_shard_requests = "int", pre_filter_shard_size = "int", rest_total_hits_as_int = "bool",
     include_named_queries_score = "default:false" }),
 }
 

@@ -165,6 +165,12 @@ local function total_hits(n, tth, as_int)
   return json.obj("value", n, "relation", "eq")
 end
 
+local REQUEST_MINIMUMS = {
+  { "batched_reduce_size", 2, "batchedReduceSize must be >= 2" },
+  { "pre_filter_shard_size", 1, "preFilterShardSize must be >= 1" },
+  { "max_concurrent_shard_requests", 1, "maxConcurrentShardRequests must be >= 1" },
+}
+
 -- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
 function _M.search(expr, params, body, started, path)
   body = body or {}
@@ -173,6 +179,12 @@ function _M.search(expr, params, body, started, path)
     if not KNOWN[k] or (UNSUPPORTED[k] and not (UNSUPPORTED[k] == "unless_false" and v == false)) then
       errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(v) .. " in [" .. k .. "].")
     end
+  end
+  -- RestSearchAction sets these on the SearchRequest after parsing the body; its setters
+  -- refuse values below their minimum (msearch applies the last two to every search)
+  for _, r in ipairs(REQUEST_MINIMUMS) do
+    local v = params[r[1]]
+    if v ~= nil and tonumber(v) < r[2] then errors.raise(400, "illegal_argument_exception", r[3]) end
   end
   local from = int_param("from", params.from or body.from, 0)
   local size = int_param("size", params.size or body.size, 10)
