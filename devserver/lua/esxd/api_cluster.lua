@@ -51,23 +51,69 @@ local function shard_counts(ctx)
   return active, unassigned
 end
 
-function _M.health(ctx)
-  local wanted = ctx.args.wait_for_status
-  if wanted and not RANK[wanted:lower()] then
-    error(errors.illegal_argument("unknown cluster health status [" .. wanted .. "]"), 0)
+-- Priority, for wait_for_events (RestClusterHealthAction: Priority.valueOf(upper case))
+local PRIORITIES = { IMMEDIATE = true, URGENT = true, HIGH = true, NORMAL = true, LOW = true, LANGUID = true }
+
+local function no_enum(class, v)
+  return errors.illegal_argument("No enum constant org.elasticsearch." .. class .. "." .. v:upper())
+end
+
+-- wait_for_nodes (TransportClusterHealthAction): "N", ">=N", "<=N", ">N", "<N" or
+-- ge(N) / le(N) / gt(N) / lt(N), compared with the one node; Integer.parseInt's error else.
+local NODE_CMP = {
+  { ">=", 2, 0, function(n) return 1 >= n end }, { "ge(", 3, 1, function(n) return 1 >= n end },
+  { "<=", 2, 0, function(n) return 1 <= n end }, { "le(", 3, 1, function(n) return 1 <= n end },
+  { ">", 1, 0, function(n) return 1 > n end }, { "gt(", 3, 1, function(n) return 1 > n end },
+  { "<", 1, 0, function(n) return 1 < n end }, { "lt(", 3, 1, function(n) return 1 < n end },
+}
+
+local function nodes_met(spec)
+  if spec == nil or spec == "" then return true end
+  local num, cmp = spec, function(n) return n == 1 end
+  for _, c in ipairs(NODE_CMP) do
+    if spec:sub(1, #c[1]) == c[1] then
+      num = spec:sub(c[2] + 1, #spec - c[3]); cmp = c[4]
+      break
+    end
   end
-  local active, unassigned = shard_counts(ctx)
-  local status = unassigned > 0 and "yellow" or "green"
+  local n = num:match("^[+-]?%d+$") and tonumber(num)
+  if not n or n > 2147483647 or n < -2147483648 then
+    error(errors.new(400, "number_format_exception", 'For input string: "' .. num .. '"'), 0)
+  end
+  return cmp(n)
+end
+
+-- wait_for_active_shards (ActiveShardCount; "default" / -1 and 0 wait for nothing): "all"
+-- is met when no shard copy is unassigned, a number when that many copies are active.
+local function active_met(spec, active, unassigned)
+  if spec == nil then return true end
+  if spec == "all" then return unassigned == 0 end
+  return tonumber(spec) <= 0 or active >= tonumber(spec)
+end
+
+function _M.health(ctx)
+  local a = ctx.args
+  local wanted = a.wait_for_status
+  if wanted and not RANK[wanted:lower()] then error(no_enum("cluster.health.ClusterHealthStatus", wanted), 0) end
+  if a.wait_for_events and not PRIORITIES[a.wait_for_events:upper()] then
+    error(no_enum("common.Priority", a.wait_for_events), 0)
+  end
+  wanted = wanted and wanted:lower()
+  local active, unassigned, status
+  local function met()
+    active, unassigned = shard_counts(ctx)
+    status = unassigned > 0 and "yellow" or "green"
+    return (not wanted or RANK[status] <= RANK[wanted]) and active_met(a.wait_for_active_shards, active, unassigned)
+      and nodes_met(a.wait_for_nodes)
+  end
   local timed_out = false
-  if wanted and RANK[status] > RANK[wanted:lower()] then
-    -- as ES: wait up to `timeout` (30s) for the status, then answer 408 with what it is
-    local deadline = ngx.now() + params.time_ms(ctx.args.timeout or "30s") / 1000
+  if not met() then
+    -- as ES: wait up to `timeout` (30s) for every condition, then answer 408 with what it is
+    local deadline = ngx.now() + params.time_ms(a.timeout or "30s") / 1000
     repeat
       ngx.sleep(0.05)
-      active, unassigned = shard_counts(ctx)
-      status = unassigned > 0 and "yellow" or "green"
-    until RANK[status] <= RANK[wanted:lower()] or ngx.now() >= deadline
-    timed_out = RANK[status] > RANK[wanted:lower()]
+      timed_out = not met()
+    until not timed_out or ngx.now() >= deadline
   end
   local human = ctx.args.human == "" or ctx.args.human == "true"
   local percent = active + unassigned == 0 and 100 or 100 * active / (active + unassigned)

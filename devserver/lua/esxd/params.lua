@@ -33,7 +33,7 @@ _M.APIS = {
   info = {},
   ping = {},
   ["cluster.health"] = { index = "path", expand_wildcards = "ok", level = "level", ["local"] = "bool",
-    master_timeout = "time", timeout = "time", wait_for_active_shards = "active_shards", wait_for_nodes = "no",
+    master_timeout = "time", timeout = "time", wait_for_active_shards = "active_shards", wait_for_nodes = "ok",
     wait_for_events = "ok", wait_for_no_relocating_shards = "bool", wait_for_no_initializing_shards = "bool",
     wait_for_status = "ok" },
   bulk = api(WRITE, { index = "path", _source = "ok", _source_excludes = "ok", _source_includes = "ok",
