@@ -132,6 +132,7 @@ function _M.update(ctx)
   local opts = write_opts(ctx)
   check_require_alias(ctx)
   local a = ctx.args
+  opts.retry_on_conflict = a.retry_on_conflict
   opts.fetch = source_filter.update_fetch(type(body) == "table" and body._source or nil, a._source,
     a._source_includes, a._source_excludes)
   local st, res = store.update(ctx.vars.index, ctx.vars.id, body, opts)

@@ -80,6 +80,30 @@ function _M.parse(body, default_index, params)
         return nil, malformed(lineno, "expected a simple value for field [" .. k .. "] but found [" .. kind(v) .. "]")
       end
     end
+    -- BulkRequestParser's checks of an action line, before its source line is read
+    local dyn = meta.dynamic_templates
+    local has_dyn = type(dyn) == "table" and dyn ~= null and next(dyn) ~= nil
+    if name == "delete" and has_dyn then
+      return nil, errors.illegal_argument("Delete request in line [" .. lineno .. "] does not accept dynamic_templates")
+    end
+    if name == "update" then
+      local vt = meta.version_type
+      if vt ~= nil and vt ~= null and vt ~= "internal" and vt ~= "external" and vt ~= "external_gte" then
+        return nil, errors.illegal_argument("No version type match [" .. tostring(vt) .. "]")
+      end
+      if (meta.version ~= nil and meta.version ~= null and tonumber(meta.version) ~= -3) or
+        (vt ~= nil and vt ~= null and vt ~= "internal") then
+        return nil, errors.illegal_argument("Update requests do not support versioning. " ..
+          "Please use `if_seq_no` and `if_primary_term` instead")
+      end
+      if meta.require_data_stream == true or meta.require_data_stream == "true" then
+        return nil, errors.illegal_argument("Update requests do not support the `require_data_stream` flag, " ..
+          "as data streams do not support update operations")
+      end
+      if has_dyn then
+        return nil, errors.illegal_argument("Update request in line [" .. lineno .. "] does not accept dynamic_templates")
+      end
+    end
     local op = { action = name, index = meta._index ~= nil and tostring(meta._index) or default_index,
       id = meta._id ~= nil and meta._id ~= null and tostring(meta._id) or nil, meta = meta, line = lineno }
     if name == "index" and meta.op_type == "create" then op.action = "create" end
@@ -93,6 +117,9 @@ function _M.parse(body, default_index, params)
           return nil, errors.new(400, "x_content_parse_exception",
             "[" .. (lineno + 1) .. ":1] [UpdateRequest] failed to parse: " .. tostring(uerr or "expected an object"))
         end
+        -- a body UpdateRequest cannot parse fails the whole request, as in ES
+        local perr = store.update_body_error(ub)
+        if perr then return nil, perr end
         op.update = ub
       end
     else
@@ -107,7 +134,13 @@ function _M.parse(body, default_index, params)
     if op.action == "delete" or op.action == "update" then
       if op.id == nil then missing[#missing + 1] = "id is missing" end
     end
-    if op.action ~= "update" then
+    if op.action == "update" then
+      local m = op.meta
+      for _, e in ipairs(store.validate_update(op.update, { if_seq_no = m.if_seq_no, if_primary_term = m.if_primary_term,
+        retry_on_conflict = m.retry_on_conflict })) do
+        missing[#missing + 1] = e
+      end
+    else
       local m = op.meta
       local errs, verr = store.validate_write(op.action == "delete" and "delete" or "index", op.id,
         { op_type = op.action, version = m.version, version_type = m.version_type,

@@ -381,23 +381,59 @@ add_get = function(res, rec, fetch)
   return res
 end
 
+-- UpdateRequest.fromXContent's errors for an update body (an object): unknown keys, a doc
+-- that is not an object. Returns the error or nil.
+local UPDATE_KEYS = { doc = true, doc_as_upsert = true, upsert = true, detect_noop = true, _source = true,
+  scripted_upsert = true, script = true }
+function _M.update_body_error(body)
+  for k in pairs(body) do
+    if not UPDATE_KEYS[k] then
+      return errors.x_content_parse("[1:2] [UpdateRequest] unknown field [" .. tostring(k) .. "]")
+    end
+  end
+  if body.doc ~= nil and not is_object(body.doc) then
+    return errors.x_content_parse("[1:8] [UpdateRequest] doc doesn't support values of type: VALUE_" .. type(body.doc):upper())
+  end
+end
+
+-- ES's UpdateRequest.validate (after DocWriteRequest.validateSeqNoBasedCASParams): the list
+-- of messages, empty if valid. body: the decoded update body; opts: if_seq_no,
+-- if_primary_term, retry_on_conflict.
+function _M.validate_update(body, opts)
+  local errs = {}
+  local has_seq, has_term = opts.if_seq_no ~= nil, opts.if_primary_term ~= nil
+  if has_seq and not has_term then errs[#errs + 1] = "ifSeqNo is set, but primary term is [0]" end
+  if has_term and not has_seq then
+    errs[#errs + 1] = "ifSeqNo is unassigned, but primary term is [" .. tostring(opts.if_primary_term) .. "]"
+  end
+  if has_seq then
+    if (tonumber(opts.retry_on_conflict) or 0) > 0 then
+      errs[#errs + 1] = "compare and write operations can not be retried"
+    end
+    if body.doc_as_upsert == true then errs[#errs + 1] = "compare and write operations can not be used with upsert" end
+    if body.upsert ~= nil and body.upsert ~= null then
+      errs[#errs + 1] = "upsert requests don't support `if_seq_no` and `if_primary_term`"
+    end
+  end
+  local has_doc, has_script = body.doc ~= nil and body.doc ~= null, body.script ~= nil and body.script ~= null
+  if not has_script and not has_doc then errs[#errs + 1] = "script or doc is missing" end
+  if has_script and has_doc then errs[#errs + 1] = "can't provide both script and doc" end
+  if not has_doc and body.doc_as_upsert == true then
+    errs[#errs + 1] = "doc must be specified if doc_as_upsert is enabled"
+  end
+  return errs
+end
+
 -- Partial update. body: decoded update body {doc=, doc_as_upsert=, upsert=, detect_noop=}.
 function _M.update(name, id, body, opts)
   opts = opts or {}
   if type(body) ~= "table" then return nil, errors.x_content_parse("[1:1] update request body must be an object") end
+  local perr = _M.update_body_error(body)
+  if perr then return nil, perr end
+  local verrs = _M.validate_update(body, opts)
+  if #verrs > 0 then return nil, validation_error(verrs) end
   if body.script ~= nil then
     return nil, errors.illegal_argument("esxd does not support scripts in update requests")
-  end
-  for k in pairs(body) do
-    if k ~= "doc" and k ~= "doc_as_upsert" and k ~= "upsert" and k ~= "detect_noop" and k ~= "_source" and k ~= "scripted_upsert" then
-      return nil, errors.x_content_parse("[1:2] [UpdateRequest] unknown field [" .. tostring(k) .. "]")
-    end
-  end
-  if body.doc == nil then
-    return nil, errors.validation({ "script or doc is missing" })
-  end
-  if not is_object(body.doc) then
-    return nil, errors.x_content_parse("[1:8] [UpdateRequest] doc doesn't support values of type: VALUE_" .. type(body.doc):upper())
   end
   local bad_id = check_id(id)
   if bad_id then return nil, bad_id end
