@@ -787,6 +787,22 @@ describe("retries and nodes", function()
 end)
 
 describe("pool limits", function()
+  it("counts no socket after connects cut short by timeouts (libcurl 7.88 skips its close callback)", function()
+    -- before: every connect abandoned by a timeout stayed in the engine's socket table, and at
+    -- 1,024 of them the client could open no connection at all, to any node
+    local l = net.listener() -- accepts nothing: connects stay pending
+    local c = client{ hosts = { l.url }, max_retries = 0 }
+    local kinds = {}
+    for _ = 1, 1100 do
+      local _, err = c:request("GET", "/", nil, { timeout = 2 })
+      kinds[err.kind] = (kinds[err.kind] or 0) + 1
+    end
+    assert.same({ request_timeout = 1100 }, kinds)
+    assert.is_true(c:stats().pool.open < 64, "open: " .. c:stats().pool.open)
+    c:close()
+    l:close()
+  end)
+
   it("never opens more than max_per_route connections to a node", function()
     srv:fault{ path = "/", stall_ms = 200, count = -1 }
     local c = client{ max_per_route = 3, max_total = 30, pool_timeout = 5000 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base64.h"
@@ -233,12 +234,30 @@ int esx_eng_record_body(esx_request *req, const char *buf, size_t len)
 
 /* ---------------------------------------------------------------- open sockets */
 
-/* The engine's table of open sockets (libcurl's and its own), for stats and fork. */
+/* The engine's table of open sockets (libcurl's and its own), for stats and fork.  Each
+ * entry keeps its socket's inode, which no other open file shares: libcurl 7.88 closes a
+ * socket whose connect failed without calling the close callback (fixed in 8.2), and such a
+ * stale entry -- its number perhaps reused by another file -- is found and dropped by
+ * esx_eng_sock_prune, never counted for ever nor closed after a fork. */
+static ino_t inode_of(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+static void drop_entry(esx_engine *e, int i)
+{
+    e->sockets[i] = e->sockets[--e->nsockets];
+    atomic_store(&e->nopen, e->nsockets);
+}
+
 int esx_eng_sock_register(esx_engine *e, int fd)
 {
     if (e->nsockets >= MAX_SOCKETS)
+        esx_eng_sock_prune(e);
+    if (e->nsockets >= MAX_SOCKETS)
         return -1;
-    e->sockets[e->nsockets++] = fd;
+    e->sockets[e->nsockets++] = (esx_sock){.fd = fd, .ino = inode_of(fd)};
     atomic_store(&e->nopen, e->nsockets);
     return 0;
 }
@@ -246,11 +265,19 @@ int esx_eng_sock_register(esx_engine *e, int fd)
 void esx_eng_sock_forget(esx_engine *e, int fd)
 {
     for (int i = 0; i < e->nsockets; i++) {
-        if (e->sockets[i] == fd) {
-            e->sockets[i] = e->sockets[--e->nsockets];
-            atomic_store(&e->nopen, e->nsockets);
+        if (e->sockets[i].fd == fd) {
+            drop_entry(e, i);
             break;
         }
+    }
+}
+
+void esx_eng_sock_prune(esx_engine *e)
+{
+    for (int i = e->nsockets - 1; i >= 0; i--) {
+        ino_t ino = inode_of(e->sockets[i].fd);
+        if (ino == 0 || ino != e->sockets[i].ino)
+            drop_entry(e, i);
     }
 }
 
@@ -267,6 +294,8 @@ void esx_eng_release_attempt(esx_engine *e, esx_request *req)
         else
             curl_easy_cleanup(req->easy);
         req->easy = NULL;
+        if (req->curl_connecting)
+            esx_eng_sock_prune(e); /* its socket may be gone without the close callback */
     }
     if (req->h1) {
         esx_eng_h1_drop(e, req->h1);
@@ -971,8 +1000,9 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
 
 void esx_engine_abandon(esx_engine *e)
 {
+    esx_eng_sock_prune(e); /* a stale entry's number may be another file's now */
     for (int i = 0; i < e->nsockets; i++)
-        close(e->sockets[i]);
+        close(e->sockets[i].fd);
     for (int i = 0; i < e->nconns; i++)
         close(e->conns[i].fd);
     int lfd = atomic_load(&e->listen_fd);

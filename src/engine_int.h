@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <sys/un.h>
 
 #include <curl/curl.h>
@@ -36,6 +37,12 @@ typedef struct waiter_conn {
     int len;
     char buf[32];
 } waiter_conn;
+
+/* An open socket of the engine: its number and its inode (see esx_eng_sock_prune). */
+typedef struct esx_sock {
+    int fd;
+    ino_t ino;
+} esx_sock;
 
 /* How the engine reaches a node over plain HTTP/1.1 (h1.h); fast = 0: through libcurl. */
 typedef struct h1_node {
@@ -83,7 +90,7 @@ struct esx_engine {
     esx_request *active;
     esx_request *backoff;
     int in_use;
-    int sockets[MAX_SOCKETS];
+    esx_sock sockets[MAX_SOCKETS];
     int nsockets;
 
     /* kept by the I/O thread for esx_engine_stats, which must never walk its lists */
@@ -133,6 +140,10 @@ int esx_eng_sock_register(esx_engine *e, int fd);
 
 /* Drops fd from the table of open sockets; it does not close it. */
 void esx_eng_sock_forget(esx_engine *e, int fd);
+
+/* Drops the entries whose socket is no longer open (a closed number, or one reused by another
+ * file): libcurl 7.88 closes a socket whose connect failed without its close callback. */
+void esx_eng_sock_prune(esx_engine *e);
 
 /* Releases req's transfer, connection slot and any h1 connection still attached (closed). */
 void esx_eng_release_attempt(esx_engine *e, esx_request *req);
