@@ -878,6 +878,36 @@ describe("pool limits", function()
 end)
 
 describe("self-healing", function()
+  it("keeps the requests' places and pool_timeout across a rebuild: the one on the wire first", function()
+    local l = net.listener()
+    local c = client{ hosts = { l.url }, max_total = 1, max_per_route = 1, pool_timeout = 1000,
+                      max_retries = 3 }
+    local p1 = assert(c:send("GET", "/on-the-wire"))
+    local conn = assert(l:accept())
+    assert.equal("/on-the-wire", net.read_request(conn).target)
+    local t0 = now_ms()
+    local p2 = assert(c:send("GET", "/waiting"))
+    socket.sleep(0.6)
+    c:_kill_io_thread()
+    socket.sleep(0.05)
+    c:stats() -- rebuilds the engine
+    local conn2 = assert(l:accept(), "nothing sent after the rebuild")
+    assert.equal("/on-the-wire", net.read_request(conn2).target) -- its retry goes first
+    assert.is_true(p2:wait(5000))
+    local ms = now_ms() - t0
+    local _, err = p2:result()
+    assert.equal("pool_timeout", err.kind)
+    -- its wait began at t0, not at the rebuild (which would end it at ~1650 ms)
+    assert.is_true(ms < 1000 + 450 * SCALE, "pool wait took " .. ms .. " ms")
+    conn2:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    assert.is_true(p1:wait(5000))
+    assert.equal(200, (assert(p1:result())).status)
+    c:close()
+    conn:close()
+    conn2:close()
+    l:close()
+  end)
+
   it("rebuilds an I/O thread that died and counts the rebuild", function()
     local c = client()
     assert(c:request("GET", "/"))
@@ -1059,6 +1089,26 @@ if has_posix then
       local _, _, status = wait.wait(pid)
       assert.equal(0, status)
       assert.is_true(p:wait(5000)) -- the parent gets its answer
+      assert.equal(200, (assert(p:result())).status)
+      c:close()
+    end)
+
+    it("fails such a request in a child that closes the client before any call of its own", function()
+      local wait = require("posix.sys.wait")
+      srv:fault{ path = "/", stall_ms = 800, count = 1 }
+      local c = client()
+      local p = assert(c:send("GET", "/"))
+      socket.sleep(0.1)
+      local pid = unistd.fork()
+      if pid == 0 then
+        c:close() -- the parent's engine is abandoned, not freed: nothing would finish p
+        local ok = p:wait(3000)
+        local res, err = p:result()
+        unistd._exit((ok and res == nil and err.kind == "closed") and 0 or 1)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      assert.is_true(p:wait(5000))
       assert.equal(200, (assert(p:result())).status)
       c:close()
     end)

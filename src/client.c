@@ -66,6 +66,10 @@ void esx_client_close(esx_client *c)
     esx_engine *e = c->closed ? NULL : c->engine;
     c->closed = 1;
     c->engine = NULL;
+    if (e != NULL && !esx_engine_ours(e))
+        /* a forked child closing before its first call: the parent's requests it holds
+         * will never finish here, so fail_orphan must take them for orphans */
+        c->fork_gen = esx_engine_generation(e) + 1;
     pthread_mutex_unlock(&c->mu);
     if (e == NULL)
         return;

@@ -491,12 +491,16 @@ void esx_eng_take_submissions(esx_engine *e, int64_t now)
             continue;
         }
         req->state = ESX_REQ_QUEUED;
-        if (req->submitted_at == 0) {
+        int fresh = req->submitted_at == 0;
+        if (fresh) {
             req->submitted_at = now;
             if (req->timeout_ms > 0)
                 req->deadline = now + req->timeout_ms;
         }
-        req->pool_deadline = now + e->cfg->pool_timeout;
+        /* salvaged from a dead engine while waiting for a slot: the wait goes on, not anew
+         * (one that was on the wire comes back as a retry, with pool_deadline 0: anew) */
+        if (fresh || req->pool_deadline == 0)
+            req->pool_deadline = now + e->cfg->pool_timeout;
         wait_append(e, req);
         req = next;
     }
@@ -952,13 +956,15 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
     pthread_join(e->thread, NULL);
     esx_request *lists[4];
     pthread_mutex_lock(&e->mu);
-    lists[0] = e->sub_head;
+    /* in the new engine's queue: the requests that were on the wire first (retries go to the
+     * front), then those waiting for a slot, then those not yet taken */
+    lists[2] = e->sub_head;
     e->sub_head = e->sub_tail = NULL;
     e->nsub = 0;
     pthread_mutex_unlock(&e->mu);
     atomic_store(&e->nwaiting, 0);
     lists[1] = e->wait_head;
-    lists[2] = e->active;
+    lists[0] = e->active;
     lists[3] = e->backoff;
     e->wait_head = e->wait_tail = e->active = e->backoff = NULL;
     for (int l = 0; l < 4; l++) {
@@ -975,10 +981,11 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
             esx_inflate_end(&req->inflater);
             memset(&req->inflater, 0, sizeof req->inflater);
             req->node = -1;
-            if (l == 2) {
+            if (l == 0) {
                 /* it may have reached its node: sending it again is a retry, when one is left;
                  * without, attempt passes max_retries and `to` fails it
                  * (esx_eng_take_submissions) */
+                req->pool_deadline = 0; /* a retry waits for a slot anew */
                 if (req->attempt < req->max_retries) {
                     req->retries++;
                     pthread_mutex_lock(&to->mu);
