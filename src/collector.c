@@ -102,6 +102,7 @@ struct esx_collector {
     int64_t last_sync, last_orphan_scan;
     esx_ratelimit *rl;
     int dl_fd;
+    int dl_torn;             /* the last dead-letter write was cut short (disk full) */
     unsigned rng;
     esx_collector_counters st;
 
@@ -317,13 +318,15 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
                      "{\"failed_at\":%lld,\"status\":%d,\"error\":{\"type\":\"%s\",\"reason\":\"%s\"},"
                      "\"operation\":",
                      (long long)esx_wall_ms(), status, t, r);
-    size_t total = (size_t)n + alen + 12 + (dlen ? dlen : 4) + 3;
+    size_t total = (size_t)n + alen + 12 + (dlen ? dlen : 4) + 4;
     char *line = malloc(total);
     if (line == NULL) {
         col->st.dead_letter_failed++;
         return;
     }
     size_t o = 0;
+    if (col->dl_torn)
+        line[o++] = '\n'; /* ends the fragment a short write left, so this line parses */
     memcpy(line + o, head, (size_t)n);
     o += (size_t)n;
     memcpy(line + o, it->data, alen);
@@ -342,6 +345,10 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
     ssize_t w = write(col->dl_fd, line, o); /* O_APPEND: one line per write */
     if (w != (ssize_t)o)
         col->st.dead_letter_failed++; /* disk full, I/O error: the event is not in the file */
+    if (w == (ssize_t)o)
+        col->dl_torn = 0;
+    else if (w > 0)
+        col->dl_torn = 1; /* a fragment without its newline is in the file */
     free(line);
 }
 
@@ -431,7 +438,9 @@ static void batch_done(esx_request *req, void *ud)
                 if (!b->items[i]->rollup)
                     col->st.shipped++;
                 item_done(col, b->items[i]);
-            } else if (s == 429 || s >= 500) {
+            } else if (s == 429 || s >= 500 || s < 100) {
+                /* s < 100: no readable status (a proxy's or a broken sink's answer): the
+                 * outcome is unknown, so the item is tried again, never dead-lettered */
                 retry_later(col, &r, b->items[i]);
             } else {
                 dead_letter(col, b->items[i], s, results[i].error_type, results[i].reason);

@@ -12,6 +12,12 @@
 #include "rollup.h"
 
 #define ID_SEED 0x65737852756c6c75ULL /* fixed: _ids must be the same in every process */
+/* How long a row outlives its window.  An event is counted under its received_at, stamped
+ * when its request arrived, some milliseconds before the count (parsing, the lock): a row
+ * forgotten the moment its window ended would come back from such a late count starting at
+ * 1 again, and its write (same _id, a lower or equal version) would replace or lose the
+ * row's real totals. */
+#define ROW_GRACE_MS 10000
 
 struct esx_rollups {
     int64_t window;
@@ -213,7 +219,7 @@ int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instan
                 row->dirty = 0;
                 written++;
             }
-            if (ended && !row->dirty) {
+            if (ended && !row->dirty && row->window_start + r->window + ROW_GRACE_MS <= now_ms) {
                 *p = row->next;
                 free_row(row);
                 r->rows--;

@@ -42,7 +42,8 @@ void esx_rollups_current(esx_rollups *r, int64_t now_ms,
                          void (*fn)(const esx_rollup_row *row, void *ud), void *ud);
 
 /* Writes each dirty row as one bulk "index" operation (action line + document line) through
- * emit, marks it clean, and forgets rows of windows that ended before now_ms once written.
+ * emit, marks it clean, and forgets rows of windows that ended over 10 s before now_ms once
+ * written (a count that arrives late in that time goes on in the same row, written again).
  * With all = 0 only rows of ended windows are written.  instance and index_fmt (strftime,
  * UTC of the window start) name the writer and the target index.  emit returns 0 when it
  * took the line, > 0 to stop without it (no room), < 0 on failure; rows not taken stay
