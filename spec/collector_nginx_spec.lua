@@ -215,6 +215,36 @@ describe("esx.nginx.collect #nginx", function()
     small:stop()
   end)
 
+  it("stops counting aborted uploads, one after the other, after abandoned_after, full or not", function()
+    local roomy = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.roomy = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), max_concurrent = 3, abandoned_after = 1500 })
+        }
+      ]]):format(es.url),
+      server = [[
+        location = /collect { content_by_lua_block { require("esx.nginx").collect(package.loaded.roomy) } }
+        location = /stats { content_by_lua_block {
+          local s = package.loaded.roomy:stats()
+          ngx.say(s.in_progress, " ", s.utilization.concurrency) } }
+      ]],
+    }
+    for _ = 1, 2 do -- two uploads that send 4 of 100 bytes and go away
+      local c = assert(socket.connect("127.0.0.1", roomy.port))
+      assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
+                    "Content-Length: 100\r\n\r\n0123"))
+      socket.sleep(0.1)
+      c:close()
+    end
+    assert.equal("2 0.66666666666667\n", select(2, roomy:get("/stats")))
+    socket.sleep(2.5) -- past abandoned_after; the collector was never full
+    assert.equal("0 0\n", select(2, roomy:get("/stats")))
+    roomy:stop()
+  end)
+
   describe("with bodies of unknown length (chunked)", function()
     local tight
     setup(function()

@@ -87,3 +87,16 @@ describe("esx.nginx.await", function()
     assert.equal(9, connects)
   end)
 end)
+
+describe("esx.nginx.wait", function()
+  it("raises on a timeout that is NaN or not a number, as pending:wait does", function()
+    local nx = require("esx.nginx")
+    local pending = { ready = function() return false end }
+    assert.has_error(function() nx.wait(pending, 0 / 0) end,
+      "bad argument #2 to 'wait' (timeout in ms expected, got NaN)")
+    assert.has_error(function() nx.wait(pending, "5") end,
+      "bad argument #2 to 'wait' (timeout in ms expected, got string)")
+    assert.has_error(function() nx.await(pending, 0 / 0) end,
+      "bad argument #2 to 'await' (timeout in ms expected, got NaN)")
+  end)
+end)

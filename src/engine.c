@@ -742,9 +742,12 @@ static void *io_main(void *arg)
         unsigned int nextra = 0, cap = extra ? (unsigned int)e->cappfd : 0;
         int lfd = atomic_load(&e->listen_fd);
         int lidx = -1;
-        if (lfd >= 0 && nextra < cap) {
+        if (lfd >= 0 && nextra < cap && now >= e->accept_paused_until) {
             lidx = (int)nextra;
             extra[nextra++] = (struct curl_waitfd){.fd = lfd, .events = CURL_WAIT_POLLIN};
+        } else if (lfd >= 0 && now < e->accept_paused_until &&
+                   e->accept_paused_until - now < timeout) {
+            timeout = e->accept_paused_until - now; /* accepting again then */
         }
         for (int i = 0; i < e->nconns && i < 64 && nextra < cap; i++)
             extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};

@@ -31,6 +31,7 @@
 
 #define MAX_SOCKETS 1024
 #define MAX_SPARE_EASY 32
+#define ACCEPT_PAUSE_MS 20
 
 typedef struct waiter_conn {
     int fd;
@@ -99,6 +100,8 @@ struct esx_engine {
     atomic_int nopen;           /* = nsockets */
     CURL *spare[MAX_SPARE_EASY];
     int nspare;
+    int64_t accept_paused_until; /* the waiter socket is left out of the poll set until then
+                                  * (accept failed for want of descriptors or memory) */
     waiter_conn *conns;
     int nconns, capconns;
     unsigned int rng;

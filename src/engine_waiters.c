@@ -93,8 +93,15 @@ void esx_eng_accept_waiters(esx_engine *e)
     int lfd = atomic_load(&e->listen_fd);
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                /* out of descriptors or memory: the connection stays in the backlog and the
+                 * socket stays readable -- polled at once, it would spin the thread; the
+                 * waiter retries its connect meanwhile (esx.nginx) */
+                e->accept_paused_until = esx_now_ms() + ACCEPT_PAUSE_MS;
             return;
+        }
         if (e->nconns == e->capconns) {
             int cap = e->capconns ? e->capconns * 2 : 16;
             waiter_conn *c = cap <= MAX_WAITER_CONNS ? realloc(e->conns, (size_t)cap * sizeof *c)

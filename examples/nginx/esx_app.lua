@@ -6,7 +6,7 @@
 -- invalidation in one worker is seen by the other before its next answer; concurrent misses
 -- in both workers load a page or reader set once; each worker keeps its own tiers).  The cache loaders read Elasticsearch through the client with
 -- client:send + esx.nginx.wait, so a miss never blocks the worker.
--- Every other function is a content handler, or the per-worker stats timer.
+-- Every other function is a content handler, the per-worker stats timer, or exit_worker.
 
 local esx = require "esx"
 local esx_nginx = require "esx.nginx"
@@ -121,6 +121,12 @@ end
 function _M.init_worker()
   publish()
   ngx.timer.every(0.25, publish)
+end
+
+--- exit_worker_by_lua: on a graceful stop or a reload, the worker's collector sends what it
+-- holds in memory and the open window's rollup rows (within 5 s; the spool keeps the rest)
+function _M.exit_worker()
+  col:close(5000)
 end
 
 --- location = /api/stats -> {workers = {stats of each worker}}

@@ -464,6 +464,9 @@ end
 --- col:stats() -> counters (see docs/collector.md)
 function Collector:stats()
   if self.closed then return nil, core.error("closed", "the collector is closed") end
+  -- (esx.nginx.collect sets _reclaim: slots of requests nginx ended without resuming the
+  -- handler, older than abandoned_after, are given back before they are counted)
+  if self._reclaim then self._reclaim(self) end
   local s = self.c:stats()
   for reason, n in pairs(self.refused) do s.rejected[reason] = (s.rejected[reason] or 0) + n end
   s.rejected.concurrency = s.rejected.concurrency or 0

@@ -60,7 +60,19 @@ end
 -- Waits until pending is done: true, or nil, err (the waiter socket failed, or timeout_ms
 -- passed: the request itself goes on).  What wait and the client's own calls share; the
 -- client's decoded calls then read the answer with pending:json(), without a res table.
+-- timeout: nil (none) or ms; NaN or another type raises, as pending:wait does, and a negative
+-- one is 0 (the deadline passed already).
+local function check_timeout(timeout, fname)
+  if timeout == nil then return nil end
+  if type(timeout) ~= "number" or timeout ~= timeout then
+    error("bad argument #2 to '" .. fname .. "' (timeout in ms expected, got " ..
+          (type(timeout) == "number" and "NaN" or type(timeout)) .. ")", 3)
+  end
+  return timeout < 0 and 0 or timeout
+end
+
 function _M.await(pending, timeout)
+  timeout = check_timeout(timeout, "await")
   if pending:ready() then return true end
   local deadline = timeout and (now_ms() + timeout)
   local made, sock = pcall(ngx.socket.tcp)
@@ -118,6 +130,7 @@ function _M.wait(pending, timeout)
   if type(pending) ~= "table" or not pending.ready then
     error("bad argument #1 to 'wait' (esx pending request expected)", 2)
   end
+  timeout = check_timeout(timeout, "wait")
   local ok, err = _M.await(pending, timeout)
   if not ok then return nil, err end
   return pending:result()
@@ -158,22 +171,25 @@ local function collect_answer(col, method, early)
                      var.http_origin)
 end
 
--- Requests this adapter counted in, by the coroutine running them, and when.  When a client
+-- Requests this adapter counted in, by a number of their own, and when.  When a client
 -- aborts its upload, or client_body_timeout fires, nginx ends the request without resuming
 -- its coroutine: the pcall in collect never returns and its col:leave() never runs, and the
--- entry would hold a max_concurrent slot for the life of the worker.  So when a collector
--- is full, its entries older than `abandoned_after` are taken as abandoned and their slots
--- given back (the handler does nothing else that waits: a live request that old is an
--- upload slower than any beacon).  An entry leaves exactly once: with its request, or here.
+-- entry would hold a max_concurrent slot for the life of the worker.  So its entries older
+-- than `abandoned_after` are taken as abandoned and their slots given back (the handler does
+-- nothing else that waits: a live request that old is an upload slower than any beacon).
+-- An entry leaves exactly once: with its request, or here.  (Not keyed by the coroutine: the
+-- lua module reuses the coroutine of a request it ended for a later one, whose entry then
+-- took the abandoned one's place, and that slot never came back.)
 local holder_col, holder_since = {}, {}
+local holder_seq = 0
 
 local function reclaim(col)
   local now = ngx.now()
   local limit = col.o.abandoned_after / 1000
   local n = 0
-  for co, c in pairs(holder_col) do
-    if c == col and now - holder_since[co] >= limit then
-      holder_col[co], holder_since[co] = nil, nil
+  for id, c in pairs(holder_col) do
+    if c == col and now - holder_since[id] >= limit then
+      holder_col[id], holder_since[id] = nil, nil
       col:leave()
       n = n + 1
     end
@@ -184,6 +200,19 @@ local function reclaim(col)
             "gave back their max_concurrent slot")
   end
   return n > 0
+end
+
+-- Each collector's last reclaim, so that abandoned slots are also given back while it is not
+-- full: stats().in_progress and utilization.concurrency (what to scale on) would otherwise
+-- count aborted uploads until traffic filled the collector.
+local last_reclaim = setmetatable({}, { __mode = "k" })
+
+local function reclaim_now_and_then(col, now)
+  if (last_reclaim[col] or 0) + 1 <= now then
+    last_reclaim[col] = now
+    if not col._reclaim then col._reclaim = reclaim end -- col:stats() calls it too
+    reclaim(col)
+  end
 end
 
 local function origin() return ngx.var.http_origin end
@@ -210,13 +239,16 @@ function _M.collect(col)
     -- slot would stay taken until abandoned_after.  Read it before counting the request.
     early = post_body(col) or ""
   end
+  local now = ngx.now()
+  reclaim_now_and_then(col, now)
   local ok, status, headers, body = col:_enter(reclaim, origin)
   if not ok then return send(status, headers, body) end
-  local co = coroutine.running()
-  holder_col[co], holder_since[co] = col, ngx.now()
+  holder_seq = holder_seq + 1
+  local id = holder_seq
+  holder_col[id], holder_since[id] = col, now
   ok, status, headers, body = pcall(collect_answer, col, method, early)
-  if holder_col[co] then
-    holder_col[co], holder_since[co] = nil, nil
+  if holder_col[id] then
+    holder_col[id], holder_since[id] = nil, nil
     col:leave()
   end
   if not ok then
