@@ -940,6 +940,34 @@ describe("col:rollups", function()
 end)
 
 describe("spool", function()
+  it("syncs the spool directory after creating a segment, so a power loss cannot drop its entry", function()
+    local has = os.execute("command -v strace >/dev/null 2>&1")
+    if not (has == true or has == 0) then return pending("needs strace") end
+    local dir = tmpdir()
+    local spool = dir .. "/spool"
+    local run = child_script(dir, "dirsync", ([[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 20 }
+      assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+        body = '{"site_id":"s1","type":"view"}' } == 204)
+      require("socket").sleep(0.3) -- a few sync intervals
+      os.exit(0)
+    ]]):format(spool))
+    local trace = dir .. "/trace"
+    assert(os.execute("strace -f -qq -e trace=openat,fdatasync,fsync -o " .. trace .. " " .. run ..
+                      " >/dev/null 2>&1"))
+    local f = assert(io.open(trace))
+    local text = f:read("*a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    local fd = text:match('openat%(AT_FDCWD, "' .. spool:gsub("%p", "%%%0") .. '", O_RDONLY|O_CLOEXEC|O_DIRECTORY%) = (%d+)')
+      or text:match('openat%(AT_FDCWD, "' .. spool:gsub("%p", "%%%0") .. '", O_RDONLY|O_DIRECTORY|O_CLOEXEC%) = (%d+)')
+    assert.is_string(fd, "the spool directory was never opened to be synced")
+    assert.truthy(text:find("fdatasync(" .. fd .. ")", 1, true) or text:find("fsync(" .. fd .. ")", 1, true),
+      "the spool directory was opened but not synced")
+  end)
+
   it("creates a spool_dir that does not exist yet, parents included", function()
     local dir = tmpdir() .. "/a/b"
     local col = new{ spool_dir = dir }

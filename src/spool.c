@@ -179,6 +179,7 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     }
     seg->next = sp->segments;
     sp->segments = seg;
+    sp->dir_dirty = 1;
     return seg;
 }
 
@@ -394,6 +395,10 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
             n++;
     }
     sp->dirty = 0;
+    if (sp->dir_dirty && (fds[n] = open(sp->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+        n++;
+        sp->dir_dirty = 0;
+    }
     return n;
 }
 
@@ -469,6 +474,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
             free(seg);
             continue;
         }
+        sp->dir_dirty = 1; /* its new name */
         seg->fd = seg->rfd = -1;
         seg->sealed = 1;
         seg->bytes = (size_t)st.st_size;
@@ -488,6 +494,11 @@ void esx_spool_close(esx_spool *sp)
 {
     if (sp == NULL)
         return;
+    int dfd = sp->dir_dirty ? open(sp->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) {
+        fdatasync(dfd);
+        close(dfd);
+    }
     for (int i = 0; i < sp->n_unsynced; i++) {
         fdatasync(sp->unsynced[i]);
         close(sp->unsynced[i]);

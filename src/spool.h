@@ -47,6 +47,8 @@ typedef struct esx_spool {
     esx_segment *segments;   /* every live segment */
     esx_segment *backlog_head, *backlog_tail; /* segments with records not yet loaded */
     int dirty;               /* written since the last fdatasync */
+    int dir_dirty;           /* a segment was created or claimed (renamed) since: the
+                              * directory is synced too, or its entry could vanish */
     int unsynced[8];         /* descriptors of sealed segments, for the next esx_spool_sync */
     int n_unsynced;
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
@@ -89,12 +91,12 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    void *ud);
 
 /* fdatasync of what was written since the last sync (the segments being written and those
- * sealed since), in two steps so that the caller's lock is not held across the disk write:
+ * sealed since, and the directory when a segment was created or claimed), in two steps so that the caller's lock is not held across the disk write:
  * _begin (under the lock that guards sp) fills fds (ESX_SPOOL_SYNC_FDS of them at most:
  * duplicates of the open segments' descriptors, and the sealed segments' own) and returns
  * how many; _end (without the lock) syncs and closes them.  A failed dup leaves that
  * segment to be synced when it is sealed or closed. */
-#define ESX_SPOOL_SYNC_FDS 10
+#define ESX_SPOOL_SYNC_FDS 11
 int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS]);
 void esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n);
 
