@@ -81,6 +81,25 @@ describe("client:bulk_indexer", function()
     srv:clear_faults()
   end)
 
+  it("holds the producer while retries worth concurrency batches wait out a 429 back-off", function()
+    -- before, add() only waited for a free batch slot: under a sustained 429 every document
+    -- given went on the retry list (60,000 of them, 126 MB, in the review's run)
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    local bi = c:bulk_indexer{ flush_count = 10, concurrency = 2, max_retries = 2,
+                               backoff_min = 20, backoff_max = 20 }
+    local most = 0
+    for i = 1, 300 do
+      bi:add("index", { _index = "p", _id = tostring(i) }, { n = i })
+      most = math.max(most, bi:stats().delayed)
+    end
+    local s = bi:close()
+    srv:clear_faults()
+    assert.is_true(most < 2 * 10 + 10, "up to " .. most .. " items waited for a retry")
+    assert.equal(300, s.added)
+    assert.equal(300, s.failed) -- each given up after its retries, with the reason
+    assert.equal(0, s.indexed)
+  end)
+
   it("splits a batch the server refuses as too large (413)", function()
     srv:fault{ path = "/_bulk", status = 413, count = 1 }
     local bi = c:bulk_indexer{ flush_count = 8 }

@@ -380,6 +380,21 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.same({ ["2.5"] = "a", ["3"] = "b", x = 1 }, cjson.decode(json)[1].keys)
   end)
 
+  it("writes a table as an array only when its keys are exactly 1..n, in both Lua flavours", function()
+    local holes = { 1, 2, 3 }
+    holes[1] = nil
+    holes.x = "y" -- LuaJIT's #holes is 3, and it has 3 keys: once written [null,2,3]
+    local c = esx.cache{ load_readers = function() return { 1 } end,
+      load_page = function() return { { id = 1, holes = holes, list = { "a", "b" },
+                                         sparse = { [1] = "a", [3] = "c" }, empty = {} } } end }
+    local got = cjson.decode(c:read_articles_json(1, 1))[1]
+    assert.same({ ["2"] = 2, ["3"] = 3, x = "y" }, got.holes)
+    assert.same({ "a", "b" }, got.list)
+    assert.same({ ["1"] = "a", ["3"] = "c" }, got.sparse)
+    assert.same({}, got.empty)
+    c:close()
+  end)
+
   it("writes numbers that read back as the same number", function()
     local c = esx.cache{ load_readers = function() return { 1 } end,
       load_page = function() return { { id = 1, score = 0.1 + 0.2, big = 2^53, price = 19.99 } } end }
@@ -807,6 +822,43 @@ describe("cache:stats()", function()
     local s, err = c:stats()
     assert.is_nil(s)
     assert.equal("closed", err.kind)
+  end)
+end)
+
+-- An object whose finalizer calls f, left for the collector (LuaJIT runs __gc on userdata only).
+local function garbage_with_gc(f)
+  if newproxy then
+    getmetatable(newproxy(true)).__gc = f
+  else
+    setmetatable({}, { __gc = f })
+  end
+end
+
+describe("cache:close()", function()
+  it("outlives a close from a finalizer that runs while it builds an answer", function()
+    -- read_flags looked the core up between Lua allocations: a __gc calling close() freed it
+    -- under the loop (a NULL dereference; read_json would read freed memory)
+    local core = require "esx.core"
+    finally(function()
+      collectgarbage("setpause", 200)
+      collectgarbage("setstepmul", 200)
+    end)
+    for _, method in ipairs{ "read_flags", "read_json" } do
+      local c = core.cache_new({ max_bytes = 1e7, page_ttl = 60000, readers_ttl = 60000,
+                                 max_pages = 10 }, {})
+      local now = core.cache_clock()
+      local list = {}
+      for i = 1, 5000 do list[i] = { id = i, title = "t" .. i } end
+      assert(c:page_put(1, list, now, 0))
+      for _ = 1, 2000 do garbage_with_gc(function() c:close() end) end
+      collectgarbage("setpause", 100)
+      collectgarbage("setstepmul", 100)
+      -- answered, or refused as closed when the finalizers ran first: never a crash
+      local ok, err = pcall(c[method], c, method == "read_flags" and list or 1, 1, now)
+      assert.is_true(ok or tostring(err):find("the cache is closed", 1, true) ~= nil, tostring(err))
+      collectgarbage("collect") -- every finalizer ran: the cache is closed, not half
+      assert.has_error(function() c:stats() end, "esx.cache: the cache is closed")
+    end
   end)
 end)
 
@@ -1261,6 +1313,18 @@ describe("single flight", function()
 end)
 
 describe("shared = true (outside nginx: one process)", function()
+  it("serves a page whose hand-off copy ends exactly at the slot's size (an empty table last)", function()
+    -- 't' and its 4-byte count did not fit: the count was patched in past the buffer
+    -- (a heap overflow the sanitizer run catches)
+    local c = esx.cache{ shared = true,
+      load_page = function() return { { string.rep("x", 512 * 1024 - 1 - 42), {}, id = 1 } } end,
+      load_readers = function() return {} end }
+    local page = assert(c:read_articles(7, 1))
+    assert.equal(1, #page)
+    assert.equal(512 * 1024 - 1 - 42, #page[1][1])
+    c:close()
+  end)
+
   it("works like a local cache and counts the change log", function()
     local db = sample_db()
     local c = new_cache(db, { shared = true })

@@ -796,6 +796,31 @@ describe("col:rollups", function()
     assert.equal(8, select(2, out:gsub("ok ", "")))
   end)
 
+  it("builds col:rollups() without the collector's lock (a finalizer may call the collector)", function()
+    -- the rows were pushed as Lua tables under the lock: a __gc that read stats() during
+    -- those allocations locked it again, and the process hung
+    local dir = tmpdir()
+    local run = child_script(dir, "rollups_gc", [[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = assert(esx.collector{ sink = c, rollup = {}, dead_letter = "/dev/null" })
+      for i = 1, 3000 do
+        col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"click","block_id":"b' .. i .. '"}' }
+      end
+      for _ = 1, 2000 do setmetatable({}, { __gc = function() col:stats() end }) end
+      collectgarbage("setpause", 100) -- GC steps often, during the allocations of rollups()
+      collectgarbage("setstepmul", 100)
+      io.stdout:write(#col:rollups(), "\n")
+      os.exit(0)
+    ]])
+    local p = io.popen("timeout 20 " .. run .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    os.execute("rm -rf " .. dir)
+    assert.equal("3000\n", out)
+  end)
+
   it("counts events and unique users per site, block, variant and type", function()
     local col = new()
     local evs = {}

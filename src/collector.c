@@ -1185,26 +1185,54 @@ int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
     return empty;
 }
 
-typedef struct rows_ctx {
-    void (*fn)(const void *row, void *ud);
-    void *ud;
-} rows_ctx;
+typedef struct rows_copy {
+    esx_rollup_view *v;
+    size_t n, cap;
+    int failed;
+} rows_copy;
 
-static void row_cb(const esx_rollup_row *row, void *ud)
+static void copy_row(const esx_rollup_row *row, void *ud)
 {
-    rows_ctx *c = ud;
-    c->fn(row, c->ud);
+    rows_copy *c = ud;
+    if (c->failed)
+        return;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 64;
+        esx_rollup_view *v = realloc(c->v, cap * sizeof *v);
+        if (v == NULL) {
+            c->failed = 1;
+            return;
+        }
+        c->v = v;
+        c->cap = cap;
+    }
+    esx_rollup_view *o = &c->v[c->n++];
+    o->window_start = row->window_start;
+    memcpy(o->site_id, row->site_id, sizeof o->site_id);
+    memcpy(o->block_id, row->block_id, sizeof o->block_id);
+    memcpy(o->variant, row->variant, sizeof o->variant);
+    memcpy(o->type, row->type, sizeof o->type);
+    o->count = row->count;
+    o->uniques = row->hll ? (uint64_t)(esx_hll_estimate(row->hll) + 0.5) : 0;
 }
 
-void esx_collector_rollups(esx_collector *col, int64_t now_ms,
-                           void (*fn)(const void *row, void *ud), void *ud)
+int esx_collector_rollups(esx_collector *col, int64_t now_ms, esx_rollup_view **rows,
+                          size_t *n)
 {
-    if (col->rollups == NULL)
-        return;
-    rows_ctx c = {fn, ud};
-    pthread_mutex_lock(&col->mu);
-    esx_rollups_current(col->rollups, now_ms, row_cb, &c);
-    pthread_mutex_unlock(&col->mu);
+    rows_copy c = {NULL, 0, 0, 0};
+    if (col->rollups != NULL) {
+        pthread_mutex_lock(&col->mu);
+        esx_rollups_current(col->rollups, now_ms, copy_row, &c);
+        pthread_mutex_unlock(&col->mu);
+    }
+    if (c.failed) {
+        free(c.v);
+        c.v = NULL;
+        c.n = 0;
+    }
+    *rows = c.v;
+    *n = c.n;
+    return c.failed ? -1 : 0;
 }
 
 void esx_collector_stats(esx_collector *col, esx_collector_counters *out)

@@ -95,9 +95,19 @@ void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int 
  * acknowledged or timeout_ms passes (< 0: no limit).  Returns 1 when empty, 0 on timeout. */
 int esx_collector_flush(esx_collector *col, int64_t timeout_ms);
 
-/* Calls fn for each row of the current rollup window. */
-void esx_collector_rollups(esx_collector *col, int64_t now_ms,
-                           void (*fn)(const void *row, void *ud), void *ud);
+/* A copy of one rollup row of the current window. */
+typedef struct esx_rollup_view {
+    int64_t window_start;
+    char site_id[65], block_id[65], variant[65], type[33];
+    uint64_t count, uniques;
+} esx_rollup_view;
+
+/* Copies the rows of now_ms's rollup window, taken under the collector's lock so that the
+ * caller builds its answer (Lua tables, whose allocations may run finalizers that call the
+ * collector) without it.  *rows is malloc'ed (the caller frees it; NULL when there is none)
+ * and *n their number.  Returns 0, or -1 when out of memory (*rows NULL). */
+int esx_collector_rollups(esx_collector *col, int64_t now_ms, esx_rollup_view **rows,
+                          size_t *n);
 
 void esx_collector_stats(esx_collector *col, esx_collector_counters *out);
 

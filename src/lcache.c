@@ -36,14 +36,31 @@ typedef struct {
     size_t max_bytes;
     char *scratch; /* read_json's output and flags, reused; grows to the largest page */
     size_t scratch_cap;
+    int busy;          /* a call uses the core across Lua allocations (see busy_end) */
+    int close_pending; /* closed meanwhile: busy_end frees the core */
 } lcache;
 
 static lcache *check_open(lua_State *L)
 {
     lcache *lc = luaL_checkudata(L, 1, CACHE_MT);
-    if (lc->core == NULL)
+    if (lc->core == NULL || lc->close_pending)
         luaL_error(L, "esx.cache: the cache is closed");
     return lc;
+}
+
+static void release(lua_State *L, lcache *lc);
+
+/* read_flags and read_json look the core up (and read_json holds a pointer into it) between
+ * Lua allocations, which may run finalizers: one that closes this cache only asks while they
+ * are busy, and the core is freed here, when they are done.  A call that raises midway
+ * leaves busy set: a close then waits for the userdata's __gc. */
+static void busy_end(lua_State *L, lcache *lc)
+{
+    lc->busy = 0;
+    if (lc->close_pending) {
+        lc->close_pending = 0;
+        release(L, lc);
+    }
 }
 
 static uint64_t check_id(lua_State *L, int i)
@@ -62,7 +79,7 @@ static void drain(lua_State *L, lcache *lc)
     uint64_t pages[64];
     size_t n;
     int got_table = 0;
-    while ((n = esx_cache_removed_pages(lc->core, pages, 64)) > 0) {
+    while (lc->core != NULL && (n = esx_cache_removed_pages(lc->core, pages, 64)) > 0) {
         if (!got_table) {
             lua_rawgeti(L, LUA_REGISTRYINDEX, lc->pages_ref);
             got_table = 1;
@@ -258,6 +275,8 @@ static void walk(lua_State *L, int idx, sbuf *b, int depth)
                 return;
             }
         }
+        if (b->failed) /* the count itself did not fit: nothing at count_at to patch */
+            return;
         memcpy(b->out.data + count_at, &count, 4);
         return;
     }
@@ -399,14 +418,23 @@ static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, 
         }
     }
     path[depth] = self;
-    size_t n = lua_rawlen(L, idx), count = 0;
-    int array = n > 0 && !open;
+    /* an array when its keys are exactly 1..n: every key a positive integer, the largest
+     * one the number of keys (lua_rawlen alone is any border: {nil, 2, 3, x = 1} has 3 under
+     * LuaJIT, and the table as many keys) */
+    size_t n = 0, count = 0;
+    int array = !open;
     lua_pushnil(L);
     while (lua_next(L, idx) != 0) {
         count++;
         lua_pop(L, 1);
+        if (array && esx_isinteger(L, -1) && esx_tointeger(L, -1) >= 1) {
+            if ((size_t)esx_tointeger(L, -1) > n)
+                n = (size_t)esx_tointeger(L, -1);
+        } else {
+            array = 0;
+        }
     }
-    if (count != n)
+    if (count == 0 || count != n)
         array = 0;
     if (array) {
         sb_put(b, "[", 1);
@@ -780,6 +808,7 @@ static int l_read_flags(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
+    lc->busy = 1;
     int n = (int)lua_rawlen(L, 2);
     lua_settop(L, 4);
     lua_createtable(L, n, 0); /* 5: copies */
@@ -824,6 +853,7 @@ static int l_read_flags(lua_State *L)
         lua_pop(L, 1);        /* the article */
     }
     drain(L, lc);
+    busy_end(L, lc);
     return 2;
 }
 
@@ -843,6 +873,7 @@ static int l_read_json(lua_State *L)
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
     int count_page = !lua_toboolean(L, 5), count = !lua_toboolean(L, 6);
+    lc->busy = 1;
     size_t len;
     const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len, count_page);
     drain(L, lc);
@@ -851,6 +882,7 @@ static int l_read_json(lua_State *L)
             lua_pushboolean(L, 0);
         else
             lua_pushnil(L);
+        busy_end(L, lc);
         return 1;
     }
     uint32_t n;
@@ -865,6 +897,7 @@ static int l_read_json(lua_State *L)
         char *ns = realloc(lc->scratch, need);
         if (ns == NULL) {
             lua_pushnil(L); /* as a page without its text: the caller renders it itself */
+            busy_end(L, lc);
             return 1;
         }
         lc->scratch = ns;
@@ -889,8 +922,10 @@ static int l_read_json(lua_State *L)
         flags[i] = (unsigned char)esx_rset_contains(set, user);
     }
     drain(L, lc);
-    if (nmissing > 0)
+    if (nmissing > 0) {
+        busy_end(L, lc);
         return 2;
+    }
     char *out = lc->scratch + n, *p = out;
     *p++ = '[';
     for (uint32_t i = 0; i < n; i++) {
@@ -913,6 +948,7 @@ static int l_read_json(lua_State *L)
     }
     *p++ = ']';
     lua_pushlstring(L, out, (size_t)(p - out));
+    busy_end(L, lc);
     return 1;
 }
 
@@ -1105,7 +1141,10 @@ static void release(lua_State *L, lcache *lc)
 static int l_close(lua_State *L)
 {
     lcache *lc = luaL_checkudata(L, 1, CACHE_MT);
-    release(L, lc);
+    if (lc->busy)
+        lc->close_pending = 1; /* from a finalizer inside read_flags / read_json */
+    else
+        release(L, lc);
     return 0;
 }
 
@@ -1159,6 +1198,7 @@ static int l_new(lua_State *L)
     lc->max_bytes = cfg.max_bytes;
     lc->scratch = NULL;
     lc->scratch_cap = 0;
+    lc->busy = lc->close_pending = 0;
     char err[160];
     lc->core = esx_cache_new(&cfg, err, sizeof err);
     if (lc->core == NULL)

@@ -174,10 +174,8 @@ static int col_flush(lua_State *L)
     return 1;
 }
 
-static void push_row(const void *p, void *ud)
+static void push_row(lua_State *L, const esx_rollup_view *row)
 {
-    const esx_rollup_row *row = p;
-    lua_State *L = ud;
     lua_createtable(L, 0, 7);
     esx_pushinteger(L, row->window_start);
     lua_setfield(L, -2, "window_start");
@@ -191,17 +189,40 @@ static void push_row(const void *p, void *ud)
     lua_setfield(L, -2, "type");
     esx_pushinteger(L, (long long)row->count);
     lua_setfield(L, -2, "count");
-    esx_pushinteger(L, row->hll ? (long long)(esx_hll_estimate(row->hll) + 0.5) : 0);
+    esx_pushinteger(L, (long long)row->uniques);
     lua_setfield(L, -2, "uniques");
-    lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
 }
 
+/* build_rows(rows, n) -> list: in a protected call, so that rows is freed if it raises */
+static int build_rows(lua_State *L)
+{
+    const esx_rollup_view *rows = lua_touserdata(L, 1);
+    size_t n = (size_t)lua_tointeger(L, 2);
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        push_row(L, &rows[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    return 1;
+}
+
+/* The rows are copied under the collector's lock and the tables built without it: a table's
+ * allocation may run a finalizer that calls this collector (or raise, out of memory). */
 static int col_rollups(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
     int64_t now = lua_isnoneornil(L, 2) ? esx_wall_ms() : (int64_t)luaL_checknumber(L, 2);
-    lua_newtable(L);
-    esx_collector_rollups(col, now, push_row, L);
+    esx_rollup_view *rows;
+    size_t n;
+    if (esx_collector_rollups(col, now, &rows, &n) != 0)
+        return esx_lerror_fail(L, ESX_EINTERNAL, "out of memory copying the rollup rows");
+    lua_pushcfunction(L, build_rows);
+    lua_pushlightuserdata(L, rows);
+    lua_pushinteger(L, (lua_Integer)n);
+    int rc = lua_pcall(L, 2, 1, 0);
+    free(rows);
+    if (rc != 0)
+        return lua_error(L);
     return 1;
 }
 

@@ -61,6 +61,7 @@ function _M.new(client, opts)
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch
     inflight = {},                    -- {pending, items}
     delayed = {},                     -- items waiting out a back-off: {item, due}
+    delayed_bytes = 0,
     counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0,
                  on_drop_errors = 0 },
     dropped = {},
@@ -100,6 +101,7 @@ local function retry_later(self, item, reason, not_before)
   local wait = backoff(self, item.attempts)
   if not_before and not_before > wait then wait = not_before end
   self.delayed[#self.delayed + 1] = { item = item, due = now() + wait }
+  self.delayed_bytes = self.delayed_bytes + #item.line
 end
 
 -- The Retry-After (seconds or an HTTP-date) of a whole request answered 429, in ms, capped at
@@ -215,11 +217,18 @@ local function take_due(self, all)
     if all or d.due <= t then
       self.buf[#self.buf + 1] = d.item
       self.buf_bytes = self.buf_bytes + #d.item.line
+      self.delayed_bytes = self.delayed_bytes - #d.item.line
     else
       keep[#keep + 1] = d
     end
   end
   self.delayed = keep
+end
+
+local function soonest_due(self)
+  local soonest = self.delayed[1].due
+  for _, d in ipairs(self.delayed) do if d.due < soonest then soonest = d.due end end
+  return soonest
 end
 
 --- bi:flush() -- sends what is buffered (and retries that are due) now, in batches that keep
@@ -275,6 +284,16 @@ function Indexer:add(action, meta, doc)
   end
   -- settle finished batches without waiting, so retries flow back early
   while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
+  -- Items waiting out a back-off (a cluster answering 429: slow down) hold the producer once
+  -- they are worth `concurrency` full batches: it waits for the soonest retry and sends it,
+  -- rather than piling up every document it is given in memory.
+  while #self.delayed > 0 and (#self.delayed >= self.o.concurrency * self.o.flush_count or
+        self.delayed_bytes >= self.o.concurrency * self.o.flush_bytes) do
+    sleep(soonest_due(self) - now())
+    self:flush()
+    while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
+    if #self.inflight >= self.o.concurrency then settle_oldest(self) end
+  end
   return true
 end
 
@@ -286,11 +305,7 @@ function Indexer:close()
   self:flush()
   while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 do
     while #self.inflight > 0 do settle_oldest(self) end
-    if #self.delayed > 0 then
-      local soonest = self.delayed[1].due
-      for _, d in ipairs(self.delayed) do if d.due < soonest then soonest = d.due end end
-      sleep(soonest - now())
-    end
+    if #self.delayed > 0 then sleep(soonest_due(self) - now()) end
     self:flush()
   end
   local s = self:stats()
