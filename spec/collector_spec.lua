@@ -781,6 +781,16 @@ describe("shipping", function()
 end)
 
 describe("col:rollups", function()
+  it("raises on a time that is NaN or out of range in the core's calls (never cast as it is)", function()
+    local col = new()
+    for _, bad in ipairs{ 0 / 0, -1, 2 ^ 60, math.huge } do
+      assert.has_error(function() col.c:rollups(bad) end)
+      assert.has_error(function() col.c:ingest('{"site_id":"s","type":"t"}', false, bad) end)
+    end
+    assert.equal("table", type(col.c:rollups(1700000000000)))
+    col:close()
+  end)
+
   it("goes on counting in a row whose window ended a moment before a late event (tools/unit)", function()
     -- an event counts under its request's received_at, stamped before parsing: a row freed
     -- as its window ended came back from such a count at 1, under the same _id

@@ -7,6 +7,8 @@
 #ifndef ESX_COMPAT_H
 #define ESX_COMPAT_H
 
+#include <stdint.h>
+
 #include <lua.h>
 #include <lauxlib.h>
 #include <lualib.h>
@@ -94,6 +96,17 @@ static inline long long esx_tointeger(lua_State *L, int i)
 #else
     return lua_isinteger(L, i) ? (long long)lua_tointeger(L, i) : (long long)lua_tonumber(L, i);
 #endif
+}
+
+/* Argument i as a whole number of ms or a sequence number: raises (luaL_argerror) unless it
+ * is a number in [0, 2^53] -- a NaN or out-of-range double cast to an integer type is
+ * undefined behaviour. */
+static inline int64_t esx_checkcount(lua_State *L, int i)
+{
+    lua_Number v = luaL_checknumber(L, i);
+    if (!(v >= 0 && v <= 9007199254740992.0))
+        luaL_argerror(L, i, "a number in [0, 2^53] expected");
+    return (int64_t)v;
 }
 
 static inline void esx_pushinteger(lua_State *L, long long v)

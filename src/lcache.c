@@ -621,7 +621,7 @@ static int l_changed(lua_State *L)
     lcache *lc = check_open(L);
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
-    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 4);
+    uint64_t start_seq = (uint64_t)esx_checkcount(L, 4);
     lua_pushboolean(L, esx_cache_changed(lc->core, kind, key, start_seq));
     return 1;
 }
@@ -672,9 +672,9 @@ static int l_page_put(lua_State *L)
     lcache *lc = check_open(L);
     uint64_t page_no = check_id(L, 2);
     double now = luaL_checknumber(L, 4);
-    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 5);
+    uint64_t start_seq = (uint64_t)esx_checkcount(L, 5);
     int has_ticket = !lua_isnoneornil(L, 6);
-    uint64_t ticket = has_ticket ? (uint64_t)luaL_checknumber(L, 6) : 0;
+    uint64_t ticket = has_ticket ? (uint64_t)esx_checkcount(L, 6) : 0;
     char msg[128];
     const char *bad = check_page(L, 3, msg, sizeof msg);
     if (has_ticket) {
@@ -750,9 +750,9 @@ static int l_readers_put(lua_State *L)
     lcache *lc = check_open(L);
     uint64_t article = check_id(L, 2);
     double now = luaL_checknumber(L, 4);
-    uint64_t start_seq = (uint64_t)luaL_checknumber(L, 5);
+    uint64_t start_seq = (uint64_t)esx_checkcount(L, 5);
     int has_ticket = !lua_isnoneornil(L, 6);
-    uint64_t ticket = has_ticket ? (uint64_t)luaL_checknumber(L, 6) : 0;
+    uint64_t ticket = has_ticket ? (uint64_t)esx_checkcount(L, 6) : 0;
     char msg[128];
     int oom;
     esx_rset *s = build_set(L, 3, msg, sizeof msg, &oom);
@@ -995,7 +995,7 @@ static int l_unlock(lua_State *L)
     lcache *lc = check_open(L);
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
-    uint64_t ticket = (uint64_t)luaL_checknumber(L, 4);
+    uint64_t ticket = (uint64_t)esx_checkcount(L, 4);
     esx_cache_unlock(lc->core, kind, key, ticket, NULL, 0, 0, 0);
     return 0;
 }
@@ -1010,7 +1010,7 @@ static int l_poll(lua_State *L)
     lcache *lc = check_open(L);
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
-    uint64_t ticket = (uint64_t)luaL_checknumber(L, 4);
+    uint64_t ticket = (uint64_t)esx_checkcount(L, 4);
     double now = luaL_checknumber(L, 5);
     void *data = NULL;
     size_t len = 0;

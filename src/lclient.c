@@ -221,7 +221,7 @@ static int client_send(lua_State *L)
     const char *body = luaL_optlstring(L, 4, NULL, &blen);
     const char *ctype = luaL_optstring(L, 5, "application/json");
     int max_retries = (int)luaL_optinteger(L, 7, -1);
-    int64_t timeout = (int64_t)luaL_optnumber(L, 8, 0);
+    int64_t timeout = lua_isnoneornil(L, 8) ? 0 : esx_checkcount(L, 8);
     if (!valid_method(method))
         return luaL_argerror(L, 2, "method must be 1-15 uppercase letters");
     if (!valid_target(target, tlen))

@@ -117,7 +117,7 @@ static int col_ingest(lua_State *L)
     size_t len;
     const char *body = luaL_checklstring(L, 2, &len);
     int from_query = lua_toboolean(L, 3);
-    int64_t received_at = lua_isnoneornil(L, 4) ? esx_wall_ms() : (int64_t)luaL_checknumber(L, 4);
+    int64_t received_at = lua_isnoneornil(L, 4) ? esx_wall_ms() : esx_checkcount(L, 4);
     esx_intake out;
     esx_collector_ingest(col, body, len, from_query, received_at, &out);
     lua_pushinteger(L, out.status);
@@ -211,7 +211,7 @@ static int build_rows(lua_State *L)
 static int col_rollups(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
-    int64_t now = lua_isnoneornil(L, 2) ? esx_wall_ms() : (int64_t)luaL_checknumber(L, 2);
+    int64_t now = lua_isnoneornil(L, 2) ? esx_wall_ms() : esx_checkcount(L, 2);
     esx_rollup_view *rows;
     size_t n;
     if (esx_collector_rollups(col, now, &rows, &n) != 0)
