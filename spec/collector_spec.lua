@@ -307,12 +307,15 @@ describe("col:handle", function()
     assert.equal(204, (post(c2, cjson.encode(ev({ site_id = "c" })))))
     assert.equal(204, (post(c2, cjson.encode(ev({ site_id = "d" })))))
     assert.equal(2, c2:stats().rate_unlimited)
+    -- one request with two sites that have no bucket counts once: requests, not sites
+    assert.equal(204, (post(c2, cjson.encode({ ev({ site_id = "x" }), ev({ site_id = "y" }) }))))
+    assert.equal(3, c2:stats().rate_unlimited)
     socket.sleep(0.35) -- a and b refill (0.2 s): their buckets can go
     local evs = {}
     for i = 1, 3 do evs[i] = ev({ site_id = "e" }) end
     assert.equal(204, (post(c2, cjson.encode({ evs[1], evs[2] }))))
     assert.equal(429, (post(c2, cjson.encode(evs[3])))) -- e has a bucket now, and it is empty
-    assert.equal(2, c2:stats().rate_unlimited)
+    assert.equal(3, c2:stats().rate_unlimited)
     c2:close()
   end)
 

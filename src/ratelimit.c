@@ -126,10 +126,11 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
                            int k, int64_t now_ms)
 {
     int64_t wait = 0;
+    int unlimited = 0; /* a site of the request has no bucket (the table is full) */
     for (int i = 0; i < k; i++) {
         bucket *b = find(rl, sites[i], now_ms, 1);
         if (b == NULL) {
-            rl->unlimited++;
+            unlimited = 1;
             continue;
         }
         refill(rl, b, now_ms);
@@ -150,6 +151,7 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
         if (b)
             b->tokens -= counts[i];
     }
+    rl->unlimited += (uint64_t)unlimited; /* requests, as stats().rate_unlimited says */
     return 0;
 }
 
