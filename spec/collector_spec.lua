@@ -78,6 +78,32 @@ describe("esx.collector", function()
       "esx.collector: bad option 'sink' (esx.client expected)")
   end)
 
+  it("returns nil, err when dead_letter is a link or spool_dir is not private (other users)", function()
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    -- another user's link in /tmp, to a file this process may write: it must not be appended to
+    local target = dir .. "/victim.conf"
+    io.open(target, "w"):close()
+    os.execute("ln -s " .. target .. " " .. dir .. "/dl.ndjson")
+    local col, err = esx.collector{ sink = client, dead_letter = dir .. "/dl.ndjson" }
+    assert.is_nil(col)
+    assert.equal("internal", err.kind)
+    assert.truthy(err.message:find("not a regular file of this user only", 1, true), err.message)
+    -- a spool_dir others may write to (or a link): segments planted there would go to _bulk
+    os.execute("mkdir -p " .. dir .. "/open && chmod 0777 " .. dir .. "/open")
+    os.execute("ln -s " .. dir .. "/open " .. dir .. "/linked")
+    for _, spool in ipairs{ dir .. "/open", dir .. "/linked" } do
+      col, err = esx.collector{ sink = client, spool_dir = spool }
+      assert.is_nil(col)
+      assert.truthy(err.message:find("not a directory of this user only", 1, true), err.message)
+    end
+    -- /dev/null stays usable as a dead-letter file (only root makes devices)
+    assert(esx.collector{ sink = client, dead_letter = "/dev/null" }):close(0)
+    local f = io.open(target)
+    assert.equal("", f:read("*a"))
+    f:close()
+  end)
+
   it("raises when queue_max_bytes is below max_body without spool_dir", function()
     assert.has_error(function() esx.collector{ sink = client, queue_max_bytes = 8192 } end,
       "esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)")

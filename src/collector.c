@@ -19,6 +19,7 @@
 #include "bulk_response.h"
 #include "clock.h"
 #include "collector.h"
+#include "private.h"
 #include "proc.h"
 #include "ratelimit.h"
 #include "rollup.h"
@@ -734,7 +735,9 @@ static int open_dead_letter(esx_collector *col)
 {
     if (!col->cfg.dead_letter_path[0])
         return 0;
-    col->dl_fd = open(col->cfg.dead_letter_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    /* not a link, nor a file another user made: it would receive the events (or have them
+     * read) -- /tmp is the default's directory */
+    col->dl_fd = esx_private_append(col->cfg.dead_letter_path);
     return col->dl_fd >= 0 ? 0 : -1;
 }
 
@@ -795,13 +798,16 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
         goto fail;
     }
     /* the spool directory (home of the default dead-letter file) exists from the start */
-    if (cfg->spool_dir[0] && esx_mkdirs(cfg->spool_dir) != 0) {
-        snprintf(why, 256, "cannot create spool_dir %.170s: %.40s", cfg->spool_dir, strerror(errno));
+    if (cfg->spool_dir[0] && esx_private_dir(cfg->spool_dir) != 0) {
+        snprintf(why, 256, "cannot use spool_dir %.150s: %.60s", cfg->spool_dir,
+                 errno == EPERM ? "not a directory of this user only (owner, no write for others)"
+                                : strerror(errno));
         goto fail;
     }
     if (open_dead_letter(col) != 0) {
-        snprintf(why, 256, "cannot open dead_letter file %.170s: %.40s",
-                 cfg->dead_letter_path, strerror(errno));
+        snprintf(why, 256, "cannot open dead_letter file %.150s: %.60s", cfg->dead_letter_path,
+                 errno == EPERM ? "not a regular file of this user only (a link, or another's)"
+                                : strerror(errno));
         goto fail;
     }
     esx_idgen_init(&col->ids);

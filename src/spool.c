@@ -15,6 +15,7 @@
 #include <zlib.h>
 
 #include "clock.h"
+#include "private.h"
 #include "proc.h"
 #include "spool.h"
 
@@ -33,29 +34,16 @@ static unsigned long long next_seq(void)
     return atomic_fetch_add(&segment_seq, 1) + 1;
 }
 
-int esx_mkdirs(const char *dir)
-{
-    char tmp[512];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0700) != 0 && errno != EEXIST)
-                return -1;
-            *p = '/';
-        }
-    }
-    return (mkdir(tmp, 0700) != 0 && errno != EEXIST) ? -1 : 0;
-}
-
 esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
 {
     if (strlen(dir) >= sizeof(((esx_spool *)0)->dir) - 64) {
         snprintf(why, 256, "spool_dir is too long");
         return NULL;
     }
-    if (esx_mkdirs(dir) != 0) {
-        snprintf(why, 256, "cannot create spool_dir %.150s: %.60s", dir, strerror(errno));
+    if (esx_private_dir(dir) != 0) {
+        snprintf(why, 256, "cannot use spool_dir %.150s: %.60s", dir,
+                 errno == EPERM ? "not a directory of this user only (owner, no write for others)"
+                                : strerror(errno));
         return NULL;
     }
     esx_spool *sp = calloc(1, sizeof *sp);
@@ -271,7 +259,8 @@ static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *ca
 {
     if (off + 8 > seg->bytes)
         return REC_NONE;
-    if (seg->rfd < 0 && (seg->rfd = open(seg->path, O_RDONLY | O_CLOEXEC)) < 0)
+    /* (a segment is replayed into _bulk as it is: only a file of this user's is read) */
+    if (seg->rfd < 0 && (seg->rfd = esx_private_read(seg->path)) < 0)
         return REC_RETRY;
     unsigned char head[8];
     if (pread(seg->rfd, head, 8, (off_t)off) != 8)
@@ -452,8 +441,8 @@ int esx_spool_claim_orphans(esx_spool *sp)
         snprintf(from, sizeof from, "%.500s/%.90s", sp->dir, de->d_name);
         if (pid == (int)sp->pid ? owned(sp, from) : pid_alive((pid_t)pid))
             continue;
-        struct stat st;
-        if (stat(from, &st) != 0)
+        struct stat st; /* a regular file of this user's: nothing else is replayed */
+        if (lstat(from, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
             continue;
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL)

@@ -58,11 +58,9 @@ typedef struct esx_spool {
 /* The largest record esx_spool_append takes (bytes of bulk lines). */
 #define ESX_SPOOL_MAX_RECORD ((size_t)64 << 20)
 
-/* Creates dir and its missing parents (mode 0700).  Returns 0, or -1 with errno set. */
-int esx_mkdirs(const char *dir);
-
-/* Opens (creating if needed, mode 0700) the spool directory for this process.  Returns
- * NULL with a reason in why (256 bytes). */
+/* Opens (creating if needed, mode 0700) the spool directory for this process; it must be a
+ * directory of this user's that no one else may write to (private.h).  Returns NULL with a
+ * reason in why (256 bytes). */
 esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why);
 
 /* Appends one record.  With overflow = 0 the events are also in memory: *seg receives the
