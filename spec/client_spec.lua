@@ -1207,6 +1207,21 @@ describe("pending:waiter_path", function()
     return n
   end
 
+  it("lives in a directory of its own that only this user may enter, removed on close", function()
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    local path = assert(p:waiter_path())
+    local dir = path:match("^(.*)/[^/]+$")
+    assert.truthy(dir:find("/esx%-%w%w%w%w%w%w$"), dir) -- mkdtemp: no name to guess or take first
+    local perms = io.popen("stat -c %a " .. dir):read("*l")
+    assert.equal("700", perms)
+    assert.is_true(p:wait(5000))
+    c:close()
+    assert.is_nil(io.open(path))
+    local ok = os.execute("test -d " .. dir)
+    assert.is_false(ok == true or ok == 0, "the directory is left behind")
+  end)
+
   it("wakes every waiter of a request once it is done, and none before", function()
     srv:fault{ path = "/", stall_ms = 2000, count = 1 }
     local c = client()

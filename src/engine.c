@@ -924,6 +924,11 @@ static void free_rest(esx_engine *e)
     if (lfd >= 0) {
         close(lfd);
         unlink(e->listen_path);
+        char *slash = strrchr(e->listen_path, '/'); /* and its directory (mkdtemp's) */
+        if (slash) {
+            *slash = '\0';
+            rmdir(e->listen_path);
+        }
     }
     pthread_mutex_destroy(&e->mu);
     explicit_bzero(&e->own_cfg, sizeof e->own_cfg);

@@ -32,6 +32,7 @@
 #define MAX_SOCKETS 1024
 #define MAX_SPARE_EASY 32
 #define ACCEPT_PAUSE_MS 20
+#define WAITER_SOCKET "waiter.sock" /* in a directory of its own (esx_engine_waiter_path) */
 
 typedef struct waiter_conn {
     int fd;

@@ -170,26 +170,30 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
         pthread_mutex_unlock(&e->mu);
         return e->listen_path;
     }
-    const char *dir = getenv("TMPDIR");
-    if (dir == NULL || strlen(dir) > 60)
-        dir = "/tmp";
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    int n = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/esx-%d-%llu.sock", dir,
-                     (int)esx_pid(), (unsigned long long)e->generation);
-    int fd = -1;
-    if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
-        snprintf(why, 256, "waiter socket path too long");
+    /* In a directory of its own (mkdtemp: mode 0700, a name no one can guess or take
+     * first): only this user can connect, and another user cannot block the path. */
+    const char *tmp = getenv("TMPDIR");
+    if (tmp == NULL || strlen(tmp) > 60)
+        tmp = "/tmp";
+    char dir[80];
+    snprintf(dir, sizeof dir, "%s/esx-XXXXXX", tmp);
+    if (mkdtemp(dir) == NULL) {
+        snprintf(why, 256, "cannot create the waiter socket's directory: %s", strerror(errno));
         goto fail;
     }
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", dir, WAITER_SOCKET); /* fits */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         snprintf(why, 256, "cannot create the waiter socket: %s", strerror(errno));
+        rmdir(dir);
         goto fail;
     }
-    unlink(addr.sun_path);
     if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0) {
         snprintf(why, 256, "cannot listen on %s: %s", addr.sun_path, strerror(errno));
         close(fd);
+        unlink(addr.sun_path);
+        rmdir(dir);
         goto fail;
     }
     memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
