@@ -144,6 +144,43 @@ describe("esx.collector", function()
 end)
 
 describe("col:handle", function()
+  it("answers 415 when Content-Encoding is given twice (more than one coding)", function()
+    local col = new()
+    local gz = ds.gzip(cjson.encode(ev()))
+    for _, codings in ipairs{ { "identity", "gzip" }, { "gzip", "gzip" } } do
+      local status, _, body = post(col, gz, { ["content-type"] = "application/json", ["content-encoding"] = codings })
+      assert.equal(415, status, body)
+    end
+    col:close()
+  end)
+
+  it("counts its own 400s (empty body, body not valid gzip) in rejected.not_json", function()
+    local col = new()
+    assert.equal(400, (post(col, "")))
+    assert.equal(400, (post(col, "not gzip", { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
+    assert.equal(400, (post(col, "  ")))
+    local r = col:stats().rejected
+    assert.equal(3, r.not_json)
+    assert.equal(3, r.total)
+    col:close()
+  end)
+
+  it("reads a query table as its string form: a list as repeated names, true as a bare one", function()
+    local col = new()
+    local function get(q)
+      local status, _, body = col:handle{ method = "GET", query = q, headers = {} }
+      return status, body
+    end
+    local s1, b1 = get("site_id=s1&type=view&x=a&x=b")
+    local s2, b2 = get({ site_id = "s1", type = "view", x = { "a", "b" } })
+    assert.equal(400, s1)
+    assert.equal(s1, s2)
+    assert.equal(b1, b2) -- the same refusal: duplicate member name
+    assert.equal(200, (get({ site_id = "s1", type = "view", flag = true })))
+    assert.equal(200, (get("site_id=s1&type=view&flag")))
+    col:close()
+  end)
+
   local col
   before_each(function() col = new() end)
   after_each(function() col:close() end)

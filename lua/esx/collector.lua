@@ -226,7 +226,8 @@ local function first(v)
 end
 
 -- Refusals decided here (before the C core sees the body) are counted per reason.
-local lua_reasons = { [403] = "origin", [405] = "method", [413] = "too_large", [415] = "unsupported" }
+local lua_reasons = { [403] = "origin", [405] = "method", [413] = "too_large", [415] = "unsupported",
+                      [400] = "not_json" } -- (an empty body, or one that is not valid gzip)
 
 local function count(self, reason)
   local r = self.refused
@@ -292,12 +293,21 @@ end
 local function query_string(q)
   if q == nil then return "" end
   if type(q) == "string" then return q end
+  -- as ngx.req.get_uri_args gives it: a list for a repeated name, true for a bare one; each
+  -- written back as it came, so that both forms make the same event (or the same refusal)
   local parts = {}
+  local function enc(s)
+    return (tostring(s):gsub("[^%w%-%._~]", function(c) return format("%%%02X", c:byte()) end))
+  end
+  local function pair(k, v)
+    parts[#parts + 1] = v == true and enc(k) or (enc(k) .. "=" .. enc(v))
+  end
   for k, v in pairs(q) do
-    local function enc(s)
-      return (tostring(s):gsub("[^%w%-%._~]", function(c) return format("%%%02X", c:byte()) end))
+    if type(v) == "table" then
+      for _, x in ipairs(v) do pair(k, x) end
+    else
+      pair(k, v)
     end
-    parts[#parts + 1] = enc(k) .. "=" .. enc(first(v))
   end
   return concat(parts, "&")
 end
@@ -377,10 +387,17 @@ function Collector:_answer(method, query, body, ctype, coding, origin)
   return status, list, b
 end
 
+-- Content-Encoding given more than once (a list, as header tables hold repeated headers) is
+-- more than one coding: only one is taken.
+local function one_coding(v)
+  if type(v) == "table" and #v > 1 then return concat(v, ", ") end
+  return first(v)
+end
+
 local function handle(self, req)
   local h = req.headers or {}
   local status, list, body = self:_answer(req.method, req.query, req.body, first(h["content-type"]),
-                                          first(h["content-encoding"]), first(h.origin))
+                                          one_coding(h["content-encoding"]), first(h.origin))
   local headers = {}
   for i = 1, #list, 2 do headers[list[i]] = list[i + 1] end
   return status, headers, body
