@@ -843,18 +843,31 @@ describe("cache:close()", function()
       collectgarbage("setpause", 200)
       collectgarbage("setstepmul", 200)
     end)
-    for _, method in ipairs{ "read_flags", "read_json" } do
+    for _, method in ipairs{ "read_flags", "read_json", "poll" } do
       local c = core.cache_new({ max_bytes = 1e7, page_ttl = 60000, readers_ttl = 60000,
-                                 max_pages = 10 }, {})
+                                 max_pages = 10, shared = method == "poll" }, {})
       local now = core.cache_clock()
       local list = {}
       for i = 1, 5000 do list[i] = { id = i, title = "t" .. i } end
-      assert(c:page_put(1, list, now, 0))
+      local ticket -- poll: the page is another worker's hand-off, rebuilt into Lua tables here
+      if method == "poll" then
+        local st
+        st, ticket = c:lock(1, 3, 5000, now)
+        assert.equal("acquired", st)
+        assert(c:page_put(3, list, now, 0, ticket))
+      else
+        assert(c:page_put(1, list, now, 0))
+      end
       for _ = 1, 2000 do garbage_with_gc(function() c:close() end) end
       collectgarbage("setpause", 100)
       collectgarbage("setstepmul", 100)
       -- answered, or refused as closed when the finalizers ran first: never a crash
-      local ok, err = pcall(c[method], c, method == "read_flags" and list or 1, 1, now)
+      local ok, err
+      if method == "poll" then
+        ok, err = pcall(c.poll, c, 1, 3, ticket, now)
+      else
+        ok, err = pcall(c[method], c, method == "read_flags" and list or 1, 1, now)
+      end
       assert.is_true(ok or tostring(err):find("the cache is closed", 1, true) ~= nil, tostring(err))
       collectgarbage("collect") -- every finalizer ran: the cache is closed, not half
       assert.has_error(function() c:stats() end, "esx.cache: the cache is closed")

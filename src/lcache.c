@@ -36,7 +36,7 @@ typedef struct {
     size_t max_bytes;
     char *scratch; /* read_json's output and flags, reused; grows to the largest page */
     size_t scratch_cap;
-    int busy;          /* a call uses the core across Lua allocations (see busy_end) */
+    int busy;          /* calls using the core across Lua allocations (see busy_end) */
     int close_pending; /* closed meanwhile: busy_end frees the core */
 } lcache;
 
@@ -50,14 +50,14 @@ static lcache *check_open(lua_State *L)
 
 static void release(lua_State *L, lcache *lc);
 
-/* read_flags and read_json look the core up (and read_json holds a pointer into it) between
+/* read_flags, read_json and poll use the core (read_json holds a pointer into it) between
  * Lua allocations, which may run finalizers: one that closes this cache only asks while they
- * are busy, and the core is freed here, when they are done.  A call that raises midway
+ * are busy (a count: a finalizer may call them too), and the core is freed here, when the
+ * last one is done.  A call that raises midway
  * leaves busy set: a close then waits for the userdata's __gc. */
 static void busy_end(lua_State *L, lcache *lc)
 {
-    lc->busy = 0;
-    if (lc->close_pending) {
+    if (--lc->busy == 0 && lc->close_pending) {
         lc->close_pending = 0;
         release(L, lc);
     }
@@ -808,7 +808,7 @@ static int l_read_flags(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
-    lc->busy = 1;
+    lc->busy++;
     int n = (int)lua_rawlen(L, 2);
     lua_settop(L, 4);
     lua_createtable(L, n, 0); /* 5: copies */
@@ -873,7 +873,7 @@ static int l_read_json(lua_State *L)
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
     int count_page = !lua_toboolean(L, 5), count = !lua_toboolean(L, 6);
-    lc->busy = 1;
+    lc->busy++;
     size_t len;
     const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len, count_page);
     drain(L, lc);
@@ -1005,9 +1005,19 @@ static int l_unlock(lua_State *L)
  * whether the set could be cached (readers).  "gone": the holder failed, died or was
  * overtaken by an invalidation, or its result cannot be taken here -- then it is withdrawn
  * from the slot, so that the next lock is acquired rather than offered it again. */
+static int poll_core(lua_State *L, lcache *lc);
+
 static int l_poll(lua_State *L)
 {
     lcache *lc = check_open(L);
+    lc->busy++; /* unwalk builds the page's tables between the core's calls */
+    int n = poll_core(L, lc);
+    busy_end(L, lc);
+    return n;
+}
+
+static int poll_core(lua_State *L, lcache *lc)
+{
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
     uint64_t ticket = (uint64_t)esx_checkcount(L, 4);

@@ -9,10 +9,13 @@
 
 #include "private.h"
 
-/* 1 when st is owned by this user and writable by neither its group nor others. */
+/* 1 when st is owned by this user -- or, for root, by any user: nginx's master creates the
+ * collector as root for workers that run as another user, and the directory an operator
+ * made for them is theirs -- and writable by neither its group nor others. */
 static int ours(const struct stat *st)
 {
-    return st->st_uid == geteuid() && (st->st_mode & (S_IWGRP | S_IWOTH)) == 0;
+    uid_t me = geteuid();
+    return (st->st_uid == me || me == 0) && (st->st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
 int esx_private_dir(const char *dir)
@@ -52,8 +55,10 @@ static int checked(int fd, int devices)
             errno = EPERM;
         return -1;
     }
+    /* (one link only: a hard link another user made to a file root may write is not ours) */
     if (fstat(fd, &st) != 0 ||
-        !((S_ISREG(st.st_mode) && ours(&st)) || (devices && S_ISCHR(st.st_mode)))) {
+        !((S_ISREG(st.st_mode) && ours(&st) && st.st_nlink == 1) ||
+          (devices && S_ISCHR(st.st_mode)))) {
         close(fd);
         errno = EPERM;
         return -1;

@@ -442,8 +442,9 @@ int esx_spool_claim_orphans(esx_spool *sp)
         if (pid == (int)sp->pid ? owned(sp, from) : pid_alive((pid_t)pid))
             continue;
         struct stat st; /* a regular file of this user's: nothing else is replayed */
-        if (lstat(from, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
-            continue;
+        if (lstat(from, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+            (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_nlink != 1)
+            continue; /* (as esx_private_read would refuse it: never claimed, never stuck) */
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL)
             break;
