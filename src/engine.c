@@ -239,10 +239,12 @@ int esx_eng_record_body(esx_request *req, const char *buf, size_t len)
  * socket whose connect failed without calling the close callback (fixed in 8.2), and such a
  * stale entry -- its number perhaps reused by another file -- is found and dropped by
  * esx_eng_sock_prune, never counted for ever nor closed after a fork. */
-static ino_t inode_of(int fd)
+
+/* 1 when s->fd is still open as the socket s recorded (same device and inode). */
+static int still_open(const esx_sock *s)
 {
     struct stat st;
-    return fstat(fd, &st) == 0 ? st.st_ino : 0;
+    return fstat(s->fd, &st) == 0 && st.st_dev == s->dev && st.st_ino == s->ino;
 }
 
 static void drop_entry(esx_engine *e, int i)
@@ -257,7 +259,16 @@ int esx_eng_sock_register(esx_engine *e, int fd)
         esx_eng_sock_prune(e);
     if (e->nsockets >= MAX_SOCKETS)
         return -1;
-    e->sockets[e->nsockets++] = (esx_sock){.fd = fd, .ino = inode_of(fd)};
+    struct stat st;
+    esx_sock *s = &e->sockets[e->nsockets++];
+    s->fd = fd;
+    if (fstat(fd, &st) == 0) {
+        s->dev = st.st_dev;
+        s->ino = st.st_ino;
+    } else { /* not open: the next prune drops it */
+        s->dev = 0;
+        s->ino = 0;
+    }
     atomic_store(&e->nopen, e->nsockets);
     return 0;
 }
@@ -275,8 +286,7 @@ void esx_eng_sock_forget(esx_engine *e, int fd)
 void esx_eng_sock_prune(esx_engine *e)
 {
     for (int i = e->nsockets - 1; i >= 0; i--) {
-        ino_t ino = inode_of(e->sockets[i].fd);
-        if (ino == 0 || ino != e->sockets[i].ino)
+        if (!still_open(&e->sockets[i]))
             drop_entry(e, i);
     }
 }
@@ -990,6 +1000,7 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
             memset(&req->inflater, 0, sizeof req->inflater);
             req->node = -1;
             if (l == 0) {
+                req->status = 0; /* a reply cut short by the thread's death is no answer */
                 /* it may have reached its node: sending it again is a retry, when one is left;
                  * without, attempt passes max_retries and `to` fails it
                  * (esx_eng_take_submissions) */

@@ -40,9 +40,11 @@ typedef struct waiter_conn {
     char buf[32];
 } waiter_conn;
 
-/* An open socket of the engine: its number and its inode (see esx_eng_sock_prune). */
+/* An open socket of the engine: its number and its file's identity, device and inode (see
+ * esx_eng_sock_prune). */
 typedef struct esx_sock {
     int fd;
+    dev_t dev;
     ino_t ino;
 } esx_sock;
 
