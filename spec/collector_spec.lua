@@ -877,6 +877,21 @@ describe("col:rollups", function()
     assert.equal(8, select(2, out:gsub("ok ", "")))
   end)
 
+  it("charges every site of a request whose last site made the rate table purge (tools/unit)", function()
+    -- the purge that made room for a new site dropped an earlier site's refilled bucket,
+    -- and that site's events went uncharged
+    local bin = os.tmpname()
+    local ok = os.execute("gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc tools/unit/ratelimit_purge.c " ..
+      "src/ratelimit.c src/hash.c -o " .. bin)
+    assert.truthy(ok == true or ok == 0, "cannot build tools/unit/ratelimit_purge.c")
+    local p = io.popen(bin)
+    local out = p:read("*a")
+    p:close()
+    os.remove(bin)
+    assert.falsy(out:find("FAIL", 1, true), out)
+    assert.equal(6, select(2, out:gsub("ok ", "")))
+  end)
+
   it("builds col:rollups() without the collector's lock (a finalizer may call the collector)", function()
     -- the rows were pushed as Lua tables under the lock: a __gc that read stats() during
     -- those allocations locked it again, and the process hung

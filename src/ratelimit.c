@@ -146,8 +146,11 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
     }
     if (wait > 0)
         return wait;
+    /* Found again, not kept from the first loop: a later site's find may have purged the
+     * table, moving buckets and dropping the refilled ones -- an earlier site's among them,
+     * which is made again here (full, as the purge found it) and charged. */
     for (int i = 0; i < k; i++) {
-        bucket *b = find(rl, sites[i], now_ms, 0);
+        bucket *b = find(rl, sites[i], now_ms, 1);
         if (b)
             b->tokens -= counts[i];
     }

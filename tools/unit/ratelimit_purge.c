@@ -1,0 +1,37 @@
+/*
+ * ratelimit_purge.c -- a request whose second site fills the table, run by
+ * spec/collector_spec.lua.  The purge that makes room drops the buckets that have refilled,
+ * the first site's among them: it must still be charged for its events.  Prints "ok <name>"
+ * per check; exits 1 on a failure.
+ */
+#include <stdio.h>
+
+#include "ratelimit.h"
+
+static int fails;
+
+static void check(int cond, const char *name)
+{
+    printf("%s %s\n", cond ? "ok" : "FAIL", name);
+    if (!cond)
+        fails++;
+}
+
+int main(void)
+{
+    /* 1 event/s, bursts of 2, room for 2 sites */
+    esx_ratelimit *rl = esx_ratelimit_new(1.0, 2.0, 2);
+    if (rl == NULL)
+        return 1;
+    const char *a[] = {"a"}, *b[] = {"b"}, *ac[] = {"a", "c"};
+    int one[] = {1}, two[] = {2}, one_one[] = {1, 1};
+    check(esx_ratelimit_take(rl, a, one, 1, 0) == 0, "a takes 1 of 2");
+    check(esx_ratelimit_take(rl, b, two, 1, 0) == 0, "b takes 2 of 2: the table is full");
+    /* 3 s later both buckets are full again; c needs a slot: the purge drops a and b */
+    check(esx_ratelimit_take(rl, ac, one_one, 2, 3000) == 0, "a and c take 1 each");
+    check(esx_ratelimit_take(rl, a, two, 1, 3000) > 0, "a has 1 token left, not 2");
+    check(esx_ratelimit_take(rl, a, one, 1, 3000) == 0, "a takes its last token");
+    check(esx_ratelimit_unlimited(rl) == 0, "no request went unlimited");
+    esx_ratelimit_free(rl);
+    return fails ? 1 : 0;
+}
