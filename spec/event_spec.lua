@@ -554,6 +554,12 @@ describe("core.event_from_query", function()
     assert.equal('{"site_id":"s","type":"t","received_at":' .. NOW .. ',"event_id":"' .. d.event_id .. '"}', d.doc)
   end)
 
+  it("drops the cache-buster `_` (jQuery's cache: false, pixel tags), however often given", function()
+    local d = q("_=1701234567&site_id=s&type=t&%5F=2&_")[1]
+    assert.equal('{"site_id":"s","type":"t","received_at":' .. NOW .. ',"event_id":"' .. d.event_id .. '"}', d.doc)
+    assert.equal("missing site_id", qreason("_=1"))
+  end)
+
   it("keeps a client event_id", function()
     assert.equal("e:1", q("site_id=s&type=t&event_id=e%3A1")[1].event_id)
   end)
@@ -572,7 +578,8 @@ describe("core.event_from_query", function()
     { "site_id=s&type=t&x=%C0%AF", "invalid UTF-8" },
     { "site_id=s&type=t&x=%ED%A0%80", "invalid UTF-8" },
     { "site_id=s&type=t&site_id=u", "duplicate member name" },
-    { "site_id=s&type=t&_=123", "reserved field _" },
+    { "site_id=s&type=t&_id=123", "reserved field _id" },
+    { "site_id=s&type=t&__=123", "reserved field __" },
     { "site_id=s&type=t&=1", "empty member name" },
     { "site_id=s&type=t&user_id=", "user_id: invalid length" },
   }

@@ -616,6 +616,11 @@ int esx_event_from_query(const char *query, size_t len, int64_t received_at, esx
                 bad = "invalid UTF-8";
                 break;
             }
+            if (nl == 1 && d[0] == '_') { /* the cache-buster pixel tags append (`_=<time>`,
+                                           * jQuery's cache: false): not a field, dropped */
+                i = end + 1;
+                continue;
+            }
             int is_ts = nl == 2 && memcmp(d, "ts", 2) == 0;
             if (is_ts && !is_integer_text(d + nl, vl)) {
                 bad = "ts: not an integer";
