@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc2 == ESX_GZIP_MORE || (rc2 == ESX_GZIP_OK && cut == size))
             rc2 = esx_inflate_feed(&inf, data + cut, size - cut, &b);
         else if (rc2 == ESX_GZIP_OK)
-            rc2 = esx_inflate_feed(&inf, data + cut, size - cut, &b); /* trailing: CORRUPT */
+            rc2 = esx_inflate_feed(&inf, data + cut, size - cut, &b); /* another member, or CORRUPT */
         if (rc2 == ESX_GZIP_MORE)
             rc2 = ESX_GZIP_CORRUPT;
         esx_inflate_end(&inf);

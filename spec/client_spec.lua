@@ -517,6 +517,19 @@ describe("error kinds and deadlines", function()
     c:close()
   end)
 
+  it("inflates a gzip response of several members, also when they arrive in slices", function()
+    local c = client{ compression = true, max_retries = 0 }
+    local plain = assert(c:request("GET", "/")).body
+    srv:fault{ path = "/", gzip_members = 3 }
+    srv:fault{ path = "/", gzip_members = 3, drip = { bytes = 7, interval_ms = 0 } }
+    for _ = 1, 2 do
+      local res, err = c:request("GET", "/")
+      assert.is_nil(err)
+      assert.equal(plain, res.body)
+    end
+    c:close()
+  end)
+
   it("returns nil, err with kind 'decode' when a response passes max_response_bytes", function()
     srv:fault{ path = "/", endless = true }
     local c = client{ max_response_bytes = 64 * 1024 }

@@ -285,6 +285,28 @@ describe("col:handle", function()
     assert.equal(400, (post(col, "\31\139garbage", { ["content-type"] = "application/json", ["content-encoding"] = "gzip" })))
   end)
 
+  it("accepts a gzip body of several members (cat a.gz b.gz), within max_body in all", function()
+    local gz = { ["content-type"] = "application/x-ndjson", ["content-encoding"] = "gzip" }
+    local body = ds.gzip(cjson.encode(ev()) .. "\n") .. ds.gzip(cjson.encode(ev()))
+    assert.equal(204, (post(col, body, gz)))
+    assert.equal(2, col:stats().accepted)
+    local small = new{ max_body = 1024 }
+    local part = ds.gzip(string.rep(" ", 1000))
+    assert.equal(413, (post(small, part .. ds.gzip(cjson.encode(ev())), gz)))
+    small:close()
+  end)
+
+  it("answers 400 for bytes after a gzip member that are not another member", function()
+    local gz = { ["content-type"] = "application/json", ["content-encoding"] = "gzip" }
+    local one = ds.gzip(cjson.encode(ev()))
+    for _, tail in ipairs{ "garbage", "\0\0\0\0", "\31\139", one:sub(1, -3) } do
+      local status, _, body = post(col, one .. tail, gz)
+      assert.equal(400, status)
+      assert.equal("body is not valid gzip", cjson.decode(body).error)
+    end
+    assert.equal(0, col:stats().accepted)
+  end)
+
   it("answers 503 with Retry-After, counted as nomem, when inflating the body runs out of memory", function()
     local gunzip = core.gunzip
     core.gunzip = function() return nil, "nomem" end

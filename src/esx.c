@@ -42,7 +42,7 @@ static int core_now(lua_State *L)
 }
 
 /* core.gunzip(data, max) -> string | nil, "too_large" | "corrupt" | "nomem"
- * Inflates one gzip member, never producing more than max bytes. */
+ * Inflates a gzip body (one member or several), never producing more than max bytes. */
 static int core_gunzip(lua_State *L)
 {
     size_t len;

@@ -53,12 +53,23 @@ int esx_inflate_init(esx_inflater *inf)
     return ESX_GZIP_OK;
 }
 
+/* Bytes after a member's trailer: another member (RFC 1952 2.2, what `cat a.gz b.gz` and
+ * some streaming compressors write), inflated into the same output and cap; anything else
+ * fails as not gzip. */
+static int next_member(esx_inflater *inf)
+{
+    if (inflateReset(&inf->zs) != Z_OK)
+        return ESX_GZIP_CORRUPT;
+    inf->finished = 0;
+    return ESX_GZIP_OK;
+}
+
 int esx_inflate_feed(esx_inflater *inf, const void *in, size_t n, esx_buf *out)
 {
     if (n == 0)
         return inf->finished ? ESX_GZIP_OK : ESX_GZIP_MORE;
-    if (inf->finished)
-        return ESX_GZIP_CORRUPT; /* bytes after the member's trailer */
+    if (inf->finished && next_member(inf) != ESX_GZIP_OK)
+        return ESX_GZIP_CORRUPT;
     inf->zs.next_in = (Bytef *)in;
     inf->zs.avail_in = n > (1u << 30) ? (1u << 30) : (uInt)n;
     size_t rest = n - inf->zs.avail_in;
@@ -75,7 +86,17 @@ int esx_inflate_feed(esx_inflater *inf, const void *in, size_t n, esx_buf *out)
         }
         if (zrc == Z_STREAM_END) {
             inf->finished = 1;
-            return (inf->zs.avail_in || rest) ? ESX_GZIP_CORRUPT : ESX_GZIP_OK;
+            if (inf->zs.avail_in == 0 && rest == 0)
+                return ESX_GZIP_OK;
+            if (next_member(inf) != ESX_GZIP_OK)
+                return ESX_GZIP_CORRUPT;
+            if (inf->zs.avail_in == 0) { /* the member ended where a 1 GiB slice did */
+                size_t done = n - rest;
+                inf->zs.next_in = (Bytef *)in + done;
+                inf->zs.avail_in = rest > (1u << 30) ? (1u << 30) : (uInt)rest;
+                rest -= inf->zs.avail_in;
+            }
+            continue;
         }
         if (zrc == Z_MEM_ERROR)
             return ESX_GZIP_NOMEM;

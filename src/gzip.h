@@ -16,7 +16,7 @@
 enum {
     ESX_GZIP_OK = 0,        /* stream complete (inflate) or done (compress) */
     ESX_GZIP_MORE = 1,      /* inflate: input consumed, stream not finished yet */
-    ESX_GZIP_CORRUPT = -1,  /* not gzip, bad data, bad checksum, trailing garbage */
+    ESX_GZIP_CORRUPT = -1,  /* not gzip, bad data, bad checksum, bytes after a member that are not one */
     ESX_GZIP_TOOBIG = -2,   /* output would pass its limit */
     ESX_GZIP_NOMEM = -3,
 };
@@ -31,11 +31,12 @@ typedef struct esx_inflater {
     int finished;
 } esx_inflater;
 
-/* Prepares an inflater for one gzip member.  Returns ESX_GZIP_OK or ESX_GZIP_NOMEM. */
+/* Prepares an inflater for a gzip stream: one member, or several one after another.
+ * Returns ESX_GZIP_OK or ESX_GZIP_NOMEM. */
 int esx_inflate_init(esx_inflater *inf);
 
 /* Feeds n compressed bytes, appending the inflated bytes to out (bounded by out->max).
- * Returns ESX_GZIP_MORE, ESX_GZIP_OK (member complete: any further input is CORRUPT),
+ * Returns ESX_GZIP_MORE, ESX_GZIP_OK (a member complete: further input must be another),
  * ESX_GZIP_CORRUPT, ESX_GZIP_TOOBIG or ESX_GZIP_NOMEM.  After an error, only
  * esx_inflate_end may be called. */
 int esx_inflate_feed(esx_inflater *inf, const void *in, size_t n, esx_buf *out);

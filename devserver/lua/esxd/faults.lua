@@ -8,7 +8,7 @@ local next_id = 0
 
 local FIELDS = { path = "string", method = "string", count = "number", status = "number", headers = "table",
   stall_ms = "number", drip = "table", close_after_bytes = "number", reset_after_bytes = "number",
-  corrupt_gzip = "boolean", empty_reply = "boolean", endless = "boolean", item_status = "number",
+  corrupt_gzip = "boolean", gzip_members = "number", empty_reply = "boolean", endless = "boolean", item_status = "number",
   item_count = "number" }
 
 -- Validate and append a rule. Returns id or nil, message.
@@ -26,6 +26,9 @@ function _M.add(spec)
   if spec.path == nil then return nil, "fault field [path] is required (an exact path or \"*\")" end
   if spec.drip and (type(spec.drip.bytes) ~= "number" or spec.drip.bytes < 1 or type(spec.drip.interval_ms) ~= "number") then
     return nil, "[drip] needs numeric bytes (>= 1) and interval_ms"
+  end
+  if spec.gzip_members and (spec.gzip_members < 1 or spec.gzip_members > 64 or spec.gzip_members % 1 ~= 0) then
+    return nil, "[gzip_members] must be an integer 1..64"
   end
   if spec.status and (spec.status < 100 or spec.status > 599) then return nil, "[status] must be 100..599" end
   if spec.item_status and (spec.item_status < 100 or spec.item_status > 599) then return nil, "[item_status] must be 100..599" end

@@ -1,5 +1,6 @@
 -- esxd.respond: writes a response: ES headers, optional gzip (Accept-Encoding), and the
--- delivery faults (stall, drip, truncated close, TCP reset, corrupt gzip, endless stream).
+-- delivery faults (stall, drip, truncated close, TCP reset, corrupt or multi-member gzip,
+-- endless stream).
 local gzip = require "esxd.gzip"
 local conn = require "esxd.conn"
 
@@ -22,7 +23,11 @@ function _M.send(status, body, headers, accept_gzip, fault)
     body = gzip.corrupt(body)
     ngx.header["Content-Encoding"] = "gzip"
   elseif accept_gzip and #body > 0 and not head then
-    body = assert(gzip.compress(body))
+    -- gzip_members = n: the body in n slices, each its own gzip member, one after another
+    local n, parts = math.min(fault.gzip_members or 1, #body), {}
+    local step = math.ceil(#body / n)
+    for i = 1, #body, step do parts[#parts + 1] = assert(gzip.compress(body:sub(i, i + step - 1))) end
+    body = table.concat(parts)
     ngx.header["Content-Encoding"] = "gzip"
   end
   if fault.stall_ms and fault.stall_ms > 0 then ngx.sleep(fault.stall_ms / 1000) end
