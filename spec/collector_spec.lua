@@ -726,6 +726,31 @@ describe("shipping", function()
     assert.same({ "dl-1", "dl-3" }, ids) -- dl-3, counted as written, is readable
   end)
 
+  it("ends a fragment another process left in the dead-letter file before its own line", function()
+    -- a worker that died mid-write, or another worker whose write the disk cut short: only
+    -- the writer that cut its own line short used to end it
+    local dir = tmpdir()
+    local dl = dir .. "/dl.ndjson"
+    local f = assert(io.open(dl, "w"))
+    f:write('{"failed_at":1,"status":400')
+    f:close()
+    os.execute("chmod 600 " .. dl)
+    local col = new{ dead_letter = dl, rollup = false }
+    f = assert(io.open(dl, "a"))
+    f:write('{"failed_at":2,"sta') -- after the collector opened it
+    f:close()
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "after-fragment" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    col:close()
+    local lines = {}
+    for line in io.lines(dl) do lines[#lines + 1] = line end
+    assert.equal(2, #lines)
+    assert.equal('{"failed_at":1,"status":400{"failed_at":2,"sta', lines[1])
+    assert.equal("after-fragment", cjson.decode(lines[2]).operation.create._id)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("holds events while Elasticsearch is down and indexes each exactly once when it is back", function()
     local port = srv.port
     local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0, connect_timeout = 200,

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,7 +104,6 @@ struct esx_collector {
     int64_t last_sync, last_orphan_scan;
     esx_ratelimit *rl;
     int dl_fd;
-    int dl_torn;             /* the last dead-letter write was cut short (disk full) */
     unsigned rng;
     esx_collector_counters st;
 
@@ -297,6 +297,18 @@ static size_t json_escape(char *out, size_t cap, const char *s)
     return o;
 }
 
+/* 1 when the dead-letter file ends in a fragment without its newline: a write the disk cut
+ * short, by this process or by another one appending to the same file (nginx workers, a
+ * process that died mid-write).  Read before every line, not remembered: the other writers'
+ * fragments are not this process's to know of.  Dead letters are rare; two system calls. */
+static int dead_letter_torn(int fd)
+{
+    struct stat st;
+    char last;
+    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+           pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
+}
+
 static void dead_letter(esx_collector *col, item *it, int status, const char *type,
                         const char *reason)
 {
@@ -326,7 +338,7 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
         return;
     }
     size_t o = 0;
-    if (col->dl_torn)
+    if (dead_letter_torn(col->dl_fd))
         line[o++] = '\n'; /* ends the fragment a short write left, so this line parses */
     memcpy(line + o, head, (size_t)n);
     o += (size_t)n;
@@ -346,10 +358,6 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
     ssize_t w = write(col->dl_fd, line, o); /* O_APPEND: one line per write */
     if (w != (ssize_t)o)
         col->st.dead_letter_failed++; /* disk full, I/O error: the event is not in the file */
-    if (w == (ssize_t)o)
-        col->dl_torn = 0;
-    else if (w > 0)
-        col->dl_torn = 1; /* a fragment without its newline is in the file */
     free(line);
 }
 
