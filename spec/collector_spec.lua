@@ -1182,6 +1182,36 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("goes on past spool segments whose files were removed before their replay", function()
+    -- a /tmp cleaner or a hand removed them: the replay waited for the first one for ever,
+    -- and every segment behind it with it.  Their events are lost (and counted); a closed
+    -- segment's file is only reachable by its name.
+    local dir = tmpdir()
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    local col = new{ spool_dir = dir, queue_max_bytes = 4096, spool_segment_bytes = 4096,
+                     flush_interval = 10, retry_backoff_min = 10, retry_backoff_max = 50,
+                     rollup = false }
+    for i = 1, 60 do
+      assert.equal(204, (post(col, cjson.encode(ev({ event_id = "gone" .. i, pad = string.rep("p", 100) })))))
+    end
+    assert.is_true(col:stats().spilled > 30)
+    os.execute("rm -f " .. dir .. "/seg-*.log")
+    srv:clear_faults()
+    assert.is_true(col:flush(15000 * SCALE), "the replay is stuck")
+    local s = col:stats()
+    assert.is_true(s.spool_segments_gone > 0)
+    assert.is_true(s.spool_skipped_bytes > 0)
+    assert.equal(0, s.queued_events)
+    assert.equal(s.shipped, (indexed()))
+    assert.is_true(s.shipped < 60)
+    -- and what comes next is shipped as before
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "after-gone" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    assert.equal(s.shipped + 1, col:stats().shipped)
+    col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("takes a request larger than queue_max_bytes onto disk and ships it", function()
     local dir = tmpdir()
     local col = new{ spool_dir = dir, queue_max_bytes = 8192, flush_interval = 10 }
@@ -1293,6 +1323,36 @@ describe("spool", function()
     assert.equal(n, claimed())
     assert.equal(total, (indexed()))
   end
+
+  it("replays a segment whose name was removed while it was appended to, losing nothing", function()
+    -- its records are read through a copy of the descriptor they are written with: the
+    -- file is still there.  The segment waits behind a dead process's, not yet opened for
+    -- reading when its name goes.
+    local dir = tmpdir()
+    local ids = {}
+    for i = 1, 50 do ids[i] = "dead" .. i end
+    spool_victim(dir, ids)
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    local col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10,
+                     retry_backoff_min = 10, retry_backoff_max = 50, rollup = false }
+    post(col, cjson.encode(ev({ event_id = "first" }))) -- starts the shipper, which claims
+    local deadline = socket.gettime() + 10 * SCALE
+    while col:stats().replayed == 0 and socket.gettime() < deadline do socket.sleep(0.01) end
+    assert.is_true(col:stats().replayed > 0) -- the dead process's segment is being read
+    for i = 1, 20 do
+      assert.equal(204, (post(col, cjson.encode(ev({ event_id = "own" .. i, pad = string.rep("p", 100) })))))
+    end
+    assert.equal(20, col:stats().spilled) -- behind it, on disk only
+    os.execute("rm -f " .. dir .. "/seg-*.log")
+    srv:clear_faults()
+    assert.is_true(col:flush(15000 * SCALE), "the replay is stuck")
+    local s = col:stats()
+    col:close()
+    assert.equal(0, s.spool_segments_gone)
+    assert.equal(71, s.shipped)
+    assert.equal(71, (indexed()))
+    os.execute("rm -rf " .. dir)
+  end)
 
   it("never lets a closed collector's late acknowledgement delete a new collector's segment", function()
     local dir = tmpdir()

@@ -156,7 +156,8 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     for (int tries = 0; tries < 1000; tries++) {
         snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
                  next_seq());
-        seg->fd = open(seg->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+        /* (readable too: a replay reads through a copy of it, see read_record_at) */
+        seg->fd = open(seg->path, O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
         if (seg->fd >= 0 || errno != EEXIST)
             break;
     }
@@ -248,20 +249,27 @@ int64_t esx_spool_backlog_since(const esx_spool *sp)
     return since;
 }
 
-enum { REC_NONE, REC_OK, REC_BAD, REC_RETRY };
+enum { REC_NONE, REC_OK, REC_BAD, REC_RETRY, REC_GONE };
 
 /* Reads the record at offset off of seg into *buf, its length into *len.  Returns REC_OK,
  * REC_NONE when no record header is written there yet, REC_BAD for a record that is torn or
  * fails its checks (a length in bounds, a CRC-32 that matches, and the shape of bulk lines:
- * it starts with '{' and ends with '\n'), or REC_RETRY when it could not be read for now (the
- * file cannot be opened, no memory): nothing about the record is known then. */
+ * it starts with '{' and ends with '\n'), REC_RETRY when it could not be read for now (no
+ * descriptor or memory left): nothing about the record is known then, or REC_GONE when the
+ * file is no longer there to read (removed by hand or by a /tmp cleaner, or no longer this
+ * user's private file): waiting would hold every segment behind it for ever. */
 static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *cap, size_t *len)
 {
     if (off + 8 > seg->bytes)
         return REC_NONE;
     /* (a segment is replayed into _bulk as it is: only a file of this user's is read) */
-    if (seg->rfd < 0 && (seg->rfd = esx_private_read(seg->path)) < 0)
-        return REC_RETRY;
+    if (seg->rfd < 0) {
+        /* through the descriptor still open for appending, when there is one: the same file
+         * even if its name was removed meanwhile (the events in it were acknowledged) */
+        seg->rfd = seg->fd >= 0 ? fcntl(seg->fd, F_DUPFD_CLOEXEC, 0) : esx_private_read(seg->path);
+        if (seg->rfd < 0)
+            return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? REC_RETRY : REC_GONE;
+    }
     unsigned char head[8];
     if (pread(seg->rfd, head, 8, (off_t)off) != 8)
         return REC_BAD;
@@ -331,7 +339,16 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
         size_t n = 0;
         int rc = read_record_at(seg, seg->read_off, &buf, &cap, &n);
         if (rc == REC_RETRY)
-            break; /* the file cannot be opened or no memory: try again on the next pass */
+            break; /* no descriptor or memory left: try again on the next pass */
+        if (rc == REC_GONE) {
+            /* its unread records cannot be had: counted as skipped, and the rest goes on */
+            sp->bytes_skipped += seg->bytes - seg->read_off;
+            sp->segments_gone++;
+            seg->read_off = seg->bytes;
+            backlog_remove(sp, seg);
+            maybe_delete(sp, seg);
+            continue;
+        }
         if (rc == REC_BAD) {
             /* A torn tail (a write cut short by a kill: never acknowledged) or a damaged
              * record: the records after it, if any, are acknowledged events -- go on from

@@ -52,7 +52,9 @@ typedef struct esx_spool {
     int unsynced[8];         /* descriptors of sealed segments, for the next esx_spool_sync */
     int n_unsynced;
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
-    uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged) */
+    uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged),
+                             * or whose file was gone (segments_gone) */
+    uint64_t segments_gone; /* backlog segments whose file could not be read any more */
 } esx_spool;
 
 /* The largest record esx_spool_append takes (bytes of bulk lines). */
