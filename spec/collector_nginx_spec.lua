@@ -310,6 +310,40 @@ describe("esx.nginx.collect #nginx", function()
     end)
   end)
 
+  it("ships every event exactly once across nginx -s reload (HUP), old workers and new", function()
+    es:reset()
+    local master = web:pid()
+    local old = worker_pids(master)
+    local function post(id)
+      return web:request("POST", "/collect", cjson.encode({ site_id = "s1", type = "view", event_id = id }),
+        { ["Content-Type"] = "application/json" })
+    end
+    for i = 1, 20 do assert.equal(204, post("hup" .. i)) end
+    os.execute("kill -HUP " .. master)
+    local deadline = socket.gettime() + 10
+    local now
+    repeat -- new workers from the new configuration (init_by_lua ran again in the master)
+      socket.sleep(0.05)
+      now = worker_pids(master)
+      local fresh = 0
+      for _, pid in ipairs(now) do
+        local was = false
+        for _, o in ipairs(old) do if o == pid then was = true end end
+        if not was then fresh = fresh + 1 end
+      end
+    until (fresh >= 2 and #now == 2) or socket.gettime() > deadline
+    assert.equal(2, #now)
+    for i = 21, 40 do assert.equal(204, post("hup" .. i)) end
+    deadline = socket.gettime() + 15
+    while indexed("hup") < 40 and socket.gettime() < deadline do socket.sleep(0.1) end
+    assert.equal(40, indexed("hup"))
+    socket.sleep(0.5)
+    assert.equal(40, indexed("hup")) -- exactly once
+    local log = web:error_log()
+    assert.falsy(log:find("exited on signal", 1, true), log)
+    assert.falsy(log:find("%[alert%]") or log:find("%[crit%]") or log:find("%[emerg%]"), log)
+  end)
+
   it("loses nothing a worker acknowledged when it is killed with SIGKILL", function()
     es:reset()
     local port = es.port
