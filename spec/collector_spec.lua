@@ -1182,6 +1182,39 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("answers 503 while the spool's disk is full, and ships everything it accepted once there is room", function()
+    local fs = tmpdir()
+    local ok = os.execute("mount -t tmpfs -o size=64k tmpfs " .. fs .. " 2>/dev/null")
+    if not (ok == true or ok == 0) then
+      os.execute("rm -rf " .. fs)
+      return pending("needs to mount a 64 KiB tmpfs (root)")
+    end
+    finally(function() os.execute("umount -l " .. fs .. "; rm -rf " .. fs) end)
+    os.execute("chmod 700 " .. fs)
+    local col = new{ spool_dir = fs, rollup = false, flush_interval = 10 }
+    local statuses, accepted = {}, {}
+    local function send(id)
+      local st = post(col, cjson.encode(ev({ event_id = id, pad = string.rep("d", 300) })))
+      statuses[st] = (statuses[st] or 0) + 1
+      if st == 204 then accepted[#accepted + 1] = id end
+      return st
+    end
+    for i = 1, 5 do assert.equal(204, send("before" .. i)) end
+    os.execute("dd if=/dev/zero of=" .. fs .. "/filler bs=4k count=100 2>/dev/null") -- disk full
+    for i = 1, 10 do send("full" .. i) end
+    assert.is_true((statuses[503] or 0) > 0, "no 503 while the disk was full")
+    assert.equal(statuses[503], col:stats().rejected.spool)
+    os.execute("rm -f " .. fs .. "/filler")
+    for i = 1, 5 do assert.equal(204, send("after" .. i)) end
+    assert.is_true(col:flush(10000 * SCALE))
+    local s = col:stats()
+    col:close()
+    assert.equal(#accepted, s.accepted)
+    assert.equal(#accepted, s.shipped)
+    assert.equal(#accepted, (indexed()))
+    assert.equal(0, segments(fs)) -- no segment left behind, torn or not
+  end)
+
   it("goes on past spool segments whose files were removed before their replay", function()
     -- a /tmp cleaner or a hand removed them: the replay waited for the first one for ever,
     -- and every segment behind it with it.  Their events are lost (and counted); a closed
