@@ -1053,6 +1053,55 @@ describe("credentials", function()
     end
   end)
 
+  -- The path to the first string containing needle reachable from v through table keys,
+  -- values and metatables (raw: next and debug.getmetatable, never __pairs or __index code;
+  -- a userdata's C memory is not walked, only its metatable), or nil.
+  local function path_to(v, needle)
+    local seen = {}
+    local function walk(x, path)
+      local tx = type(x)
+      if tx == "string" then return x:find(needle, 1, true) and path or nil end
+      if (tx ~= "table" and tx ~= "userdata") or seen[x] then return nil end
+      seen[x] = true
+      if tx == "table" then
+        for k, val in next, x do
+          local kp = path .. "[" .. tostring(k) .. "]"
+          local found = walk(k, kp .. "(key)") or walk(val, kp)
+          if found then return found end
+        end
+      end
+      return walk(debug.getmetatable(x), path .. "(metatable)")
+    end
+    return walk(v, "c")
+  end
+
+  it("are held in no Lua field of a client, open or closed, nor shown by stats or tostring", function()
+    local api_key = "czNjcmV0LWFwaS1rZXk="
+    local clients = {
+      client{ hosts = { secure.url }, username = "elastic", password = "s3cret-pw" },
+      client{ hosts = { (secure.url:gsub("^http://", "http://elastic:s3cret-pw@")) } },
+      client{ hosts = { secure.url }, api_key = api_key },
+    }
+    local function check(c, state)
+      for _, secret in ipairs{ "s3cret-pw", api_key } do
+        local where = path_to(c, secret)
+        assert.is_nil(where, state .. " client holds a credential at " .. tostring(where))
+        assert.falsy(tostring(c):find(secret, 1, true))
+        local s, err = c:stats()
+        assert.is_nil(path_to(s, secret), state .. " client's stats show a credential")
+        assert.is_nil(path_to(err, secret), state .. " client's stats error shows a credential")
+      end
+    end
+    for i, c in ipairs(clients) do
+      local res = assert(c:request("GET", "/", nil, { ok_status = { 401 } }))
+      if i <= 2 then assert.equal(200, res.status) end -- the credentials were in use
+      check(c, "an open")
+      c:close()
+      check(c, "a closed")
+      assert.equal("closed", select(2, c:stats()).kind)
+    end
+  end)
+
   it("percent-decodes credentials taken from the URL", function()
     local url = secure.url:gsub("^http://", "http://elastic:s3cret%%2Dpw@")
     local c = client{ hosts = { url } }

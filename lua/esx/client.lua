@@ -141,7 +141,10 @@ function _M.new(opts)
   end
   local c, err = core.client_new(o)
   if not c then return nil, err end
-  local self = setmetatable({ c = c, opts = o, http_failures = { http = 0, not_found = 0, decode = 0 } }, Client)
+  -- o is not kept: it holds the credentials (username, password, api_key, a node URL's
+  -- user:pass), which live only in the C config from here on, so that no Lua field of the
+  -- client -- open or closed -- shows them to a serializer or a log of the table
+  local self = setmetatable({ c = c, http_failures = { http = 0, not_found = 0, decode = 0 } }, Client)
   self.name = registry.add(self, "client", o.name, Client.stats)
   return self
 end
