@@ -38,7 +38,25 @@ static int has_crlf(const char *s, size_t len)
     return 0;
 }
 
-/* Reads the validated options table at t into cfg; raises on anything malformed. */
+/* 1 when name[0..len) is a header name curl and servers take as one: non-empty, no ':',
+ * no space, no control character (the Lua layer asks for an HTTP token; this keeps a direct
+ * caller of core.client_new from splitting a request's head). */
+static int valid_header_name(const char *name, size_t len)
+{
+    if (len == 0)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if (ch <= 0x20 || ch == 0x7f || ch == ':')
+            return 0;
+    }
+    return 1;
+}
+
+/* Reads the validated options table at t into cfg.  Raises on anything malformed; a raise
+ * leaves nothing allocated (every check comes before the header lines are built, and a
+ * malloc failure frees the lines built so far).  On return cfg owns the header lines (free
+ * them with esx_config_free, or hand cfg to esx_client_new, which takes them). */
 static void read_config(lua_State *L, int t, esx_config *cfg)
 {
     char user[256], pass[256], why[256];
@@ -100,18 +118,40 @@ static void read_config(lua_State *L, int t, esx_config *cfg)
     lua_pop(L, 1);
     lua_getfield(L, t, "headers");
     if (lua_istable(L, -1)) {
+        /* every check before the first malloc: a raise after it would leak the lines */
+        int n_headers = 0;
+        lua_pushnil(L);
+        while (lua_next(L, -2) != 0) {
+            /* type checks, not lua_tolstring's conversion: it would change a number key in
+             * place and break lua_next */
+            if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+                luaL_error(L, "esx.client: bad option 'headers' (names and values must be strings)");
+            size_t nl, vl;
+            const char *name = lua_tolstring(L, -2, &nl);
+            const char *value = lua_tolstring(L, -1, &vl);
+            if (!valid_header_name(name, nl) || has_crlf(value, vl))
+                luaL_error(L, "esx.client: bad option 'headers' (names must be non-empty tokens "
+                              "without ':', spaces or control characters; values without CR, "
+                              "LF or NUL)");
+            if (++n_headers > ESX_MAX_HEADERS)
+                luaL_error(L, "esx.client: option 'headers' has more than %d entries",
+                           ESX_MAX_HEADERS);
+            lua_pop(L, 1);
+        }
+        /* then the lines: nothing below raises but running out of memory, after a free */
         lua_pushnil(L);
         while (lua_next(L, -2) != 0) {
             size_t nl, vl;
             const char *name = lua_tolstring(L, -2, &nl);
             const char *value = lua_tolstring(L, -1, &vl);
-            if (cfg->n_headers == ESX_MAX_HEADERS)
-                luaL_error(L, "esx.client: option 'headers' has more than %d entries",
-                           ESX_MAX_HEADERS);
             char *line = malloc(nl + vl + 3);
-            if (line == NULL)
-                luaL_error(L, "out of memory");
-            snprintf(line, nl + vl + 3, "%s: %s", name, value);
+            if (line == NULL) {
+                esx_config_free(cfg);
+                luaL_error(L, "esx.client: out of memory building the header lines");
+            }
+            memcpy(line, name, nl);
+            memcpy(line + nl, ": ", 2);
+            memcpy(line + nl + 2, value, vl + 1);
             cfg->headers[cfg->n_headers++] = line;
             lua_pop(L, 1);
         }
@@ -138,7 +178,7 @@ static int client_new(lua_State *L)
     lclient *u = lua_newuserdata(L, sizeof *u);
     u->c = NULL;
     esx_config cfg;
-    read_config(L, 1, &cfg); /* may raise: nothing is allocated outside cfg.headers yet */
+    read_config(L, 1, &cfg); /* may raise, with nothing allocated: see read_config */
     char why[256];
     u->c = esx_client_new(&cfg, why);
     if (u->c == NULL)
