@@ -5,11 +5,13 @@
  * module `esx` (lua/esx/init.lua) is Lua and builds on it.  Nothing here keeps global
  * state: everything lives in userdata, the registry, or the C core objects they point to.
  */
+#include <stdint.h>
 #include <time.h>
 
 #include "clock.h"
 #include "compat.h"
 #include "gzip.h"
+#include "lclass.h"
 #include "lcache.h"
 #include "lclient.h"
 #include "lcollector.h"
@@ -87,6 +89,7 @@ static const luaL_Reg core_functions[] = {
 int luaopen_esx_core(lua_State *L)
 {
     esx_lerror_open(L);
+    esx_lbox_open(L);
     luaL_newlib(L, core_functions);
     esx_lclient_open(L);
     esx_lcollector_open(L);

@@ -1,6 +1,8 @@
 /*
- * lclass.c -- the metatable of a userdata class seen by Lua (see lclass.h).
+ * lclass.c -- userdata classes, and boxes that own C memory during a call (see lclass.h).
  */
+#include <stdlib.h>
+
 #include "lclass.h"
 
 void esx_lclass(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
@@ -24,4 +26,43 @@ void esx_lclass(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFu
         lua_setfield(L, -2, "__name");
     }
     lua_pop(L, 1);
+}
+
+#define LBOX_MT "esx.box"
+#define LBUF_MT "esx.buf"
+
+static int lbox_gc(lua_State *L)
+{
+    void **box = luaL_checkudata(L, 1, LBOX_MT);
+    free(*box);
+    *box = NULL;
+    return 0;
+}
+
+static int lbuf_gc(lua_State *L)
+{
+    esx_buf_free(luaL_checkudata(L, 1, LBUF_MT));
+    return 0;
+}
+
+void esx_lbox_open(lua_State *L)
+{
+    esx_lclass(L, LBOX_MT, NULL, lbox_gc, NULL);
+    esx_lclass(L, LBUF_MT, NULL, lbuf_gc, NULL);
+}
+
+void **esx_lbox_push(lua_State *L)
+{
+    void **box = lua_newuserdata(L, sizeof *box);
+    *box = NULL;
+    luaL_setmetatable(L, LBOX_MT);
+    return box;
+}
+
+esx_buf *esx_lbuf_push(lua_State *L, size_t max)
+{
+    esx_buf *b = lua_newuserdata(L, sizeof *b);
+    esx_buf_init(b, max);
+    luaL_setmetatable(L, LBUF_MT);
+    return b;
 }

@@ -1,9 +1,11 @@
 /*
- * lclass.h -- the metatable of a userdata class seen by Lua.
+ * lclass.h -- the metatable of a userdata class seen by Lua, and userdata that own C heap
+ * memory for the length of a call (so that a raise cannot leak it).
  */
 #ifndef ESX_LCLASS_H
 #define ESX_LCLASS_H
 
+#include "buf.h"
 #include "compat.h"
 
 /* Registers the metatable `name` (once per Lua state): methods (may be NULL) as __index,
@@ -11,5 +13,22 @@
  * stack as it was; fails only by raising Lua's own memory error. */
 void esx_lclass(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
                 lua_CFunction tostring);
+
+/* Registers the metatables of esx_lbox_push and esx_lbuf_push; call once, from luaopen.
+ * Fails only by raising Lua's own memory error. */
+void esx_lbox_open(lua_State *L);
+
+/* Pushes a new userdata holding one pointer, NULL at first, whose __gc frees what it points
+ * to.  Push the box before allocating, keep the malloc'ed block in *box while Lua calls that
+ * may raise run, then free it and set *box = NULL (or take it: set *box = NULL).  The box
+ * owns the block; the caller owns nothing once it is stored.  Fails only by raising Lua's
+ * memory error, before anything is stored. */
+void **esx_lbox_push(lua_State *L);
+
+/* The same for a growable buffer: pushes a userdata holding an esx_buf bounded by max
+ * (esx_buf_init'ed, empty); its __gc frees the buffer's data.  The caller may esx_buf_free
+ * it early; esx_buf_take hands the data to the caller, who then owns it.  Fails only by
+ * raising Lua's memory error, before anything is allocated. */
+esx_buf *esx_lbuf_push(lua_State *L, size_t max);
 
 #endif

@@ -31,22 +31,6 @@
 #define HLL_MT "esx.hll"
 #define HLL_SEED 0 /* fixed, and the one rollup.c uses: sketches built anywhere merge */
 #define MAX_EVENTS_LIMIT 100000
-#define BUF_MT "esx.evbuf"
-
-/* An output buffer owned by a userdata, so a raise while results are built frees it. */
-static esx_buf *buf_push(lua_State *L, size_t max)
-{
-    esx_buf *b = lua_newuserdata(L, sizeof *b);
-    esx_buf_init(b, max);
-    luaL_setmetatable(L, BUF_MT);
-    return b;
-}
-
-static int l_buf_gc(lua_State *L)
-{
-    esx_buf_free(luaL_checkudata(L, 1, BUF_MT));
-    return 0;
-}
 
 static int64_t check_ms(lua_State *L, int i)
 {
@@ -133,7 +117,8 @@ static int l_events_parse(lua_State *L)
     esx_event_reject *rj = lua_newuserdata(L, (size_t)max * sizeof *rj);
     /* output: the body minified plus per event received_at, event_id and separators */
     size_t extra = (size_t)max * 128 + 1024;
-    esx_buf *out = buf_push(L, len > SIZE_MAX - extra - 1 ? SIZE_MAX - 1 : len + extra);
+    /* output owned by a userdata: a raise while results are built frees it */
+    esx_buf *out = esx_lbuf_push(L, len > SIZE_MAX - extra - 1 ? SIZE_MAX - 1 : len + extra);
     int ne = 0, nr = 0;
     char why[128];
     int rc = esx_events_parse(body, len, now, ids, out, ev, &ne, rj, &nr, (int)max, why);
@@ -148,7 +133,8 @@ static int l_event_from_query(lua_State *L)
     esx_idgen *ids = lua_touserdata(L, lua_upvalueindex(1));
     esx_event *ev = lua_newuserdata(L, sizeof *ev);
     esx_event_reject *rj = lua_newuserdata(L, sizeof *rj);
-    esx_buf *out = buf_push(L, len > (SIZE_MAX - 2048) / 8 ? SIZE_MAX - 1 : 8 * len + 2048);
+    /* output owned by a userdata: a raise while results are built frees it */
+    esx_buf *out = esx_lbuf_push(L, len > (SIZE_MAX - 2048) / 8 ? SIZE_MAX - 1 : 8 * len + 2048);
     int ne = 0, nr = 0;
     char why[128];
     int rc = esx_event_from_query(q, len, now, ids, out, ev, &ne, rj, &nr, why);
@@ -283,7 +269,6 @@ static const luaL_Reg hll_methods[] = {
 void esx_levent_open(lua_State *L)
 {
     esx_lclass(L, HLL_MT, hll_methods, l_hll_gc, l_hll_tostring);
-    esx_lclass(L, BUF_MT, NULL, l_buf_gc, NULL);
 
     /* one id generator per Lua state, shared by both parsers as an upvalue */
     esx_idgen *ids = lua_newuserdata(L, sizeof *ids);

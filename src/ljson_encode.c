@@ -20,21 +20,12 @@
 #define MAX_DEPTH 1000            /* cjson's encode_max_depth */
 #define MAX_TEXT (1024u << 20)    /* 1 GiB: past it the value is refused, not truncated */
 #define KEEP_BYTES 65536          /* a buffer up to this size is kept for the next call */
-#define BUF_MT "esx.jsonbuf"
 
 typedef struct enc {
     lua_State *L;
     esx_buf out;
     char err[128];
 } enc;
-
-/* The output buffer of a Lua state: an upvalue of json_encode (a raise cannot leak it, and
- * small bodies reuse its memory).  json_encode calls no Lua code, so it is never re-entered. */
-static int buf_gc(lua_State *L)
-{
-    esx_buf_free(luaL_checkudata(L, 1, BUF_MT));
-    return 0;
-}
 
 static int fail(enc *e, const char *why)
 {
@@ -259,10 +250,10 @@ static int json_encode(lua_State *L)
 
 void esx_ljson_encode_open(lua_State *L)
 {
-    esx_lclass(L, BUF_MT, NULL, buf_gc, NULL);
-    esx_buf *b = lua_newuserdata(L, sizeof *b);
-    esx_buf_init(b, MAX_TEXT);
-    luaL_setmetatable(L, BUF_MT);
+    /* The output buffer of a Lua state: an upvalue of json_encode (a raise cannot leak it,
+     * and small bodies reuse its memory).  json_encode calls no Lua code, so it is never
+     * re-entered. */
+    esx_lbuf_push(L, MAX_TEXT);
     lua_pushcclosure(L, json_encode, 1);
     lua_setfield(L, -2, "json_encode");
 }
