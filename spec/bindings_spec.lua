@@ -2,9 +2,30 @@
 -- raise naming what is wrong, and free the C memory they had allocated before the raise.
 -- The leak half of that is proved by the AddressSanitizer run (`make asan`, LeakSanitizer
 -- on): a binding that raises with C memory it alone points to fails the suite there.
+-- Under that run's host (tools/sanlua.c) the "out of memory" tests also make every Lua
+-- allocation of a call, in turn, the one that fails, so that each raise point is taken once.
 local core = require "esx.core"
+local ds = require "spec.support.devserver"
 
 local NOWHERE = "http://127.0.0.1:9" -- nothing is sent: a client is only built and closed
+
+local has_san, san = pcall(require, "sanlua")
+local oom_it = has_san and it or pending -- elsewhere: nothing to inject the failures with
+
+-- Calls f(...) once per Lua allocation it makes, that allocation and every later one failing
+-- as when memory runs out.  Each call must raise Lua's memory error or return normally (a
+-- binding may turn the failure into nil, err).  Returns how many allocations f made.
+local function sweep(f, ...)
+  for n = 1, 100000 do
+    local injected, ok, err = san.oom_pcall(n, f, ...)
+    if not injected then
+      assert(ok, err)
+      return n - 1
+    end
+    assert(ok or err == "not enough memory", err)
+  end
+  error("more than 100000 allocations")
+end
 
 describe("core.client_new", function()
   local function headers(n)
@@ -53,5 +74,22 @@ describe("core.client_new", function()
         "esx.client: bad option 'headers' (names must be non-empty tokens without ':', " ..
         "spaces or control characters; values without CR, LF or NUL)")
     end
+  end)
+end)
+
+describe("core.gunzip", function()
+  oom_it("frees its output when Lua runs out of memory taking it as a string", function()
+    local gz = ds.gzip(string.rep("esx ", 50000))
+    assert.equal(200000, #core.gunzip(gz, 1e6))
+    assert.is_true(sweep(core.gunzip, gz, 1e6) >= 1)
+  end)
+end)
+
+describe("core.json_decode", function()
+  oom_it("frees an unescaped string's buffer when Lua runs out of memory taking it", function()
+    local long = string.rep("a\\nb", 100) -- 400 bytes with escapes: the heap path
+    local text = '{"k":"' .. long .. '","l":["' .. long .. '"]}'
+    assert.equal(string.rep("a\nb", 100), core.json_decode(text).k)
+    assert.is_true(sweep(core.json_decode, text) >= 3)
   end)
 end)

@@ -44,21 +44,22 @@ static int core_now(lua_State *L)
 }
 
 /* core.gunzip(data, max) -> string | nil, "too_large" | "corrupt" | "nomem"
- * Inflates a gzip body (one member or several), never producing more than max bytes. */
+ * Inflates a gzip body (one member or several), never producing more than max bytes (a
+ * negative or NaN max: 0; one past 2^63: no bound).  The output lives in a Lua-owned buffer:
+ * taking it as a string may raise (out of memory), and the buffer's __gc then frees it. */
 static int core_gunzip(lua_State *L)
 {
     size_t len;
     const char *in = luaL_checklstring(L, 1, &len);
     lua_Number max = luaL_checknumber(L, 2);
-    esx_buf out;
-    esx_buf_init(&out, max < 0 ? 0 : (size_t)max);
-    int rc = esx_gunzip(in, len, &out);
+    esx_buf *out = esx_lbuf_push(L, max > 0 ? (max < 9.2e18 ? (size_t)max : SIZE_MAX - 1) : 0);
+    int rc = esx_gunzip(in, len, out);
     if (rc == ESX_GZIP_OK) {
-        lua_pushlstring(L, out.data ? out.data : "", out.len);
-        esx_buf_free(&out);
+        lua_pushlstring(L, out->data ? out->data : "", out->len);
+        esx_buf_free(out);
         return 1;
     }
-    esx_buf_free(&out);
+    esx_buf_free(out);
     lua_pushnil(L);
     lua_pushstring(L, rc == ESX_GZIP_TOOBIG ? "too_large" : rc == ESX_GZIP_CORRUPT ? "corrupt" : "nomem");
     return 2;

@@ -199,14 +199,19 @@ static int string(dec *d)
         return 0;
     }
     char small[256] = {0}; /* initialised only to quiet -Wmaybe-uninitialized */
-    char *out = n <= sizeof small ? small : calloc(1, n);
-    if (out == NULL)
-        return fail(d, "out of memory");
+    char *out = small;
+    if (n > sizeof small) {
+        /* Lua memory, not malloc: lua_pushlstring below raises when out of memory, and a
+         * malloc'ed buffer would be lost; this one is collected */
+        if (!lua_checkstack(d->L, 2))
+            return fail(d, "out of memory");
+        out = lua_newuserdata(d->L, n);
+    }
     size_t len = unescape(d, s, n, out);
     if (len != (size_t)-1)
         lua_pushlstring(d->L, out, len);
     if (out != small)
-        free(out);
+        lua_remove(d->L, len != (size_t)-1 ? -2 : -1);
     return len == (size_t)-1 ? -1 : 0;
 }
 
