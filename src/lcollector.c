@@ -212,11 +212,12 @@ static int col_rollups(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
     int64_t now = lua_isnoneornil(L, 2) ? esx_wall_ms() : esx_checkcount(L, 2);
+    /* before the copy: under LuaJIT pushing a C function allocates (and may raise) */
+    lua_pushcfunction(L, build_rows);
     esx_rollup_view *rows;
     size_t n;
     if (esx_collector_rollups(col, now, &rows, &n) != 0)
         return esx_lerror_fail(L, ESX_EINTERNAL, "out of memory copying the rollup rows");
-    lua_pushcfunction(L, build_rows);
     lua_pushlightuserdata(L, rows);
     lua_pushinteger(L, (lua_Integer)n);
     int rc = lua_pcall(L, 2, 1, 0);
@@ -278,7 +279,10 @@ static int col_close(lua_State *L)
 }
 
 /* core.hll_union(list of base64 sketches) -> estimate of the union | nil, err
- * (merges per-instance rollup rows: counts add, registers take maxima) */
+ * (merges per-instance rollup rows: counts add, registers take maxima).  Entries that are
+ * empty strings or neither strings nor numbers are skipped; a number is never a sketch
+ * (its text is digits, a sketch's base64 starts "RUgB") and fails as one that does not
+ * decode.  Nothing in the loop may raise: acc is C memory only this frame points to. */
 static int hll_union(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -288,8 +292,15 @@ static int hll_union(lua_State *L)
         return esx_lerror_fail(L, "internal", "out of memory");
     for (int i = 1; i <= n; i++) {
         lua_rawgeti(L, 1, i);
-        size_t len;
-        const char *s = lua_tolstring(L, -1, &len);
+        int type = lua_type(L, -1);
+        size_t len = 0;
+        /* strings only: converting a number would allocate, and raise when out of memory */
+        const char *s = type == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (type == LUA_TNUMBER) {
+            lua_pop(L, 1);
+            esx_hll_free(acc);
+            return esx_lerror_fail(L, "decode", "sketch %d is not a valid HyperLogLog", i);
+        }
         if (s == NULL || len == 0) {
             lua_pop(L, 1);
             continue;
