@@ -106,3 +106,53 @@ describe("core.hll_union", function()
     sweep(function() return core.hll_union({ math.random(1, 2 ^ 30) + 0.5 }) end)
   end)
 end)
+
+describe("core.cache_new", function()
+  local cfg = { max_bytes = 1e6, page_ttl = 1e4, readers_ttl = 1e4, max_pages = 10 }
+
+  oom_it("frees the core when Lua runs out of memory after creating it", function()
+    -- the registry reference it takes last allocates only when the registry's array is
+    -- full: one more cache kept open per round walks its length past a power of two
+    local kept = {}
+    for _ = 1, 40 do
+      assert.is_true(sweep(function()
+        local cc = core.cache_new(cfg, {})
+        cc:close()
+      end) >= 1)
+      kept[#kept + 1] = core.cache_new(cfg, {})
+    end
+    for _, cc in ipairs(kept) do cc:close() end
+  end)
+end)
+
+describe("core.cache_json", function()
+  oom_it("frees its text when Lua runs out of memory taking it as a string", function()
+    local v = { title = string.rep("x", 5000), tags = { "a", "b" }, n = 1 }
+    assert.equal(5000, #core.cache_json(v) - #'{"title":"","tags":["a","b"],"n":1}')
+    assert.is_true(sweep(core.cache_json, v) >= 1)
+  end)
+end)
+
+describe("cache:poll", function()
+  local PAGE = 1
+  local cfg = { max_bytes = 1e6, page_ttl = 1e6, readers_ttl = 1e6, max_pages = 10, shared = true }
+
+  oom_it("frees the published page when Lua runs out of memory rebuilding it", function()
+    local cc = core.cache_new(cfg, {})
+    local now = core.cache_clock()
+    local st, ticket = cc:lock(PAGE, 1, 5000, now)
+    assert.equal("acquired", st)
+    local page = { { id = 1, title = string.rep("t", 300) }, { id = 2, title = "u" } }
+    assert.is_true(cc:page_put(1, page, now, cc:seq(), ticket))
+    local function poll()
+      local s, t = cc:lock(PAGE, 1, 5000, now)
+      if s ~= "busy" then return s end -- the page went to the local tier: nothing to poll
+      return cc:poll(PAGE, 1, t, now)
+    end
+    local s, got = poll()
+    assert.equal("done", s)
+    assert.equal(string.rep("t", 300), got[1].title)
+    sweep(poll)
+    cc:close()
+  end)
+end)

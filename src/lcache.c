@@ -109,6 +109,26 @@ static void sb_init(sbuf *b, size_t limit)
     b->failed = b->cycle = 0;
 }
 
+#define SBUF_MT "esx.cache.sbuf"
+
+static int sb_gc(lua_State *L)
+{
+    esx_buf_free(&((sbuf *)luaL_checkudata(L, 1, SBUF_MT))->out);
+    return 0;
+}
+
+/* Pushes a new, empty sbuf owned by a userdata whose __gc frees its output: the walks that
+ * fill it call Lua (LuaJIT's lua_checkstack, and lua_pushlstring after them, raise when out
+ * of memory), and a raise must not leak what it holds.  Raises only Lua's memory error,
+ * before anything is allocated. */
+static sbuf *sb_push(lua_State *L, size_t limit)
+{
+    sbuf *b = lua_newuserdata(L, sizeof *b);
+    sb_init(b, limit);
+    luaL_setmetatable(L, SBUF_MT);
+    return b;
+}
+
 static void sb_put(sbuf *b, const void *p, size_t n)
 {
     if (!b->failed && esx_buf_append(&b->out, p, n) != ESX_BUF_OK)
@@ -520,51 +540,50 @@ static void json_value(lua_State *L, int idx, sbuf *b, int depth, json_path path
     }
 }
 
-/* Builds the blob of the page list at idx (already checked by check_page).  Returns a
- * malloc'ed blob and its length, or NULL when out of memory or larger than limit. */
+/* Builds the blob of the page list at idx (an absolute index, already checked by
+ * check_page).  Returns a malloc'ed blob, which the caller owns, and its length, or NULL
+ * when out of memory or larger than limit.  Uses one stack slot while it runs. */
 static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
 {
     uint32_t n = (uint32_t)lua_rawlen(L, idx);
     size_t head = 4 + (size_t)n * 8 + ((size_t)n + 1) * 4;
     if (head > limit)
         return NULL;
-    sbuf b;
-    sb_init(&b, limit);
-    sb_put(&b, &n, 4);
+    sbuf *b = sb_push(L, limit);
+    sb_put(b, &n, 4);
     for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
         lua_rawgeti(L, idx, (int)i + 1);
         lua_pushliteral(L, "id");
         lua_rawget(L, -2);
         uint64_t id = (uint64_t)esx_tointeger(L, -1);
         lua_pop(L, 2);
-        sb_put(&b, &id, 8);
+        sb_put(b, &id, 8);
     }
-    size_t offs_at = b.out.len;
+    size_t offs_at = b->out.len;
     for (uint32_t i = 0; i <= n; i++) {
         uint32_t zero = 0;
-        sb_put(&b, &zero, 4);
+        sb_put(b, &zero, 4);
     }
-    size_t frags_at = b.out.len;
+    size_t frags_at = b->out.len;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t off = (uint32_t)(b.out.len - frags_at);
-        if (!b.failed)
-            memcpy(b.out.data + offs_at + (size_t)i * 4, &off, 4);
+        uint32_t off = (uint32_t)(b->out.len - frags_at);
+        if (!b->failed)
+            memcpy(b->out.data + offs_at + (size_t)i * 4, &off, 4);
         lua_rawgeti(L, idx, (int)i + 1);
         json_path path = {NULL};
-        json_table(L, lua_gettop(L), &b, 1, 1, 1, path);
+        json_table(L, lua_gettop(L), b, 1, 1, 1, path);
         lua_pop(L, 1);
-        if (b.failed)
+        if (b->failed)
             break;
     }
-    uint32_t end = (uint32_t)(b.out.len - frags_at);
-    if (!b.failed)
-        memcpy(b.out.data + offs_at + (size_t)n * 4, &end, 4);
-    if (b.failed || b.out.len > UINT32_MAX) {
-        free(b.out.data);
-        return NULL;
-    }
-    *blob_len = b.out.len;
-    return b.out.data;
+    uint32_t end = (uint32_t)(b->out.len - frags_at);
+    if (!b->failed)
+        memcpy(b->out.data + offs_at + (size_t)n * 4, &end, 4);
+    void *blob = NULL;
+    if (!b->failed && b->out.len <= UINT32_MAX)
+        blob = esx_buf_take(&b->out, blob_len); /* the caller's from here */
+    lua_pop(L, 1); /* the sbuf; its __gc frees what was not taken */
+    return blob;
 }
 
 /* Checks that the value at idx is a list of article tables with integer ids (raw fields:
@@ -678,16 +697,16 @@ static int l_page_put(lua_State *L)
     char msg[128];
     const char *bad = check_page(L, 3, msg, sizeof msg);
     if (has_ticket) {
-        sbuf b;
-    sb_init(&b, ESX_CACHE_SLOT_BYTES);
+        sbuf *b = sb_push(L, ESX_CACHE_SLOT_BYTES);
         if (bad == NULL)
-            walk(L, 3, &b, 0);
+            walk(L, 3, b, 0);
         else
-            b.failed = 1;
-        int ok = bad == NULL && !b.failed;
-        esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b.out.data : NULL,
-                         ok ? b.out.len : 0, start_seq, now);
-        free(b.out.data);
+            b->failed = 1;
+        int ok = bad == NULL && !b->failed;
+        esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b->out.data : NULL,
+                         ok ? b->out.len : 0, start_seq, now);
+        esx_buf_free(&b->out);
+        lua_pop(L, 1);
     }
     if (bad != NULL) {
         lua_pushnil(L);
@@ -958,19 +977,19 @@ static int l_read_json(lua_State *L)
 static int l_json(lua_State *L)
 {
     luaL_checkany(L, 1);
-    sbuf b;
-    sb_init(&b, (size_t)1 << 30);
+    lua_settop(L, 1);
+    sbuf *b = sb_push(L, (size_t)1 << 30);
     json_path path = {NULL};
-    json_value(L, 1, &b, 0, path);
-    if (b.failed) {
-        free(b.out.data);
+    json_value(L, 1, b, 0, path);
+    if (b->failed) {
+        esx_buf_free(&b->out);
         lua_pushnil(L);
-        lua_pushstring(L, b.cycle ? "a table contains itself (a cycle cannot be JSON)"
-                                  : "the JSON text is larger than 1 GiB, or out of memory");
+        lua_pushstring(L, b->cycle ? "a table contains itself (a cycle cannot be JSON)"
+                                   : "the JSON text is larger than 1 GiB, or out of memory");
         return 2;
     }
-    lua_pushlstring(L, b.out.data ? b.out.data : "", b.out.len);
-    free(b.out.data);
+    lua_pushlstring(L, b->out.data ? b->out.data : "", b->out.len);
+    esx_buf_free(&b->out);
     return 1;
 }
 
@@ -1022,11 +1041,13 @@ static int poll_core(lua_State *L, lcache *lc)
     uint64_t key = check_id(L, 3);
     uint64_t ticket = (uint64_t)esx_checkcount(L, 4);
     double now = luaL_checknumber(L, 5);
-    void *data = NULL;
+    /* the result's copy is held by a box: rebuilding the page allocates (and may raise) */
+    void **box = esx_lbox_push(L);
     size_t len = 0;
     uint64_t start_seq = 0;
     double age = 0;
-    int rc = esx_cache_lock_poll(lc->core, kind, key, ticket, now, &data, &len, &start_seq, &age);
+    int rc = esx_cache_lock_poll(lc->core, kind, key, ticket, now, box, &len, &start_seq, &age);
+    void *data = *box;
     now -= age; /* the TTL runs from when the result was loaded */
     if (rc == ESX_LOCK_BUSY) {
         lua_pushliteral(L, "busy");
@@ -1043,6 +1064,7 @@ static int poll_core(lua_State *L, lcache *lc)
         int bad = unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
                   !lua_istable(L, -1) || check_page(L, -1, msg, sizeof msg) != NULL;
         free(data);
+        *box = NULL;
         if (bad) { /* withdrawn, or every later lock would offer it again: a busy loop */
             lua_settop(L, top);
             esx_cache_lock_discard(lc->core, kind, key, ticket);
@@ -1056,6 +1078,7 @@ static int poll_core(lua_State *L, lcache *lc)
     }
     esx_rset *s = esx_rset_deserialize(data, len);
     free(data);
+    *box = NULL;
     if (s == NULL) { /* malformed, or out of memory: withdrawn, as a page above */
         esx_cache_lock_discard(lc->core, kind, key, ticket);
         lua_pushliteral(L, "gone");
@@ -1213,9 +1236,11 @@ static int l_new(lua_State *L)
     lc->core = esx_cache_new(&cfg, err, sizeof err);
     if (lc->core == NULL)
         return luaL_error(L, "esx.cache: %s", err);
+    /* __gc only once the core exists, and before luaL_ref, which raises when out of memory:
+     * the collector then frees the core (release skips a pages_ref still LUA_NOREF) */
+    luaL_setmetatable(L, CACHE_MT);
     lua_pushvalue(L, 2);
-    lc->pages_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* (leaks the core only if this raises) */
-    luaL_setmetatable(L, CACHE_MT); /* __gc only once the core exists */
+    lc->pages_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return 1;
 }
 
@@ -1238,6 +1263,7 @@ static const luaL_Reg methods[] = {
 void esx_lcache_open(lua_State *L)
 {
     esx_lclass(L, CACHE_MT, methods, l_gc, l_tostring);
+    esx_lclass(L, SBUF_MT, NULL, sb_gc, NULL);
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "cache_new");
     lua_pushcfunction(L, l_clock);
