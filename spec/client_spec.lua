@@ -28,6 +28,64 @@ local function client(opts)
   return assert(esx.client(opts))
 end
 
+-- Runs `code` (the body of a function; arg[1] is srv.url) in a child Lua process with a low
+-- descriptor limit, so that it can use up every descriptor without starving busted: with
+-- this run's build (under `make asan`, the sanitizer host and build, so that the child is
+-- checked too) and `env` prepended to its command.  In the child, esx (and esx.client) are
+-- loaded, `exhaust()` opens /dev/null until the process has no descriptor left,
+-- `release()` closes them again, `now_ms()` is socket.gettime in ms.  `code` returns a table
+-- of strings, numbers, booleans and such tables, which the parent gets back.
+local function in_child(code, env)
+  local asan = package.cpath:find("build/asan/", 1, true)
+  local flavour = require("esx.core").flavour
+  local lua = asan and "build/san/sanlua" or flavour
+  local cpath = asan and "./build/asan/?.so" or "./build/" .. flavour .. "/?.so"
+  local script = os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write([[
+    package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
+    package.cpath = "]], cpath, [[;" .. package.cpath
+    local esx = require "esx"
+    local _ = esx.client -- loaded now: require needs descriptors
+    local socket = require "socket"
+    local held = {}
+    local function exhaust()
+      while true do
+        local h = io.open("/dev/null")
+        if not h then return end
+        held[#held + 1] = h
+      end
+    end
+    local function release()
+      for i = #held, 1, -1 do held[i]:close(); held[i] = nil end
+    end
+    local function now_ms() return socket.gettime() * 1000 end
+    local function ser(v)
+      if type(v) == "table" then
+        local t = {}
+        for k, x in pairs(v) do t[#t + 1] = "[" .. ser(k) .. "]=" .. ser(x) end
+        return "{" .. table.concat(t, ",") .. "}"
+      end
+      return type(v) == "string" and string.format("%q", v) or tostring(v)
+    end
+    local out = (function(...)
+]], code, [[
+
+    end)(...)
+    release()
+    io.write("\nRESULT ", ser(out), "\n")
+  ]])
+  f:close()
+  local p = assert(io.popen("ulimit -n 256 && " .. (env or "") .. " " .. lua .. " " .. script ..
+                            " " .. srv.url .. " 2>&1; echo \"EXIT $?\""))
+  local text = p:read("*a")
+  p:close()
+  os.remove(script)
+  local result = text:match("\nRESULT (.*)\nEXIT 0\n$")
+  assert(result, "the child failed:\n" .. text)
+  return assert((loadstring or load)("return " .. result))()
+end
+
 setup(function() srv = ds.start{} end)
 teardown(function() if srv then srv:stop() end end)
 before_each(function() srv:reset() end)
@@ -111,6 +169,89 @@ describe("client:request", function()
     assert.truthy(res.body:find('"tagline"', 1, true))
     assert.equal(srv.url, res.node)
     c:close()
+  end)
+
+  -- This process out of descriptors is not the node's failure: no node is marked dead (with
+  -- resurrect = false a marked node would refuse the next call with no_nodes).
+  local out_of_fds = [[
+    local c = assert(esx.client{ hosts = { arg[1] }, max_retries = 0, resurrect = false })
+    exhaust()
+    local t0 = now_ms()
+    local res, err = c:request("GET", "/")
+    local ms = now_ms() - t0
+    local s = c:stats()
+    release()
+    local t1 = now_ms()
+    local res2, err2 = c:request("GET", "/")
+    local ms2 = now_ms() - t1
+    c:close()
+    return { res = res ~= nil, kind = err.kind, message = err.message, node = err.node, ms = ms,
+             alive = s.nodes[1].alive, failures = s.nodes[1].failures,
+             dead_until = s.nodes[1].dead_until, connect = s.failures.connect,
+             retries = s.retries, status2 = res2 and res2.status,
+             err2 = err2 and tostring(err2), ms2 = ms2 }
+  ]]
+
+  local function assert_not_marked(r)
+    assert.is_false(r.res)
+    assert.equal("connect", r.kind)
+    assert.equal("cannot open a socket: Too many open files (this process's limit; the node " ..
+                 "was not marked) (" .. srv.url .. ")", r.message)
+    assert.equal(srv.url, r.node)
+    assert.is_true(r.ms < 500 * SCALE, "took " .. r.ms .. " ms")
+    assert.is_true(r.alive)
+    assert.equal(0, r.failures)
+    assert.equal(0, r.dead_until)
+    assert.equal(1, r.connect)
+    assert.equal(0, r.retries)
+    assert.equal(200, r.status2, r.err2)
+    assert.is_true(r.ms2 < 500 * SCALE, "took " .. r.ms2 .. " ms")
+  end
+
+  it("returns nil, err with kind 'connect' and leaves the node alive when this process is out of descriptors (own HTTP/1.1)", function()
+    assert_not_marked(in_child(out_of_fds, "ESX_TRANSPORT=h1"))
+  end)
+
+  it("returns nil, err with kind 'connect' and leaves the node alive when this process is out of descriptors (libcurl)", function()
+    assert_not_marked(in_child(out_of_fds, "ESX_TRANSPORT=curl"))
+  end)
+
+  it("retries after a pause, not at once on the next node, and marks no node when this process is out of descriptors", function()
+    -- two nodes, one server: an immediate retry on the other node fails the same way, and
+    -- marking each node in turn left every node dead though none had failed
+    local code = [[
+      local url2 = arg[1]:gsub("127%.0%.0%.1", "localhost")
+      local c = assert(esx.client{ hosts = { arg[1], url2 }, resurrect = false })
+      exhaust()
+      local t0 = now_ms()
+      local res, err = c:request("GET", "/")
+      local ms = now_ms() - t0
+      local s = c:stats()
+      release()
+      local res2, err2 = c:request("GET", "/")
+      c:close()
+      return { res = res ~= nil, kind = err.kind, message = err.message, node = err.node,
+               retries = err.retries, ms = ms, nodes = s.nodes, stats_retries = s.retries,
+               connect = s.failures.connect, status2 = res2 and res2.status,
+               err2 = err2 and tostring(err2) }
+    ]]
+    for _, transport in ipairs{ "h1", "curl" } do
+      local r = in_child(code, "ESX_TRANSPORT=" .. transport)
+      assert.is_false(r.res)
+      assert.equal("connect", r.kind, transport)
+      assert.equal("cannot open a socket: Too many open files (this process's limit; the node " ..
+                   "was not marked) (" .. r.node .. ")", r.message)
+      assert.equal(3, r.retries)
+      assert.equal(3, r.stats_retries)
+      assert.equal(1, r.connect)
+      -- three pauses of 50-100, 100-200 and 200-400 ms
+      assert.is_true(r.ms >= 340 and r.ms < 2000 * SCALE, transport .. ": took " .. r.ms .. " ms")
+      for i = 1, 2 do
+        assert.is_true(r.nodes[i].alive, transport)
+        assert.equal(0, r.nodes[i].failures, transport)
+      end
+      assert.equal(200, r.status2, r.err2)
+    end
   end)
 
   it("returns nil, err with kind 'http', status, body and node on a 4xx", function()
@@ -595,6 +736,33 @@ describe("error kinds and deadlines", function()
 end)
 
 describe("pending:wait", function()
+  it("returns the response when descriptors come back during the pause after this process ran out of them", function()
+    local r = in_child([[
+      local c = assert(esx.client{ hosts = { arg[1] }, resurrect = false })
+      exhaust()
+      local p = assert(c:send("GET", "/"))
+      local t0 = now_ms()
+      while c:stats().retries == 0 and now_ms() - t0 < 5000 do socket.sleep(0.002) end
+      local early = c:stats()
+      release()
+      local done = p:wait(5000)
+      local res, err = p:result()
+      local s = c:stats()
+      c:close()
+      return { done = done, status = res and res.status, err = err and tostring(err),
+               retries = res and res.retries, early_retries = early.retries,
+               connect = s.failures.connect, alive = s.nodes[1].alive,
+               failures = s.nodes[1].failures }
+    ]])
+    assert.is_true(r.done)
+    assert.equal(200, r.status, r.err)
+    assert.equal(1, r.early_retries)
+    assert.is_true(r.retries >= 1)
+    assert.equal(0, r.connect)
+    assert.is_true(r.alive)
+    assert.equal(0, r.failures)
+  end)
+
   it("returns false at once when the timeout has already passed (a negative timeout)", function()
     srv:fault{ path = "/", stall_ms = 1500 }
     local c = client()

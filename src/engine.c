@@ -4,6 +4,7 @@
  * esx_engine_* calls.  A request's transfer runs through libcurl (engine_curl.c) or esx's own
  * HTTP/1.1 (engine_h1.c); nginx waiters are engine_waiters.c's.  Threading: engine_int.h.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,8 @@ const char *const esx_failure_kinds[ESX_NKINDS] = {
 #define RETRY_AFTER_CAP_MS 30000
 #define BACKOFF_BASE_MS 100
 #define BACKOFF_CAP_MS 10000
+#define LOCAL_BACKOFF_BASE_MS 100 /* after a socket this process could not open */
+#define LOCAL_BACKOFF_CAP_MS 1000
 
 static atomic_uint_fast64_t next_generation = 1;
 static atomic_uint_fast64_t next_request_id = 1;
@@ -416,6 +419,18 @@ static void mark_node(esx_engine *e, int node_index, const esx_request *req, int
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The n-th (from 1) exponential back-off from base ms, doubling, capped at cap, with "equal
+ * jitter": half fixed, half random, so retries of many callers spread out. */
+static int64_t jittered_backoff(esx_engine *e, int n, int64_t base, int64_t cap)
+{
+    for (int i = 1; i < n && base < cap; i++)
+        base *= 2;
+    if (base > cap)
+        base = cap;
+    e->rng = e->rng * 1103515245u + 12345u;
+    return base / 2 + (int64_t)((e->rng >> 8) % (unsigned)(base / 2 + 1));
+}
+
 static int64_t backoff_429(esx_engine *e, esx_request *req)
 {
     char value[128];
@@ -424,14 +439,7 @@ static int64_t backoff_429(esx_engine *e, esx_request *req)
         if (ms >= 0)
             return ms;
     }
-    int64_t base = BACKOFF_BASE_MS;
-    for (int i = 1; i < req->n429 && base < BACKOFF_CAP_MS; i++)
-        base *= 2;
-    if (base > BACKOFF_CAP_MS)
-        base = BACKOFF_CAP_MS;
-    /* "equal jitter": half fixed, half random, so retries of many callers spread out */
-    e->rng = e->rng * 1103515245u + 12345u;
-    return base / 2 + (int64_t)((e->rng >> 8) % (unsigned)(base / 2 + 1));
+    return jittered_backoff(e, req->n429, BACKOFF_BASE_MS, BACKOFF_CAP_MS);
 }
 
 /* An attempt ended with an HTTP response (its slot released): finish or retry the call.
@@ -469,6 +477,54 @@ void esx_eng_on_failure(esx_engine *e, esx_request *req, int node_index, const c
     if (retryable && schedule_retry(e, req, now, 0))
         return;
     esx_eng_finish(e, req, kind, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- local shortages */
+
+int esx_eng_local_errno(int err)
+{
+    return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM ||
+           err == ESX_ESOCKTABLE;
+}
+
+int esx_eng_probe_local(int pair)
+{
+    int sv[2] = {-1, -1};
+    if (pair) {
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+            return esx_eng_local_errno(errno) ? errno : 0;
+    } else if ((sv[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) {
+        return esx_eng_local_errno(errno) ? errno : 0;
+    }
+    close(sv[0]);
+    if (sv[1] >= 0)
+        close(sv[1]);
+    return 0;
+}
+
+/* A socket this process cannot open says nothing about the node: marking it dead would, under
+ * descriptor pressure, leave every node dead for dead_backoff_min though none failed.  Nor is
+ * another node worth trying at once -- it would fail the same way.  Descriptors come back as
+ * other connections and files close, so the call waits a short back-off (50-100 ms, doubling
+ * up to 1 s, within max_retries and its deadline) and tries again; when it may not, it fails
+ * with "connect" (the request never left) and says why. */
+void esx_eng_on_local_failure(esx_engine *e, esx_request *req, int node_index, int err,
+                              const char *what, int64_t now)
+{
+    if (node_index >= 0)
+        req->tried &= ~(1ULL << node_index); /* not reached: it may be picked again */
+    req->nlocal++;
+    if (schedule_retry(e, req, now,
+                       jittered_backoff(e, req->nlocal, LOCAL_BACKOFF_BASE_MS,
+                                        LOCAL_BACKOFF_CAP_MS)))
+        return;
+    const char *where = err == EMFILE          ? "this process's limit"
+                        : err == ENFILE        ? "the system's limit"
+                        : err == ESX_ESOCKTABLE ? "the engine's table of open sockets"
+                                               : "short of memory here";
+    esx_eng_finish(e, req, ESX_ECONNECT, "%s: %s (%s; the node was not marked) (%.180s)", what,
+                   err == ESX_ESOCKTABLE ? "too many open sockets" : strerror(err), where,
+                   esx_request_node(req));
 }
 
 /* ---------------------------------------------------------------- the loop */

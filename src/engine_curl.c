@@ -3,6 +3,7 @@
  * node under ESX_TRANSPORT=curl): the easy handle's options and callbacks, and what a
  * finished transfer means for its call.  I/O thread only (engine_int.h).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,14 +49,26 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     return 0;
 }
 
+/* A socket for req's transfer.  One that cannot be opened for want of descriptors or memory
+ * is noted in req->local_errno: libcurl reports only CURLE_COULDNT_CONNECT, which would mark
+ * the node dead (esx_eng_on_transfer_done). */
 static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *addr)
 {
-    esx_engine *e = ud;
+    esx_request *req = ud;
+    esx_engine *e = req->eng;
+    (void)purpose;
     if (e->nsockets >= MAX_SOCKETS)
+        esx_eng_sock_prune(e); /* stale entries (engine.c) must not refuse a socket */
+    if (e->nsockets >= MAX_SOCKETS) {
+        req->local_errno = ESX_ESOCKTABLE;
         return CURL_SOCKET_BAD;
+    }
     int fd = socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
-    if (fd < 0)
+    if (fd < 0) {
+        if (esx_eng_local_errno(errno))
+            req->local_errno = errno;
         return CURL_SOCKET_BAD;
+    }
     esx_eng_sock_register(e, fd);
     return fd;
 }
@@ -112,7 +125,9 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
     curl_easy_setopt(h, CURLOPT_PREREQDATA, req);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
-    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, e);
+    req->eng = e;
+    req->local_errno = 0;
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, req);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, e);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
@@ -230,6 +245,21 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
     if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
         esx_eng_release_attempt(e, req);
         esx_eng_finish(e, req, req->abort_kind, "%s", req->abort_msg);
+        return;
+    }
+    /* This process could not open a socket (or, for a resolve, found none to open: libcurl
+     * gives no cause, so look): not the node's failure (esx_eng_on_local_failure). */
+    int local = 0;
+    if (rc == CURLE_COULDNT_CONNECT && req->local_errno)
+        local = req->local_errno;
+    else if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_RESOLVE_PROXY)
+        local = esx_eng_probe_local(0);
+    if (local) {
+        esx_eng_release_attempt(e, req);
+        esx_eng_on_local_failure(e, req, node_index, local,
+                                 rc == CURLE_COULDNT_CONNECT ? "cannot open a socket"
+                                                             : "cannot resolve the host name",
+                                 now);
         return;
     }
     int node_dead, retryable;

@@ -121,8 +121,9 @@ void esx_eng_h1_drop(esx_engine *e, esx_h1_conn *c)
     h1_remove(e, c);
 }
 
-/* A new connection to node, connecting.  A connect that failed at once is kept in
- * c->error and reported by esx_eng_h1_service.  Returns NULL when out of memory. */
+/* A new connection to node, connecting.  A socket that could not be opened or a connect
+ * that failed at once is kept in c->error (an errno, or ESX_ESOCKTABLE) and reported by
+ * esx_eng_h1_service.  Returns NULL when out of memory. */
 static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
 {
     const h1_node *hn = &e->h1n[node];
@@ -145,7 +146,9 @@ static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
                                        : (const struct sockaddr *)&hn->sa;
     socklen_t salen = c->alt ? (socklen_t)sizeof hn->alt : hn->salen;
     if (e->nsockets >= MAX_SOCKETS)
-        c->error = EMFILE;
+        esx_eng_sock_prune(e); /* stale entries (engine.c) must not refuse a socket */
+    if (e->nsockets >= MAX_SOCKETS)
+        c->error = ESX_ESOCKTABLE;
     else if (esx_h1_conn_open(c, node, sa, salen) < 0)
         c->error = errno;
     else
@@ -258,8 +261,18 @@ static esx_h1_conn *h1_reopen(esx_engine *e, esx_h1_conn *c, int64_t now)
 
 static void h1_connect_failed(esx_engine *e, esx_h1_conn *c, int err, int64_t now)
 {
-    if (c->req == NULL) {
+    esx_request *req = c->req;
+    if (req == NULL) {
         h1_remove(e, c);
+        return;
+    }
+    if (esx_eng_local_errno(err)) {
+        /* no socket here (out of descriptors or memory): not the node's failure, and the
+         * node's other address would fail the same way */
+        int node = c->node;
+        esx_eng_list_remove(&e->active, req);
+        esx_eng_release_attempt(e, req); /* closes c */
+        esx_eng_on_local_failure(e, req, node, err, "cannot open a socket", now);
         return;
     }
     h1_node *hn = &e->h1n[c->node];

@@ -33,6 +33,7 @@
 #define MAX_SPARE_EASY 32
 #define ACCEPT_PAUSE_MS 20
 #define WAITER_SOCKET "waiter.sock" /* in a directory of its own (esx_engine_waiter_path) */
+#define ESX_ESOCKTABLE (-1) /* as an errno: the engine's table of MAX_SOCKETS sockets is full */
 
 typedef struct waiter_conn {
     int fd;
@@ -162,6 +163,24 @@ void esx_eng_on_response(esx_engine *e, esx_request *req, int node_index, int tr
  * kind and msg. */
 void esx_eng_on_failure(esx_engine *e, esx_request *req, int node_index, const char *kind,
                         int node_dead, int retryable, const char *msg, int64_t now);
+
+/* 1 when err (an errno, or ESX_ESOCKTABLE) says that this process or system is short of
+ * descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): a failure of ours, not the
+ * node's. */
+int esx_eng_local_errno(int err);
+
+/* Tries to open (and closes) a TCP socket, or with pair a unix socket pair.  Returns the
+ * errno when that fails for want of local resources (esx_eng_local_errno), else 0.  For
+ * failures whose cause libcurl does not report (a resolve that could not open /etc/hosts or
+ * a socket, a multi handle without its wake-up pair). */
+int esx_eng_probe_local(int pair);
+
+/* After an attempt on node_index failed because this process could not open what it needed
+ * (err: its errno, or ESX_ESOCKTABLE; what: "cannot open a socket", ...), its slot released:
+ * the node is not marked and keeps its failures.  Retries req after a short back-off, or
+ * finishes it with "connect" and a message that says the shortage is local. */
+void esx_eng_on_local_failure(esx_engine *e, esx_request *req, int node_index, int err,
+                              const char *what, int64_t now);
 
 /* Takes every request off the submission queue onto the wait list (or the back-off list,
  * or finished: salvaged ones).  Cannot fail. */

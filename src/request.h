@@ -62,14 +62,19 @@ struct esx_request {
     int n429;                   /* 429 answers so far (back-off exponent) */
     uint64_t tried;             /* bit i: node i was tried in this call */
     int node;                   /* node index of the running attempt, -1 none */
+    int local_errno;            /* libcurl attempt: errno of a socket this process could not
+                                 * open (EMFILE, ...; engine_curl.c), 0 when none */
     int64_t submitted_at, deadline, pool_deadline, retry_at, last_activity;
     unsigned sent_marks;        /* its node's `marks` when the current attempt started */
+    int nlocal;                 /* attempts that found no socket here (back-off exponent) */
+    void *eng;                  /* the engine of the libcurl attempt (its socket callback) */
     CURL *easy;                 /* the attempt's libcurl transfer, or NULL */
     void *h1;                   /* the attempt's plain HTTP/1.1 connection (h1conn.h), or NULL */
-    int slot;                   /* the attempt holds a connection slot */
-    int h1_redone;              /* the attempt moved once to a fresh connection (stale reuse) */
-    int curl_connecting;        /* the libcurl attempt's connection is not up (or reused) yet */
-    int resp_gzip;
+    /* flags, 0 or 1 (chars: the struct must stay small, see esx_request_new) */
+    unsigned char slot;            /* the attempt holds a connection slot */
+    unsigned char h1_redone;       /* the attempt moved once to a fresh connection (stale reuse) */
+    unsigned char curl_connecting; /* the libcurl attempt's connection is not up (or reused) yet */
+    unsigned char resp_gzip;       /* the response is gzip (Content-Encoding) */
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
     char abort_msg[160];
