@@ -158,6 +158,30 @@ describe("esx.client", function()
     assert.has_error(function() esx.client{ username = "u", api_key = "k" } end,
       "esx.client: bad option 'api_key' (use either api_key or username/password)")
   end)
+
+  it("returns nil, err with kind 'internal' when the process has no descriptors for the I/O thread's wake-up", function()
+    -- libcurl went on without its wake-up socket pair: such a client answered every call a
+    -- whole poll (1 s) late, for its life
+    local r = in_child([[
+      exhaust()
+      local c, err = esx.client{ hosts = { arg[1] } }
+      release()
+      local c2 = assert(esx.client{ hosts = { arg[1] } })
+      local worst = 0
+      for _ = 1, 3 do
+        local t0 = now_ms()
+        assert(c2:request("GET", "/"))
+        worst = math.max(worst, now_ms() - t0)
+      end
+      c2:close()
+      return { made = c ~= nil, kind = err and err.kind, message = err and err.message, worst = worst }
+    ]])
+    assert.is_false(r.made)
+    assert.equal("internal", r.kind)
+    assert.equal("cannot create the client: cannot create the I/O thread's wake-up socket pair: " ..
+                 "Too many open files", r.message)
+    assert.is_true(r.worst < 500 * SCALE, "a call took " .. r.worst .. " ms")
+  end)
 end)
 
 describe("client:request", function()

@@ -909,6 +909,19 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         snprintf(why, 256, "cannot create a curl multi handle");
         return NULL;
     }
+    /* libcurl makes its wake-up socket pair here and carries on without one when the process
+     * is out of descriptors: every submission would then wait out a whole poll (1 s), for
+     * the engine's life.  Fail now instead (the byte written is read by the first poll); the
+     * client is made, or rebuilt, by a later call. */
+    if (curl_multi_wakeup(e->multi) != CURLM_OK) {
+        int err = esx_eng_probe_local(1);
+        curl_multi_cleanup(e->multi);
+        pthread_mutex_destroy(&e->mu);
+        free(e);
+        snprintf(why, 256, "cannot create the I/O thread's wake-up socket pair: %s",
+                 err ? strerror(err) : "unknown error");
+        return NULL;
+    }
     /* libcurl's limit is per host and port, esx's per node: nodes that share a host (path
      * prefixes behind one proxy) share libcurl's limit, which must never hold back a transfer
      * esx has given a slot -- it would wait in libcurl's queue, outside pool_timeout */
