@@ -240,6 +240,43 @@ describe("client:request", function()
     assert_not_marked(in_child(out_of_fds, "ESX_TRANSPORT=curl"))
   end)
 
+  it("returns nil, err with kind 'connect' and leaves the node alive when a host name cannot be resolved for want of descriptors", function()
+    -- libcurl's resolve needs descriptors (/etc/hosts, a socket pair) and says only "Couldn't
+    -- resolve host name": esx looks whether it can open a socket itself
+    local name
+    for line in io.lines("/etc/hosts") do
+      local addr, names = line:match("^%s*(127%.[%d.]+)%s+([^#]*)")
+      for n in (names or ""):gmatch("%S+") do
+        if addr and not name and not n:lower():find("localhost", 1, true) then name = n end
+      end
+    end
+    if not name then return pending("no name for a 127.x address in /etc/hosts but localhost") end
+    local r = in_child(([[
+      local url = arg[1]:gsub("127%%.0%%.0%%.1", "%s")
+      local c = assert(esx.client{ hosts = { url }, max_retries = 0, resurrect = false })
+      exhaust()
+      local res, err = c:request("GET", "/")
+      local s = c:stats()
+      release()
+      local res2, err2 = c:request("GET", "/")
+      c:close()
+      return { res = res ~= nil, kind = err.kind, message = err.message, url = url,
+               alive = s.nodes[1].alive, failures = s.nodes[1].failures,
+               status2 = res2 and res2.status, err2 = err2 and tostring(err2) }
+    ]]):format(name))
+    assert.is_false(r.res)
+    assert.equal("connect", r.kind)
+    assert.is_true(r.alive)
+    assert.equal(0, r.failures)
+    local tail = ": Too many open files (this process's limit; the node was not marked) (" .. r.url .. ")"
+    if r.message:find("^cannot open a socket") then -- a libcurl that resolves without descriptors
+      assert.equal("cannot open a socket" .. tail, r.message)
+    else
+      assert.equal("cannot resolve the host name" .. tail, r.message)
+    end
+    assert.equal(200, r.status2, r.err2)
+  end)
+
   it("retries after a pause, not at once on the next node, and marks no node when this process is out of descriptors", function()
     -- two nodes, one server: an immediate retry on the other node fails the same way, and
     -- marking each node in turn left every node dead though none had failed
