@@ -90,7 +90,6 @@ static const luaL_Reg core_functions[] = {
 int luaopen_esx_core(lua_State *L)
 {
     esx_lerror_open(L);
-    esx_lbox_open(L);
     luaL_newlib(L, core_functions);
     esx_lclient_open(L);
     esx_lcollector_open(L);

@@ -45,14 +45,12 @@ static int lbuf_gc(lua_State *L)
     return 0;
 }
 
-void esx_lbox_open(lua_State *L)
-{
-    esx_lclass(L, LBOX_MT, NULL, lbox_gc, NULL);
-    esx_lclass(L, LBUF_MT, NULL, lbuf_gc, NULL);
-}
-
+/* The metatables are made on first use in each Lua state (not by the module's luaopen): a
+ * box must own its memory whoever opened the binding that pushes it -- a test harness or a
+ * fuzzer that opens one binding alone, too. */
 void **esx_lbox_push(lua_State *L)
 {
+    esx_lclass(L, LBOX_MT, NULL, lbox_gc, NULL);
     void **box = lua_newuserdata(L, sizeof *box);
     *box = NULL;
     luaL_setmetatable(L, LBOX_MT);
@@ -61,6 +59,7 @@ void **esx_lbox_push(lua_State *L)
 
 esx_buf *esx_lbuf_push(lua_State *L, size_t max)
 {
+    esx_lclass(L, LBUF_MT, NULL, lbuf_gc, NULL);
     esx_buf *b = lua_newuserdata(L, sizeof *b);
     esx_buf_init(b, max);
     luaL_setmetatable(L, LBUF_MT);

@@ -14,10 +14,6 @@
 void esx_lclass(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc,
                 lua_CFunction tostring);
 
-/* Registers the metatables of esx_lbox_push and esx_lbuf_push; call once, from luaopen.
- * Fails only by raising Lua's own memory error. */
-void esx_lbox_open(lua_State *L);
-
 /* Pushes a new userdata holding one pointer, NULL at first, whose __gc frees what it points
  * to.  Push the box before allocating, keep the malloc'ed block in *box while Lua calls that
  * may raise run, then free it and set *box = NULL (or take it: set *box = NULL).  The box
