@@ -936,7 +936,7 @@ describe("col:rollups", function()
     p:close()
     os.remove(bin)
     assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(6, select(2, out:gsub("ok ", "")))
+    assert.equal(11, select(2, out:gsub("ok ", "")))
   end)
 
   it("builds col:rollups() without the collector's lock (a finalizer may call the collector)", function()

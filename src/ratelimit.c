@@ -60,8 +60,19 @@ static void refill(const esx_ratelimit *rl, bucket *b, int64_t now)
     }
 }
 
-/* Drops every bucket that is full again; rebuilds the table.  Returns slots freed. */
-static size_t purge(esx_ratelimit *rl, int64_t now)
+/* 1 when site is one of the request's sites[0..k) */
+static int in_request(const char *site, const char *const *sites, int k)
+{
+    for (int i = 0; i < k; i++)
+        if (strncmp(site, sites[i], sizeof(((bucket *)0)->site) - 1) == 0)
+            return 1;
+    return 0;
+}
+
+/* Drops every bucket that is full again, except those of the request's own sites (it is
+ * about to charge them, and the room freed goes to its later sites); rebuilds the table.
+ * Returns slots freed. */
+static size_t purge(esx_ratelimit *rl, int64_t now, const char *const *sites, int k)
 {
     bucket *old = rl->slots;
     bucket *fresh = calloc(rl->cap, sizeof *fresh);
@@ -72,7 +83,7 @@ static size_t purge(esx_ratelimit *rl, int64_t now)
         if (!old[i].site[0])
             continue;
         refill(rl, &old[i], now);
-        if (old[i].tokens >= rl->burst)
+        if (old[i].tokens >= rl->burst && !in_request(old[i].site, sites, k))
             continue;
         size_t j = esx_hash64(old[i].site, strlen(old[i].site), rl->seed) & (rl->cap - 1);
         while (fresh[j].site[0])
@@ -87,8 +98,10 @@ static size_t purge(esx_ratelimit *rl, int64_t now)
     return freed;
 }
 
-/* The bucket for site, created full when new; NULL when the table is full. */
-static bucket *find(esx_ratelimit *rl, const char *site, int64_t now, int create)
+/* The bucket for site, created full when new; NULL when the table is full.  A purge to make
+ * room keeps the buckets of sites[0..k), the request's sites. */
+static bucket *find(esx_ratelimit *rl, const char *site, int64_t now, int create,
+                    const char *const *sites, int k)
 {
     size_t len = strlen(site);
     if (len >= sizeof(((bucket *)0)->site))
@@ -109,9 +122,9 @@ static bucket *find(esx_ratelimit *rl, const char *site, int64_t now, int create
             return NULL;
         double refill_ms = rl->burst / rl->rate * 1000.0;
         rl->next_purge = now + (refill_ms < 100.0 ? 100 : refill_ms > 60000.0 ? 60000 : (int64_t)refill_ms);
-        if (purge(rl, now) == 0)
+        if (purge(rl, now, sites, k) == 0)
             return NULL;
-        return find(rl, site, now, 1);
+        return find(rl, site, now, 1, sites, k);
     }
     bucket *b = &rl->slots[i];
     memcpy(b->site, site, len);
@@ -128,7 +141,7 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
     int64_t wait = 0;
     int unlimited = 0; /* a site of the request has no bucket (the table is full) */
     for (int i = 0; i < k; i++) {
-        bucket *b = find(rl, sites[i], now_ms, 1);
+        bucket *b = find(rl, sites[i], now_ms, 1, sites, k);
         if (b == NULL) {
             unlimited = 1;
             continue;
@@ -147,10 +160,9 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
     if (wait > 0)
         return wait;
     /* Found again, not kept from the first loop: a later site's find may have purged the
-     * table, moving buckets and dropping the refilled ones -- an earlier site's among them,
-     * which is made again here (full, as the purge found it) and charged. */
+     * table, which moves buckets (it keeps the request's own: each found then is found now) */
     for (int i = 0; i < k; i++) {
-        bucket *b = find(rl, sites[i], now_ms, 1);
+        bucket *b = find(rl, sites[i], now_ms, 0, sites, k);
         if (b)
             b->tokens -= counts[i];
     }

@@ -1,7 +1,8 @@
 /*
  * ratelimit_purge.c -- a request whose second site fills the table, run by
  * spec/collector_spec.lua.  The purge that makes room drops the buckets that have refilled,
- * the first site's among them: it must still be charged for its events.  Prints "ok <name>"
+ * but not those of the request's own sites: every site found is charged, and one left
+ * without a bucket is counted as unlimited.  Prints "ok <name>"
  * per check; exits 1 on a failure.
  */
 #include <stdio.h>
@@ -32,6 +33,18 @@ int main(void)
     check(esx_ratelimit_take(rl, a, two, 1, 3000) > 0, "a has 1 token left, not 2");
     check(esx_ratelimit_take(rl, a, one, 1, 3000) == 0, "a takes its last token");
     check(esx_ratelimit_unlimited(rl) == 0, "no request went unlimited");
+    esx_ratelimit_free(rl);
+
+    /* The purge frees only a's slot (b is still below full), and c, later in the request,
+     * needs one: a's bucket is kept for a, c goes unlimited. */
+    rl = esx_ratelimit_new(1.0, 2.0, 2);
+    if (rl == NULL)
+        return 1;
+    check(esx_ratelimit_take(rl, a, one, 1, 0) == 0, "a takes 1 of 2 again");
+    check(esx_ratelimit_take(rl, b, two, 1, 0) == 0, "b takes 2 of 2 again");
+    check(esx_ratelimit_take(rl, ac, one_one, 2, 1500) == 0, "a and c at 1.5 s");
+    check(esx_ratelimit_unlimited(rl) == 1, "c went unlimited (no room), and is counted");
+    check(esx_ratelimit_take(rl, a, two, 1, 1500) > 0, "a was charged: 1 token left");
     esx_ratelimit_free(rl);
     return fails ? 1 : 0;
 }
