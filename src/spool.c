@@ -123,6 +123,13 @@ static void maybe_delete(esx_spool *sp, esx_segment *seg)
 
 static void seal(esx_spool *sp, esx_segment *seg)
 {
+    struct stat st;
+    if (seg->fd >= 0 && seg->in_backlog && seg->rfd < 0 && fstat(seg->fd, &st) == 0 &&
+        st.st_nlink == 0) {
+        /* records still to be read, and the name gone (removed by hand, a /tmp cleaner):
+         * the last way to them is this descriptor -- keep a copy for the replay */
+        seg->rfd = fcntl(seg->fd, F_DUPFD_CLOEXEC, 0);
+    }
     if (seg->fd >= 0) {
         /* synced by the next esx_spool_sync, outside the caller's lock (a request that
          * rotates the segment does not wait for the disk), or here when 8 already wait */
