@@ -751,6 +751,37 @@ describe("shipping", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("writes dead letters to a file its user may append to but not read (mode 0200)", function()
+    if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to run as nobody") end
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    os.execute("chmod 755 " .. dir)
+    local dl = dir .. "/dl.ndjson"
+    io.open(dl, "w"):close()
+    os.execute("chown nobody " .. dl .. " && chmod 0200 " .. dl)
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    local run = child_script(dir, "wronly", ([[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
+      local col, err = esx.collector{ sink = c, dead_letter = "%s", rollup = false, flush_interval = 10 }
+      if not col then print(tostring(err)) os.exit(0) end
+      col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+        body = '{"site_id":"s1","type":"view","event_id":"wronly-1"}' }
+      col:flush(5000)
+      local s = col:stats()
+      print(s.dead_lettered, s.dead_letter_failed)
+      col:close()
+    ]]):format(srv.url, dl))
+    local p = io.popen("setpriv --reuid=nobody --regid=nogroup --clear-groups " .. run .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    assert.equal("1\t0\n", out)
+    local f = assert(io.open(dl))
+    local line = cjson.decode(f:read("*l"))
+    f:close()
+    assert.equal("wronly-1", line.operation.create._id)
+  end)
+
   it("holds events while Elasticsearch is down and indexes each exactly once when it is back", function()
     local port = srv.port
     local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0, connect_timeout = 200,

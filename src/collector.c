@@ -104,6 +104,7 @@ struct esx_collector {
     int64_t last_sync, last_orphan_scan;
     esx_ratelimit *rl;
     int dl_fd;
+    int dl_torn;             /* dl_fd is write-only: this process's last line was cut short */
     unsigned rng;
     esx_collector_counters st;
 
@@ -300,13 +301,19 @@ static size_t json_escape(char *out, size_t cap, const char *s)
 /* 1 when the dead-letter file ends in a fragment without its newline: a write the disk cut
  * short, by this process or by another one appending to the same file (nginx workers, a
  * process that died mid-write).  Read before every line, not remembered: the other writers'
- * fragments are not this process's to know of.  Dead letters are rare; two system calls. */
-static int dead_letter_torn(int fd)
+ * fragments are not this process's to know of.  A file opened write-only (a mode that lets
+ * this user append but not read) cannot be looked at: then only this process's own short
+ * writes are known (col->dl_torn).  Dead letters are rare; a few system calls each.  (No
+ * lock between the look and the write: this runs under the collector's mutex, which must
+ * not wait on another process.  A fragment torn in the moment between still glues.) */
+static int dead_letter_torn(esx_collector *col)
 {
     struct stat st;
     char last;
-    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-           pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
+    if ((fcntl(col->dl_fd, F_GETFL) & O_ACCMODE) != O_RDWR)
+        return col->dl_torn;
+    return fstat(col->dl_fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+           pread(col->dl_fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
 }
 
 static void dead_letter(esx_collector *col, item *it, int status, const char *type,
@@ -338,7 +345,7 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
         return;
     }
     size_t o = 0;
-    if (dead_letter_torn(col->dl_fd))
+    if (dead_letter_torn(col))
         line[o++] = '\n'; /* ends the fragment a short write left, so this line parses */
     memcpy(line + o, head, (size_t)n);
     o += (size_t)n;
@@ -358,6 +365,10 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
     ssize_t w = write(col->dl_fd, line, o); /* O_APPEND: one line per write */
     if (w != (ssize_t)o)
         col->st.dead_letter_failed++; /* disk full, I/O error: the event is not in the file */
+    if (w == (ssize_t)o)
+        col->dl_torn = 0;
+    else if (w > 0)
+        col->dl_torn = 1; /* a fragment without its newline is in the file */
     free(line);
 }
 
@@ -745,6 +756,7 @@ static int open_dead_letter(esx_collector *col)
         return 0;
     /* not a link, nor a file another user made: it would receive the events (or have them
      * read) -- /tmp is the default's directory */
+    col->dl_torn = 0;
     col->dl_fd = esx_private_append(col->cfg.dead_letter_path);
     return col->dl_fd >= 0 ? 0 : -1;
 }

@@ -68,7 +68,10 @@ static int checked(int fd, int devices)
 
 int esx_private_append(const char *path)
 {
-    return checked(open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600), 1);
+    int fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 && errno == EACCES) /* a file this user may append to but not read */
+        fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    return checked(fd, 1);
 }
 
 int esx_private_read(const char *path)
