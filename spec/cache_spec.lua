@@ -875,6 +875,42 @@ describe("cache:close()", function()
   end)
 end)
 
+describe("cache:page_put() and cache:apply()", function()
+  it("outlive a close from a finalizer that runs while they store or apply", function()
+    -- page_put measures and encodes the page in Lua memory, apply may take a userdata for
+    -- its batch: a __gc calling close() freed the core under them (a NULL dereference)
+    local core = require "esx.core"
+    finally(function()
+      collectgarbage("setpause", 200)
+      collectgarbage("setstepmul", 200)
+    end)
+    local page = {}
+    for i = 1, 2000 do page[i] = { id = i, title = string.rep("t", 50) .. i, tags = { "a", "b" } } end
+    local batch = {}
+    for i = 1, 3000 do batch[#batch + 1] = 1; batch[#batch + 1] = i; batch[#batch + 1] = i end
+    for _, method in ipairs{ "page_put", "apply" } do
+      local c = core.cache_new({ max_bytes = 1e7, page_ttl = 1e6, readers_ttl = 1e6, max_pages = 10 }, {})
+      local closed = false
+      collectgarbage("setpause", 100)
+      collectgarbage("setstepmul", 1000)
+      for _ = 1, 200 do
+        garbage_with_gc(function() if not closed then closed = true c:close() end end)
+        local ok, err
+        if method == "page_put" then
+          ok, err = pcall(c.page_put, c, 1, page, core.cache_clock(), 0)
+        else
+          ok, err = pcall(c.apply, c, batch)
+        end
+        assert.is_true(ok or tostring(err):find("the cache is closed", 1, true) ~= nil, tostring(err))
+        if closed then break end
+      end
+      assert.is_true(closed, "no finalizer ran during the " .. method .. " calls")
+      collectgarbage("collect")
+      assert.has_error(function() c:stats() end, "esx.cache: the cache is closed")
+    end
+  end)
+end)
+
 describe("memory", function()
   it("measures about 1.3 bytes per reader for 100,000 readers among 1,000,000 ids", function()
     local ids, seen = {}, {}

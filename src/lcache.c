@@ -50,7 +50,8 @@ static lcache *check_open(lua_State *L)
 
 static void release(lua_State *L, lcache *lc);
 
-/* read_flags, read_json and poll use the core (read_json holds a pointer into it) between
+/* read_flags, read_json, poll, page_put, readers_put and apply use the core (read_json holds
+ * a pointer into it) between
  * Lua allocations, which may run finalizers: one that closes this cache only asks while they
  * are busy (a count: a finalizer may call them too), and the core is freed here, when the
  * last one is done.  A call that raises midway
@@ -686,9 +687,8 @@ static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double 
 /* ud:page_put(page_no, list, now, start_seq [, ticket]) -> cached, or nil, message when the
  * list is not a page.  With a ticket (shared mode) the lock is released and the page
  * published to waiting processes. */
-static int l_page_put(lua_State *L)
+static int page_put_core(lua_State *L, lcache *lc)
 {
-    lcache *lc = check_open(L);
     uint64_t page_no = check_id(L, 2);
     double now = luaL_checknumber(L, 4);
     uint64_t start_seq = (uint64_t)esx_checkcount(L, 5);
@@ -715,6 +715,22 @@ static int l_page_put(lua_State *L)
     }
     lua_pushboolean(L, put_page(L, lc, page_no, 3, now, start_seq));
     return 1;
+}
+
+/* A call that uses the core between Lua allocations (measuring and encoding the page, the
+ * sbuf, a batch's userdata), whose finalizers may close this cache: busy while it runs. */
+static int busy_call(lua_State *L, int (*fn)(lua_State *, lcache *))
+{
+    lcache *lc = check_open(L);
+    lc->busy++;
+    int n = fn(L, lc);
+    busy_end(L, lc);
+    return n;
+}
+
+static int l_page_put(lua_State *L)
+{
+    return busy_call(L, page_put_core);
 }
 
 /* Builds a reader set from the list at idx.  Returns the set (owned by the caller), or NULL
@@ -764,9 +780,8 @@ oom:
 }
 
 /* ud:readers_put(article, list, now, start_seq [, ticket]) -> cached, or nil, message. */
-static int l_readers_put(lua_State *L)
+static int readers_put_core(lua_State *L, lcache *lc)
 {
-    lcache *lc = check_open(L);
     uint64_t article = check_id(L, 2);
     double now = luaL_checknumber(L, 4);
     uint64_t start_seq = (uint64_t)esx_checkcount(L, 5);
@@ -799,6 +814,11 @@ static int l_readers_put(lua_State *L)
     drain(L, lc);
     lua_pushboolean(L, rc == 1);
     return 1;
+}
+
+static int l_readers_put(lua_State *L)
+{
+    return busy_call(L, readers_put_core);
 }
 
 /* ud:has_read(article, user, now [, peek]) -> true|false, or nil when the set is not cached.
@@ -1094,9 +1114,8 @@ static int poll_core(lua_State *L, lcache *lc)
 }
 
 /* ud:apply{op1, a1, b1, op2, a2, b2, ...} -- logs and applies a batch of changes. */
-static int l_apply(lua_State *L)
+static int apply_core(lua_State *L, lcache *lc)
 {
-    lcache *lc = check_open(L);
     luaL_checktype(L, 2, LUA_TTABLE);
     size_t n = lua_rawlen(L, 2) / 3;
     esx_cache_op one[8];
@@ -1116,6 +1135,11 @@ static int l_apply(lua_State *L)
     esx_cache_apply(lc->core, ops, n);
     drain(L, lc);
     return 0;
+}
+
+static int l_apply(lua_State *L)
+{
+    return busy_call(L, apply_core);
 }
 
 static void set_counter(lua_State *L, const char *name, uint64_t v)
