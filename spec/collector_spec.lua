@@ -48,6 +48,20 @@ local function child_script(dir, name, code)
   return lua .. " " .. path
 end
 
+-- Builds tools/unit/<name>.c with the C sources it tests, runs it, returns what it printed
+-- (a line "ok <check>" or "FAIL <check>" per check).
+local function unit(name, sources)
+  local bin = os.tmpname()
+  local ok = os.execute("gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc tools/unit/" .. name ..
+    ".c " .. sources .. " -o " .. bin)
+  assert.truthy(ok == true or ok == 0, "cannot build tools/unit/" .. name .. ".c")
+  local p = io.popen(bin)
+  local out = p:read("*a")
+  p:close()
+  os.remove(bin)
+  return out
+end
+
 local function indexed(index)
   assert(client:refresh(index or "events-*"))
   local res = assert(client:search(index or "events-*", { size = 10000, query = { match_all = {} } }))
@@ -943,14 +957,7 @@ describe("col:rollups", function()
   it("goes on counting in a row whose window ended a moment before a late event (tools/unit)", function()
     -- an event counts under its request's received_at, stamped before parsing: a row freed
     -- as its window ended came back from such a count at 1, under the same _id
-    local bin = os.tmpname()
-    local ok = os.execute("gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc tools/unit/rollup_grace.c " ..
-      "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm -o " .. bin)
-    assert.truthy(ok == true or ok == 0, "cannot build tools/unit/rollup_grace.c")
-    local p = io.popen(bin)
-    local out = p:read("*a")
-    p:close()
-    os.remove(bin)
+    local out = unit("rollup_grace", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm")
     assert.falsy(out:find("FAIL", 1, true), out)
     assert.equal(8, select(2, out:gsub("ok ", "")))
   end)
@@ -958,14 +965,7 @@ describe("col:rollups", function()
   it("charges every site of a request whose last site made the rate table purge (tools/unit)", function()
     -- the purge that made room for a new site dropped an earlier site's refilled bucket,
     -- and that site's events went uncharged
-    local bin = os.tmpname()
-    local ok = os.execute("gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc tools/unit/ratelimit_purge.c " ..
-      "src/ratelimit.c src/hash.c -o " .. bin)
-    assert.truthy(ok == true or ok == 0, "cannot build tools/unit/ratelimit_purge.c")
-    local p = io.popen(bin)
-    local out = p:read("*a")
-    p:close()
-    os.remove(bin)
+    local out = unit("ratelimit_purge", "src/ratelimit.c src/hash.c")
     assert.falsy(out:find("FAIL", 1, true), out)
     assert.equal(11, select(2, out:gsub("ok ", "")))
   end)
