@@ -1255,6 +1255,7 @@ describe("spool", function()
     local col = new{ spool_dir = dir, queue_max_bytes = 4096, spool_segment_bytes = 4096,
                      flush_interval = 10, retry_backoff_min = 10, retry_backoff_max = 50,
                      rollup = false }
+    finally(function() srv:clear_faults() col:close(0) os.execute("rm -rf " .. dir) end)
     for i = 1, 60 do
       assert.equal(204, (post(col, cjson.encode(ev({ event_id = "gone" .. i, pad = string.rep("p", 100) })))))
     end
@@ -1408,6 +1409,7 @@ describe("spool", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
     local col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10,
                      retry_backoff_min = 10, retry_backoff_max = 50, rollup = false }
+    finally(function() srv:clear_faults() col:close(0) os.execute("rm -rf " .. dir) end)
     post(col, cjson.encode(ev({ event_id = "first" }))) -- starts the shipper, which claims
     local deadline = socket.gettime() + 10 * SCALE
     while col:stats().replayed == 0 and socket.gettime() < deadline do socket.sleep(0.01) end
@@ -1415,16 +1417,15 @@ describe("spool", function()
     for i = 1, 20 do
       assert.equal(204, (post(col, cjson.encode(ev({ event_id = "own" .. i, pad = string.rep("p", 100) })))))
     end
-    assert.equal(20, col:stats().spilled) -- behind it, on disk only
+    -- behind it, on disk only (and "first" too, when the claim came before it)
+    assert.is_true(col:stats().spilled >= 20)
     os.execute("rm -f " .. dir .. "/seg-*.log")
     srv:clear_faults()
     assert.is_true(col:flush(15000 * SCALE), "the replay is stuck")
     local s = col:stats()
-    col:close()
     assert.equal(0, s.spool_segments_gone)
     assert.equal(71, s.shipped)
     assert.equal(71, (indexed()))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("never lets a closed collector's late acknowledgement delete a new collector's segment", function()
