@@ -9,11 +9,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
