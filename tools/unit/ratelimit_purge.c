@@ -7,16 +7,8 @@
  */
 #include <stdio.h>
 
+#include "check.h"
 #include "ratelimit.h"
-
-static int fails;
-
-static void check(int cond, const char *name)
-{
-    printf("%s %s\n", cond ? "ok" : "FAIL", name);
-    if (!cond)
-        fails++;
-}
 
 int main(void)
 {

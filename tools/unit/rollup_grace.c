@@ -8,17 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "rollup.h"
 
-static int fails;
 static char last[4096];
-
-static void check(int cond, const char *name)
-{
-    printf("%s %s\n", cond ? "ok" : "FAIL", name);
-    if (!cond)
-        fails++;
-}
 
 static int keep_last(void *ud, const char *line, size_t len)
 {

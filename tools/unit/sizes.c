@@ -9,16 +9,8 @@
 #include <string.h>
 
 #include "buf.h"
+#include "check.h"
 #include "gzip.h"
-
-static int fails;
-
-static void check(int cond, const char *name)
-{
-    printf("%s %s\n", cond ? "ok" : "FAIL", name);
-    if (!cond)
-        fails++;
-}
 
 int main(void)
 {
