@@ -62,6 +62,16 @@ local function unit(name, sources)
   return out
 end
 
+-- A 64 KiB tmpfs mounted on a new directory (a disk to fill), or nil when it cannot be
+-- mounted (not root); the caller unmounts it.
+local function small_disk()
+  local fs = tmpdir()
+  local ok = os.execute("mount -t tmpfs -o size=64k tmpfs " .. fs .. " 2>/dev/null")
+  if ok == true or ok == 0 then return fs end
+  os.execute("rm -rf " .. fs)
+  return nil
+end
+
 -- Waits, when fewer than need_ms are left of the current rollup window (window ms, by the
 -- wall clock events are stamped with), until the next one starts: events a spec expects in
 -- one row must not straddle a window's end.
@@ -716,12 +726,8 @@ describe("shipping", function()
   end)
 
   it("keeps the dead-letter file one JSON object per line after a write the disk cut short", function()
-    local fs = tmpdir()
-    local ok = os.execute("mount -t tmpfs -o size=64k tmpfs " .. fs .. " 2>/dev/null")
-    if not (ok == true or ok == 0) then
-      os.execute("rm -rf " .. fs)
-      return pending("needs to mount a 64 KiB tmpfs (root)")
-    end
+    local fs = small_disk()
+    if not fs then return pending("needs to mount a 64 KiB tmpfs (root)") end
     finally(function() os.execute("umount -l " .. fs .. "; rm -rf " .. fs) end)
     local dl = fs .. "/dl.ndjson"
     local col = new{ dead_letter = dl, rollup = false }
@@ -1224,12 +1230,8 @@ describe("spool", function()
   end)
 
   it("answers 503 while the spool's disk is full, and ships everything it accepted once there is room", function()
-    local fs = tmpdir()
-    local ok = os.execute("mount -t tmpfs -o size=64k tmpfs " .. fs .. " 2>/dev/null")
-    if not (ok == true or ok == 0) then
-      os.execute("rm -rf " .. fs)
-      return pending("needs to mount a 64 KiB tmpfs (root)")
-    end
+    local fs = small_disk()
+    if not fs then return pending("needs to mount a 64 KiB tmpfs (root)") end
     finally(function() os.execute("umount -l " .. fs .. "; rm -rf " .. fs) end)
     os.execute("chmod 700 " .. fs)
     local col = new{ spool_dir = fs, rollup = false, flush_interval = 10 }
