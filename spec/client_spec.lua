@@ -1604,8 +1604,10 @@ describe("client:stats and esx.metrics", function()
     local c = client{ max_total = 1, pool_timeout = 10000 }
     local pendings = {}
     for i = 1, 4 do pendings[i] = assert(c:send("GET", "/")) end
+    -- the slot is taken before its connection is open (libcurl connects after): wait for both
     local deadline = now_ms() + 1000
-    while c:stats().pool.in_use == 0 and now_ms() < deadline do socket.sleep(0.01) end
+    local function up() local p = c:stats().pool return p.in_use > 0 and p.open > 0 end
+    while not up() and now_ms() < deadline do socket.sleep(0.01) end
     local pool = c:stats().pool
     assert.equal(1, pool.in_use)
     assert.equal(3, pool.waiting)
