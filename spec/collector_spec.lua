@@ -779,6 +779,47 @@ describe("shipping", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps taking events while a dead letter waits for the file, and writes it under the file's lock", function()
+    -- another process holds the dead-letter file's lock (as a worker mid-write does; a hung
+    -- filesystem stalls a writer the same way): the intake must not wait on the writer
+    local dir = tmpdir()
+    local dl = dir .. "/dl.ndjson"
+    local col = new{ dead_letter = dl, rollup = false, flush_interval = 10 }
+    -- flock(1) holds the lock until the file `release` appears
+    os.execute(("flock -x %s -c 'touch %s/locked; while [ ! -e %s/release ]; do sleep 0.02; done' &")
+      :format(dl, dir, dir))
+    local function release() io.open(dir .. "/release", "w"):close() end
+    finally(function() release() col:close(0) os.execute("sleep 0.1; rm -rf " .. dir) end)
+    local t0 = socket.gettime()
+    while not io.open(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
+    assert.truthy(io.open(dir .. "/locked"), "flock(1) did not take the lock")
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "locked-out" })))))
+    while col:stats().dead_lettered == 0 and socket.gettime() - t0 < 10 * SCALE do socket.sleep(0.01) end
+    assert.equal(1, col:stats().dead_lettered) -- the writer now waits for the lock
+    local slowest = 0
+    for i = 1, 20 do
+      local t = socket.gettime()
+      assert.equal(204, (post(col, cjson.encode(ev({ event_id = "meanwhile-" .. i })))))
+      col:stats()
+      slowest = math.max(slowest, socket.gettime() - t)
+      socket.sleep(0.01)
+    end
+    assert.is_true(slowest < 0.5 * SCALE, ("an intake call took %.3f s"):format(slowest))
+    assert.equal(21, col:stats().queued_events) -- the dead letter's event is held until written
+    assert.equal("", io.open(dl):read("*a")) -- nothing written while another holds the lock
+    release()
+    assert.is_true(col:flush(10000 * SCALE))
+    local s = col:stats()
+    assert.equal(1, s.dead_lettered)
+    assert.equal(0, s.dead_letter_failed)
+    assert.equal(20, s.shipped)
+    local lines = {}
+    for line in io.lines(dl) do lines[#lines + 1] = cjson.decode(line) end
+    assert.equal(1, #lines)
+    assert.equal("locked-out", lines[1].operation.create._id)
+  end)
+
   it("writes dead letters to a file its user may append to but not read (mode 0200)", function()
     if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to run as nobody") end
     local dir = tmpdir()

@@ -7,19 +7,18 @@
  * reference to the collector, so results arriving after close() find it alive.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bulk_response.h"
 #include "clock.h"
 #include "collector.h"
+#include "deadletter.h"
 #include "private.h"
 #include "proc.h"
 #include "ratelimit.h"
@@ -103,8 +102,8 @@ struct esx_collector {
     esx_spool *spool;
     int64_t last_sync, last_orphan_scan;
     esx_ratelimit *rl;
-    int dl_fd;
-    int dl_torn;             /* dl_fd is write-only: this process's last line was cut short */
+    esx_dead_letters dl;
+    esx_dead_letter *letters, *letters_tail; /* filed, not written yet (write_letters) */
     unsigned rng;
     esx_collector_counters st;
 
@@ -280,96 +279,56 @@ static void free_runs(run *r)
 
 /* ---------------------------------------------------------------- dead letters */
 
-static size_t json_escape(char *out, size_t cap, const char *s)
-{
-    size_t o = 0;
-    for (; *s && o + 7 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            out[o++] = '\\';
-            out[o++] = (char)c;
-        } else if (c < 0x20) {
-            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
-        } else {
-            out[o++] = (char)c;
-        }
-    }
-    out[o] = '\0';
-    return o;
-}
-
-/* 1 when the dead-letter file ends in a fragment without its newline: a write the disk cut
- * short, by this process or by another one appending to the same file (nginx workers, a
- * process that died mid-write).  Read before every line, not remembered: the other writers'
- * fragments are not this process's to know of.  A file opened write-only (a mode that lets
- * this user append but not read) cannot be looked at: then only this process's own short
- * writes are known (col->dl_torn).  Dead letters are rare; a few system calls each.  (No
- * lock between the look and the write: this runs under the collector's mutex, which must
- * not wait on another process.  A fragment torn in the moment between still glues.) */
-static int dead_letter_torn(esx_collector *col)
-{
-    struct stat st;
-    char last;
-    if ((fcntl(col->dl_fd, F_GETFL) & O_ACCMODE) != O_RDWR)
-        return col->dl_torn;
-    return fstat(col->dl_fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-           pread(col->dl_fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
-}
-
+/* Files a dead letter for it (rejected for good with status, type, reason): the line is made
+ * now and written by the shipper without the lock (write_letters); the item stays queued --
+ * counted against queue_max_bytes, its spool segment kept -- until its line is in the file.
+ * Called under mu. */
 static void dead_letter(esx_collector *col, item *it, int status, const char *type,
                         const char *reason)
 {
     if (!it->rollup)
         col->st.dead_lettered++;
-    if (col->dl_fd < 0) {
+    esx_dead_letter *l = NULL;
+    if (col->dl.fd >= 0)
+        l = esx_dead_letter_new(esx_wall_ms(), status, type, reason, it->data, it->len);
+    if (l == NULL) {
+        /* the file could not be opened, or no memory for the line: the event is not in it */
         if (col->cfg.dead_letter_path[0])
-            col->st.dead_letter_failed++; /* the file could not be opened */
+            col->st.dead_letter_failed++;
+        item_done(col, it);
         return;
     }
-    char t[160], r[400];
-    json_escape(t, sizeof t, type);
-    json_escape(r, sizeof r, reason);
-    /* the item is "<action>\n<doc>\n": both lines are JSON already */
-    const char *nl = memchr(it->data, '\n', it->len);
-    size_t alen = nl ? (size_t)(nl - it->data) : it->len;
-    size_t dlen = nl ? it->len - alen - 2 : 0;
-    char head[800];
-    int n = snprintf(head, sizeof head,
-                     "{\"failed_at\":%lld,\"status\":%d,\"error\":{\"type\":\"%s\",\"reason\":\"%s\"},"
-                     "\"operation\":",
-                     (long long)esx_wall_ms(), status, t, r);
-    size_t total = (size_t)n + alen + 12 + (dlen ? dlen : 4) + 4;
-    char *line = malloc(total);
-    if (line == NULL) {
-        col->st.dead_letter_failed++;
+    l->ud = it;
+    if (col->letters_tail)
+        col->letters_tail->next = l;
+    else
+        col->letters = l;
+    col->letters_tail = l;
+}
+
+/* Writes the dead letters filed so far, letting go of mu meanwhile (file I/O: a hung
+ * filesystem, or another process holding the file's lock, must not stall the intake), then
+ * lets their items go.  Called with mu held. */
+static void write_letters(esx_collector *col)
+{
+    esx_dead_letter *list = col->letters;
+    col->letters = col->letters_tail = NULL;
+    if (list == NULL)
         return;
+    pthread_mutex_unlock(&col->mu);
+    int failed = 0;
+    for (esx_dead_letter *l = list; l; l = l->next)
+        if (esx_dead_letter_write(&col->dl, l) != 0)
+            failed++;
+    pthread_mutex_lock(&col->mu);
+    col->st.dead_letter_failed += (uint64_t)failed;
+    while (list) {
+        esx_dead_letter *next = list->next;
+        item_done(col, list->ud);
+        free(list);
+        list = next;
     }
-    size_t o = 0;
-    if (dead_letter_torn(col))
-        line[o++] = '\n'; /* ends the fragment a short write left, so this line parses */
-    memcpy(line + o, head, (size_t)n);
-    o += (size_t)n;
-    memcpy(line + o, it->data, alen);
-    o += alen;
-    memcpy(line + o, ",\"document\":", 12);
-    o += 12;
-    if (dlen) {
-        memcpy(line + o, nl + 1, dlen);
-        o += dlen;
-    } else {
-        memcpy(line + o, "null", 4);
-        o += 4;
-    }
-    line[o++] = '}';
-    line[o++] = '\n';
-    ssize_t w = write(col->dl_fd, line, o); /* O_APPEND: one line per write */
-    if (w != (ssize_t)o)
-        col->st.dead_letter_failed++; /* disk full, I/O error: the event is not in the file */
-    if (w == (ssize_t)o)
-        col->dl_torn = 0;
-    else if (w > 0)
-        col->dl_torn = 1; /* a fragment without its newline is in the file */
-    free(line);
+    pthread_cond_broadcast(&col->idle);
 }
 
 /* ---------------------------------------------------------------- results */
@@ -443,7 +402,6 @@ static void batch_done(esx_request *req, void *ud)
             if (status == 413 && b->n == 1) {
                 dead_letter(col, b->items[i], 413, "request_too_large",
                             "the server refused a single event as too large");
-                item_done(col, b->items[i]);
             } else {
                 retry_later(col, &r, b->items[i]);
             }
@@ -464,12 +422,13 @@ static void batch_done(esx_request *req, void *ud)
                 retry_later(col, &r, b->items[i]);
             } else {
                 dead_letter(col, b->items[i], s, results[i].error_type, results[i].reason);
-                item_done(col, b->items[i]);
             }
         }
         delay_run(col, &r);
     }
     col->inflight--;
+    if (col->letters && (!col->running || col->stop))
+        write_letters(col); /* the shipper is gone, or leaving (it writes what it sees first) */
     pthread_cond_broadcast(&col->wake);
     pthread_cond_broadcast(&col->idle);
     pthread_mutex_unlock(&col->mu);
@@ -718,6 +677,10 @@ static void *shipper_main(void *arg)
     esx_collector *col = arg;
     pthread_mutex_lock(&col->mu);
     while (!col->stop) {
+        if (col->letters) {
+            write_letters(col);
+            continue;
+        }
         int64_t now = esx_now_ms();
         housekeeping(col, now);
         if (should_send(col, now)) {
@@ -733,6 +696,7 @@ static void *shipper_main(void *arg)
         struct timespec ts = esx_mono_after(next_deadline(col, now) - now);
         pthread_cond_timedwait(&col->wake, &col->mu, &ts);
     }
+    write_letters(col); /* filed before stop: batch_done writes those filed after */
     pthread_mutex_unlock(&col->mu);
     return NULL;
 }
@@ -754,11 +718,7 @@ static int open_dead_letter(esx_collector *col)
 {
     if (!col->cfg.dead_letter_path[0])
         return 0;
-    /* not a link, nor a file another user made: it would receive the events (or have them
-     * read) -- /tmp is the default's directory */
-    col->dl_torn = 0;
-    col->dl_fd = esx_private_append(col->cfg.dead_letter_path);
-    return col->dl_fd >= 0 ? 0 : -1;
+    return esx_dead_letters_open(&col->dl, col->cfg.dead_letter_path);
 }
 
 /* Frees what a collector owns besides its queue, locks and client (NULL-safe parts). */
@@ -784,7 +744,6 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
     }
     col->cfg = *cfg;
     col->auto_instance = cfg->instance[0] == '\0';
-    col->dl_fd = -1;
     atomic_init(&col->refs, 1);
     col->batch_cap = cfg->batch_max_bytes;
     size_t m = (size_t)cfg->max_events;
@@ -794,7 +753,7 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
     col->sites = calloc(m, sizeof *col->sites);
     col->counts = calloc(m, sizeof *col->counts);
     if (!col->events || !col->rejects || !col->offs || !col->sites || !col->counts ||
-        init_locks(col) != 0) {
+        init_locks(col) != 0 || esx_dead_letters_init(&col->dl) != 0) {
         free_parts(col);
         free(col);
         snprintf(why, 256, "out of memory");
@@ -837,6 +796,7 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
     col->pid = esx_pid();
     return col;
 fail:
+    esx_dead_letters_free(&col->dl);
     free_parts(col);
     free(col);
     return NULL;
@@ -874,9 +834,10 @@ static int ensure_running(esx_collector *col, char *why)
             esx_rollups_free(col->rollups);
             col->rollups = esx_rollups_new(w, col->cfg.rollup_max_rows);
         }
-        if (col->dl_fd >= 0)
-            close(col->dl_fd);
-        col->dl_fd = -1;
+        /* the parent's filed letters (and their items) are the parent's to write */
+        col->letters = col->letters_tail = NULL;
+        esx_dead_letters_close(&col->dl);
+        esx_dead_letters_init(&col->dl);
         open_dead_letter(col);
         esx_idgen_init(&col->ids);
         col->running = 0;
@@ -1348,8 +1309,7 @@ static void col_unref(esx_collector *col)
     free_runs(col->delayed);
     if (col->spool)
         esx_spool_close(col->spool); /* segments with pending events stay for replay */
-    if (col->dl_fd >= 0)
-        close(col->dl_fd);
+    esx_dead_letters_free(&col->dl);
     free_parts(col);
     esx_client_unref(col->client);
     pthread_mutex_destroy(&col->mu);

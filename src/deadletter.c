@@ -1,0 +1,142 @@
+/*
+ * deadletter.c -- the dead-letter file (see deadletter.h).
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "deadletter.h"
+#include "private.h"
+
+int esx_dead_letters_init(esx_dead_letters *dl)
+{
+    dl->fd = -1;
+    dl->torn = 0;
+    return pthread_mutex_init(&dl->mu, NULL) == 0 ? 0 : -1;
+}
+
+int esx_dead_letters_open(esx_dead_letters *dl, const char *path)
+{
+    dl->torn = 0;
+    /* not a link, nor a file another user made: it would receive the events (or have them
+     * read) -- /tmp is the default's directory */
+    dl->fd = esx_private_append(path);
+    return dl->fd >= 0 ? 0 : -1;
+}
+
+void esx_dead_letters_close(esx_dead_letters *dl)
+{
+    if (dl->fd >= 0)
+        close(dl->fd);
+    dl->fd = -1;
+}
+
+void esx_dead_letters_free(esx_dead_letters *dl)
+{
+    esx_dead_letters_close(dl);
+    pthread_mutex_destroy(&dl->mu);
+}
+
+static size_t json_escape(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (; *s && o + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
+esx_dead_letter *esx_dead_letter_new(int64_t failed_at_ms, int status, const char *type,
+                                     const char *reason, const char *op, size_t op_len)
+{
+    char t[160], r[400];
+    json_escape(t, sizeof t, type);
+    json_escape(r, sizeof r, reason);
+    /* op is "<action>\n<doc>\n": both lines are JSON already */
+    const char *nl = memchr(op, '\n', op_len);
+    size_t alen = nl ? (size_t)(nl - op) : op_len;
+    size_t dlen = nl && op_len - alen >= 2 ? op_len - alen - 2 : 0;
+    char head[800];
+    int n = snprintf(head, sizeof head,
+                     "{\"failed_at\":%lld,\"status\":%d,\"error\":{\"type\":\"%s\",\"reason\":\"%s\"},"
+                     "\"operation\":",
+                     (long long)failed_at_ms, status, t, r);
+    size_t total = 1 + (size_t)n + alen + 12 + (dlen ? dlen : 4) + 2;
+    esx_dead_letter *l = malloc(sizeof *l + total);
+    if (l == NULL)
+        return NULL;
+    char *line = l->line;
+    size_t o = 0;
+    line[o++] = '\n'; /* written before the line only after a fragment (see the write) */
+    memcpy(line + o, head, (size_t)n);
+    o += (size_t)n;
+    memcpy(line + o, op, alen);
+    o += alen;
+    memcpy(line + o, ",\"document\":", 12);
+    o += 12;
+    if (dlen) {
+        memcpy(line + o, nl + 1, dlen);
+        o += dlen;
+    } else {
+        memcpy(line + o, "null", 4);
+        o += 4;
+    }
+    line[o++] = '}';
+    line[o++] = '\n';
+    l->next = NULL;
+    l->ud = NULL;
+    l->len = o - 1;
+    return l;
+}
+
+/* 1 when the file ends in a fragment without its newline: a write the disk cut short, by
+ * this process or by another one appending to the same file (nginx workers, a process that
+ * died mid-write).  Read before every line, not remembered: the other writers' fragments are
+ * not this process's to know of.  A file opened write-only (a mode that lets this user append
+ * but not read) cannot be looked at: then only this process's own short writes are known. */
+static int torn(esx_dead_letters *dl)
+{
+    struct stat st;
+    char last;
+    if ((fcntl(dl->fd, F_GETFL) & O_ACCMODE) != O_RDWR)
+        return dl->torn;
+    return fstat(dl->fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+           pread(dl->fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
+}
+
+int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l)
+{
+    pthread_mutex_lock(&dl->mu);
+    if (dl->fd < 0) {
+        pthread_mutex_unlock(&dl->mu);
+        return -1;
+    }
+    /* Other esx processes appending to the file take the same lock, so no fragment can appear
+     * between the look and the write.  A file that cannot be locked (a device) is written
+     * without. */
+    int locked = flock(dl->fd, LOCK_EX) == 0;
+    /* after a fragment, the newline that ends it goes in the same write as the line */
+    size_t skip = torn(dl) ? 0 : 1, len = l->len + 1 - skip;
+    ssize_t w = write(dl->fd, l->line + skip, len); /* O_APPEND: one line per write */
+    if (locked)
+        flock(dl->fd, LOCK_UN);
+    if (w == (ssize_t)len)
+        dl->torn = 0;
+    else if (w > 0)
+        dl->torn = 1; /* a fragment without its newline is in the file */
+    pthread_mutex_unlock(&dl->mu);
+    return w == (ssize_t)len ? 0 : -1;
+}
