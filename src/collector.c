@@ -834,8 +834,14 @@ static int ensure_running(esx_collector *col, char *why)
             esx_rollups_free(col->rollups);
             col->rollups = esx_rollups_new(w, col->cfg.rollup_max_rows);
         }
-        /* the parent's filed letters (and their items) are the parent's to write */
-        col->letters = col->letters_tail = NULL;
+        /* the parent's filed letters are the parent's to write: drop our copies */
+        while (col->letters) {
+            esx_dead_letter *next = col->letters->next;
+            free(col->letters->ud);
+            free(col->letters);
+            col->letters = next;
+        }
+        col->letters_tail = NULL;
         esx_dead_letters_close(&col->dl);
         esx_dead_letters_init(&col->dl);
         open_dead_letter(col);
