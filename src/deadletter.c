@@ -1,6 +1,7 @@
 /*
  * deadletter.c -- the dead-letter file (see deadletter.h).
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,7 +128,10 @@ int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l)
     /* Other esx processes appending to the file take the same lock, so no fragment can appear
      * between the look and the write.  A file that cannot be locked (a device) is written
      * without. */
-    int locked = flock(dl->fd, LOCK_EX) == 0;
+    int rc;
+    while ((rc = flock(dl->fd, LOCK_EX)) != 0 && errno == EINTR)
+        ; /* a signal (nginx's, handled on this thread) is no reason to write unlocked */
+    int locked = rc == 0;
     /* after a fragment, the newline that ends it goes in the same write as the line */
     size_t skip = torn(dl) ? 0 : 1, len = l->len + 1 - skip;
     ssize_t w = write(dl->fd, l->line + skip, len); /* O_APPEND: one line per write */
