@@ -144,6 +144,24 @@ describe("keep-alive", function()
     assert.equal(200, res.status)
     c:close()
   end)
+
+  it("does not reuse a connection after an HTTP/1.0 response with Transfer-Encoding", function()
+    -- RFC 9112 6.1: its framing is faulty whatever it says; the sender may hold part of it
+    local c = client()
+    local res, err, _, conn = exchange(c, "GET", "/a", nil,
+      "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" ..
+      "2\r\nhi\r\n0\r\n\r\n")
+    assert.is_nil(err)
+    assert.equal("hi", res.body)
+    if os.getenv("ESX_TRANSPORT") ~= "curl" then -- libcurl 7.88 keeps it
+      assert.equal(0, c:stats().pool.idle)
+      res, err = exchange(c, "GET", "/b", nil, OK) -- accepts a new connection
+      assert.is_nil(err)
+      assert.equal(200, res.status)
+    end
+    conn:close()
+    c:close()
+  end)
 end)
 
 describe("response bodies", function()

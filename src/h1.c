@@ -190,6 +190,10 @@ static int end_of_head(esx_h1_parser *p)
         return ESX_H1_MORE;
     }
     p->keep_alive = p->minor >= 1 ? !p->close : (p->ka && !p->close);
+    /* RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing (the sender
+     * may hold part of it): read this response, then close */
+    if (p->minor == 0 && (p->chunked || p->te_other))
+        p->keep_alive = 0;
     if (p->head_request || p->status == 204 || p->status == 304) {
         p->state = S_DONE;
     } else if (p->chunked) {
