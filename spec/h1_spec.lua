@@ -264,6 +264,18 @@ describe("response bodies", function()
     c:close()
   end)
 
+  it("drops the whitespace around a header's value (RFC 9110 5.5), keeping what is inside", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nContent-Type: \t application/json \t \r\nX-A:  a  b \r\nX-Empty: \t \r\n" ..
+      "Content-Length: 2\r\n\r\n{}")
+    assert.is_nil(err)
+    assert.equal("application/json", res.headers["content-type"])
+    assert.equal("a  b", res.headers["x-a"])
+    assert.equal("", res.headers["x-empty"])
+    c:close()
+  end)
+
   it("skips interim 100 responses", function()
     local c = client()
     local res, err = exchange(c, "POST", "/", "x",

@@ -169,6 +169,8 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
     while (v < buf + end && (*v == ' ' || *v == '\t'))
         v++;
     size_t vlen = (size_t)(buf + end - v);
+    while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
+        vlen--; /* the whitespace around a value is not part of it (RFC 9110 5.5) */
     char name[64];
     if (nlen == 0 || nlen >= sizeof name)
         return 1; /* no header esx reads has a name this long; skip it */
