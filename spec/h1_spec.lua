@@ -276,6 +276,22 @@ describe("response bodies", function()
     c:close()
   end)
 
+  it("joins the values of a repeated header with ', ', in order", function()
+    local c = client()
+    local many = {}
+    for i = 1, 3000 do many[#many + 1] = "X-Many: " .. i .. "\r\n" end
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nX-R: a\r\nX-One: 1\r\nx-r: b\r\nX-R: c\r\n" .. table.concat(many) ..
+      "Content-Length: 2\r\n\r\n{}")
+    assert.is_nil(err)
+    assert.equal("a, b, c", res.headers["x-r"])
+    assert.equal("1", res.headers["x-one"])
+    local want = {}
+    for i = 1, 3000 do want[i] = tostring(i) end
+    assert.equal(table.concat(want, ", "), res.headers["x-many"])
+    c:close()
+  end)
+
   it("skips interim 100 responses", function()
     local c = client()
     local res, err = exchange(c, "POST", "/", "x",

@@ -462,8 +462,39 @@ static int pending_waiter_path(lua_State *L)
     return 1;
 }
 
+/* Joins the values of the repeated headers, which push_headers gathered in lists (the table
+ * is at the top of the stack). */
+static void join_repeated(lua_State *L)
+{
+    lua_pushnil(L);
+    while (lua_next(L, -2) != 0) {
+        if (lua_istable(L, -1)) {
+            luaL_Buffer b;
+            size_t n = lua_rawlen(L, -1);
+            lua_pushvalue(L, -2); /* the name, for the assignment below */
+            lua_insert(L, -2);    /* name, name, list */
+            int list = lua_gettop(L);
+            luaL_buffinit(L, &b);
+            for (size_t i = 1; i <= n; i++) {
+                if (i > 1)
+                    luaL_addlstring(&b, ", ", 2);
+                lua_rawgeti(L, list, (int)i);
+                luaL_addvalue(&b);
+            }
+            luaL_pushresult(&b); /* name, name, list, joined */
+            lua_remove(L, list);
+            lua_rawset(L, -4); /* an existing key: allowed during the traversal */
+        } else {
+            lua_pop(L, 1);
+        }
+    }
+}
+
+/* The response headers as a table, names lower-case; a repeated header's values joined with
+ * ", " as HTTP allows (in one pass over each, not one copy per repeat). */
 static void push_headers(lua_State *L, const esx_request *req)
 {
+    int repeated = 0;
     lua_createtable(L, 0, 8);
     const char *p = req->resp_headers.data;
     while (p && *p) {
@@ -474,18 +505,29 @@ static void push_headers(lua_State *L, const esx_request *req)
         const char *v = colon + 2 <= eol ? colon + 2 : eol;
         lua_pushlstring(L, p, (size_t)(colon - p));
         lua_pushvalue(L, -1);
-        lua_rawget(L, -3);
-        if (lua_isstring(L, -1)) { /* repeated header: join with ", " as HTTP allows */
-            lua_pushliteral(L, ", ");
-            lua_pushlstring(L, v, (size_t)(eol - v));
-            lua_concat(L, 3);
-        } else {
+        lua_rawget(L, -3); /* t, name, old */
+        if (lua_isnil(L, -1)) {
             lua_pop(L, 1);
             lua_pushlstring(L, v, (size_t)(eol - v));
+            lua_rawset(L, -3);
+        } else {
+            if (!lua_istable(L, -1)) { /* a second value: the header becomes a list */
+                lua_createtable(L, 4, 0);
+                lua_insert(L, -2);
+                lua_rawseti(L, -2, 1); /* t, name, list */
+                lua_pushvalue(L, -2);
+                lua_pushvalue(L, -2);
+                lua_rawset(L, -5);
+                repeated = 1;
+            }
+            lua_pushlstring(L, v, (size_t)(eol - v));
+            lua_rawseti(L, -2, (int)lua_rawlen(L, -2) + 1);
+            lua_pop(L, 2);
         }
-        lua_rawset(L, -3);
         p = eol + 1;
     }
+    if (repeated)
+        join_repeated(L);
 }
 
 /* pending:result() -> {status=, headers=, body=, node=, retries=} | nil, err | nil (not done) */
