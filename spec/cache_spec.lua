@@ -51,6 +51,15 @@ local function flags(list)
   return out
 end
 
+-- Leaves an unreachable object whose finalizer calls f.
+local function garbage_with_gc(f)
+  if newproxy then
+    getmetatable(newproxy(true)).__gc = f
+  else
+    setmetatable({}, { __gc = f })
+  end
+end
+
 -- Runs each function in its own coroutine, round-robin, until all are done; returns the
 -- results {first, second} of each.
 local function run_all(fns)
@@ -402,6 +411,48 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.truthy(json:find('"score":0.30000000000000004', 1, true), json)
     assert.truthy(json:find('"big":9007199254740992', 1, true), json)
     assert.truthy(json:find('"price":19.99', 1, true), json)
+  end)
+
+  it("lists the missing articles of the page it looked up when a finalizer changes the cache meanwhile", function()
+    -- read_json read the page's pre-encoded blob between Lua allocations (the list of missing
+    -- ids): a __gc that invalidated the page freed the blob under the loop (use after free)
+    local core = require "esx.core"
+    finally(function()
+      collectgarbage("setpause", 200)
+      collectgarbage("setstepmul", 200)
+    end)
+    local c = core.cache_new({ max_bytes = 1e7, page_ttl = 60000, readers_ttl = 60000, max_pages = 10 }, {})
+    local now = core.cache_clock()
+    local function page(base)
+      local l = {}
+      for i = 1, 1000 do l[i] = { id = base + i, title = "t" .. i } end
+      return l
+    end
+    local mine, other = page(0), page(100000)
+    collectgarbage("setpause", 100)
+    collectgarbage("setstepmul", 1000)
+    for _ = 1, 5 do
+      assert.is_true(c:page_put(1, mine, now, c:seq()))
+      local armed, done = false, false
+      for _ = 1, 300 do
+        garbage_with_gc(function()
+          if armed and not done then
+            done = true
+            c:apply({ 3, 0, 0 })                 -- invalidate_pages: frees the blob
+            c:page_put(1, other, now, c:seq())   -- and reuses its memory
+            c:read_json(1, 1, now)               -- nested: leaves the scratch buffer alone
+          end
+        end)
+      end
+      armed = true
+      local json, missing = c:read_json(1, 1, now)
+      armed = false
+      assert.is_nil(json)
+      assert.equal(1000, #missing)
+      for i, id in ipairs(missing) do
+        if id ~= i then assert.equal(i, id) end
+      end
+    end
   end)
 
   it("returns nil, err when a loader fails", function()
@@ -826,14 +877,6 @@ describe("cache:stats()", function()
 end)
 
 -- An object whose finalizer calls f, left for the collector (LuaJIT runs __gc on userdata only).
-local function garbage_with_gc(f)
-  if newproxy then
-    getmetatable(newproxy(true)).__gc = f
-  else
-    setmetatable({}, { __gc = f })
-  end
-end
-
 describe("cache:close()", function()
   it("outlives a close from a finalizer that runs while it builds an answer", function()
     -- read_flags looked the core up between Lua allocations: a __gc calling close() freed it

@@ -38,6 +38,7 @@ typedef struct {
     size_t scratch_cap;
     int busy;          /* calls using the core across Lua allocations (see busy_end) */
     int close_pending; /* closed meanwhile: busy_end frees the core */
+    int json_busy;     /* read_json is answering from scratch (see l_read_json) */
 } lcache;
 
 static lcache *check_open(lua_State *L)
@@ -901,7 +902,7 @@ static int l_read_flags(lua_State *L)
  *   | nil, missing     the ids of the page's articles whose reader set is not cached
  *   | nil              the page is cached without its JSON rendering (out of memory then,
  *                      or the text did not fit in max_bytes with the page), or there is no
- *                      memory for the answer
+ *                      memory for the answer, or a finalizer calls it while it answers
  * A retry after loads passes page_counted / readers_counted so that lookups already counted
  * count neither hits nor misses again.
  * json is the page's articles as a JSON array, each object with "read":true|false added. */
@@ -912,6 +913,11 @@ static int l_read_json(lua_State *L)
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
     int count_page = !lua_toboolean(L, 5), count = !lua_toboolean(L, 6);
+    if (lc->json_busy && lc->busy > 0) {
+        lua_pushnil(L); /* called by a finalizer while read_json answers: render in Lua */
+        return 1;
+    }
+    lc->json_busy = 0; /* (left set by a call that raised when out of memory) */
     lc->busy++;
     size_t len;
     const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len, count_page);
@@ -942,26 +948,35 @@ static int l_read_json(lua_State *L)
         lc->scratch = ns;
         lc->scratch_cap = need;
     }
+    /* No Lua allocation from here until the blob is no longer read: an allocation may run
+     * finalizers, and one that changes this cache (invalidate_pages, a page_put that evicts)
+     * frees the blob.  Missing ids are copied into scratch (8 bytes each, within need). */
     unsigned char *flags = (unsigned char *)lc->scratch;
-    int nmissing = 0;
+    char *miss = lc->scratch + n;
+    size_t nmissing = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t id;
         memcpy(&id, ids + (size_t)i * 8, 8);
         const esx_rset *set = count ? esx_cache_readers_get(lc->core, id, now)
                                     : esx_cache_readers_peek(lc->core, id, now);
         if (set == NULL) {
-            if (nmissing == 0) {
-                lua_pushnil(L);
-                lua_createtable(L, 4, 0);
-            }
-            esx_pushinteger(L, (long long)id);
-            lua_rawseti(L, -2, ++nmissing);
+            memcpy(miss + nmissing++ * 8, &id, 8);
             continue;
         }
         flags[i] = (unsigned char)esx_rset_contains(set, user);
     }
     drain(L, lc);
+    lc->json_busy = 1; /* Lua allocates below: a nested read_json must leave scratch alone */
     if (nmissing > 0) {
+        lua_pushnil(L);
+        lua_createtable(L, (int)nmissing, 0);
+        for (size_t k = 0; k < nmissing; k++) {
+            uint64_t id;
+            memcpy(&id, miss + k * 8, 8);
+            esx_pushinteger(L, (long long)id);
+            lua_rawseti(L, -2, (int)k + 1);
+        }
+        lc->json_busy = 0;
         busy_end(L, lc);
         return 2;
     }
@@ -986,7 +1001,8 @@ static int l_read_json(lua_State *L)
         }
     }
     *p++ = ']';
-    lua_pushlstring(L, out, (size_t)(p - out));
+    lua_pushlstring(L, out, (size_t)(p - out)); /* (LuaJIT may collect before it copies) */
+    lc->json_busy = 0;
     busy_end(L, lc);
     return 1;
 }
@@ -1255,7 +1271,7 @@ static int l_new(lua_State *L)
     lc->max_bytes = cfg.max_bytes;
     lc->scratch = NULL;
     lc->scratch_cap = 0;
-    lc->busy = lc->close_pending = 0;
+    lc->busy = lc->close_pending = lc->json_busy = 0;
     char err[160];
     lc->core = esx_cache_new(&cfg, err, sizeof err);
     if (lc->core == NULL)
