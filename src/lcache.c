@@ -5,9 +5,8 @@
  * cached pages (page_no -> list of articles); after every operation the pages the core
  * dropped are removed from that table, so the Lua data never outlives its budget.
  *
- * Page size, used for max_bytes, is measured deterministically when a page is stored: each
- * table costs TABLE_BYTES plus SLOT_BYTES per key, each string its length plus STRING_BYTES,
- * numbers and booleans live in their slots (see docs/cache.md).
+ * Page size, used for max_bytes, is measured deterministically when a page is stored, and
+ * the page is rendered once to JSON then (lcache_page.c).
  *
  * Caller mistakes (wrong types) raise; lua/esx/cache.lua checks the public arguments first,
  * so these checks only guard against misuse of esx.core directly.
@@ -17,16 +16,10 @@
 
 #include "cache.h"
 #include "lcache.h"
+#include "lcache_page.h"
 #include "lclass.h"
-#include "json.h"
-#include "ljson.h"
 
 #define CACHE_MT "esx.cache"
-
-#define TABLE_BYTES 56
-#define SLOT_BYTES 40
-#define STRING_BYTES 24
-#define MAX_DEPTH 16
 
 typedef struct {
     esx_cache *core;
@@ -95,528 +88,6 @@ static void drain(lua_State *L, lcache *lc)
         lua_pop(L, 1);
 }
 
-/* ---- page measuring and (shared mode) serialisation ------------------------------------ */
-
-/* A bounded output that keeps its first failure, so that a walk can write without checking
- * each call and stop at its next check. */
-typedef struct {
-    esx_buf out; /* out.max: the limit */
-    int failed;  /* over the limit, unsupported value, or out of memory */
-    int cycle;   /* JSON: failed because a table contains itself */
-} sbuf;
-
-static void sb_init(sbuf *b, size_t limit)
-{
-    esx_buf_init(&b->out, limit);
-    b->failed = b->cycle = 0;
-}
-
-#define SBUF_MT "esx.cache.sbuf"
-
-static int sb_gc(lua_State *L)
-{
-    esx_buf_free(&((sbuf *)luaL_checkudata(L, 1, SBUF_MT))->out);
-    return 0;
-}
-
-/* Pushes a new, empty sbuf owned by a userdata whose __gc frees its output: the walks that
- * fill it call Lua (LuaJIT's lua_checkstack, and lua_pushlstring after them, raise when out
- * of memory), and a raise must not leak what it holds.  Raises only Lua's memory error,
- * before anything is allocated. */
-static sbuf *sb_push(lua_State *L, size_t limit)
-{
-    sbuf *b = lua_newuserdata(L, sizeof *b);
-    sb_init(b, limit);
-    luaL_setmetatable(L, SBUF_MT);
-    return b;
-}
-
-static void sb_put(sbuf *b, const void *p, size_t n)
-{
-    if (!b->failed && esx_buf_append(&b->out, p, n) != ESX_BUF_OK)
-        b->failed = 1;
-}
-
-static void sb_tag(sbuf *b, char t)
-{
-    sb_put(b, &t, 1);
-}
-
-/* What measure() returns for a page it cannot measure, or that is larger than its limit. */
-#define UNMEASURED SIZE_MAX
-
-/* Bytes of one key or value inside a table, tables aside (they are measured on their own):
- * a string its length plus STRING_BYTES; numbers, booleans and light userdata (cjson.null)
- * live in their slot.  Functions, full userdata and threads hold memory that cannot be
- * measured from here: UNMEASURED. */
-static size_t scalar_bytes(lua_State *L, int idx)
-{
-    switch (lua_type(L, idx)) {
-    case LUA_TSTRING: {
-        size_t len;
-        lua_tolstring(L, idx, &len);
-        return len + STRING_BYTES;
-    }
-    case LUA_TNUMBER:
-    case LUA_TBOOLEAN:
-    case LUA_TLIGHTUSERDATA:
-    case LUA_TTABLE:
-        return 0;
-    default:
-        return UNMEASURED;
-    }
-}
-
-/* Measures the page at idx: each table reachable from it once (TABLE_BYTES plus SLOT_BYTES
- * per key), whatever its depth and however many times it is referenced -- shared and cyclic
- * tables included -- plus every string key and value where it occurs.  Iterative (a work list
- * and a seen set, both Lua tables), so its cost is linear in the distinct tables and slots,
- * and it stops as soon as the total passes limit.  Returns the bytes, or UNMEASURED when the
- * page holds a function, full userdata or thread, or is larger than limit.  Metatables are
- * not followed (shared by design; not counted).  Raises only when Lua is out of memory. */
-static size_t measure(lua_State *L, int idx, size_t limit)
-{
-    idx = lua_absindex(L, idx);
-    if (lua_type(L, idx) != LUA_TTABLE)
-        return scalar_bytes(L, idx);
-    luaL_checkstack(L, 8, "esx.cache: measuring a page");
-    int top = lua_gettop(L);
-    lua_newtable(L); /* top + 1: seen set */
-    lua_newtable(L); /* top + 2: tables still to visit */
-    int seen = top + 1, todo = top + 2;
-    lua_Integer n = 0;
-    size_t bytes = 0;
-    lua_pushvalue(L, idx);
-    lua_pushboolean(L, 1);
-    lua_rawset(L, seen);
-    lua_pushvalue(L, idx);
-    lua_rawseti(L, todo, ++n);
-    while (n > 0) {
-        lua_rawgeti(L, todo, n); /* top + 3: the table */
-        lua_pushnil(L);
-        lua_rawseti(L, todo, n--);
-        bytes += TABLE_BYTES;
-        lua_pushnil(L);
-        while (lua_next(L, top + 3) != 0) {
-            bytes += SLOT_BYTES;
-            for (int i = -2; i <= -1; i++) {
-                size_t v = scalar_bytes(L, i);
-                if (v == UNMEASURED || v > limit) {
-                    lua_settop(L, top);
-                    return UNMEASURED;
-                }
-                bytes += v;
-                if (lua_type(L, i) == LUA_TTABLE) {
-                    lua_pushvalue(L, i);
-                    lua_rawget(L, seen);
-                    int was = lua_toboolean(L, -1);
-                    lua_pop(L, 1);
-                    if (!was) {
-                        lua_pushvalue(L, i);
-                        lua_pushboolean(L, 1);
-                        lua_rawset(L, seen);
-                        lua_pushvalue(L, i);
-                        lua_rawseti(L, todo, ++n);
-                    }
-                }
-            }
-            lua_pop(L, 1);
-            if (bytes > limit) {
-                lua_settop(L, top);
-                return UNMEASURED;
-            }
-        }
-        lua_pop(L, 1);
-    }
-    lua_settop(L, top);
-    return bytes;
-}
-
-/* Serialises the value at idx into b (shared mode's hand-off).  Fails (b->failed) on
- * functions, threads, userdata other than the NULL light userdata (cjson.null), on tables
- * nested deeper than MAX_DEPTH -- so a cycle fails -- and past the buffer's limit; it stops
- * at the first failure, so its cost is bounded by that limit.  A table referenced twice is
- * written twice. */
-static void walk(lua_State *L, int idx, sbuf *b, int depth)
-{
-    if (b->failed)
-        return;
-    idx = lua_absindex(L, idx);
-    switch (lua_type(L, idx)) {
-    case LUA_TSTRING: {
-        size_t len;
-        const char *s = lua_tolstring(L, idx, &len);
-        uint32_t n = (uint32_t)len;
-        if (len > UINT32_MAX) {
-            b->failed = 1;
-            return;
-        }
-        sb_tag(b, 's');
-        sb_put(b, &n, 4);
-        sb_put(b, s, len);
-        return;
-    }
-    case LUA_TNUMBER:
-        /* Lua 5.4: the subtype, so that 1.0 stays a float (and 1 an integer) on the other
-         * side; LuaJIT has no subtype, and an integral double goes as 'i' to come back the
-         * same double. */
-#if ESX_LUA51
-        if (esx_isinteger(L, idx)) {
-#else
-        if (lua_isinteger(L, idx)) {
-#endif
-            long long v = esx_tointeger(L, idx);
-            sb_tag(b, 'i');
-            sb_put(b, &v, 8);
-        } else {
-            double d = (double)lua_tonumber(L, idx);
-            sb_tag(b, 'd');
-            sb_put(b, &d, 8);
-        }
-        return;
-    case LUA_TBOOLEAN:
-        sb_tag(b, lua_toboolean(L, idx) ? 'T' : 'F');
-        return;
-    case LUA_TTABLE: {
-        if (depth >= MAX_DEPTH || !lua_checkstack(L, 3)) {
-            b->failed = 1;
-            return;
-        }
-        uint32_t count = 0;
-        sb_tag(b, 't');
-        size_t count_at = b->out.len;
-        sb_put(b, &count, 4);
-        lua_pushnil(L);
-        while (lua_next(L, idx) != 0) {
-            walk(L, -2, b, depth + 1);
-            walk(L, -1, b, depth + 1);
-            count++;
-            lua_pop(L, 1);
-            if (b->failed) {
-                lua_pop(L, 1);
-                return;
-            }
-        }
-        if (b->failed) /* the count itself did not fit: nothing at count_at to patch */
-            return;
-        memcpy(b->out.data + count_at, &count, 4);
-        return;
-    }
-    case LUA_TLIGHTUSERDATA:
-        /* the NULL light userdata is cjson.null (and esx's JSON null): the only light
-         * userdata that means the same in every process */
-        if (lua_touserdata(L, idx) == NULL) {
-            sb_tag(b, 'n');
-            return;
-        }
-        b->failed = 1;
-        return;
-    default: /* functions, full userdata, threads: not serialisable */
-        b->failed = 1;
-        return;
-    }
-}
-
-/* Pushes the value serialised at *p (end e); returns 0, or -1 on malformed input. */
-static int unwalk(lua_State *L, const char **p, const char *e, int depth)
-{
-    if (*p >= e || depth > MAX_DEPTH || !lua_checkstack(L, 4))
-        return -1;
-    char t = *(*p)++;
-    switch (t) {
-    case 's': {
-        uint32_t n;
-        if (e - *p < 4)
-            return -1;
-        memcpy(&n, *p, 4);
-        *p += 4;
-        if ((size_t)(e - *p) < n)
-            return -1;
-        lua_pushlstring(L, *p, n);
-        *p += n;
-        return 0;
-    }
-    case 'i': {
-        long long v;
-        if (e - *p < 8)
-            return -1;
-        memcpy(&v, *p, 8);
-        *p += 8;
-        esx_pushinteger(L, v);
-        return 0;
-    }
-    case 'd': {
-        double d;
-        if (e - *p < 8)
-            return -1;
-        memcpy(&d, *p, 8);
-        *p += 8;
-        lua_pushnumber(L, (lua_Number)d);
-        return 0;
-    }
-    case 'T':
-    case 'F':
-        lua_pushboolean(L, t == 'T');
-        return 0;
-    case 'n':
-        lua_pushlightuserdata(L, NULL);
-        return 0;
-    case 't': {
-        uint32_t n;
-        if (e - *p < 4)
-            return -1;
-        memcpy(&n, *p, 4);
-        *p += 4;
-        if (n > (size_t)(e - *p))
-            return -1; /* each pair takes at least two bytes */
-        lua_createtable(L, 0, 0);
-        for (uint32_t i = 0; i < n; i++) {
-            if (unwalk(L, p, e, depth + 1) != 0 || unwalk(L, p, e, depth + 1) != 0)
-                return -1;
-            if (lua_isnil(L, -2) || (lua_type(L, -2) == LUA_TNUMBER &&
-                                     lua_tonumber(L, -2) != lua_tonumber(L, -2)))
-                return -1;
-            lua_rawset(L, -3);
-        }
-        return 0;
-    }
-    default:
-        return -1;
-    }
-}
-
-/* ---- JSON ------------------------------------------------------------------------------
- * A page's articles are encoded once, when the page is stored, into a blob the core keeps
- * with the page:  u32 n | u64 ids[n] | u32 off[n + 1] | fragments.  Fragment i is article
- * i as a JSON object without its closing brace and without any "read" key, so that
- * read_json() answers with memcpy and one membership test per article.
- * Encoding: strings by esx_json_write_str (json.h: bytes as they are, with ", \ and control
- * characters escaped); integers exactly; other finite numbers as core.json_encode writes them
- * (ljson.h); NaN, infinities, functions, userdata (e.g. cjson.null) and tables nested deeper than MAX_DEPTH as null; a table whose keys are exactly
- * 1..n (n > 0) as an array, any other as an object (number keys as strings, other key types
- * skipped; {} when empty). */
-
-static void json_string(sbuf *b, const char *s, size_t len)
-{
-    if (!b->failed && esx_json_write_str(&b->out, s, len) != ESX_BUF_OK)
-        b->failed = 1;
-}
-
-/* The text of the number at idx in num (40 bytes); its length, or 0 for NaN and infinities. */
-static size_t number_text(lua_State *L, int idx, char *num)
-{
-    if (esx_isinteger(L, idx))
-        return esx_format_i64(num, esx_tointeger(L, idx));
-    return esx_json_number_text((double)lua_tonumber(L, idx), num);
-}
-
-static void json_number(lua_State *L, int idx, sbuf *b)
-{
-    char num[40];
-    size_t n = number_text(L, idx, num);
-    if (n == 0)
-        sb_put(b, "null", 4);
-    else
-        sb_put(b, num, n);
-}
-
-/* The tables being encoded, outermost first: path[d] is the table at depth d. */
-typedef const void *json_path[MAX_DEPTH + 1];
-
-static void json_value(lua_State *L, int idx, sbuf *b, int depth, json_path path);
-
-/* Encodes the table at idx; skip_read leaves out a "read" key; open leaves the object open
- * (no closing brace) and returns whether anything was written after the opening brace.
- * A table that contains itself (one of its ancestors in path) cannot be JSON: b fails with
- * b->cycle set.  Stops at the first failure, so its cost is bounded by the buffer's limit. */
-static int json_table(lua_State *L, int idx, sbuf *b, int depth, int skip_read, int open,
-                      json_path path)
-{
-    const void *self = lua_topointer(L, idx);
-    for (int d = 0; d < depth; d++) {
-        if (path[d] == self) {
-            b->failed = b->cycle = 1;
-            return 0;
-        }
-    }
-    path[depth] = self;
-    /* an array when its keys are exactly 1..n: every key a positive integer, the largest
-     * one the number of keys (lua_rawlen alone is any border: {nil, 2, 3, x = 1} has 3 under
-     * LuaJIT, and the table as many keys) */
-    size_t n = 0, count = 0;
-    int array = !open;
-    lua_pushnil(L);
-    while (lua_next(L, idx) != 0) {
-        count++;
-        lua_pop(L, 1);
-        if (array && esx_isinteger(L, -1) && esx_tointeger(L, -1) >= 1) {
-            if ((size_t)esx_tointeger(L, -1) > n)
-                n = (size_t)esx_tointeger(L, -1);
-        } else {
-            array = 0;
-        }
-    }
-    if (count == 0 || count != n)
-        array = 0;
-    if (array) {
-        sb_put(b, "[", 1);
-        for (size_t i = 1; i <= n; i++) {
-            if (i > 1)
-                sb_put(b, ",", 1);
-            lua_rawgeti(L, idx, (int)i);
-            json_value(L, -1, b, depth + 1, path);
-            lua_pop(L, 1);
-            if (b->failed)
-                return 1;
-        }
-        sb_put(b, "]", 1);
-        return 1;
-    }
-    sb_put(b, "{", 1);
-    int first = 1;
-    lua_pushnil(L);
-    while (lua_next(L, idx) != 0) {
-        int kt = lua_type(L, -2);
-        size_t klen = 0;
-        const char *k = NULL;
-        char num[40];
-        if (kt == LUA_TSTRING) {
-            k = lua_tolstring(L, -2, &klen);
-            if (skip_read && klen == 4 && memcmp(k, "read", 4) == 0)
-                k = NULL;
-        } else if (kt == LUA_TNUMBER) {
-            klen = number_text(L, -2, num);
-            if (klen == 0) {
-                memcpy(num, "null", 4);
-                klen = 4;
-            }
-            k = num;
-        }
-        if (k != NULL) {
-            if (!first)
-                sb_put(b, ",", 1);
-            first = 0;
-            json_string(b, k, klen);
-            sb_put(b, ":", 1);
-            json_value(L, -1, b, depth + 1, path);
-        }
-        lua_pop(L, 1);
-        if (b->failed) {
-            lua_pop(L, 1);
-            return !first;
-        }
-    }
-    if (!open)
-        sb_put(b, "}", 1);
-    return !first;
-}
-
-static void json_value(lua_State *L, int idx, sbuf *b, int depth, json_path path)
-{
-    idx = lua_absindex(L, idx);
-    switch (lua_type(L, idx)) {
-    case LUA_TSTRING: {
-        size_t len;
-        const char *s = lua_tolstring(L, idx, &len);
-        json_string(b, s, len);
-        return;
-    }
-    case LUA_TNUMBER:
-        json_number(L, idx, b);
-        return;
-    case LUA_TBOOLEAN:
-        if (lua_toboolean(L, idx))
-            sb_put(b, "true", 4);
-        else
-            sb_put(b, "false", 5);
-        return;
-    case LUA_TTABLE:
-        if (depth < MAX_DEPTH && lua_checkstack(L, 4)) {
-            json_table(L, idx, b, depth, 0, 0, path);
-            return;
-        }
-        /* fall through */
-    default:
-        sb_put(b, "null", 4);
-        return;
-    }
-}
-
-/* Builds the blob of the page list at idx (an absolute index, already checked by
- * check_page).  Returns a malloc'ed blob, which the caller owns, and its length, or NULL
- * when out of memory or larger than limit.  Uses one stack slot while it runs. */
-static void *page_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
-{
-    uint32_t n = (uint32_t)lua_rawlen(L, idx);
-    size_t head = 4 + (size_t)n * 8 + ((size_t)n + 1) * 4;
-    if (head > limit)
-        return NULL;
-    sbuf *b = sb_push(L, limit);
-    sb_put(b, &n, 4);
-    for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
-        lua_rawgeti(L, idx, (int)i + 1);
-        lua_pushliteral(L, "id");
-        lua_rawget(L, -2);
-        uint64_t id = (uint64_t)esx_tointeger(L, -1);
-        lua_pop(L, 2);
-        sb_put(b, &id, 8);
-    }
-    size_t offs_at = b->out.len;
-    for (uint32_t i = 0; i <= n; i++) {
-        uint32_t zero = 0;
-        sb_put(b, &zero, 4);
-    }
-    size_t frags_at = b->out.len;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t off = (uint32_t)(b->out.len - frags_at);
-        if (!b->failed)
-            memcpy(b->out.data + offs_at + (size_t)i * 4, &off, 4);
-        lua_rawgeti(L, idx, (int)i + 1);
-        json_path path = {NULL};
-        json_table(L, lua_gettop(L), b, 1, 1, 1, path);
-        lua_pop(L, 1);
-        if (b->failed)
-            break;
-    }
-    uint32_t end = (uint32_t)(b->out.len - frags_at);
-    if (!b->failed)
-        memcpy(b->out.data + offs_at + (size_t)n * 4, &end, 4);
-    void *blob = NULL;
-    if (!b->failed && b->out.len <= UINT32_MAX)
-        blob = esx_buf_take(&b->out, blob_len); /* the caller's from here */
-    lua_pop(L, 1); /* the sbuf; its __gc frees what was not taken */
-    return blob;
-}
-
-/* Checks that the value at idx is a list of article tables with integer ids (raw fields:
- * metatables are not consulted, as nothing else here follows them -- a page handed to
- * another worker travels without them); pushes nothing.  Returns NULL or a message naming
- * what is wrong (static, or written into msg). */
-static const char *check_page(lua_State *L, int idx, char *msg, size_t msglen)
-{
-    if (!lua_istable(L, idx))
-        return "load_page did not return a table";
-    size_t n = lua_rawlen(L, idx);
-    for (size_t i = 1; i <= n; i++) {
-        lua_rawgeti(L, idx, (int)i);
-        if (!lua_istable(L, -1)) {
-            snprintf(msg, msglen, "article %zu is a %s, not a table", i, luaL_typename(L, -1));
-            lua_pop(L, 1);
-            return msg;
-        }
-        lua_pushliteral(L, "id"); /* raw, as walk() and measure() see it: not via __index */
-        lua_rawget(L, -2);
-        int ok = esx_isinteger(L, -1) && esx_tointeger(L, -1) >= 0 &&
-                 esx_tointeger(L, -1) <= ESX_MAX_SAFE_INTEGER;
-        lua_pop(L, 2);
-        if (!ok) {
-            snprintf(msg, msglen, "article %zu has no integer id in [0, 2^53)", i);
-            return msg;
-        }
-    }
-    return NULL;
-}
-
 /* ---- methods ---------------------------------------------------------------------------- */
 
 /* ud:sync() -- applies other processes' changes. */
@@ -668,10 +139,10 @@ static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double 
 {
     if (page_no < 1 || page_no > lc->max_pages)
         return 0;
-    size_t bytes = measure(L, idx, lc->max_bytes), blob_len = 0;
-    if (bytes == UNMEASURED) /* larger than max_bytes, or holds what cannot be measured */
+    size_t bytes = esx_lpage_measure(L, idx, lc->max_bytes), blob_len = 0;
+    if (bytes == ESX_LPAGE_UNMEASURED) /* larger than max_bytes, or holds what cannot be measured */
         return 0;
-    void *blob = page_blob(L, idx, lc->max_bytes, &blob_len);
+    void *blob = esx_lpage_blob(L, idx, lc->max_bytes, &blob_len);
     int rc = esx_cache_page_put(lc->core, page_no, bytes, now, start_seq, blob, blob ? blob_len : 0);
     if (rc != 1)
         free(blob);
@@ -696,11 +167,11 @@ static int page_put_core(lua_State *L, lcache *lc)
     int has_ticket = !lua_isnoneornil(L, 6);
     uint64_t ticket = has_ticket ? (uint64_t)esx_checkcount(L, 6) : 0;
     char msg[128];
-    const char *bad = check_page(L, 3, msg, sizeof msg);
+    const char *bad = esx_lpage_check(L, 3, msg, sizeof msg);
     if (has_ticket) {
-        sbuf *b = sb_push(L, ESX_CACHE_SLOT_BYTES);
+        esx_sbuf *b = esx_sbuf_push(L, ESX_CACHE_SLOT_BYTES);
         if (bad == NULL)
-            walk(L, 3, b, 0);
+            esx_lpage_walk(L, 3, b, 0);
         else
             b->failed = 1;
         int ok = bad == NULL && !b->failed;
@@ -719,7 +190,7 @@ static int page_put_core(lua_State *L, lcache *lc)
 }
 
 /* A call that uses the core between Lua allocations (measuring and encoding the page, the
- * sbuf, a batch's userdata), whose finalizers may close this cache: busy while it runs. */
+ * esx_sbuf, a batch's userdata), whose finalizers may close this cache: busy while it runs. */
 static int busy_call(lua_State *L, int (*fn)(lua_State *, lcache *))
 {
     lcache *lc = check_open(L);
@@ -1014,9 +485,8 @@ static int l_json(lua_State *L)
 {
     luaL_checkany(L, 1);
     lua_settop(L, 1);
-    sbuf *b = sb_push(L, (size_t)1 << 30);
-    json_path path = {NULL};
-    json_value(L, 1, b, 0, path);
+    esx_sbuf *b = esx_sbuf_push(L, (size_t)1 << 30);
+    esx_lpage_json(L, 1, b);
     if (b->failed) {
         esx_buf_free(&b->out);
         lua_pushnil(L);
@@ -1097,8 +567,8 @@ static int poll_core(lua_State *L, lcache *lc)
         const char *p = data;
         int top = lua_gettop(L);
         char msg[128];
-        int bad = unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
-                  !lua_istable(L, -1) || check_page(L, -1, msg, sizeof msg) != NULL;
+        int bad = esx_lpage_unwalk(L, &p, p + len, 0) != 0 || p != (const char *)data + len ||
+                  !lua_istable(L, -1) || esx_lpage_check(L, -1, msg, sizeof msg) != NULL;
         free(data);
         *box = NULL;
         if (bad) { /* withdrawn, or every later lock would offer it again: a busy loop */
@@ -1303,7 +773,7 @@ static const luaL_Reg methods[] = {
 void esx_lcache_open(lua_State *L)
 {
     esx_lclass(L, CACHE_MT, methods, l_gc, l_tostring);
-    esx_lclass(L, SBUF_MT, NULL, sb_gc, NULL);
+    esx_lclass(L, ESX_SBUF_MT, NULL, esx_sbuf_gc, NULL);
     lua_pushcfunction(L, l_new);
     lua_setfield(L, -2, "cache_new");
     lua_pushcfunction(L, l_clock);
