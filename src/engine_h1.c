@@ -64,7 +64,7 @@ void esx_eng_h1_node_setup(h1_node *hn, const char *url)
     }
     if (strcasecmp(host, "localhost") == 0) {
         /* 127.0.0.1 first, then ::1 (a server may listen on either), as libcurl would */
-        strcpy(host, "127.0.0.1");
+        memcpy(host, "127.0.0.1", sizeof "127.0.0.1"); /* host holds "localhost": as long */
         hn->alt.sin6_family = AF_INET6;
         hn->alt.sin6_port = htons((uint16_t)portnum);
         hn->alt.sin6_addr = in6addr_loopback;
@@ -85,7 +85,7 @@ void esx_eng_h1_node_setup(h1_node *hn, const char *url)
     }
     memcpy(hn->host, authority, alen);
     hn->host[alen] = '\0';
-    strcpy(hn->prefix, prefix);
+    memcpy(hn->prefix, prefix, strlen(prefix) + 1); /* shorter than prefix[]: checked above */
     hn->fast = 1;
 }
 
