@@ -165,6 +165,21 @@ describe("esx.nginx.collect #nginx", function()
     end
   end)
 
+  it("answers 415 when Content-Encoding is given twice (nginx 1.22's $http_ var keeps the first)", function()
+    local ev = cjson.encode({ site_id = "s1", type = "view" })
+    local gz = ds.gzip(ev)
+    -- (a header value with a line break in it: the spec's client writes it as a second header)
+    for _, case in ipairs{ { "identity\r\nContent-Encoding: gzip", ev }, { "identity\r\nContent-Encoding: gzip", gz },
+                           { "gzip\r\nContent-Encoding: gzip", ds.gzip(gz) } } do
+      local status, body = web:request("POST", "/collect", case[2],
+        { ["Content-Type"] = "text/plain", ["Content-Encoding"] = case[1] })
+      assert.equal(415, status, body)
+      assert.equal("unsupported content encoding", cjson.decode(body).error)
+    end
+    local status = web:request("POST", "/collect", gz, { ["Content-Type"] = "text/plain", ["Content-Encoding"] = "gzip" })
+    assert.equal(204, status)
+  end)
+
   it("gives back the max_concurrent slots of uploads nginx ended (body timeout, abort)", function()
     local small = nginx.start{
       workers = 1,

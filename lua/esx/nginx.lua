@@ -8,6 +8,7 @@
 local ngx = ngx
 local tostring, error, type, pcall = tostring, error, type, pcall
 local ceil, max = math.ceil, math.max
+local concat = table.concat
 local core = require "esx.core"
 
 local _M = {}
@@ -156,6 +157,18 @@ local function post_body(col)
   return raw
 end
 
+-- The request's Content-Encoding.  nginx before 1.23 gives only the first of several
+-- Content-Encoding headers in $http_content_encoding (1.23 joins them): "identity" then
+-- "gzip" would read as identity.  So a request that has one is looked at whole (a header
+-- table only for those), and several are joined, which the collector refuses with 415.
+local function content_coding(var)
+  local coding = var.http_content_encoding
+  if coding == nil then return nil end
+  local all = ngx.req.get_headers(0)["content-encoding"]
+  if type(all) == "table" then return concat(all, ", ") end
+  return coding
+end
+
 -- The request's answer from the collector: method, body (POST), query (GET) and the three
 -- headers it reads, taken one by one from ngx.var rather than from a header table.
 -- `early` is the POST body when collect read it before counting the request.
@@ -167,7 +180,7 @@ local function collect_answer(col, method, early)
   elseif method == "GET" then
     query = var.args or ""
   end
-  return col:_answer(method, query, raw, var.http_content_type, var.http_content_encoding,
+  return col:_answer(method, query, raw, var.http_content_type, content_coding(var),
                      var.http_origin)
 end
 
