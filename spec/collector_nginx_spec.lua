@@ -180,6 +180,36 @@ describe("esx.nginx.collect #nginx", function()
     assert.equal(204, status)
   end)
 
+  it("answers 503 without the spool's path when the spool cannot be used, and logs what went wrong", function()
+    local dir = tmpdir()
+    local broken = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.broken = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), spool_dir = "%s", dead_letter = "/dev/null" })
+        }
+      ]]):format(es.url, dir),
+      server = [[
+        location = /collect { content_by_lua_block { require("esx.nginx").collect(package.loaded.broken) } }
+      ]],
+    }
+    os.execute("rm -rf " .. dir .. " && touch " .. dir) -- before a worker opens it
+    local ev = cjson.encode({ site_id = "s1", type = "view" })
+    for _ = 1, 3 do
+      local status, body, headers = broken:request("POST", "/collect", ev, { ["Content-Type"] = "text/plain" })
+      assert.equal(503, status)
+      assert.equal("1", headers["retry-after"])
+      assert.equal('{"error":"the collector cannot store events now"}', body)
+    end
+    local log = broken:error_log()
+    broken:stop()
+    os.remove(dir)
+    local _, lines = log:gsub("esx collector: answered 503: cannot use spool_dir " .. dir:gsub("%p", "%%%0"), "")
+    assert.equal(1, lines, log) -- once a second, not once per request
+  end)
+
   it("gives back the max_concurrent slots of uploads nginx ended (body timeout, abort)", function()
     local small = nginx.start{
       workers = 1,

@@ -411,6 +411,20 @@ describe("col:handle", function()
     c2:close(0)
   end)
 
+  it("answers 503 without the spool's path or the system's error when the spool cannot be used", function()
+    local dir = tmpdir()
+    local c2 = new{ spool_dir = dir, dead_letter = "/dev/null" }
+    os.execute("rm -rf " .. dir .. " && touch " .. dir) -- before the first request opens it
+    local status, headers, body = post(c2, cjson.encode(ev()), { ["content-type"] = "text/plain",
+                                                                 origin = "https://a.example" })
+    assert.equal(503, status)
+    assert.equal("1", headers["Retry-After"])
+    assert.equal('{"error":"the collector cannot store events now"}', body)
+    assert.equal(1, c2:stats().rejected.spool)
+    c2:close(0)
+    os.remove(dir)
+  end)
+
   it("answers 429 with Retry-After when a site is over its rate, sparing the other sites", function()
     local c2 = new{ site_rate = 1, site_burst = 3 }
     assert.equal(204, (post(c2, cjson.encode({ ev(), ev(), ev() }))))

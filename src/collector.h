@@ -82,7 +82,8 @@ typedef struct esx_intake {
     int n_rejects;
     esx_event_reject *rejects;   /* owned by the collector; valid until the next intake */
     int64_t retry_after_ms;      /* for 429/503 */
-    char message[160];           /* for 4xx/5xx */
+    char message[160];           /* for 4xx/5xx: sent to the client */
+    char detail[256];            /* for the operator only (a failure of ours: paths, errno), or "" */
 } esx_intake;
 
 /* Parses body (from_query: a pixel beacon's query string) received at received_at (ms since

@@ -22,6 +22,14 @@ static void refuse(esx_intake *out, int status, enum esx_reject_reason why_code,
     pthread_mutex_unlock(&col->mu);
 }
 
+/* A failure of ours (the spool, the shipper thread): why names paths and system errors, for
+ * the operator (out->detail), not for the client, who gets a message of its own. */
+static void unusable(esx_intake *out, const char *why)
+{
+    snprintf(out->message, sizeof out->message, "the collector cannot store events now");
+    snprintf(out->detail, sizeof out->detail, "%s", why);
+}
+
 /* The intake proper; called with intake_mu held. */
 static void ingest(esx_collector *col, const char *body, size_t len, int from_query,
                    int64_t received_at, esx_intake *out)
@@ -178,7 +186,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
             pthread_mutex_unlock(&col->mu);
             out->status = 503;
             out->retry_after_ms = 1000;
-            snprintf(out->message, sizeof out->message, "%.150s", why);
+            unusable(out, why);
             return;
         }
         col->st.spooled += (uint64_t)n;
@@ -250,7 +258,8 @@ void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int 
         return;
     }
     if (esx_col_ensure_running(col, why) != 0) {
-        refuse(out, 503, ESX_RJ_SPOOL, col, 0, why);
+        refuse(out, 503, ESX_RJ_SPOOL, col, 0, "");
+        unusable(out, why);
         out->retry_after_ms = 1000;
         return;
     }

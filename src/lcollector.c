@@ -109,8 +109,9 @@ static int col_tostring(lua_State *L)
 }
 
 /* col:ingest(body, from_query, received_at_ms) -> status, accepted, rejects, retry_after_ms,
- * message -- or only 204, accepted when every event was accepted (the common answer makes
- * no table and no string) */
+ * message[, detail] -- or only 204, accepted when every event was accepted (the common answer
+ * makes no table and no string).  message is for the client; detail, given only for a
+ * failure of ours (the spool), is for the operator's log. */
 static int col_ingest(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
@@ -135,7 +136,10 @@ static int col_ingest(lua_State *L)
     }
     esx_pushinteger(L, out.retry_after_ms);
     lua_pushstring(L, out.message);
-    return 5;
+    if (out.detail[0] == '\0')
+        return 5;
+    lua_pushstring(L, out.detail);
+    return 6;
 }
 
 /* col:enter(max) -> true when under max requests in progress (and counts this one) */

@@ -358,7 +358,7 @@ local function answer(self, method, query, body, ctype, coding, origin)
     end
     if body == "" then return error_answer(base, 400, "empty body") end
   end
-  local status, accepted, rejects, retry_after, message = self.c:ingest(body, from_query)
+  local status, accepted, rejects, retry_after, message, detail = self.c:ingest(body, from_query)
   if status == 204 then
     if from_query then
       return 200, with(base, "Content-Type", "image/gif"), PIXEL, true
@@ -376,15 +376,16 @@ local function answer(self, method, query, body, ctype, coding, origin)
   else
     s, h, b = error_answer(base, status, message)
   end
-  return s, h, b, true
+  return s, h, b, true, detail
 end
 
--- for esx.nginx.collect: status, header list (read only), body; refusals counted
+-- for esx.nginx.collect: status, header list (read only), body; refusals counted; and, for
+-- a failure of ours (the spool), what went wrong, for the log only (it names paths).
 function Collector:_answer(method, query, body, ctype, coding, origin)
-  local status, list, b, from_core = answer(self, method, query, body, ctype, coding, origin)
+  local status, list, b, from_core, detail = answer(self, method, query, body, ctype, coding, origin)
   local reason = not from_core and lua_reasons[status]
   if reason then count(self, reason) end -- the core counts its own refusals
-  return status, list, b
+  return status, list, b, detail
 end
 
 -- Content-Encoding given more than once (a list, as header tables hold repeated headers) is

@@ -230,6 +230,24 @@ end
 
 local function origin() return ngx.var.http_origin end
 
+-- A failure of ours (the spool cannot be written: disk full, permissions) is answered 503
+-- with a message of its own; what went wrong is logged here, at most once a second per
+-- collector, with how many requests it refused meanwhile.
+local failure_logged = setmetatable({}, { __mode = "k" })
+
+local function log_failure(col, detail)
+  local last = failure_logged[col]
+  local now = ngx.now()
+  if last and now < last.at + 1 then
+    last.quiet = last.quiet + 1
+    return
+  end
+  local quiet = last and last.quiet or 0
+  failure_logged[col] = { at = now, quiet = 0 }
+  ngx.log(ngx.ERR, "esx collector: answered 503: ", detail,
+          quiet > 0 and (" (and " .. quiet .. " more in the last second)") or "")
+end
+
 local function send(status, headers, body)
   ngx.status = status
   local header = ngx.header
@@ -259,7 +277,8 @@ function _M.collect(col)
   holder_seq = holder_seq + 1
   local id = holder_seq
   holder_col[id], holder_since[id] = col, now
-  ok, status, headers, body = pcall(collect_answer, col, method, early)
+  local detail
+  ok, status, headers, body, detail = pcall(collect_answer, col, method, early)
   if holder_col[id] then
     holder_col[id], holder_since[id] = nil, nil
     col:leave()
@@ -268,6 +287,7 @@ function _M.collect(col)
     ngx.log(ngx.ERR, "esx collector: ", status)
     return ngx.exit(500)
   end
+  if detail then log_failure(col, detail) end
   return send(status, headers, body)
 end
 
