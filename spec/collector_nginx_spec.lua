@@ -290,6 +290,46 @@ describe("esx.nginx.collect #nginx", function()
     roomy:stop()
   end)
 
+  it("answers 413 at once, by its Content-Length, to a body over max_body that nginx would take", function()
+    local roomy = nginx.start{
+      workers = 1,
+      http = ([[
+        client_max_body_size 1m;
+        client_body_buffer_size 1k;
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.lean = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), max_body = 1024,
+            allowed_origins = { "https://shop.example" } })
+        }
+      ]]):format(es.url),
+      server = [[
+        location = /collect { content_by_lua_block { require("esx.nginx").collect(package.loaded.lean) } }
+        location = /stats { content_by_lua_block {
+          local s = package.loaded.lean:stats()
+          ngx.say(s.in_progress, " ", s.rejected.too_large) } }
+      ]],
+    }
+    -- 100 KiB announced, 10 bytes sent: the answer must not wait for (nor store) the rest
+    local c = assert(socket.connect("127.0.0.1", roomy.port))
+    assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
+                  "Origin: https://shop.example\r\nContent-Length: 102400\r\n\r\n0123456789"))
+    c:settimeout(1)
+    local head = {}
+    repeat
+      local line = c:receive("*l")
+      head[#head + 1] = line
+    until not line or line == ""
+    c:close()
+    local _, stats = roomy:get("/stats")
+    roomy:stop()
+    assert.equal("HTTP/1.1 413 Request Entity Too Large", head[1])
+    local text = table.concat(head, "\n")
+    assert.truthy(text:find("\nAccess-Control-Allow-Origin: https://shop.example\n", 1, true), text)
+    assert.truthy(text:find("\nCache-Control: no-store\n", 1, true), text)
+    assert.equal("0 1\n", stats)
+  end)
+
   describe("with bodies of unknown length (chunked)", function()
     local tight
     setup(function()

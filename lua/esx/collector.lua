@@ -314,7 +314,8 @@ end
 
 -- The answer to one request: status, header list (shared for the common answers: do not
 -- change it), body, and whether the refusal is counted already (the C core counts its own).
-local function answer(self, method, query, body, ctype, coding, origin)
+-- `declared`: the body's Content-Length when an adapter answers before reading the body.
+local function answer(self, method, query, body, ctype, coding, origin, declared)
   local base = cors(self, origin)
   if not base then
     return error_answer(NO_STORE, 403, "origin not allowed")
@@ -335,7 +336,9 @@ local function answer(self, method, query, body, ctype, coding, origin)
     end
     body = body or ""
     local max = self.o.max_body
-    if #body > max then return error_answer(base, 413, "body larger than " .. max .. " bytes") end
+    if (declared or #body) > max then
+      return error_answer(base, 413, "body larger than " .. max .. " bytes")
+    end
     if coding then
       coding = lower(coding:match("^%s*(.-)%s*$"))
       if coding == "gzip" then
@@ -381,8 +384,9 @@ end
 
 -- for esx.nginx.collect: status, header list (read only), body; refusals counted; and, for
 -- a failure of ours (the spool), what went wrong, for the log only (it names paths).
-function Collector:_answer(method, query, body, ctype, coding, origin)
-  local status, list, b, from_core, detail = answer(self, method, query, body, ctype, coding, origin)
+function Collector:_answer(method, query, body, ctype, coding, origin, declared)
+  local status, list, b, from_core, detail = answer(self, method, query, body, ctype, coding, origin,
+                                                    declared)
   local reason = not from_core and lua_reasons[status]
   if reason then count(self, reason) end -- the core counts its own refusals
   return status, list, b, detail

@@ -261,14 +261,30 @@ end
 -- Counts the request as in progress from the start of the handler to the response (so
 -- slow uploads count against max_concurrent), reads the body even when nginx buffered it
 -- to a file, and sends the collector's status, headers and body.
+-- The answer to a POST whose Content-Length is over max_body, given without reading the body
+-- (nginx would take it whole, to a file past client_body_buffer_size, and hold the request's
+-- slot meanwhile, only for it to get 413); or nil.  (A lying Content-Length is nginx's.)
+local function too_large(col, declared)
+  local n = tonumber(declared)
+  if not n or n <= col.o.max_body then return nil end
+  local var = ngx.var
+  return col:_answer("POST", nil, nil, var.http_content_type, content_coding(var), var.http_origin, n)
+end
+
 function _M.collect(col)
   local method = ngx.req.get_method()
   local early
-  if method == "POST" and not ngx.var.content_length then
-    -- A body without Content-Length (chunked, HTTP/2) is measured while nginx reads it: past
-    -- client_max_body_size nginx answers 413 itself and never resumes this handler, so its
-    -- slot would stay taken until abandoned_after.  Read it before counting the request.
-    early = post_body(col) or ""
+  if method == "POST" then
+    local declared = ngx.var.content_length
+    if not declared then
+      -- A body without Content-Length (chunked, HTTP/2) is measured while nginx reads it:
+      -- past client_max_body_size nginx answers 413 itself and never resumes this handler, so
+      -- its slot would stay taken until abandoned_after.  Read it before counting the request.
+      early = post_body(col) or ""
+    else
+      local status, headers, body = too_large(col, declared)
+      if status then return send(status, headers, body) end
+    end
   end
   local now = ngx.now()
   reclaim_now_and_then(col, now)
