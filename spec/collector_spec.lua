@@ -1138,6 +1138,28 @@ describe("col:rollups", function()
     b:close()
   end)
 
+  it("adds up the rows of two collectors with the same instance name (a restart, two processes)", function()
+    -- rows had _id = <instance>-<window>-<key>: a second writer under the same name (a
+    -- process restarted with the same pid in a container, two workers given one name, a
+    -- collector made again) started again from count 1 under the first one's _ids, and its
+    -- rows were refused with 409 (version = count) or replaced the first one's
+    clear_of_window_end(60000, 10000)
+    local a = new{ instance = "same" }
+    assert.equal(204, (post(a, cjson.encode({ ev({ block_id = "twin", user_id = "u1" }),
+                                               ev({ block_id = "twin", user_id = "u2" }) }))))
+    assert.is_true(a:close(5000))
+    local b = new{ instance = "same" }
+    assert.equal(204, (post(b, cjson.encode(ev({ block_id = "twin", user_id = "u3" })))))
+    assert.is_true(b:flush(5000))
+    assert(client:refresh("rollups-*"))
+    local rows = assert(b:totals{ site_id = "s1" })
+    assert.equal(1, #rows)
+    assert.equal(3, rows[1].count)
+    assert.equal(3, rows[1].uniques)
+    assert.equal(2, (indexed("rollups-*")))
+    b:close()
+  end)
+
   it("totals return nil, err with kind 'too_many' rather than under-count past 10,000 rows", function()
     local lines = {}
     for i = 1, 10001 do

@@ -11,7 +11,7 @@
 #include "hash.h"
 #include "rollup.h"
 
-#define ID_SEED 0x65737852756c6c75ULL /* fixed: _ids must be the same in every process */
+#define ID_SEED 0x65737852756c6c75ULL /* fixed: a row's _id must not change with the table's seed */
 /* How long a row outlives its window.  An event is counted under its received_at, stamped
  * when its request arrived, some milliseconds before the count (parsing, the lock): a row
  * forgotten the moment its window ended would come back from such a late count starting at
@@ -23,6 +23,11 @@ struct esx_rollups {
     int64_t window;
     size_t max_rows, rows, nbuckets;
     uint64_t seed, dropped;
+    /* Random per table, in every _id: another table writing under the same instance name
+     * (the process restarted with the same pid, as in a container; two processes given one
+     * name; a collector made again) starts again from count 1, and under the same _ids its
+     * rows would be refused (version = count) or would replace the first table's. */
+    uint64_t run;
     esx_rollup_row **buckets;
 };
 
@@ -42,6 +47,7 @@ esx_rollups *esx_rollups_new(int64_t window_ms, size_t max_rows)
         return NULL;
     }
     r->seed = esx_random_seed();
+    r->run = esx_random_seed();
     return r;
 }
 
@@ -179,13 +185,14 @@ static int write_row(esx_rollups *r, const esx_rollup_row *row, const char *inst
     int rc = -1;
     if (line) {
         int n = snprintf(line, cap,
-                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%lld-%016llx\","
+                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%016llx-%lld-%016llx\","
                          "\"version\":%llu,\"version_type\":\"external_gte\"}}\n"
                          "{\"instance\":\"%s\",\"window_start\":%lld,\"window\":%lld,"
                          "\"@timestamp\":\"%s\",\"site_id\":\"%s\",\"block_id\":\"%s\","
                          "\"variant\":\"%s\",\"type\":\"%s\",\"count\":%llu,"
                          "\"uniques\":%.0f,\"hll\":\"%s\"}\n",
-                         index, instance, (long long)row->window_start, (unsigned long long)id,
+                         index, instance, (unsigned long long)r->run,
+                         (long long)row->window_start, (unsigned long long)id,
                          (unsigned long long)row->count, instance, (long long)row->window_start,
                          (long long)r->window, stamp,
                          row->site_id, row->block_id, row->variant, row->type,

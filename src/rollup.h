@@ -3,9 +3,10 @@
  * distinct user_ids for each (window, site_id, block_id, variant, type).
  *
  * This replaces the seed's periodic log-aggregator job: every instance keeps its own rows
- * and writes them to the rollup index under a deterministic _id per instance, window and
- * key, so re-writing a row overwrites it and rows of many instances add up (counts sum,
- * HLL registers merge).  The table is keyed by user input: its hash is seeded and its size
+ * and writes them to the rollup index under a deterministic _id per instance, table (a
+ * random run id), window and key, so re-writing a row overwrites it and rows of many
+ * instances -- and of tables that one instance name had before -- add up (counts sum, HLL
+ * registers merge).  The table is keyed by user input: its hash is seeded and its size
  * is bounded (rows beyond max_rows are not created and are counted).
  */
 #ifndef ESX_ROLLUP_H
