@@ -28,6 +28,12 @@ struct esx_rollups {
      * name; a collector made again) starts again from count 1, and under the same _ids its
      * rows would be refused (version = count) or would replace the first table's. */
     uint64_t run;
+    /* The latest window whose rows were forgotten (INT64_MIN: none), and the rows made
+     * since for a window up to it: such a row may have been written and forgotten before
+     * (the wall clock stepped back), so it gets an _id of its own (gen) -- under the old
+     * one, at count 1, it would be refused or would replace the row written before. */
+    int64_t forgotten;
+    uint64_t gens;
     esx_rollup_row **buckets;
 };
 
@@ -48,6 +54,7 @@ esx_rollups *esx_rollups_new(int64_t window_ms, size_t max_rows)
     }
     r->seed = esx_random_seed();
     r->run = esx_random_seed();
+    r->forgotten = INT64_MIN;
     return r;
 }
 
@@ -120,6 +127,8 @@ int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
         }
         row->window_start = w;
         row->hash = h;
+        if (w <= r->forgotten)
+            row->gen = ++r->gens;
         snprintf(row->site_id, sizeof row->site_id, "%s", ev->site_id);
         snprintf(row->block_id, sizeof row->block_id, "%s", ev->block_id);
         snprintf(row->variant, sizeof row->variant, "%s", ev->variant);
@@ -163,6 +172,9 @@ static int write_row(esx_rollups *r, const esx_rollup_row *row, const char *inst
     size_t klen = key_bytes(key, row->window_start, row->site_id, row->block_id, row->variant,
                             row->type);
     uint64_t id = esx_hash64(key, klen, ID_SEED);
+    char gen[24] = "";
+    if (row->gen)
+        snprintf(gen, sizeof gen, "-g%llu", (unsigned long long)row->gen);
 
     unsigned char *raw = NULL;
     char *b64 = NULL;
@@ -185,14 +197,14 @@ static int write_row(esx_rollups *r, const esx_rollup_row *row, const char *inst
     int rc = -1;
     if (line) {
         int n = snprintf(line, cap,
-                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%016llx-%lld-%016llx\","
+                         "{\"index\":{\"_index\":\"%s\",\"_id\":\"%s-%016llx-%lld-%016llx%s\","
                          "\"version\":%llu,\"version_type\":\"external_gte\"}}\n"
                          "{\"instance\":\"%s\",\"window_start\":%lld,\"window\":%lld,"
                          "\"@timestamp\":\"%s\",\"site_id\":\"%s\",\"block_id\":\"%s\","
                          "\"variant\":\"%s\",\"type\":\"%s\",\"count\":%llu,"
                          "\"uniques\":%.0f,\"hll\":\"%s\"}\n",
                          index, instance, (unsigned long long)r->run,
-                         (long long)row->window_start, (unsigned long long)id,
+                         (long long)row->window_start, (unsigned long long)id, gen,
                          (unsigned long long)row->count, instance, (long long)row->window_start,
                          (long long)r->window, stamp,
                          row->site_id, row->block_id, row->variant, row->type,
@@ -227,6 +239,8 @@ int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instan
                 written++;
             }
             if (ended && !row->dirty && row->window_start + r->window + ROW_GRACE_MS <= now_ms) {
+                if (row->window_start > r->forgotten)
+                    r->forgotten = row->window_start;
                 *p = row->next;
                 free_row(row);
                 r->rows--;

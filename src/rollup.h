@@ -24,6 +24,7 @@ typedef struct esx_rollup_row {
     uint64_t count;
     esx_hll *hll;                   /* NULL until the row sees a user_id */
     int dirty;                      /* changed since last written */
+    uint64_t gen;                   /* > 0: made after rows of its window were forgotten */
     uint64_t hash;
     struct esx_rollup_row *next;
 } esx_rollup_row;
@@ -44,7 +45,9 @@ void esx_rollups_current(esx_rollups *r, int64_t now_ms,
 
 /* Writes each dirty row as one bulk "index" operation (action line + document line) through
  * emit, marks it clean, and forgets rows of windows that ended over 10 s before now_ms once
- * written (a count that arrives late in that time goes on in the same row, written again).
+ * written (a count that arrives late in that time goes on in the same row, written again;
+ * one that arrives later -- the wall clock stepped back -- makes a row with an _id of its
+ * own, which adds to the one written before).
  * With all = 0 only rows of ended windows are written.  instance and index_fmt (strftime,
  * UTC of the window start) name the writer and the target index.  emit returns 0 when it
  * took the line, > 0 to stop without it (no room), < 0 on failure; rows not taken stay
