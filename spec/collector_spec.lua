@@ -1182,6 +1182,33 @@ describe("col:rollups", function()
     assert.equal(10001, err.rows)
   end)
 
+  it("totals return nil, err with kind 'decode' when a stored row is malformed", function()
+    -- such rows raised from inside totals (arithmetic on a string, concat of a nil), or
+    -- were skipped (a sketch that is not a string)
+    local M = require("esx.collector")
+    local good = '"site_id":"m","block_id":"b","variant":"","type":"view","window_start":60000,"window":60000'
+    for _, c in ipairs{
+      { '{' .. good .. ',"count":"abc"}', "count is not a non-negative integer" },
+      { '{' .. good .. ',"count":null}', "count is not a non-negative integer" },
+      { '{' .. good .. ',"count":{"n":1}}', "count is not a non-negative integer" },
+      { '{' .. good .. ',"count":"7"}', "count is not a non-negative integer" },
+      { '{' .. good .. ',"count":-1}', "count is not a non-negative integer" },
+      { '{' .. good .. ',"count":1.5}', "count is not a non-negative integer" },
+      { '{"site_id":"m","variant":"","type":"view","window_start":60000,"count":1}', "block_id is not a string" },
+      { '{"site_id":"m","block_id":null,"variant":"","type":"view","window_start":60000,"count":1}',
+        "block_id is not a string" },
+      { '{' .. good .. ',"count":1,"hll":{"a":1}}', "hll is not a string" },
+    } do
+      srv:reset()
+      assert(client:bulk('{"index":{"_index":"rollups-m","_id":"r1"}}\n' .. c[1] .. '\n', { refresh = "true" }))
+      local ok, rows, err = pcall(M.totals, client, { site_id = "m" })
+      assert.is_true(ok, rows)
+      assert.is_nil(rows)
+      assert.equal("decode", err.kind)
+      assert.equal("rollup row r1 is not valid: " .. c[2], err.message)
+    end
+  end)
+
   it("totals raise at the caller's line on an unknown or ill-typed query field", function()
     local col = new{ instance = "x" }
     local M = require("esx.collector")

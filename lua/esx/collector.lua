@@ -12,7 +12,7 @@ local registry = require "esx.registry"
 
 local type, pairs, ipairs, tostring, setmetatable, error, tonumber, select =
   type, pairs, ipairs, tostring, setmetatable, error, tonumber, select
-local concat, format, lower, ceil = table.concat, string.format, string.lower, math.ceil
+local concat, format, lower, ceil, floor = table.concat, string.format, string.lower, math.ceil, math.floor
 
 local _M = {}
 
@@ -530,6 +530,24 @@ local TOTALS_QUERY = {
   by_window = { type = "boolean", default = false },
 }
 
+-- What is wrong with a stored rollup row's fields, or nil: rows come from an index that
+-- anything may have written to, and one that is not as esx writes it must fail the totals
+-- (nil, err), not raise in the middle of them or be added up as something it is not.
+local function row_problem(s, by_window)
+  for _, f in ipairs{ "block_id", "variant", "type" } do
+    if type(s[f]) ~= "string" then return f .. " is not a string" end
+  end
+  local c = s.count
+  if type(c) ~= "number" or c < 0 or c ~= floor(c) or c >= 2 ^ 53 then
+    return "count is not a non-negative integer"
+  end
+  if s.hll ~= nil and type(s.hll) ~= "string" then return "hll is not a string" end
+  if by_window and (type(s.window_start) ~= "number" or type(s.window or 0) ~= "number") then
+    return "window_start or window is not a number"
+  end
+  return nil
+end
+
 -- level: error()'s level for the caller's line (esx.collector.totals or col:totals)
 local function totals(client, q, level)
   if type(q) ~= "table" or type(q.site_id) ~= "string" then
@@ -560,6 +578,10 @@ local function totals(client, q, level)
   for _, hit in ipairs(res.hits.hits) do
     local s = hit._source
     if s.site_id ~= q.site_id then goto continue end
+    local bad = row_problem(s, q.by_window)
+    if bad then
+      return nil, core.error("decode", ("rollup row %s is not valid: %s"):format(tostring(hit._id), bad))
+    end
     local key = concat({ s.block_id, s.variant, s.type, q.by_window and tostring(s.window_start) or "" }, "\0")
     local g = groups[key]
     if not g then
