@@ -1209,6 +1209,32 @@ describe("col:rollups", function()
     end
   end)
 
+  it("totals by window keep apart rows of the same start written with different window lengths", function()
+    -- instances with rollup.window 60 s and 1 h (a reload that changed it): both rows start
+    -- at 0, and were merged into one "window" of a minute and an hour
+    local M = require("esx.collector")
+    local row = '{"site_id":"w","block_id":"b","variant":"","type":"view","window_start":%d,"window":%d,"count":%d}'
+    assert(client:bulk(table.concat({
+      '{"index":{"_index":"rollups-w"}}', row:format(0, 60000, 2),
+      '{"index":{"_index":"rollups-w"}}', row:format(60000, 60000, 3),
+      '{"index":{"_index":"rollups-w"}}', row:format(0, 3600000, 5),
+      '{"index":{"_index":"rollups-w"}}', row:format(0, 60000, 7),
+    }, "\n") .. "\n", { refresh = "true" }))
+    local rows = assert(M.totals(client, { site_id = "w", by_window = true }))
+    table.sort(rows, function(a, b)
+      if a.window_start ~= b.window_start then return a.window_start < b.window_start end
+      return a.window < b.window
+    end)
+    assert.equal(3, #rows)
+    assert.same({ 0, 60000, 9 }, { rows[1].window_start, rows[1].window, rows[1].count })
+    assert.same({ 0, 3600000, 5 }, { rows[2].window_start, rows[2].window, rows[2].count })
+    assert.same({ 60000, 60000, 3 }, { rows[3].window_start, rows[3].window, rows[3].count })
+    rows = assert(M.totals(client, { site_id = "w" }))
+    assert.equal(1, #rows)
+    assert.equal(17, rows[1].count)
+    assert.is_nil(rows[1].window)
+  end)
+
   it("totals raise at the caller's line on an unknown or ill-typed query field", function()
     local col = new{ instance = "x" }
     local M = require("esx.collector")

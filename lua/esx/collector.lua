@@ -582,11 +582,14 @@ local function totals(client, q, level)
     if bad then
       return nil, core.error("decode", ("rollup row %s is not valid: %s"):format(tostring(hit._id), bad))
     end
-    local key = concat({ s.block_id, s.variant, s.type, q.by_window and tostring(s.window_start) or "" }, "\0")
+    -- by window: one row per window start and length (instances may differ in rollup.window)
+    local key = concat({ s.block_id, s.variant, s.type,
+      q.by_window and format("%.0f\0%.0f", s.window_start, s.window or 0) or "" }, "\0")
     local g = groups[key]
     if not g then
       g = { block_id = s.block_id, variant = s.variant, type = s.type, count = 0, sketches = {},
-            window_start = q.by_window and s.window_start or nil }
+            window_start = q.by_window and s.window_start or nil,
+            window = q.by_window and s.window or nil }
       groups[key] = g
       order[#order + 1] = key
     end
