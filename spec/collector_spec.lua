@@ -1169,17 +1169,37 @@ describe("col:rollups", function()
     b:close()
   end)
 
-  it("totals return nil, err with kind 'too_many' rather than under-count past 10,000 rows", function()
+  it("totals add up more than 10,000 rows, a search per range of window starts", function()
+    -- one search reads at most 10,000 rows, and totals refused past that: a day of one-minute
+    -- windows of one block from 8 workers is 11,520 rows
     local lines = {}
     for i = 1, 10001 do
       lines[#lines + 1] = '{"index":{"_index":"rollups-big"}}'
-      lines[#lines + 1] = ('{"site_id":"big","block_id":"b","variant":"","type":"view","window_start":%d,"count":1}'):format(i)
+      lines[#lines + 1] = ('{"site_id":"big","block_id":"b","variant":"","type":"view","window_start":%d,"count":%d}')
+        :format(60000 * ((i - 1) % 1440), i % 3)
+    end
+    assert(client:bulk(table.concat(lines, "\n") .. "\n", { refresh = "true" }))
+    local rows = assert(require("esx.collector").totals(client, { site_id = "big", index = "rollups-big" }))
+    assert.equal(1, #rows)
+    assert.equal(10002, rows[1].count) -- the sum of i % 3 for i = 1 .. 10001
+    rows = assert(require("esx.collector").totals(client, { site_id = "big", index = "rollups-big", by_window = true }))
+    assert.equal(1440, #rows)
+    assert.equal(7, rows[1].count) -- window 0: rows 1, 1441, ..., 8641, each of count 1
+  end)
+
+  it("totals return nil, err with kind 'too_many' when one window start has over 10,000 rows", function()
+    local lines = {}
+    for i = 1, 10001 do
+      lines[#lines + 1] = '{"index":{"_index":"rollups-big"}}'
+      lines[#lines + 1] = ('{"site_id":"big","block_id":"b%d","variant":"","type":"view","window_start":60000,"count":1}'):format(i)
     end
     assert(client:bulk(table.concat(lines, "\n") .. "\n", { refresh = "true" }))
     local rows, err = require("esx.collector").totals(client, { site_id = "big", index = "rollups-big" })
     assert.is_nil(rows)
     assert.equal("too_many", err.kind)
     assert.equal(10001, err.rows)
+    assert.equal("10001 rollup rows have window_start 60000; totals reads at most 10000 of one window start",
+      err.message)
   end)
 
   it("totals return nil, err with kind 'decode' when a stored row is malformed", function()

@@ -548,6 +548,48 @@ local function row_problem(s, by_window)
   return nil
 end
 
+local PAGE = 10000 -- rows one search reads (index.max_result_window's default)
+
+local function search_rows(client, index, filter, lo, hi, size, dir)
+  local range = {}
+  if lo then range.gte = lo end
+  if hi then range.lt = hi end
+  local f = { filter }
+  if next(range) then f[2] = { range = { window_start = range } } end
+  local res, err = client:search(index, { size = size, query = { bool = { filter = f } },
+    sort = { { window_start = dir } }, track_total_hits = true })
+  if not res then return nil, err end
+  local total = type(res.hits.total) == "table" and res.hits.total.value or res.hits.total
+  return res.hits.hits, type(total) == "number" and total or #res.hits.hits
+end
+
+-- Appends the hits of the rows matching filter with window_start in [lo, hi) (nil: open) to
+-- out: one search when they are at most PAGE, else the range is split in two by
+-- window_start (rows of one window_start are read by one search: never split, never
+-- counted twice).  Returns true, or nil, err (too_many when one window_start has more).
+local function read_rows(client, index, filter, lo, hi, out)
+  local hits, total = search_rows(client, index, filter, lo, hi, PAGE, "asc")
+  if not hits then return nil, total end
+  if total <= #hits then
+    for i = 1, #hits do out[#out + 1] = hits[i] end
+    return true
+  end
+  local first, last = hits[1] and hits[1]._source.window_start, hi and hi - 1
+  if hi == nil then
+    local top, err = search_rows(client, index, filter, lo, nil, 1, "desc")
+    if not top then return nil, err end
+    last = top[1] and top[1]._source.window_start
+  end
+  if type(first) ~= "number" or type(last) ~= "number" or first >= last then
+    return nil, core.error("too_many", ("%d rollup rows have window_start %s; totals reads at most %d of one window start")
+      :format(total, tostring(first), PAGE), { rows = total })
+  end
+  local mid = first + floor((last - first + 1) / 2)
+  local ok, err = read_rows(client, index, filter, first, mid, out)
+  if not ok then return nil, err end
+  return read_rows(client, index, filter, mid, last + 1, out)
+end
+
 -- level: error()'s level for the caller's line (esx.collector.totals or col:totals)
 local function totals(client, q, level)
   if type(q) ~= "table" or type(q.site_id) ~= "string" then
@@ -555,27 +597,17 @@ local function totals(client, q, level)
   end
   q = options.check("esx.collector.totals", TOTALS_QUERY, q, level + 1)
   local index = q.index
-  local range = {}
-  if q.from then range.gte = q.from end
-  if q.to then range.lt = q.to end
   -- site_id is a keyword where a mapping says so, and text with a .keyword subfield under
   -- Elasticsearch's dynamic mapping: ask for either, then keep exact matches only (a text
   -- match for "shop" would also find "shop-eu").
-  local filter = { { bool = { should = { { term = { site_id = q.site_id } },
-                                         { term = { ["site_id.keyword"] = q.site_id } } },
-                              minimum_should_match = 1 } } }
-  if next(range) then filter[2] = { range = { window_start = range } } end
-  local res, err = client:search(index, { size = 10000, query = { bool = { filter = filter } },
-    sort = { { window_start = "asc" } }, track_total_hits = true })
-  if not res then return nil, err end
-  local total = type(res.hits.total) == "table" and res.hits.total.value or res.hits.total
-  if type(total) == "number" and total > #res.hits.hits then
-    -- one search reads at most 10,000 rows: refuse rather than under-count
-    return nil, core.error("too_many", ("%d rollup rows match; totals reads at most %d: narrow from/to")
-      :format(total, #res.hits.hits), { rows = total })
-  end
+  local site = { bool = { should = { { term = { site_id = q.site_id } },
+                                     { term = { ["site_id.keyword"] = q.site_id } } },
+                          minimum_should_match = 1 } }
+  local hits = {}
+  local ok, err = read_rows(client, index, site, q.from, q.to, hits)
+  if not ok then return nil, err end
   local groups, order = {}, {}
-  for _, hit in ipairs(res.hits.hits) do
+  for _, hit in ipairs(hits) do
     local s = hit._source
     if s.site_id ~= q.site_id then goto continue end
     local bad = row_problem(s, q.by_window)
