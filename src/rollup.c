@@ -34,6 +34,7 @@ struct esx_rollups {
      * one, at count 1, it would be refused or would replace the row written before. */
     int64_t forgotten;
     uint64_t gens;
+    int reclaimable; /* rows were written since the table was last walked for room */
     esx_rollup_row **buckets;
 };
 
@@ -107,6 +108,37 @@ static int64_t window_of(const esx_rollups *r, int64_t at)
     return at < 0 && at % r->window ? w - r->window : w;
 }
 
+/* Unlinks *p (a written row) and frees it, noting its window as forgotten. */
+static void forget_row(esx_rollups *r, esx_rollup_row **p)
+{
+    esx_rollup_row *row = *p;
+    if (row->window_start > r->forgotten)
+        r->forgotten = row->window_start;
+    *p = row->next;
+    free_row(row);
+    r->rows--;
+}
+
+/* At max_rows: frees the written rows of windows before w (kept only for late counts, which
+ * would now make a row with an _id of its own) to make room for a row of window w.  Walks
+ * the table at most once per esx_rollups_emit that wrote rows.  Returns 1 when it made room. */
+static int reclaim(esx_rollups *r, int64_t w)
+{
+    if (!r->reclaimable)
+        return 0;
+    r->reclaimable = 0;
+    for (size_t i = 0; i < r->nbuckets; i++) {
+        esx_rollup_row **p = &r->buckets[i];
+        while (*p) {
+            if (!(*p)->dirty && (*p)->window_start < w)
+                forget_row(r, p);
+            else
+                p = &(*p)->next;
+        }
+    }
+    return r->rows < r->max_rows;
+}
+
 int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
 {
     int64_t w = window_of(r, received_at);
@@ -121,10 +153,12 @@ int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
                     strcmp(row->variant, ev->variant) == 0 && strcmp(row->type, ev->type) == 0))
         row = row->next;
     if (row == NULL) {
-        if (r->rows >= r->max_rows || (row = calloc(1, sizeof *row)) == NULL) {
+        if ((r->rows >= r->max_rows && !reclaim(r, w)) ||
+            (row = calloc(1, sizeof *row)) == NULL) {
             r->dropped++;
             return 1;
         }
+        /* (after reclaim, which may forget rows of this window's predecessors) */
         row->window_start = w;
         row->hash = h;
         if (w <= r->forgotten)
@@ -236,14 +270,11 @@ int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instan
                 if (rc > 0)
                     return written; /* no room: the rest stays dirty for the next call */
                 row->dirty = 0;
+                r->reclaimable = 1;
                 written++;
             }
             if (ended && !row->dirty && row->window_start + r->window + ROW_GRACE_MS <= now_ms) {
-                if (row->window_start > r->forgotten)
-                    r->forgotten = row->window_start;
-                *p = row->next;
-                free_row(row);
-                r->rows--;
+                forget_row(r, p);
             } else {
                 p = &row->next;
             }
