@@ -495,6 +495,34 @@ describe("client methods", function()
     assert.equal(2, srv:requests("/books/_doc/a%2Fb%3Fc%20d").counts["/books/_doc/a%2Fb%3Fc%20d"])
   end)
 
+  it("percent-encodes a number id that is an integer beyond 2^53 exactly (Lua 5.4)", function()
+    if math.type == nil then return end -- LuaJIT: every number is a double
+    local id = 9007199254740993 -- 2^53 + 1: "%.17g" would make it ...992, another document
+    assert.equal("9007199254740993", (assert(c:index("books", { title = "x" }, id)))._id)
+    assert.equal("9007199254740993", (assert(c:get("books", id)))._id)
+    assert.equal("deleted", (assert(c:delete("books", id))).result)
+  end)
+
+  it("percent-encodes a number id that is not an integer in the fewest digits", function()
+    assert.equal("0.1", (assert(c:index("books", { title = "x" }, 0.1)))._id)
+    assert.equal("0.1", (assert(c:get("books", 0.1)))._id)
+    assert.has_error(function() c:get("books", 0 / 0) end, "bad argument #2 to 'get' (document id expected)")
+  end)
+
+  it("percent-encodes '%' and bytes past ASCII in index names", function()
+    -- '%' is legal in an index name: sent raw, "r%61w" would reach the server as "raw"
+    local r = assert(c:index("r%61w", { title = "x" }, "1"))
+    assert.equal("r%61w", r._index)
+    assert.equal(1, srv:requests("/r%2561w/_doc/1").counts["/r%2561w/_doc/1"])
+    -- an HTTP request line is ASCII: Elasticsearch reads raw UTF-8 bytes in it as Latin-1
+    assert.equal("caf\195\169", (assert(c:index("caf\195\169", { title = "x" }, "1")))._index)
+    assert.equal(1, srv:requests("/caf%C3%A9/_doc/1").counts["/caf%C3%A9/_doc/1"])
+    assert(c:refresh({ "r%61w", "caf\195\169" }))
+    assert.equal(2, (c:count({ "r%61w", "caf\195\169" })))
+    assert(c:bulk({ { "index", { _id = "2" }, { title = "y" } } }, { index = "r%61w" }))
+    assert.equal(1, srv:requests("/r%2561w/_bulk").counts["/r%2561w/_bulk"])
+  end)
+
   it("raises on an invalid index name before sending anything", function()
     assert.has_error(function() c:index("Books", { x = 1 }) end,
       "bad argument #1 to 'index' (invalid index name \"Books\")")

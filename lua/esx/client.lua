@@ -389,6 +389,8 @@ local function call(self, fname, method, path, body, opts)
   return p:json()
 end
 
+local function percent(c) return format("%%%02X", byte(c)) end
+
 -- Elasticsearch index names: lowercase, not "." or "..", no \ / * ? " < > | space , #,
 -- not starting with - _ +, at most 255 bytes.  Wildcards and lists are allowed where
 -- ES allows them (search, count, refresh).
@@ -411,19 +413,34 @@ local function check_index(index, argn, fname, allow_multi)
   if bad then
     raise(format("bad argument #%d to '%s' (invalid index name %q)", argn, fname, index))
   end
-  -- '+' is legal in index names but some servers read it as a space in a path: send %2B
-  return (gsub(index, "%+", "%%2B"))
+  -- '%' is legal in index names, but sent raw the server decodes it ("r%61w" is "raw", another
+  -- index); '+' some servers read as a space; bytes past ASCII Elasticsearch reads as Latin-1
+  return (gsub(index, "[^%w%-%._~*:]", percent))
 end
 _M.check_index = check_index
 
+local math_type = math.type -- nil in LuaJIT, whose numbers are all doubles
+
+-- A number id as text: an integer exactly ("%.17g" turned 2^53 + 1, a Lua 5.4 integer, into
+-- ...992, another document), another number in the fewest digits that read back the same.
+local function number_id(n)
+  if math_type and math_type(n) == "integer" then return format("%d", n) end
+  if n ~= n or n == math.huge or n == -math.huge then return nil end
+  for digits = 15, 16 do
+    local s = format("%." .. digits .. "g", n)
+    if tonumber(s) == n then return s end
+  end
+  return format("%.17g", n)
+end
+
 local function escape_id(id, argn, fname)
   local t = type(id)
-  if t == "number" then id = format("%.17g", id)
-  elseif t ~= "string" or id == "" then
+  if t == "number" then id = number_id(id) end
+  if type(id) ~= "string" or id == "" then
     raise(format("bad argument #%d to '%s' (document id expected)", argn, fname))
   end
   if #id > 512 then raise(format("bad argument #%d to '%s' (id longer than 512 bytes)", argn, fname)) end
-  return (gsub(id, "[^%w%-%._~]", function(c) return format("%%%02X", byte(c)) end))
+  return (gsub(id, "[^%w%-%._~]", percent))
 end
 
 local function search_path(index, endpoint, fname)
