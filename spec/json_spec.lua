@@ -115,6 +115,13 @@ describe("core.json_decode", function()
     end
   end)
 
+  it("decodes -0 to the double -0.0, as lua-cjson does", function()
+    assert.equal(-math.huge, 1 / decode("-0"))
+    assert.equal(-math.huge, 1 / decode('{"x":-0}').x)
+    if not jit then assert.equal("float", math.type(decode("-0"))) end
+    assert.equal(math.huge, 1 / decode("0"))
+  end)
+
   it("decodes escapes and surrogate pairs to UTF-8", function()
     assert.equal('"\\/\b\f\n\r\t', decode('"\\"\\\\\\/\\b\\f\\n\\r\\t"'))
     assert.equal("\195\169\240\159\152\128", decode('"\\u00e9\\ud83d\\ude00"'))
@@ -227,6 +234,15 @@ describe("core.json_encode", function()
       local x = (seed / 2147483648 - 0.5) * 10 ^ (seed % 40 - 20)
       assert.equal(x, tonumber(encode(x)))
     end
+  end)
+
+  it("writes -0.0 as -0.0, which reads back as the same double (not 0)", function()
+    local neg0 = -0.0
+    assert.equal("-0.0", encode(neg0))
+    assert.equal('{"x":-0.0}', encode({ x = neg0 }))
+    assert.equal(-math.huge, 1 / tonumber(encode(neg0)))
+    assert.equal(-math.huge, 1 / decode(encode(neg0)))
+    assert.equal("0", encode(0.0))
   end)
 
   it("escapes quotes, backslashes and control characters, and nothing else", function()

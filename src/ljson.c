@@ -301,7 +301,10 @@ static int number(dec *d)
         long long v = 0;
         for (const char *q = digits; q < d->p; q++)
             v = v * 10 + (*q - '0');
-        esx_pushinteger(d->L, neg ? -v : v);
+        if (neg && v == 0) /* "-0": the double -0.0, as strtod (and lua-cjson) read it */
+            lua_pushnumber(d->L, -0.0);
+        else
+            esx_pushinteger(d->L, neg ? -v : v);
         return 0;
     }
     if (frac) {

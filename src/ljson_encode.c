@@ -79,6 +79,10 @@ size_t esx_json_number_text(double v, char *out)
 {
     if (!isfinite(v))
         return 0;
+    if (v == 0 && signbit(v)) { /* "0" would read back as +0.0, another double */
+        memcpy(out, "-0.0", 4);
+        return 4;
+    }
     if (v == floor(v) && fabs(v) < 9.2e18) /* integral: exact, as an integer */
         return esx_format_i64(out, (long long)v);
     int len = 0;
