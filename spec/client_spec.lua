@@ -503,9 +503,10 @@ describe("client methods", function()
     assert.equal("deleted", (assert(c:delete("books", id))).result)
   end)
 
-  it("percent-encodes a number id that is not an integer in the fewest digits", function()
+  it("percent-encodes a number id in integer digits, or else in the fewest digits", function()
     assert.equal("0.1", (assert(c:index("books", { title = "x" }, 0.1)))._id)
     assert.equal("0.1", (assert(c:get("books", 0.1)))._id)
+    assert.equal("1152921504606846976", (assert(c:index("books", { title = "x" }, 2 ^ 60)))._id)
     assert.has_error(function() c:get("books", 0 / 0) end, "bad argument #2 to 'get' (document id expected)")
   end)
 

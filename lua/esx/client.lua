@@ -419,12 +419,11 @@ local function check_index(index, argn, fname, allow_multi)
 end
 _M.check_index = check_index
 
-local math_type = math.type -- nil in LuaJIT, whose numbers are all doubles
-
--- A number id as text: an integer exactly ("%.17g" turned 2^53 + 1, a Lua 5.4 integer, into
--- ...992, another document), another number in the fewest digits that read back the same.
+-- A number id as text: an integer in decimal digits, exactly ("%.17g" turned 2^53 + 1, a Lua
+-- 5.4 integer, into ...992, another document, and 2^60 into "1.152921504606847e+18"), another
+-- number in the fewest digits that read back the same.
 local function number_id(n)
-  if math_type and math_type(n) == "integer" then return format("%d", n) end
+  if n == floor(n) and n >= -2 ^ 63 and n < 2 ^ 63 then return format("%d", n) end
   if n ~= n or n == math.huge or n == -math.huge then return nil end
   for digits = 15, 16 do
     local s = format("%." .. digits .. "g", n)
