@@ -334,6 +334,16 @@ describe("client:request", function()
     c:close()
   end)
 
+  it("returns the response for every status opts.ok_status lists, also after a hole", function()
+    local c = client()
+    local unset -- e.g. a status from a config that is not set: the list has a hole
+    local res = assert(c:request("HEAD", "/missing-index", nil, { ok_status = { 409, unset, 404 } }))
+    assert.equal(404, res.status)
+    local doc = assert(c:get("missing-index", "1", { ok_status = { unset, 404 } }))
+    assert.equal("index_not_found_exception", doc.error.type)
+    c:close()
+  end)
+
   it("raises on an unknown per-call option and on a path with spaces or CR/LF", function()
     local c = client()
     assert.has_error(function() c:request("GET", "/", nil, { retires = 1 }) end,

@@ -185,7 +185,8 @@ local function check_status(self, res, method, path, ok_status)
   local status = res.status
   if status >= 200 and status < 300 then return res end
   if ok_status then
-    for _, s in ipairs(ok_status) do
+    -- pairs, as the option's check: a hole ({409, nil, 404}) must not hide the statuses after it
+    for _, s in pairs(ok_status) do
       if s == status then return res end
     end
   end
