@@ -416,7 +416,7 @@ local function check_index(index, argn, fname, allow_multi)
   end
   -- '%' is legal in index names, but sent raw the server decodes it ("r%61w" is "raw", another
   -- index); '+' some servers read as a space; bytes past ASCII Elasticsearch reads as Latin-1
-  return (gsub(index, "[^%w%-%._~*:]", percent))
+  return (gsub(index, "[^%w%-%._~*:,]", percent))
 end
 _M.check_index = check_index
 
