@@ -692,6 +692,36 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("dead-letters the one event a sink's small body limit refuses, even in a bulk under 2 KiB, and ships the rest", function()
+    -- a sink that takes at most 1 KiB: a bulk of 1-2 KiB was retried whole for ever (and
+    -- paused every other bulk) instead of being split down to the event it cannot take
+    local small = ds.start{ max_body = 1024 }
+    local c = assert(esx.client{ hosts = { small.url }, max_retries = 0 })
+    local dir = tmpdir()
+    local col = new{ sink = c, rollup = false, flush_interval = 10, retry_backoff_min = 50,
+                     retry_backoff_max = 100, dead_letter = dir .. "/dl.ndjson", spool_dir = dir }
+    finally(function() col:close(0) c:close() small:stop() os.execute("rm -rf " .. dir) end)
+    assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "big", pad = string.rep("b", 1100) }),
+                                                ev({ event_id = "small", pad = string.rep("s", 100) }) }))))
+    assert.is_true(col:flush(3000 * SCALE))
+    local s = col:stats()
+    assert.equal(2, s.accepted)
+    assert.equal(1, s.shipped)
+    assert.equal(1, s.dead_lettered)
+    assert.equal(0, s.queued_events)
+    local lines = {}
+    for line in io.lines(dir .. "/dl.ndjson") do lines[#lines + 1] = cjson.decode(line) end
+    assert.equal(1, #lines)
+    assert.equal("big", lines[1].operation.create._id)
+    assert.equal(413, lines[1].status)
+    assert(c:refresh("events-*"))
+    local res = assert(c:search("events-*", { size = 10, query = { match_all = {} } }))
+    assert.equal(1, res.hits.total.value)
+    assert.equal("small", res.hits.hits[1]._id)
+    col:close()
+    assert.equal(0, segments(dir))
+  end)
+
   it("writes items rejected for good to the dead-letter file with the reason", function()
     local dir = tmpdir()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }

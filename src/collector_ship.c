@@ -17,6 +17,7 @@
 
 #define BULK_TARGET "/_bulk?filter_path=errors,items.*.status,items.*.error"
 #define ORPHAN_SCAN_MS 2000
+#define BATCH_FLOOR ((size_t)1024) /* batch_cap never goes below it on a 413 */
 #define LOAD_PER_PASS ((size_t)1 << 20) /* bytes of spool records loaded per shipper pass */
 
 /* ---------------------------------------------------------------- dead letters */
@@ -123,17 +124,21 @@ static void batch_done(esx_request *req, void *ud)
     pthread_mutex_lock(&col->mu);
     sent_remove(col, b);
     col->st.bulk_requests++;
-    if (status == 413 && b->n > 1 && b->bytes > 2048) {
+    if (status == 413 && b->n > 1 && b->bytes > BATCH_FLOOR) {
         /* the server refused the size: halve batches (never back up: two bulks refused at
-         * once both lower it) and send these again */
-        size_t half = b->bytes / 2 > 1024 ? b->bytes / 2 : 1024;
+         * once both lower it) and send these again.  The new cap, at least the floor, is
+         * below this bulk's size: its items go again in smaller bulks, down to one event,
+         * which is dead-lettered if refused too (with 2 KiB here, a bulk of 1-2 KiB was
+         * retried whole for ever, pausing every other bulk, when the sink took less). */
+        size_t half = b->bytes / 2 > BATCH_FLOOR ? b->bytes / 2 : BATCH_FLOOR;
         if (half < col->batch_cap)
             col->batch_cap = half;
         for (int i = b->n - 1; i >= 0; i--)
             esx_col_ready_prepend(col, b->items[i]);
     } else if (!parsed) {
-        /* (a 413 for a bulk of at most 2 KiB -- the floor -- is a failure like any other:
-         * resending it at once would loop as fast as the server answers) */
+        /* (a 413 for a bulk of several events within the floor is a failure like any
+         * other: halving cannot make it smaller, so resending it at once would loop as fast
+         * as the server answers) */
         col->st.bulk_failures++;
         run r = { .due = batch_due(col, b, now) };
         if (status != 413 || b->n > 1)
