@@ -700,7 +700,14 @@ describe("shipping", function()
     local dir = tmpdir()
     local col = new{ sink = c, rollup = false, flush_interval = 10, retry_backoff_min = 50,
                      retry_backoff_max = 100, dead_letter = dir .. "/dl.ndjson", spool_dir = dir }
-    finally(function() col:close(0) c:close() small:stop() os.execute("rm -rf " .. dir) end)
+    finally(function()
+      col:close(0)
+      c:close()
+      -- TERM (nginx's fast shutdown): a graceful stop waits out about 2 s
+      os.execute("kill -TERM $(cat " .. small.dir .. "/nginx.pid) 2>/dev/null; sleep 0.1")
+      small:stop()
+      os.execute("rm -rf " .. dir)
+    end)
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "big", pad = string.rep("b", 1100) }),
                                                 ev({ event_id = "small", pad = string.rep("s", 100) }) }))))
     assert.is_true(col:flush(3000 * SCALE))
