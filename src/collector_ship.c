@@ -171,9 +171,12 @@ static void batch_done(esx_request *req, void *ud)
         }
         esx_col_delay_run(col, &r);
     }
-    col->inflight--;
     if (col->letters && (!col->running || col->stop))
         write_letters(col); /* the shipper is gone, or leaving (it writes what it sees first) */
+    /* in flight until its dead letters are written: close() keeps the spool open meanwhile,
+     * so their events' segments are released (a closed spool would leave them for a replay,
+     * and the replay would dead-letter them twice) */
+    col->inflight--;
     pthread_cond_broadcast(&col->wake);
     pthread_cond_broadcast(&col->idle);
     pthread_mutex_unlock(&col->mu);
