@@ -1053,6 +1053,36 @@ describe("retries and nodes", function()
     c:close()
   end)
 
+  it("sends one request, not a share of the calls, to a dead node due for a retry until it answers", function()
+    local l = net.listener()
+    local c = client{ hosts = { l.url, srv.url }, max_per_route = 4, dead_backoff_min = 100,
+                      dead_backoff_max = 100 }
+    local first = assert(c:send("GET", "/"))
+    local conn = assert(l:accept(), "no first connection")
+    assert(net.read_request(conn))
+    conn:send("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    conn:close()
+    assert.is_true(first:wait(5000))
+    assert.equal(200, (assert(first:result())).status) -- retried on the other node
+    assert.is_false(c:stats().nodes[1].alive)
+    socket.sleep(0.2) -- due for a retry
+    local pending = {}
+    for i = 1, 4 do pending[i] = assert(c:send("GET", "/")) end
+    local probe = assert(l:accept(), "no probe")
+    assert(net.read_request(probe))
+    local extra = l:accept(0.3)
+    assert.is_nil(extra, "a second request went to the node while its probe was unanswered")
+    probe:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    for i = 1, 4 do
+      assert.is_true(pending[i]:wait(5000))
+      assert.equal(200, (assert(pending[i]:result())).status)
+    end
+    assert.is_true(c:stats().nodes[1].alive)
+    c:close()
+    probe:close()
+    l:close()
+  end)
+
   it("brings a node back after it restarts", function()
     local port = srv.port
     local c = client{ dead_backoff_min = 200, dead_backoff_max = 200, max_retries = 0 }

@@ -322,6 +322,9 @@ void esx_eng_release_attempt(esx_engine *e, esx_request *req)
         if (req->node >= 0) {
             pthread_mutex_lock(&e->mu);
             e->nodes.v[req->node].in_flight--;
+            if (req->probe)
+                e->nodes.v[req->node].probing = 0; /* marked by its outcome, or due again */
+            req->probe = 0;
             e->stats.received_wire += req->wire_in;
             e->stats.received_raw += req->resp_body.len;
             pthread_mutex_unlock(&e->mu);
@@ -364,6 +367,9 @@ static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64
     req->sent_marks = node->marks;
     esx_request_set_node(req, node->url);
     pthread_mutex_lock(&e->mu);
+    /* the retry of a dead node that is due: the one request it gets until it answers */
+    req->probe = !node->alive && node->dead_until <= now && !node->probing;
+    node->probing |= req->probe;
     node->in_flight++;
     node->requests++;
     e->stats.sent_raw += req->body_raw_len;
@@ -876,7 +882,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         e->stats = prev->stats;
         e->stats.rebuilds++;
         for (int i = 0; i < e->nodes.n; i++)
-            e->nodes.v[i].in_flight = 0;
+            e->nodes.v[i].in_flight = e->nodes.v[i].probing = 0;
     } else {
         e->nodes = cfg->nodes;
     }
@@ -1067,6 +1073,7 @@ void esx_engine_salvage(esx_engine *e, esx_engine *to)
             }
             req->h1 = NULL; /* its connection is closed with the rest below */
             req->slot = 0;
+            req->probe = 0; /* `to` starts with no probe out (esx_engine_new) */
             esx_inflate_end(&req->inflater);
             memset(&req->inflater, 0, sizeof req->inflater);
             req->node = -1;

@@ -167,17 +167,19 @@ int esx_nodes_max_per_host(const esx_nodes *nodes)
 
 static int eligible(const esx_node *n, int64_t now)
 {
-    return n->alive || n->dead_until <= now;
+    return n->alive || (n->dead_until <= now && !n->probing);
 }
 
 int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tried,
                    int resurrect, esx_node **out)
 {
-    int any_eligible = 0;
+    int any_eligible = 0, probing = 0;
     esx_node *fallback = NULL; /* eligible with a free slot, but already tried in this call */
     for (int k = 0; k < nodes->n; k++) {
         int i = (nodes->next + k) % nodes->n;
         esx_node *n = &nodes->v[i];
+        if (!n->alive && n->dead_until <= now && n->probing)
+            probing = 1; /* its answer may bring it back: worth waiting for */
         if (!eligible(n, now))
             continue;
         any_eligible = 1;
@@ -198,9 +200,9 @@ int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tr
     }
     if (any_eligible)
         return ESX_PICK_BUSY;
-    /* Every node is dead and none is due: try the one due soonest. */
+    /* Every node is dead and none is due (or its probe is out): try the one due soonest. */
     if (!resurrect)
-        return ESX_PICK_NONE;
+        return probing ? ESX_PICK_BUSY : ESX_PICK_NONE;
     esx_node *soonest = NULL;
     for (int i = 0; i < nodes->n; i++) {
         esx_node *n = &nodes->v[i];

@@ -18,6 +18,8 @@
 typedef struct esx_node {
     char url[512];        /* scheme://host:port[/prefix], no credentials, no trailing slash */
     int in_flight;        /* transfers running on this node (connection slots taken) */
+    int probing;          /* a dead node's retry, once due, is in flight: the one request it
+                           * gets until it answers (esx_nodes_pick) */
     int alive;
     int failures;         /* consecutive failures */
     int64_t dead_until;   /* monotonic ms; meaningful when !alive */
@@ -48,9 +50,11 @@ int esx_nodes_max_per_host(const esx_nodes *nodes);
 enum { ESX_PICK_OK = 0, ESX_PICK_BUSY = 1, ESX_PICK_NONE = 2 };
 
 /* Picks a node for an attempt.  Nodes whose index is set in `tried` are avoided when another
- * eligible node has a free slot.  Returns ESX_PICK_OK with *out set; ESX_PICK_BUSY when the
- * eligible nodes have no free slot (wait); ESX_PICK_NONE when every node is dead, none is due
- * and resurrect is 0. */
+ * eligible node has a free slot.  A dead node due for a retry gets one request (its probe,
+ * `probing`, which the caller sets and clears) until it answers; meanwhile it is skipped like a
+ * dead one that is not due.  Returns ESX_PICK_OK with *out set; ESX_PICK_BUSY when the
+ * eligible nodes have no free slot, or the only due node's probe is in flight (wait);
+ * ESX_PICK_NONE when every node is dead, none is due and resurrect is 0. */
 int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tried,
                    int resurrect, esx_node **out);
 

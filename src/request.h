@@ -72,6 +72,7 @@ struct esx_request {
     void *h1;                   /* the attempt's plain HTTP/1.1 connection (h1conn.h), or NULL */
     /* flags, 0 or 1 (chars: the struct must stay small, see esx_request_new) */
     unsigned char slot;            /* the attempt holds a connection slot */
+    unsigned char probe;           /* the attempt is its dead node's probe (node.h `probing`) */
     unsigned char h1_redone;       /* the attempt moved once to a fresh connection (stale reuse) */
     unsigned char curl_connecting; /* the libcurl attempt's connection is not up (or reused) yet */
     unsigned char resp_gzip;       /* the response is gzip (Content-Encoding) */
