@@ -1001,6 +1001,19 @@ describe("retries and nodes", function()
     c:close()
   end)
 
+  it("returns nil, err with status 429 and keeps the node alive when retry_on_status lists 429", function()
+    srv:fault{ path = "/", status = 429, count = 1 }
+    local c = client{ retry_on_status = { 429, 503 } }
+    local res, err = c:request("GET", "/", nil, { retries = false })
+    assert.is_nil(res)
+    assert.equal("http", err.kind)
+    assert.equal(429, err.status)
+    local n = c:stats().nodes[1]
+    assert.is_true(n.alive)
+    assert.equal(0, n.failures)
+    c:close()
+  end)
+
   it("marks a refusing node dead for dead_backoff_min and sends to the live one", function()
     local dead = "http://127.0.0.1:" .. closed_port()
     local c = client{ hosts = { dead, srv.url }, dead_backoff_min = 60000 }

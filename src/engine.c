@@ -459,16 +459,17 @@ void esx_eng_on_response(esx_engine *e, esx_request *req, int node_index, int tr
         esx_eng_finish(e, req, ESX_EDECODE, "truncated gzip response body");
         return;
     }
-    if (is_retry_status(e->cfg, req->status)) {
-        mark_node(e, node_index, req, 0, now);
-        if (!schedule_retry(e, req, now, 0))
-            esx_eng_finish(e, req, NULL, NULL);
-        return;
-    }
+    /* 429 first, whatever retry_on_status lists: a node that is shedding load is alive */
     if (req->status == 429) {
         req->n429++;
         int64_t delay = backoff_429(e, req);
         if (delay > RETRY_AFTER_CAP_MS || !schedule_retry(e, req, now, delay))
+            esx_eng_finish(e, req, NULL, NULL);
+        return;
+    }
+    if (is_retry_status(e->cfg, req->status)) {
+        mark_node(e, node_index, req, 0, now);
+        if (!schedule_retry(e, req, now, 0))
             esx_eng_finish(e, req, NULL, NULL);
         return;
     }
