@@ -10,26 +10,7 @@
 
 #include "check.h"
 #include "rollup.h"
-
-static char last[4096];
-
-static int keep_last(void *ud, const char *line, size_t len)
-{
-    int *n = ud;
-    (*n)++;
-    if (len >= sizeof last)
-        len = sizeof last - 1;
-    memcpy(last, line, len);
-    last[len] = '\0';
-    return 0;
-}
-
-static int emit(esx_rollups *r, long long now)
-{
-    int n = 0;
-    esx_rollups_emit(r, now, 0, "i1", "rollups-%Y", keep_last, &n);
-    return n;
-}
+#include "rollup_emit.h"
 
 static int add(esx_rollups *r, long long at, const char *block)
 {
