@@ -479,8 +479,9 @@ int esx_spool_claim_orphans(esx_spool *sp)
             snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
                      next_seq());
             rc = renameat2(AT_FDCWD, from, AT_FDCWD, seg->path, RENAME_NOREPLACE);
-            if (rc != 0 && errno == EINVAL && (rc = link(from, seg->path)) == 0)
-                unlink(from); /* a file system without RENAME_NOREPLACE */
+            if (rc != 0 && (errno == EINVAL || errno == ENOSYS) &&
+                (rc = link(from, seg->path)) == 0)
+                unlink(from); /* a file system (or a kernel) without RENAME_NOREPLACE */
             if (rc == 0 || errno != EEXIST)
                 break;
         }
