@@ -312,11 +312,15 @@ static int hll_union(lua_State *L)
         unsigned char *raw = malloc(len / 4 * 3 + 3);
         size_t rlen = raw ? esx_base64_decode(s, len, raw) : (size_t)-1;
         esx_hll *h = rlen == (size_t)-1 ? NULL : esx_hll_deserialize(raw, rlen);
+        /* out of memory: no buffer, or a merge failed (it fails for nothing else) */
+        int nomem = raw == NULL || (h != NULL && esx_hll_merge(acc, h) != 0);
         free(raw);
         lua_pop(L, 1);
-        if (h == NULL || esx_hll_merge(acc, h) != 0) {
+        if (h == NULL || nomem) {
             esx_hll_free(h);
             esx_hll_free(acc);
+            if (nomem)
+                return esx_lerror_fail(L, "internal", "out of memory merging sketches");
             return esx_lerror_fail(L, "decode", "sketch %d is not a valid HyperLogLog", i);
         }
         esx_hll_free(h);
