@@ -204,7 +204,9 @@ end
 function Server:stop()
   if self.stopped then return end
   self.stopped = true
-  run(sh_quote(_M.esxd) .. " stop --port " .. self.port)
+  -- its runtime directory (logs, config) goes with it once it stopped: a test run would
+  -- otherwise leave one in $TMPDIR per server it started
+  if run(sh_quote(_M.esxd) .. " stop --port " .. self.port) then run("rm -rf " .. sh_quote(self.dir)) end
 end
 
 -- Start a server on a free port. opts: user, password, tls, max_body, workers,
