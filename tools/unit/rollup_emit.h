@@ -1,15 +1,29 @@
 /*
- * rollup_emit.h -- what the rollup unit programs share: emit() writes a table's due rows
- * (instance "i1", index "rollups-%Y") and counts them, keeping the last line in `last`.
+ * rollup_emit.h -- what the rollup unit programs share: view() makes a "view" event of site
+ * "s1"; emit() writes a table's due rows (instance "i1", index "rollups-%Y") and counts them,
+ * keeping the last line in `last`.
  */
 #ifndef ESX_UNIT_ROLLUP_EMIT_H
 #define ESX_UNIT_ROLLUP_EMIT_H
 
+#include <stdio.h>
 #include <string.h>
 
 #include "rollup.h"
 
 static char last[4096];
+
+/* A "view" event of site s1 in block, by user. */
+static esx_event view(const char *block, const char *user)
+{
+    esx_event ev;
+    memset(&ev, 0, sizeof ev);
+    snprintf(ev.site_id, sizeof ev.site_id, "s1");
+    snprintf(ev.type, sizeof ev.type, "view");
+    snprintf(ev.block_id, sizeof ev.block_id, "%s", block);
+    snprintf(ev.user_id, sizeof ev.user_id, "%s", user);
+    return ev;
+}
 
 static int keep_last(void *ud, const char *line, size_t len)
 {

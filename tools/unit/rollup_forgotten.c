@@ -30,11 +30,7 @@ int main(void)
     const long long t = 1700000000500LL;
     char first[256], again[256], third[256];
     esx_rollups *r = esx_rollups_new(1000, 100);
-    esx_event ev;
-    memset(&ev, 0, sizeof ev);
-    strcpy(ev.site_id, "s1");
-    strcpy(ev.type, "view");
-    strcpy(ev.user_id, "u1");
+    esx_event ev = view("", "u1");
     esx_rollups_add(r, t, &ev);
     esx_rollups_add(r, t, &ev);
     check(emit(r, t + 1000) == 1 && strstr(last, "\"count\":2,") != NULL,

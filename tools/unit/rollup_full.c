@@ -14,11 +14,7 @@
 
 static int add(esx_rollups *r, long long at, const char *block)
 {
-    esx_event ev;
-    memset(&ev, 0, sizeof ev);
-    strcpy(ev.site_id, "s1");
-    strcpy(ev.type, "view");
-    strcpy(ev.block_id, block);
+    esx_event ev = view(block, "");
     return esx_rollups_add(r, at, &ev);
 }
 

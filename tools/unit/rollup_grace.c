@@ -15,11 +15,7 @@
 int main(void)
 {
     esx_rollups *r = esx_rollups_new(1000, 100);
-    esx_event ev;
-    memset(&ev, 0, sizeof ev);
-    strcpy(ev.site_id, "s1");
-    strcpy(ev.type, "view");
-    strcpy(ev.user_id, "u1");
+    esx_event ev = view("", "u1");
     check(esx_rollups_add(r, 1700000000999LL, &ev) == 0, "a count in window ...000");
     check(emit(r, 1700000001000LL) == 1, "the window ended: its row is written");
     /* a request received at ...999, counted after the row was written */
