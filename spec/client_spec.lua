@@ -1096,6 +1096,35 @@ describe("retries and nodes", function()
     l:close()
   end)
 
+  it("brings a dead node back when its retry is answered 429 (shedding load, but up)", function()
+    local l = net.listener()
+    local c = client{ hosts = { l.url }, max_retries = 0, dead_backoff_min = 100,
+                      dead_backoff_max = 100 }
+    local first = assert(c:send("GET", "/"))
+    local conn = assert(l:accept(), "no first connection")
+    assert(net.read_request(conn))
+    conn:send("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    conn:close()
+    assert.is_true(first:wait(5000))
+    local n = c:stats().nodes[1]
+    assert.is_false(n.alive)
+    assert.equal(1, n.failures)
+    socket.sleep(0.2) -- due for a retry
+    local probe = assert(c:send("GET", "/"))
+    conn = assert(l:accept(), "no probe")
+    assert(net.read_request(conn))
+    conn:send("HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    conn:close()
+    assert.is_true(probe:wait(5000))
+    local _, err = probe:result()
+    assert.equal("http", err.kind)
+    assert.equal(429, err.status)
+    n = c:stats().nodes[1]
+    assert.is_true(n.alive)
+    assert.equal(0, n.failures)
+    c:close()
+    l:close()
+  end)
   it("brings a node back after it restarts", function()
     local port = srv.port
     local c = client{ dead_backoff_min = 200, dead_backoff_max = 200, max_retries = 0 }

@@ -459,8 +459,10 @@ void esx_eng_on_response(esx_engine *e, esx_request *req, int node_index, int tr
         esx_eng_finish(e, req, ESX_EDECODE, "truncated gzip response body");
         return;
     }
-    /* 429 first, whatever retry_on_status lists: a node that is shedding load is alive */
+    /* 429 first, whatever retry_on_status lists: a node that is shedding load is alive (a dead
+     * node's retry answered 429 brings it back) */
     if (req->status == 429) {
+        mark_node(e, node_index, req, 1, now);
         req->n429++;
         int64_t delay = backoff_429(e, req);
         if (delay > RETRY_AFTER_CAP_MS || !schedule_retry(e, req, now, delay))
