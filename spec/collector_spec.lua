@@ -607,6 +607,26 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("indexes string and integer user_ids side by side, whichever comes first in the day's index", function()
+    -- an integer shipped as a number had the index map user_id as long, and every later
+    -- event with a string user_id (a pixel's always is) was dead-lettered after its 2xx
+    local col = new{ rollup = false }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "u1", user_id = 42 })))))
+    assert.is_true(col:flush(5000))
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "u2", user_id = "u-abc" })))))
+    assert.equal(200, (col:handle{ method = "GET", query = "site_id=s1&type=view&event_id=u3&user_id=x7" }))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(0, s.dead_lettered)
+    assert.equal(3, s.shipped)
+    local n, hits = indexed()
+    assert.equal(3, n)
+    local users = {}
+    for _, h in ipairs(hits) do users[h._id] = h._source.user_id end
+    assert.same({ u1 = "42", u2 = "u-abc", u3 = "x7" }, users)
+    col:close()
+  end)
+
   it("retries items the server rejects with 429 and indexes them once", function()
     srv:fault{ path = "/_bulk", item_status = 429, item_count = 2, count = 1 }
     local col = new{ retry_backoff_min = 10, retry_backoff_max = 50 }

@@ -155,6 +155,17 @@ describe("core.events_parse", function()
       assert.equal("-7", accepted(ev(',"user_id":-7')).user_id)
     end)
 
+    it("ships an integer user_id as a string of its digits, as a pixel's user_id is", function()
+      -- a number would have Elasticsearch map user_id as long for the day's index, and then
+      -- refuse every event with a string user_id (the common form, and every pixel's)
+      local d = accepted(ev(',"user_id":12345678901234567890,"n":-7'))
+      assert.equal('{"site_id":"s1","type":"view","user_id":"12345678901234567890","n":-7,'
+        .. '"received_at":1700000000123,"event_id":"' .. d.event_id .. '"}', d.doc)
+      assert.truthy(accepted(ev(',"user_id":-0')).doc:find(',"user_id":"-0",', 1, true))
+      local q = assert(core.event_from_query("site_id=s1&type=view&user_id=42", NOW))[1]
+      assert.truthy(q.doc:find(',"user_id":"42",', 1, true))
+    end)
+
     it("matches schema names after decoding escapes", function()
       local d = accepted('{"site\\u005fid":"s","\\u0074ype":"t"}')
       assert.equal("s", d.site_id)

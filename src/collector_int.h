@@ -30,7 +30,7 @@
 #define ITEM_OVERHEAD 64     /* bytes charged per queued event beyond its text */
 /* Bytes esx adds to an event's document beyond the body's own bytes (documents are the
  * body's, minified): ',"received_at":<ms>,"event_id":"<20>"}' and the '\n' (event.c's tail,
- * at most 96). */
+ * at most 96), and the two quotes around an integer user_id. */
 #define DOC_ADDED 128
 
 typedef struct item {

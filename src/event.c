@@ -298,8 +298,11 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
         if (f == F_RECEIVED)
             continue;
         if (val.depth == 0) {
-            /* a scalar: name, ':', value and ',' are copied as they are, in one go */
-            size_t need = key.len + val.len + 2;
+            /* a scalar: name, ':', value and ',' are copied as they are, in one go -- but an
+             * integer user_id as a string of its digits: as a number it would have the day's
+             * index map user_id as long, refusing every string user_id after it */
+            int quote = f == F_USER && val.type == ESX_JSON_NUMBER;
+            size_t need = key.len + val.len + 2 + (quote ? 2 : 0);
             if ((rc = esx_buf_reserve(out, need)) != ESX_BUF_OK) {
                 rc = rc == ESX_BUF_TOOBIG ? ESX_EV_TOOBIG : ESX_EV_NOMEM;
                 goto fail;
@@ -307,7 +310,9 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             char *o = out->data + out->len;
             memcpy(o, key.p, key.len);
             o[key.len] = ':';
-            memcpy(o + key.len + 1, val.p, val.len);
+            if (quote)
+                o[key.len + 1] = o[need - 2] = '"';
+            memcpy(o + key.len + 1 + quote, val.p, val.len);
             o[need - 1] = ',';
             out->len += need;
             out->data[out->len] = '\0';

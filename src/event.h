@@ -21,14 +21,16 @@
  *
  * Schema: site_id (1-64 of [A-Za-z0-9_.-]) and type (1-32 of the same) are required strings;
  * block_id and variant optional strings (1-64, same set); user_id an optional string (1-128
- * bytes, no NUL) or integer (kept as its text); event_id optional (1-64 of [A-Za-z0-9_.:-]),
+ * bytes, no NUL) or integer (kept as its text, shipped as a string); event_id optional (1-64 of [A-Za-z0-9_.:-]),
  * becomes the document _id and is generated when missing; ts an optional number; any other
  * member is kept.  A client-sent received_at is dropped (esx sets it).  Names are compared
  * after decoding escapes ("site\u005fid" is site_id).  Nesting: the event object is level
  * 1; at most ESX_EVENT_MAX_DEPTH levels.
  *
  * Output: for each valid event, its members in the original order, minified, numbers and
- * string escapes byte-exact, then "received_at":<ms> and, when the client sent none,
+ * string escapes byte-exact (an integer user_id becomes a string of the same digits, as a
+ * query string's user_id is: one JSON type for the field, or Elasticsearch's dynamic
+ * mapping of the day's index takes the first one seen and refuses the other), then "received_at":<ms> and, when the client sent none,
  * "event_id":"<20 chars>"; each document is followed by '\n' (not counted in doc_len), so
  * out holds NDJSON of the documents.
  *
