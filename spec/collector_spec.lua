@@ -538,6 +538,20 @@ describe("col:handle", function()
     assert.has_error(function() col:handle("GET /") end,
       "bad argument #1 to 'handle' (request table with a method expected)")
   end)
+
+  it("raises on headers that are not a table and a query that is neither a string nor a table", function()
+    local body = cjson.encode(ev())
+    assert.has_error(function() col:handle{ method = "POST", headers = "application/json", body = body } end,
+      "bad argument #1 to 'handle' (req.headers must be a table)")
+    assert.has_error(function() col:handle{ method = "GET", query = 5 } end,
+      "bad argument #1 to 'handle' (req.query must be a string or a table)")
+    assert.has_error(function() col:handle{ method = "POST", headers = { ["content-type"] = 5 }, body = body } end,
+      "bad argument #1 to 'handle' (req.headers['content-type'] must be a string or a list of strings)")
+    assert.has_error(function() col:handle{ method = "POST", headers = { ["content-encoding"] = { "gzip", false } }, body = body } end,
+      "bad argument #1 to 'handle' (req.headers['content-encoding'] must be a string or a list of strings)")
+    assert.equal(0, col:stats().in_progress) -- a raise gives the request's slot back
+    assert.equal(204, (post(col, body, { ["content-type"] = { "application/json" } })))
+  end)
 end)
 
 describe("shipping", function()

@@ -408,6 +408,19 @@ local function handle(self, req)
   return status, headers, body
 end
 
+-- The headers handle reads, and whether a value is one it can read: absent, a string, or a
+-- list of strings (a header given more than once).
+local READ_HEADERS = { "content-type", "content-encoding", "origin" }
+
+local function header_value(v)
+  if v == nil or type(v) == "string" then return true end
+  if type(v) ~= "table" then return false end
+  for i = 1, #v do
+    if type(v[i]) ~= "string" then return false end
+  end
+  return true
+end
+
 --- col:handle(req[, entered]) -> status, headers, body
 -- req = {method=, path=, query=, headers=<lowercase names>, body=, remote_addr=}.
 -- `entered` is for adapters that counted the request with col:enter() themselves.
@@ -417,6 +430,19 @@ function Collector:handle(req, entered)
   end
   if req.body ~= nil and type(req.body) ~= "string" then
     error("bad argument #1 to 'handle' (req.body must be a string)", 2)
+  end
+  local h, q = req.headers, req.query
+  if h ~= nil then
+    if type(h) ~= "table" then error("bad argument #1 to 'handle' (req.headers must be a table)", 2) end
+    for _, name in ipairs(READ_HEADERS) do
+      if not header_value(h[name]) then
+        error("bad argument #1 to 'handle' (req.headers['" .. name ..
+              "'] must be a string or a list of strings)", 2)
+      end
+    end
+  end
+  if q ~= nil and type(q) ~= "string" and type(q) ~= "table" then
+    error("bad argument #1 to 'handle' (req.query must be a string or a table)", 2)
   end
   if not entered then
     if not self.c:enter(self.o.max_concurrent) then
