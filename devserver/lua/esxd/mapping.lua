@@ -66,16 +66,20 @@ function _M.load(types, props, prefix)
   end
 end
 
-local function infer(v)
+-- no_dates: the index's mappings say "date_detection": false (strings are text, whatever
+-- they look like).
+local function infer(v, no_dates)
   local t = type(v)
   if t == "boolean" then return "boolean" end
   if t == "number" then return (math.floor(v) == v) and "long" or "float" end
-  if t == "string" then return dates.looks_like_date(v) and dates.parse(v) and "date" or "text" end
+  if t == "string" then
+    return not no_dates and dates.looks_like_date(v) and dates.parse(v) and "date" or "text"
+  end
   return nil
 end
 
 -- Record types of fields first seen in this document.
-local function learn(types, obj, prefix)
+local function learn(types, obj, prefix, no_dates)
   for k, v in pairs(obj) do
     if type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
@@ -84,18 +88,18 @@ local function learn(types, obj, prefix)
           for _, e in ipairs(v) do
             if type(e) == "table" then
               if types[path] == nil then types[path] = "object" end
-              learn(types, e, path)
+              learn(types, e, path, no_dates)
             elseif types[path] == nil then
-              local ty = infer(e)
+              local ty = infer(e, no_dates)
               if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
             end
           end
         else
           if types[path] == nil then types[path] = "object" end
-          learn(types, v, path)
+          learn(types, v, path, no_dates)
         end
       elseif v ~= null and types[path] == nil then
-        local ty = infer(v)
+        local ty = infer(v, no_dates)
         if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
       end
     end

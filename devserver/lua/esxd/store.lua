@@ -83,6 +83,7 @@ function _M.create(name, body)
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
     mapping.load(idx.types, body.mappings.properties)
+    idx.no_date_detection = body.mappings.date_detection == false
   end
   indices[name] = idx
   return idx
@@ -261,7 +262,7 @@ end
 local function put(idx, id, source, raw, cur, opts, external)
   local bad = mapping.check(idx.types, source)
   if bad then return nil, doc_parse_error(id, bad) end
-  mapping.learn(idx.types, source)
+  mapping.learn(idx.types, source, nil, idx.no_date_detection)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
   -- routing: the write's, else (an update) the document's current one, as ES keeps it
