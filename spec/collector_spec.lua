@@ -641,6 +641,100 @@ describe("shipping", function()
     col:close()
   end)
 
+  -- the day's name of an index pattern
+  local function today(fmt) return os.date("!" .. fmt) end
+
+  it("creates each day's index with its mappings first: a date-looking site_id cannot type the field", function()
+    -- under dynamic mapping the day's first event typed site_id: "2024-01-01" made it a date
+    -- field, and every other site's events of the day were refused after their 2xx
+    local col = new{ rollup = { window = 60000, interval = 100 } }
+    assert.equal(204, (post(col, cjson.encode(ev({ site_id = "2024-01-01", event_id = "d1" })))))
+    assert.is_true(col:flush(5000))
+    assert.equal(204, (post(col, cjson.encode(ev({ site_id = "shop", event_id = "d2", note = "2024-01-02" })))))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(0, s.dead_lettered)
+    assert.equal(2, s.shipped)
+    assert.equal(2, s.indices_created) -- the events' and the rollups' index of the day
+    assert.equal(0, s.index_create_failed)
+    assert.equal(2, (indexed()))
+    local puts = srv:requests("/" .. today(col.o.index)).requests
+    assert.equal(1, #puts)
+    assert.equal("PUT", puts[1].method)
+    local _, b = srv:json("GET", "/" .. today(col.o.index))
+    local m = b[today(col.o.index)].mappings
+    assert.is_false(m.date_detection)
+    assert.same({ type = "keyword" }, m.properties.site_id)
+    assert.same({ type = "date", format = "epoch_millis" }, m.properties.received_at)
+    assert.equal("text", m.properties.note.type)
+    _, b = srv:json("GET", "/" .. today("rollups-%Y.%m.%d"))
+    m = b[today("rollups-%Y.%m.%d")].mappings
+    assert.same({ type = "binary" }, m.properties.hll)
+    assert.same({ type = "keyword" }, m.properties.site_id)
+    col:close()
+  end)
+
+  it("ships into an index that exists as it is, and into one it may not create", function()
+    local name = today("events-%Y.%m.%d")
+    assert.equal(200, (srv:json("PUT", "/" .. name)))
+    local col = new{ rollup = false }
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(0, s.indices_created)
+    assert.equal(0, s.index_create_failed)
+    assert.equal(1, s.shipped)
+    col:close()
+    srv:reset()
+    srv:fault{ path = "/" .. name, method = "PUT", status = 403 }
+    col = new{ rollup = false }
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    assert.is_true(col:flush(5000))
+    s = col:stats()
+    assert.equal(0, s.indices_created)
+    assert.equal(1, s.index_create_failed) -- counted; the bulk's auto-creation decides
+    assert.equal(1, s.shipped)
+    assert.equal(1, (indexed()))
+    col:close()
+  end)
+
+  it("holds the events while the index cannot be created, and ships them once it can", function()
+    local name = today("events-%Y.%m.%d")
+    srv:fault{ path = "/" .. name, method = "PUT", status = 503, count = 2 }
+    local col = new{ rollup = false, retry_backoff_min = 20, retry_backoff_max = 50 }
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(1, s.indices_created)
+    assert.equal(2, s.shipped)
+    assert.equal(2, (indexed()))
+    assert.equal(3, srv:requests("/" .. name).counts["/" .. name]) -- 503, 503, created
+    assert.equal(1, srv:requests("/_bulk").counts["/_bulk"])
+    local _, b = srv:json("GET", "/" .. name)
+    assert.is_false(b[name].mappings.date_detection)
+    col:close()
+  end)
+
+  it("leaves a fixed index name and create_index = false to Elasticsearch's auto-creation", function()
+    for _, opts in ipairs({ { index = "beacons", rollup = false },
+                            { create_index = false, rollup = { window = 60000, interval = 100 } } }) do
+      srv:reset()
+      local col = new(opts)
+      assert.equal(204, (post(col, cjson.encode(ev({ site_id = "2024-01-01" })))))
+      assert.is_true(col:flush(5000))
+      for _, r in ipairs(srv:requests().requests) do
+        assert.are_not.equal("PUT", r.method)
+      end
+      assert.equal(0, col:stats().indices_created)
+      col:close()
+    end
+  end)
+
+  it("raises when create_index is not a boolean", function()
+    assert.has_error(function() esx.collector{ sink = client, create_index = "yes" } end,
+      "esx.collector: bad option 'create_index' (boolean expected, got string)")
+  end)
+
   it("retries items the server rejects with 429 and indexes them once", function()
     srv:fault{ path = "/_bulk", item_status = 429, item_count = 2, count = 1 }
     local col = new{ retry_backoff_min = 10, retry_backoff_max = 50 }

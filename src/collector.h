@@ -49,6 +49,7 @@ typedef struct esx_collector_config {
     char instance[128];
     double site_rate, site_burst; /* 0 = no per-site limit */
     size_t max_sites;
+    int create_index, create_rollup_index; /* create each new index with esx's mappings */
 } esx_collector_config;
 
 enum esx_reject_reason {
@@ -62,7 +63,7 @@ typedef struct esx_collector_counters {
     uint64_t queued_events, queued_bytes, in_flight, delayed;
     uint64_t shipped, retried, dead_lettered, spooled, replayed, spilled, spool_bytes;
     uint64_t spool_skipped_bytes, spool_segments_gone, dead_letter_failed;
-    uint64_t bulk_requests, bulk_failures;
+    uint64_t bulk_requests, bulk_failures, indices_created, index_create_failed;
     uint64_t rollup_rows, rollup_dropped, rollup_written, rate_unlimited;
     int64_t oldest_queued_ms;    /* age of the oldest unacknowledged event (shipping lag) */
 } esx_collector_counters;

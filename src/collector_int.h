@@ -33,6 +33,9 @@
  * at most 96), and the two quotes around an integer user_id. */
 #define DOC_ADDED 128
 
+#define ESX_COL_ENSURED 8     /* indices remembered as made sure of (a day's two, and more) */
+#define ESX_COL_INDEX_MAX 256 /* bytes of an index name, its NUL included (Elasticsearch: 255) */
+
 typedef struct item {
     struct item *next;
     size_t len;
@@ -75,6 +78,9 @@ struct esx_collector {
     pid_t pid;
     pthread_t thread;
     int running, stop, closed, flush_requested, emit_now, auto_instance;
+    /* the indices this process created or found (create_index), most recent first: the
+     * shipper thread's alone */
+    char ensured[ESX_COL_ENSURED][ESX_COL_INDEX_MAX];
 
     item *ready_head, *ready_tail;
     size_t ready_bytes;

@@ -223,11 +223,139 @@ static batch *take_batch(esx_collector *col)
     return b;
 }
 
+/* ---------------------------------------------------------------- index creation */
+
+/* What create_index creates each new index with.  Under dynamic mapping the first document
+ * of the day types its fields: one event whose site_id looks like a date ("2024-01-01")
+ * would make site_id a date field, and every other site's events of that day would be
+ * refused (dead letters).  So the fields every event or rollup row has are mapped here --
+ * identifiers as keywords, times as dates -- and date_detection is off for the rest. */
+static const char EVENT_MAPPINGS[] =
+    "{\"mappings\":{\"date_detection\":false,\"properties\":{"
+    "\"site_id\":{\"type\":\"keyword\"},\"type\":{\"type\":\"keyword\"},"
+    "\"block_id\":{\"type\":\"keyword\"},\"variant\":{\"type\":\"keyword\"},"
+    "\"user_id\":{\"type\":\"keyword\"},\"event_id\":{\"type\":\"keyword\"},"
+    "\"ts\":{\"type\":\"date\",\"format\":\"epoch_millis\"},"
+    "\"received_at\":{\"type\":\"date\",\"format\":\"epoch_millis\"}}}}";
+static const char ROLLUP_MAPPINGS[] =
+    "{\"mappings\":{\"date_detection\":false,\"properties\":{"
+    "\"instance\":{\"type\":\"keyword\"},\"window_start\":{\"type\":\"long\"},"
+    "\"window\":{\"type\":\"long\"},\"@timestamp\":{\"type\":\"date\"},"
+    "\"site_id\":{\"type\":\"keyword\"},\"block_id\":{\"type\":\"keyword\"},"
+    "\"variant\":{\"type\":\"keyword\"},\"type\":{\"type\":\"keyword\"},"
+    "\"count\":{\"type\":\"long\"},\"uniques\":{\"type\":\"long\"},"
+    "\"hll\":{\"type\":\"binary\"}}}}";
+
+#define CREATE_TIMEOUT_MS 10000 /* the shipper waits this long at most for a creation */
+
+/* The index named in an item's action line ({"create":{"_index":"NAME",...), into out
+ * (ESX_COL_INDEX_MAX bytes).  Returns 0, or -1 when the line names none. */
+static int item_index(const item *it, char *out)
+{
+    static const char key[] = "\"_index\":\"";
+    const char *nl = memchr(it->data, '\n', it->len);
+    size_t n = nl ? (size_t)(nl - it->data) : it->len;
+    const char *p = memmem(it->data, n, key, sizeof key - 1);
+    if (p == NULL)
+        return -1;
+    p += sizeof key - 1;
+    const char *q = memchr(p, '"', n - (size_t)(p - it->data));
+    if (q == NULL || q - p >= ESX_COL_INDEX_MAX)
+        return -1;
+    memcpy(out, p, (size_t)(q - p));
+    out[q - p] = '\0';
+    return 0;
+}
+
+/* Makes sure index name exists, with esx's mappings, before this process's first bulk to it
+ * (create_index): creates it, or finds it there.  Returns 0 when bulks to it may go --
+ * created, already there, or refused for good (403 without the privilege, 400 a name
+ * taken by a data stream, ...: counted in index_create_failed, and Elasticsearch's
+ * auto-creation decides, as without create_index) -- or -1 when the sink did not answer
+ * (down, 429, 5xx: the batch fails as a bulk that could not be sent, and tries again).
+ * The shipper thread's, called without mu: it waits up to CREATE_TIMEOUT_MS, once a day
+ * per index and process. */
+static int ensure_index(esx_collector *col, const char *name, int rollup)
+{
+    for (int i = 0; i < ESX_COL_ENSURED; i++)
+        if (strcmp(col->ensured[i], name) == 0)
+            return 0;
+    /* the name is valid (checked with the pattern at creation) and has no byte a path must
+     * escape but these */
+    char target[1 + 3 * ESX_COL_INDEX_MAX], why[256];
+    size_t o = 0;
+    target[o++] = '/';
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        if ((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' ||
+            *p == '.' || *p == '+') {
+            target[o++] = (char)*p;
+        } else {
+            snprintf(target + o, 4, "%%%02X", *p);
+            o += 3;
+        }
+    }
+    target[o] = '\0';
+    const char *body = rollup ? ROLLUP_MAPPINGS : EVENT_MAPPINGS;
+    esx_request *req = esx_client_prepare(col->client, "PUT", target, body, strlen(body),
+                                          "application/json", NULL, 0, -1, CREATE_TIMEOUT_MS, why);
+    if (req == NULL)
+        return -1;
+    int rc = -1, created = 0, refused = 0;
+    const char *kind = NULL;
+    if (esx_client_submit(col->client, req, &kind, why) == 0 &&
+        esx_client_wait(col->client, req, -1) && req->err_kind == NULL) {
+        long st = req->status;
+        if (st >= 200 && st < 300) {
+            rc = 0;
+            created = 1;
+        } else if (st == 400 && req->resp_body.data &&
+                   (memmem(req->resp_body.data, req->resp_body.len,
+                           "resource_already_exists_exception", 33) ||
+                    memmem(req->resp_body.data, req->resp_body.len,
+                           "index_already_exists_exception", 30))) {
+            rc = 0;
+        } else if (st >= 400 && st < 500 && st != 408 && st != 429) {
+            rc = 0;
+            refused = 1;
+        }
+    }
+    esx_request_unref(req);
+    if (rc != 0)
+        return -1;
+    memmove(col->ensured[1], col->ensured[0], (ESX_COL_ENSURED - 1) * sizeof col->ensured[0]);
+    snprintf(col->ensured[0], sizeof col->ensured[0], "%s", name);
+    pthread_mutex_lock(&col->mu);
+    col->st.indices_created += (uint64_t)created;
+    col->st.index_create_failed += (uint64_t)refused;
+    pthread_mutex_unlock(&col->mu);
+    return 0;
+}
+
+/* ensure_index for the indices of a batch's items, as create_index and
+ * create_rollup_index ask.  Returns 0, or -1 when one could not be made sure of. */
+static int ensure_indices(esx_collector *col, const batch *b)
+{
+    char name[ESX_COL_INDEX_MAX], last[ESX_COL_INDEX_MAX] = "";
+    for (int i = 0; i < b->n; i++) {
+        const item *it = b->items[i];
+        if (!(it->rollup ? col->cfg.create_rollup_index : col->cfg.create_index))
+            continue;
+        if (item_index(it, name) != 0 || strcmp(name, last) == 0)
+            continue;
+        if (ensure_index(col, name, it->rollup) != 0)
+            return -1;
+        memcpy(last, name, sizeof last);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- sending */
+
 /* Sends a batch (called without the lock).  On failure the items go back, delayed. */
 static void send_batch(esx_collector *col, batch *b)
 {
     char why[256];
-    char *body = malloc(b->bytes + 1);
+    char *body = ensure_indices(col, b) == 0 ? malloc(b->bytes + 1) : NULL;
     esx_request *req = NULL;
     if (body) {
         size_t o = 0;

@@ -70,6 +70,8 @@ static int collector_new(lua_State *L)
     cfg.site_rate = esx_lopt_num(L, 2, "esx.collector", "site_rate", 0);
     cfg.site_burst = esx_lopt_num(L, 2, "esx.collector", "site_burst", 0);
     cfg.max_sites = (size_t)esx_lopt_int(L, 2, "esx.collector", "max_sites", 100000);
+    cfg.create_index = esx_lopt_bool(L, 2, "esx.collector", "create_index", 0);
+    cfg.create_rollup_index = esx_lopt_bool(L, 2, "esx.collector", "create_rollup_index", 0);
     lcollector *u = lua_newuserdata(L, sizeof *u);
     u->col = NULL;
     atomic_init(&u->in_progress, 0);
@@ -266,6 +268,8 @@ static int col_stats(lua_State *L)
     set_int(L, "spool_segments_gone", (long long)s.spool_segments_gone);
     set_int(L, "bulk_requests", (long long)s.bulk_requests);
     set_int(L, "bulk_failures", (long long)s.bulk_failures);
+    set_int(L, "indices_created", (long long)s.indices_created);
+    set_int(L, "index_create_failed", (long long)s.index_create_failed);
     set_int(L, "rollup_rows", (long long)s.rollup_rows);
     set_int(L, "rollup_dropped", (long long)s.rollup_dropped);
     set_int(L, "rollup_written", (long long)s.rollup_written);

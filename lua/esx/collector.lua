@@ -110,6 +110,7 @@ end
 _M.schema = {
   sink = { type = "table", required = true },
   index = { type = "string", check = check_index_fmt, default = "events-%Y.%m.%d" },
+  create_index = { type = "boolean" },
   max_concurrent = int(1, 1000000, 50),
   abandoned_after = int(1, 86400000, 60000),
   max_body = int(64, 64 * 1024 * 1024, 65536),
@@ -159,6 +160,12 @@ function _M.new(opts)
     (o.spool_dir and (o.spool_dir .. "/dead-letter.ndjson")) or
     ((os.getenv("TMPDIR") or "/tmp") .. "/esx-dead-letter.ndjson")
   local rollup = o.rollup or {}
+  -- by default esx creates the indices it names by the day (see docs: create_index), not a
+  -- fixed name, which may be an alias or a data stream the user manages
+  local function create(pattern)
+    if o.create_index ~= nil then return o.create_index end
+    return pattern ~= nil and pattern:find("%", 1, true) ~= nil
+  end
   local c, err = core.collector_new(o.sink.c, {
     index = o.index, max_body = o.max_body, max_events = o.max_events,
     queue_max_bytes = o.queue_max_bytes,
@@ -172,6 +179,7 @@ function _M.new(opts)
     rollup_interval = rollup.interval, rollup_max_rows = rollup.max_rows,
     instance = o.instance, site_rate = o.site_rate,
     site_burst = o.site_burst or (o.site_rate and o.site_rate), max_sites = o.max_sites,
+    create_index = create(o.index), create_rollup_index = create(rollup.index),
   })
   if not c then return nil, err end
   local allowed, any = {}, false
