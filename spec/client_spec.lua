@@ -592,6 +592,21 @@ describe("client methods", function()
     assert.same({}, srv:requests("/_bulk").requests)
   end)
 
+  it("bulk raises on a list with a hole or a key that is not an operation's, and sends nothing", function()
+    -- ipairs stopped at the hole: operation 1 was sent and operation 3 silently left out
+    local op = function(id) return { "index", { _index = "ev", _id = id }, { a = 1 } } end
+    assert.has_error(function() c:bulk({ op("1"), nil, op("3") }) end,
+      "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got nil)")
+    local ops = { op("1") }
+    ops[3] = op("3")
+    assert.has_error(function() c:bulk(ops) end)
+    assert.has_error(function() c:bulk({ op("1"), refresh = true }) end,
+      "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got nil)")
+    assert.has_error(function() c:bulk({ op("1"), 42 }) end,
+      "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got number)")
+    assert.same({}, srv:requests("/_bulk").requests)
+  end)
+
   it("bulk raises on a document that is neither a table nor a JSON string", function()
     assert.has_error(function() c:bulk({ { "index", { _index = "ev", _id = "1" }, 42 } }) end,
       "bad argument #1 to 'bulk' (operation 1: document table or JSON string expected, got number)")

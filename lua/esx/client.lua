@@ -513,7 +513,16 @@ function _M.bulk_body(ops)
   end
   if type(ops) ~= "table" then error("bad argument #1 to 'bulk' (NDJSON string or list expected)", 3) end
   local lines = {}
-  for i, op in ipairs(ops) do
+  -- every entry is an operation: ipairs would stop at a hole ({op1, nil, op3}) and send the
+  -- operations before it as if they were all, without a word about the rest
+  local n = 0
+  for _ in pairs(ops) do n = n + 1 end
+  for i = 1, n do
+    local op = ops[i]
+    if type(op) ~= "table" then
+      error(format("bad argument #1 to 'bulk' (operation %d: {action, meta, doc} expected, got %s)",
+        i, type(op)), 3)
+    end
     local action, meta, doc = op[1], op[2], op[3]
     if not bulk_actions[action] then
       error(format("bad argument #1 to 'bulk' (operation %d: unknown action %s)", i, tostring(action)), 3)
