@@ -71,6 +71,22 @@ describe("client:bulk_indexer", function()
     assert.equal(3, #seen)
   end)
 
+  it("counts a delete of a document that is not there as done, not as dropped", function()
+    -- Elasticsearch answers it 404 "not_found" without an error ("errors": false); a delete
+    -- in an index that does not exist is an error (index_not_found_exception) and is dropped
+    local bi = c:bulk_indexer{}
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    bi:add("delete", { _index = "p", _id = "missing" })
+    bi:add("delete", { _index = "p", _id = "1" })
+    bi:add("delete", { _index = "nosuchindex", _id = "1" })
+    local s = bi:close()
+    assert.equal(3, s.indexed)
+    assert.equal(1, s.failed)
+    assert.equal(1, #s.dropped)
+    assert.equal("nosuchindex", s.dropped[1].meta._index)
+    assert.truthy(s.dropped[1].reason:find("index_not_found_exception", 1, true), s.dropped[1].reason)
+  end)
+
   it("gives up on an item after max_retries and says why", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
     local bi = c:bulk_indexer{ max_retries = 2, backoff_min = 1, backoff_max = 5 }

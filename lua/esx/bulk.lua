@@ -165,7 +165,10 @@ local function settle(self, entry)
     if type(status) ~= "number" or status < 100 or status > 599 then
       -- the outcome is unknown: retried as for a response that does not list every item
       retry_later(self, it, "bulk response item " .. i .. " has no valid status")
-    elseif status >= 200 and status < 300 then
+    elseif status >= 200 and status < 300 or
+           -- a delete of a document that is not there: done (Elasticsearch answers 404 with
+           -- result "not_found" and no error, and does not count it in "errors")
+           status == 404 and it.action == "delete" and r.result == "not_found" and r.error == nil then
       self.counters.indexed = self.counters.indexed + 1
     else
       local e = type(r) == "table" and r.error
