@@ -208,6 +208,24 @@ describe("bi:close", function()
     assert.equal(4, count("p"))
   end)
 
+  it("retries every item of a response whose results are not in request order, and loses none", function()
+    -- before, result i was taken as item i's whatever it named: item 1 (index of "1") was
+    -- counted indexed on the strength of a delete's result, and "2" reported with "1"'s error
+    srv:fault{ path = "/_bulk", status = 200, count = 1, body = '{"took":1,"errors":true,"items":['
+      .. '{"delete":{"_id":"3","status":200}},'
+      .. '{"index":{"_id":"1","status":400,"error":{"type":"mapper_parsing_exception","reason":"x"}}},'
+      .. '{"index":{"_id":"2","status":201}}]}' }
+    local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    bi:add("index", { _index = "p", _id = "2" }, { n = 2 })
+    bi:add("delete", { _index = "p", _id = "3" })
+    local s = bi:close()
+    assert.equal(3, s.indexed) -- the delete of a missing document is done
+    assert.equal(0, s.failed)
+    assert.equal(3, s.retried)
+    assert.equal(2, count("p"))
+  end)
+
   it("isolates an item that makes the server refuse the whole batch (400) and indexes the rest", function()
     local seen = {}
     local bi = c:bulk_indexer{ flush_count = 8, backoff_min = 0, backoff_max = 0,

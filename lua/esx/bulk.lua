@@ -158,6 +158,24 @@ local function settle(self, entry)
     end
     return
   end
+  -- Results come in request order, each under its operation's action and with its _id: one
+  -- that is not (a proxy or a broken server that reordered or mixed them) would credit an
+  -- item with another's outcome -- a failed document counted as indexed, the wrong one
+  -- reported.  Then no result can be trusted: the outcome of every item is unknown.
+  for i, it in ipairs(items) do
+    local entry_i = doc.items[i]
+    local action, r
+    if type(entry_i) == "table" then action, r = next(entry_i) end
+    local id = it.meta._id
+    if type(action) == "string" and (action ~= it.action or type(id) == "string" and
+        type(r) == "table" and type(r._id) == "string" and r._id ~= id) then
+      for _, each in ipairs(items) do
+        retry_later(self, each, "bulk response results are not in request order (item " .. i ..
+          " is the result of another operation)")
+      end
+      return
+    end
+  end
   for i, it in ipairs(items) do
     local entry_i = doc.items[i]
     local r = type(entry_i) == "table" and select(2, next(entry_i)) or nil
