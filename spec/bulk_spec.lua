@@ -301,6 +301,24 @@ describe("bi:close (in nginx)", function()
     assert.equal(0, s.retried)
   end)
 
+  it("polls with ngx.sleep, without blocking the worker, for a batch the nginx waiter failed to wait for", function()
+    -- before, it fell back to pending:wait(), which blocks the nginx worker (and every request
+    -- on it) for as long as the batch takes: here 300 ms, up to socket_timeout in general
+    srv:fault{ path = "/_bulk", stall_ms = 300 }
+    local naps = 0
+    rawset(_G, "ngx", { get_phase = function() return "timer" end,
+                        sleep = function(s) naps = naps + 1; core.sleep(s * 1000) end })
+    package.loaded["esx.nginx"] = { wait = function()
+      return nil, core.error("internal", "cannot reach the esx waiter socket")
+    end }
+    local bi = c:bulk_indexer()
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(3, s.indexed)
+    assert.equal(0, s.retried)
+    assert.is_true(naps > 1, "ngx.sleep called " .. naps .. " times")
+  end)
+
   it("sleeps out a back-off without ngx.sleep in a phase that cannot yield", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
     rawset(_G, "ngx", { get_phase = function() return "log" end,

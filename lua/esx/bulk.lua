@@ -206,9 +206,19 @@ local function settle_oldest(self)
   local entry = remove(self.inflight, 1)
   if not entry then return end
   local p = entry.pending
-  if not p:ready() and can_yield() then require("esx.nginx").wait(p) end
-  -- outside nginx; or the waiter failed (its socket unreachable): the batch is still running
-  -- and its outcome is needed, so block for it (the client's own timeouts bound the wait)
+  if not p:ready() and can_yield() then
+    require("esx.nginx").wait(p)
+    -- the waiter failed (its socket unreachable, as under a burst of waits): the batch is
+    -- still running and its outcome is needed.  Poll for it, yielding between looks, rather
+    -- than block the worker and every request on it for as long as the batch takes.
+    local nap = 1
+    while not p:ready() do
+      rawget(_G, "ngx").sleep(nap / 1000)
+      if nap < 64 then nap = nap * 2 end
+    end
+  end
+  -- outside nginx, or in a phase that cannot yield: block for it (the client's own timeouts
+  -- bound the wait)
   if not p:ready() then p:wait() end
   settle(self, entry)
 end
