@@ -87,6 +87,25 @@ describe("client:bulk_indexer", function()
     assert.truthy(s.dropped[1].reason:find("index_not_found_exception", 1, true), s.dropped[1].reason)
   end)
 
+  it("reports a dropped item under its own metadata when the caller reuses one meta table", function()
+    -- before, the item kept the caller's table: every drop was reported with the last _id
+    -- given, and the results were taken as out of request order (all retried, then dropped)
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    local seen = {}
+    local bi = c:bulk_indexer{ on_drop = function(item) seen[#seen + 1] = item.meta._id end }
+    local meta = { _index = "p" }
+    for i = 1, 3 do
+      meta._id = tostring(i)
+      bi:add("index", meta, { n = i })
+    end
+    local s = bi:close()
+    assert.equal(2, s.indexed)
+    assert.equal(0, s.retried)
+    assert.equal(1, s.failed)
+    assert.equal("1", s.dropped[1].meta._id)
+    assert.same({ "1" }, seen)
+  end)
+
   it("gives up on an item after max_retries and says why", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
     local bi = c:bulk_indexer{ max_retries = 2, backoff_min = 1, backoff_max = 5 }

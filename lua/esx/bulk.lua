@@ -307,8 +307,12 @@ function Indexer:add(action, meta, doc)
     if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
     line = head .. "\n" .. body .. "\n"
   end
+  -- the item keeps its own copy of meta: a caller that reuses one table for every add (meta._id
+  -- = row.id; bi:add("index", meta, row)) must not see its drops reported under the last _id
+  local m = {}
+  for k, v in pairs(meta) do m[k] = v end
   self.counters.added = self.counters.added + 1
-  self.buf[#self.buf + 1] = { action = action, meta = meta, line = line, attempts = 0 }
+  self.buf[#self.buf + 1] = { action = action, meta = m, line = line, attempts = 0 }
   self.buf_bytes = self.buf_bytes + #line
   if #self.buf >= self.o.flush_count or self.buf_bytes >= self.o.flush_bytes then
     self:flush()
