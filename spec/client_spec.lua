@@ -571,6 +571,14 @@ describe("client methods", function()
     assert.is_false(res.errors)
   end)
 
+  it("bulk raises on an NDJSON string or a list without an operation, and sends nothing", function()
+    -- before, a blank string went out and came back nil, err (kind "http", a 400)
+    for _, ops in ipairs{ "", "\n", " \n\n", {} } do
+      assert.has_error(function() c:bulk(ops) end, "bad argument #1 to 'bulk' (no operations)")
+    end
+    assert.same({}, srv:requests("/_bulk").requests)
+  end)
+
   it("bulk raises on an unknown action", function()
     assert.has_error(function() c:bulk({ { "upsert", { _index = "x" }, {} } }) end,
       "bad argument #1 to 'bulk' (operation 1: unknown action upsert)")

@@ -508,6 +508,8 @@ local bulk_actions = { index = true, create = true, update = true, delete = true
 --- Builds an NDJSON bulk body from a list of {action, meta, doc}.
 function _M.bulk_body(ops)
   if type(ops) == "string" then
+    -- as for an empty list: a request without an operation is the caller's mistake
+    if not find(ops, "%S") then error("bad argument #1 to 'bulk' (no operations)", 3) end
     if ops:sub(-1) ~= "\n" then ops = ops .. "\n" end
     return ops
   end
