@@ -350,6 +350,100 @@ describe("bi:close (in nginx)", function()
   end)
 end)
 
+describe("bi:add and bi:close (light threads sharing an indexer in nginx)", function()
+  local core = require "esx.core"
+  local saved_ngx, saved_nginx
+  -- nginx's light threads, in plain Lua: esx.nginx.wait and ngx.sleep yield the coroutine, and
+  -- run() resumes every live one in turn until all are done
+  before_each(function()
+    saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    rawset(_G, "ngx", { get_phase = function() return "timer" end, sleep = function(s)
+      local t = core.now() + s * 1000
+      repeat coroutine.yield() until core.now() >= t
+    end })
+    package.loaded["esx.nginx"] = { wait = function(p)
+      while not p:ready() do coroutine.yield() end
+      return p:result()
+    end }
+  end)
+  after_each(function()
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.nginx"] = saved_nginx
+    srv:clear_faults()
+  end)
+  local function run(...)
+    local threads = {}
+    for i, f in ipairs{ ... } do threads[i] = coroutine.create(f) end
+    local alive
+    repeat
+      alive = 0
+      for _, co in ipairs(threads) do
+        if coroutine.status(co) ~= "dead" then
+          assert(coroutine.resume(co))
+          if coroutine.status(co) ~= "dead" then alive = alive + 1 end
+        end
+      end
+      core.sleep(1)
+    until alive == 0
+  end
+
+  it("keeps to concurrency when another thread waits for the batch in flight", function()
+    -- before, the batch waited for was off the list: the other thread saw a free slot and sent
+    srv:fault{ path = "/_bulk", stall_ms = 100, count = -1 }
+    local sent, most = {}, 0
+    local send = c.send
+    c.send = function(self, ...)
+      local p, err = send(self, ...)
+      local n = 1
+      for _, q in ipairs(sent) do if not q:ready() then n = n + 1 end end
+      most = math.max(most, n)
+      sent[#sent + 1] = p
+      return p, err
+    end
+    local bi = c:bulk_indexer{ concurrency = 1, flush_count = 1 }
+    local s
+    run(function() for i = 1, 3 do bi:add("index", { _index = "p", _id = "a" .. i }, { n = i }) end end,
+        function()
+          for i = 1, 3 do bi:add("index", { _index = "p", _id = "b" .. i }, { n = i }) end
+          s = bi:close()
+        end)
+    assert.equal(1, most)
+    assert.equal(6, s.indexed)
+  end)
+
+  it("close() waits for a batch another thread is waiting for", function()
+    -- before, close() returned {added = 4, indexed = 0} while the other thread still waited
+    srv:fault{ path = "/_bulk", stall_ms = 100, count = -1 }
+    local bi = c:bulk_indexer{ concurrency = 1, flush_count = 2 }
+    local s
+    run(function() for i = 1, 4 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end end,
+        function() s = bi:close() end)
+    assert.equal(4, s.added)
+    assert.equal(4, s.indexed)
+  end)
+
+  it("close() counts every item of a batch whose on_drop yields", function()
+    -- before, on_drop ran in the middle of the batch: while it yielded the rest of the batch
+    -- was nowhere, and close() in the other thread returned without it
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 2, stall_ms = 100, count = 1 }
+    local calls = 0
+    local bi = c:bulk_indexer{ concurrency = 1, flush_count = 4, on_drop = function()
+      calls = calls + 1
+      ngx.sleep(0.05)
+    end }
+    local s
+    run(function() for i = 1, 8 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end end,
+        function()
+          while bi:stats().added < 8 do ngx.sleep(0.001) end
+          s = bi:close()
+        end)
+    assert.equal(8, s.added)
+    assert.equal(6, s.indexed)
+    assert.equal(2, s.failed)
+    assert.equal(2, calls)
+  end)
+end)
+
 describe("bi:flush", function()
   it("sends retries in batches no bigger than flush_count", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = 2 }

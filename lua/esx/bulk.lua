@@ -60,6 +60,8 @@ function _M.new(client, opts)
     client = client, o = o,
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch
     inflight = {},                    -- {pending, items}
+    splits = {},                      -- halves of a batch refused as a whole (413, 400)
+    notify = {},                      -- {item, reason} for on_drop, once the batch is settled
     delayed = {},                     -- items waiting out a back-off: {item, due}
     delayed_bytes = 0,
     counters = { added = 0, indexed = 0, failed = 0, retried = 0, batches = 0, split = 0,
@@ -74,15 +76,24 @@ local function backoff(self, attempt)
   return floor(base / 2 + random() * base / 2)
 end
 
+-- The item is counted and listed at once; on_drop is called once the whole batch is settled
+-- (notify), so that a callback that yields (in nginx, a log sent on a cosocket) cannot leave the
+-- rest of the batch unaccounted for while another light thread runs (and closes the indexer).
 local function drop(self, item, reason)
   self.counters.failed = self.counters.failed + 1
   if #self.dropped < self.o.keep_dropped then
     self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
   end
-  -- a callback that raises must not take the rest of the batch with it: the item stays
-  -- counted and listed, and the callback's failure is counted and its first message kept
-  if self.o.on_drop then
-    local ok, cerr = pcall(self.o.on_drop, item, reason)
+  if self.o.on_drop then self.notify[#self.notify + 1] = { item, reason } end
+end
+
+local function notify(self)
+  local q = self.notify
+  while q[1] do
+    local n = remove(q, 1)
+    -- a callback that raises must not take the rest of the batch with it: the item stays
+    -- counted and listed, and the callback's failure is counted and its first message kept
+    local ok, cerr = pcall(self.o.on_drop, n[1], n[2])
     if not ok then
       self.counters.on_drop_errors = self.counters.on_drop_errors + 1
       self.on_drop_error = self.on_drop_error or tostring(cerr)
@@ -124,8 +135,6 @@ local function batch_failed(self, items, err)
   end
 end
 
-local send_batch
-
 -- Reads a finished batch's outcome: per-item results, or a whole-request failure.
 local function settle(self, entry)
   local items = entry.items
@@ -143,8 +152,9 @@ local function settle(self, entry)
         local half = floor(#items / 2)
         local a, b = {}, {}
         for i, it in ipairs(items) do if i <= half then a[#a + 1] = it else b[#b + 1] = it end end
-        send_batch(self, a)
-        send_batch(self, b)
+        -- sent by pump, as slots free up (settling never waits: see settle_oldest)
+        self.splits[#self.splits + 1] = a
+        self.splits[#self.splits + 1] = b
       end
       return
     end
@@ -201,9 +211,12 @@ local function settle(self, entry)
   end
 end
 
--- Waits for the oldest batch in flight and settles it.
+-- Waits for the oldest batch in flight and settles it.  The batch stays listed while it is
+-- waited for, and nothing between taking it off the list and accounting for every item of it
+-- yields: in nginx, other light threads sharing the indexer count it against `concurrency`,
+-- and their close() waits for it, whichever thread sees it done first settles it.
 local function settle_oldest(self)
-  local entry = remove(self.inflight, 1)
+  local entry = self.inflight[1]
   if not entry then return end
   local p = entry.pending
   if not p:ready() and can_yield() then
@@ -220,11 +233,18 @@ local function settle_oldest(self)
   -- outside nginx, or in a phase that cannot yield: block for it (the client's own timeouts
   -- bound the wait)
   if not p:ready() then p:wait() end
-  settle(self, entry)
+  for i, e in ipairs(self.inflight) do
+    if e == entry then
+      remove(self.inflight, i)
+      settle(self, entry)
+      break
+    end
+  end
+  notify(self)
 end
 
-send_batch = function(self, items)
-  while #self.inflight >= self.o.concurrency do settle_oldest(self) end
+-- Sends one batch: a slot is free.
+local function send_now(self, items)
   local lines = {}
   for _, it in ipairs(items) do
     lines[#lines + 1] = it.line
@@ -236,9 +256,41 @@ send_batch = function(self, items)
     { content_type = "application/x-ndjson", retries = 0 })
   if not p then
     batch_failed(self, items, err)
+    notify(self)
     return
   end
   self.inflight[#self.inflight + 1] = { pending = p, items = items }
+end
+
+-- Takes the next batch off the front of the buffer: it closes at the operation that reaches
+-- flush_count or flush_bytes.
+local function cut_batch(self)
+  local buf, count, max_bytes = self.buf, self.o.flush_count, self.o.flush_bytes
+  local batch, bytes, n = {}, 0, #buf
+  repeat
+    local it = buf[#batch + 1]
+    batch[#batch + 1] = it
+    bytes = bytes + #it.line
+  until #batch == n or #batch >= count or bytes >= max_bytes
+  local rest, k = {}, #batch
+  for i = k + 1, n do rest[i - k] = buf[i] end
+  self.buf, self.buf_bytes = rest, self.buf_bytes - bytes
+  return batch
+end
+
+-- Sends the halves of refused batches, then (unless splits_only) the buffer, a batch per free
+-- slot.  Items stay listed (splits, buf) until the slot for them is free: the wait for it may
+-- yield to another light thread, which may send them or close the indexer meanwhile.
+local function pump(self, splits_only)
+  while self.splits[1] or (not splits_only and self.buf[1]) do
+    while #self.inflight >= self.o.concurrency do settle_oldest(self) end
+    local batch = remove(self.splits, 1)
+    if not batch then
+      if splits_only or not self.buf[1] then break end
+      batch = cut_batch(self)
+    end
+    send_now(self, batch)
+  end
 end
 
 local function take_due(self, all)
@@ -268,19 +320,7 @@ end
 function Indexer:flush()
   if self.closed then return nil, core.error("closed", "the bulk indexer is closed") end
   take_due(self, false)
-  if #self.buf == 0 then return true end
-  local items = self.buf
-  self.buf, self.buf_bytes = {}, 0
-  local batch, bytes = {}, 0
-  for _, it in ipairs(items) do
-    batch[#batch + 1] = it
-    bytes = bytes + #it.line
-    if #batch >= self.o.flush_count or bytes >= self.o.flush_bytes then
-      send_batch(self, batch)
-      batch, bytes = {}, 0
-    end
-  end
-  if #batch > 0 then send_batch(self, batch) end
+  pump(self)
   return true
 end
 
@@ -329,6 +369,7 @@ function Indexer:add(action, meta, doc)
     while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
     if #self.inflight >= self.o.concurrency then settle_oldest(self) end
   end
+  pump(self, true) -- the halves of a batch refused as a whole (settled above)
   return true
 end
 
@@ -338,7 +379,7 @@ end
 function Indexer:close()
   if self.summary then return self.summary end
   self:flush()
-  while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 do
+  while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 or #self.splits > 0 do
     while #self.inflight > 0 do settle_oldest(self) end
     if #self.delayed > 0 then sleep(soonest_due(self) - now()) end
     self:flush()
@@ -356,6 +397,7 @@ function Indexer:stats()
   local s = {}
   for k, v in pairs(self.counters) do s[k] = v end
   s.buffered = #self.buf
+  for _, b in ipairs(self.splits) do s.buffered = s.buffered + #b end
   s.in_flight = #self.inflight
   s.delayed = #self.delayed
   return s
