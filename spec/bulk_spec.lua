@@ -154,6 +154,28 @@ describe("client:bulk_indexer", function()
     assert.equal(5, s.retried)
   end)
 
+  it("counts a create answered 409 after an attempt whose outcome was unknown as indexed", function()
+    -- the first attempt is applied but answered after socket_timeout; the retry meets the
+    -- documents it wrote.  Before, all 10 were reported failed (version_conflict_engine_exception)
+    -- while all 10 were in the index.  A conflict without such an attempt is still a failure.
+    local c2 = assert(esx.client{ hosts = { srv.url }, socket_timeout = 200 })
+    assert(c2:index("p", { n = 0 }, "taken"))
+    srv:fault{ path = "/_bulk", stall_ms = 500, count = 1 }
+    local bi = c2:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    for i = 1, 10 do bi:add("create", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    assert.equal(10, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(10, s.retried)
+    bi = c2:bulk_indexer{}
+    bi:add("create", { _index = "p", _id = "taken" }, { n = 1 })
+    s = bi:close()
+    assert.equal(1, s.failed)
+    assert.truthy(s.dropped[1].reason:find("version_conflict_engine_exception", 1, true), s.dropped[1].reason)
+    c2:close()
+    assert.equal(11, count("p"))
+  end)
+
   it("raises on a malformed operation, and returns nil, err with kind 'closed' once closed", function()
     local bi = c:bulk_indexer()
     assert.has_error(function() bi:add("upsert", { _index = "p" }, {}) end,

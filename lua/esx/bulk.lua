@@ -125,13 +125,24 @@ local function retry_after(err)
   return ms < RETRY_AFTER_MAX and ms or RETRY_AFTER_MAX
 end
 
+-- Whole-request failures in which the request never reached a node (nothing was applied).
+local not_sent = { pool_timeout = true, connect_timeout = true, connect = true, no_nodes = true }
+
 -- A batch that failed as a whole: its items are retried -- unless the client is closed, for
--- good (no retry can ever be sent): then they are dropped at once, with the reason.
+-- good (no retry can ever be sent): then they are dropped at once, with the reason.  After a
+-- failure that may have come after the node applied the batch (a timeout, a reset, a 502 from a
+-- proxy), the items are marked: a 409 for the retry is then the earlier attempt's own write.
 local function batch_failed(self, items, err)
   local final = err.kind == "closed" and not self.client:stats()
+  local maybe_applied = not not_sent[err.kind] and err.status ~= 429
   local not_before = retry_after(err)
   for _, it in ipairs(items) do
-    if final then drop(self, it, tostring(err)) else retry_later(self, it, tostring(err), not_before) end
+    if final then
+      drop(self, it, tostring(err))
+    else
+      if maybe_applied then it.maybe_applied = true end
+      retry_later(self, it, tostring(err), not_before)
+    end
   end
 end
 
@@ -164,6 +175,7 @@ local function settle(self, entry)
   local doc = core.json_decode(res.body)
   if type(doc) ~= "table" or type(doc.items) ~= "table" or #doc.items ~= #items then
     for _, it in ipairs(items) do
+      it.maybe_applied = true
       retry_later(self, it, "bulk response does not list one result per item")
     end
     return
@@ -180,6 +192,7 @@ local function settle(self, entry)
     if type(action) == "string" and (action ~= it.action or type(id) == "string" and
         type(r) == "table" and type(r._id) == "string" and r._id ~= id) then
       for _, each in ipairs(items) do
+        each.maybe_applied = true
         retry_later(self, each, "bulk response results are not in request order (item " .. i ..
           " is the result of another operation)")
       end
@@ -192,11 +205,15 @@ local function settle(self, entry)
     local status = type(r) == "table" and r.status
     if type(status) ~= "number" or status < 100 or status > 599 then
       -- the outcome is unknown: retried as for a response that does not list every item
+      it.maybe_applied = true
       retry_later(self, it, "bulk response item " .. i .. " has no valid status")
     elseif status >= 200 and status < 300 or
            -- a delete of a document that is not there: done (Elasticsearch answers 404 with
            -- result "not_found" and no error, and does not count it in "errors")
-           status == 404 and it.action == "delete" and r.result == "not_found" and r.error == nil then
+           status == 404 and it.action == "delete" and r.result == "not_found" and r.error == nil or
+           -- a conflict (a create of a document that exists, a version already there) after an
+           -- attempt whose outcome was unknown: that attempt wrote it, as the collector reads it
+           status == 409 and it.maybe_applied then
       self.counters.indexed = self.counters.indexed + 1
     else
       local e = type(r) == "table" and r.error
