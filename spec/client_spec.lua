@@ -579,6 +579,31 @@ describe("client methods", function()
     assert.same({}, srv:requests("/_bulk").requests)
   end)
 
+  it("bulk returns nil, err with kind 'decode' when a 2xx is not one result per operation", function()
+    -- before, an empty 200 came back as {} (res.errors nil: \"no errors\") and a response that
+    -- left out an operation's result as a success: operations whose fate is unknown looked done
+    local ops = { { "index", { _index = "ev", _id = "1" }, { a = 1 } },
+                  { "delete", { _index = "ev", _id = "2" } } }
+    local bodies = {
+      "", '{"took":1,"errors":false}',
+      '{"took":1,"errors":false,"items":[{"index":{"_id":"1","status":201}}]}',
+    }
+    for _, body in ipairs(bodies) do
+      srv:fault{ path = "/_bulk", status = 200, body = body, count = 1 }
+      local res, err = c:bulk(ops)
+      assert.is_nil(res, body)
+      assert.equal("decode", err.kind)
+      assert.equal(200, err.status)
+      assert.equal(body, err.body)
+    end
+    srv:fault{ path = "/_bulk", status = 200, body = "", count = 1 }
+    local res, err = c:bulk('{"delete":{"_index":"ev","_id":"2"}}\n')
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("not a bulk response: no \"items\" list", err.message)
+    assert.equal(2, #assert(c:bulk(ops)).items) -- a real response: one result per operation
+  end)
+
   it("bulk raises on an unknown action", function()
     assert.has_error(function() c:bulk({ { "upsert", { _index = "x" }, {} } }) end,
       "bad argument #1 to 'bulk' (operation 1: unknown action upsert)")

@@ -505,7 +505,8 @@ end
 
 local bulk_actions = { index = true, create = true, update = true, delete = true }
 
---- Builds an NDJSON bulk body from a list of {action, meta, doc}.
+--- Builds an NDJSON bulk body from a list of {action, meta, doc} -> body, number of operations
+-- (nil for an NDJSON string: its operations are not parsed).
 function _M.bulk_body(ops)
   if type(ops) == "string" then
     -- as for an empty list: a request without an operation is the caller's mistake
@@ -550,7 +551,7 @@ function _M.bulk_body(ops)
     end
   end
   if #lines == 0 then error("bad argument #1 to 'bulk' (no operations)", 3) end
-  return concat(lines, "\n") .. "\n"
+  return concat(lines, "\n") .. "\n", n
 end
 
 local refresh_values = { [true] = "true", [false] = "false", ["true"] = "true", ["false"] = "false",
@@ -558,7 +559,7 @@ local refresh_values = { [true] = "true", [false] = "false", ["true"] = "true", 
 
 --- c:bulk(ops, opts?) -> {took=, errors=bool, items={...}} | nil, err
 function Client:bulk(ops, opts)
-  local body = _M.bulk_body(ops)
+  local body, n = _M.bulk_body(ops)
   if opts ~= nil and type(opts) ~= "table" then error("bad argument #2 to 'bulk' (table expected)", 2) end
   local o = { content_type = "application/x-ndjson" }
   for k, v in pairs(opts or NO_OPTS) do o[k] = v end
@@ -570,7 +571,26 @@ function Client:bulk(ops, opts)
     path = path .. "?refresh=" .. r
     o.refresh = nil
   end
-  return call(self, "bulk", "POST", path, body, o)
+  local p, err = send(self, "bulk", "POST", path, body, o)
+  if not p then return nil, err end
+  local _, werr = await(p)
+  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
+  local doc, derr = p:json()
+  if not doc then return nil, derr end
+  -- A 2xx that is not a bulk response -- an empty body ({}), no "items", or (for a list) not one
+  -- result per operation -- must not read as "no errors": what became of the operations is
+  -- unknown.
+  local items = doc.items
+  if type(items) ~= "table" or n and #items ~= n then
+    local res = p:result()
+    if res and res.status >= 200 and res.status < 300 then
+      self.http_failures.decode = self.http_failures.decode + 1
+      return nil, new_error("decode", type(items) ~= "table" and "not a bulk response: no \"items\" list"
+        or format("bulk response lists %d results for %d operations", #items, n),
+        { status = res.status, body = res.body, node = res.node })
+    end
+  end
+  return doc
 end
 
 --- c:bulk_indexer(opts) -> a bulk indexer for big loads (see lua/esx/bulk.lua)
