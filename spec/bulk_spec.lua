@@ -24,6 +24,13 @@ describe("client:bulk_indexer", function()
       "bulk_indexer: bad option 'flush_cnt' (unknown option)")
   end)
 
+  it("raises on backoff_max below backoff_min", function()
+    -- before, it was accepted and every retry waited at most 100 ms: backoff_min was ignored
+    assert.has_error(function() c:bulk_indexer{ backoff_min = 5000, backoff_max = 100 } end,
+      "bulk_indexer: bad option 'backoff_max' (must be >= backoff_min)")
+    assert.has_no_error(function() c:bulk_indexer{ backoff_min = 100, backoff_max = 100 }:close() end)
+  end)
+
   it("flushes by count and indexes everything", function()
     local bi = c:bulk_indexer{ flush_count = 100, concurrency = 2 }
     for i = 1, 250 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end

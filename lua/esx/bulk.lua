@@ -56,6 +56,11 @@ end
 
 function _M.new(client, opts)
   local o = options.check("bulk_indexer", _M.schema, opts, 4)
+  -- as the client's dead_backoff_* and the collector's retry_backoff_*: a cap below the first
+  -- delay would silently replace it
+  if o.backoff_max < o.backoff_min then
+    error("bulk_indexer: bad option 'backoff_max' (must be >= backoff_min)", 3)
+  end
   return setmetatable({
     client = client, o = o,
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch
