@@ -161,6 +161,22 @@ describe("client:bulk_indexer", function()
     assert.equal(5, s.retried)
   end)
 
+  it("drops the items at once, with the reason, when the server refuses the request (401, 403, 404)", function()
+    for _, status in ipairs({ 401, 403, 404 }) do
+      srv:fault{ path = "/_bulk", status = status, count = -1 }
+      local bi = c:bulk_indexer{ flush_count = 2 }
+      for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+      local s = bi:close()
+      assert.equal(3, s.failed)
+      assert.equal(0, s.retried)
+      assert.equal(2, srv:requests("/_bulk").counts["/_bulk"])
+      assert.equal(3, #s.dropped)
+      assert.matches(status == 404 and "^not_found: " or "^http: ", s.dropped[1].reason)
+      assert.equal(status, tonumber(s.dropped[1].reason:match("(%d%d%d)")))
+      srv:reset()
+    end
+  end)
+
   it("counts a create answered 409 after an attempt whose outcome was unknown as indexed", function()
     -- the first attempt is applied but answered after socket_timeout; the retry meets the
     -- documents it wrote.  Before, all 10 were reported failed (version_conflict_engine_exception)
