@@ -205,6 +205,8 @@ describe("client:bulk_indexer", function()
       "bad argument #1 to 'add' (unknown action upsert)")
     assert.has_error(function() bi:add("index", { _index = "p" }) end,
       "bad argument #3 to 'add' (index needs a document)")
+    assert.has_error(function() bi:add("delete", { _index = "p", _id = "1" }, {}) end,
+      "bad argument #3 to 'add' (delete takes no document)")
     bi:close()
     local ok, err = bi:add("index", { _index = "p" }, {})
     assert.is_nil(ok)

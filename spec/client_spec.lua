@@ -609,6 +609,11 @@ describe("client methods", function()
       "bad argument #1 to 'bulk' (operation 1: unknown action upsert)")
   end)
 
+  it("bulk raises on a delete with a document (it would not be sent)", function()
+    assert.has_error(function() c:bulk({ { "delete", { _index = "x", _id = "1" }, { a = 1 } } }) end,
+      "bad argument #1 to 'bulk' (operation 1: delete takes no document)")
+  end)
+
   it("bulk takes refresh = false, and raises on a refresh value Elasticsearch does not know", function()
     local ops = { { "index", { _index = "ev", _id = "1" }, { a = 1 } } }
     local res = assert(c:bulk(ops, { refresh = false }))

@@ -365,6 +365,7 @@ function Indexer:add(action, meta, doc)
   if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON)", 2) end
   local line
   if action == "delete" then
+    if doc ~= nil then error("bad argument #3 to 'add' (delete takes no document)", 2) end
     line = head .. "\n"
   else
     if doc == nil then error("bad argument #3 to 'add' (" .. action .. " needs a document)", 2) end

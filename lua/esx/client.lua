@@ -535,6 +535,10 @@ function _M.bulk_body(ops)
     end
     if meta._index then check_index(meta._index, 1, "bulk") end
     lines[#lines + 1] = encode_line({ [action] = meta })
+    if action == "delete" and doc ~= nil then
+      -- (a document here is a mistake: it would not be sent, and nothing would say so)
+      error(format("bad argument #1 to 'bulk' (operation %d: delete takes no document)", i), 3)
+    end
     if action ~= "delete" then
       if doc == nil then
         error(format("bad argument #1 to 'bulk' (operation %d: %s needs a document)", i, action), 3)
