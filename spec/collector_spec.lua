@@ -299,10 +299,17 @@ describe("col:handle", function()
 
   it("answers a GET whose query is too long for max_body with 413", function()
     local small = new{ max_body = 1024, max_events = 1 }
-    local status = small:handle{ method = "GET", path = "/collect",
+    -- refused before it is parsed: the parse takes several times the query's length
+    local status, _, body = small:handle{ method = "GET", path = "/collect",
       query = "site_id=s1&type=view&pad=" .. string.rep("x", 2048) }
     assert.equal(413, status)
+    assert.equal('{"error":"query string larger than 1024 bytes"}', body)
     assert.equal(1, small:stats().rejected.too_large)
+    -- within max_body, but an event larger than it once parsed (every byte escaped)
+    status, _, body = small:handle{ method = "GET", path = "/collect",
+      query = "site_id=s1&type=view&pad=" .. string.rep("%01", 330) }
+    assert.equal(413, status)
+    assert.equal(2, small:stats().rejected.too_large)
     small:close()
   end)
 

@@ -336,6 +336,9 @@ local function answer(self, method, query, body, ctype, coding, origin, declared
   local from_query = false
   if method == "GET" then
     from_query, body = true, query_string(query)
+    if #body > self.o.max_body then -- a pixel's query is its body
+      return error_answer(base, 413, "query string larger than " .. self.o.max_body .. " bytes")
+    end
   elseif method ~= "POST" then
     return error_answer(base, 405, "method not allowed", nil, "Allow", "GET, POST, OPTIONS")
   else
