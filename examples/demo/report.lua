@@ -52,7 +52,7 @@ end
 local function instances(es, site, from)
   local res = es:search("rollups-*", { size = 0, query = { bool = { filter = {
       { term = { site_id = site } }, { range = { window_start = { gte = from } } } } } },
-    aggs = { i = { terms = { field = "instance.keyword", size = 100 } } } })
+    aggs = { i = { terms = { field = "instance", size = 100 } } } })
   return res and res.aggregations and #res.aggregations.i.buckets or 0
 end
 

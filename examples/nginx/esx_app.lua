@@ -98,7 +98,7 @@ end
 --- location = /api/sites -> the site ids that have rollups
 function _M.sites()
   local res, err = client:search("rollups-*", { size = 0,
-    aggs = { sites = { terms = { field = "site_id.keyword", size = 1000 } } } })
+    aggs = { sites = { terms = { field = "site_id", size = 1000 } } } })
   if not res then return json(502, { error = tostring(err) }) end
   local sites = {}
   for _, b in ipairs(res.aggregations and res.aggregations.sites.buckets or {}) do
