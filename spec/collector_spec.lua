@@ -2040,6 +2040,22 @@ describe("col:stats and esx.metrics", function()
     col:close()
   end)
 
+  it("reports every documented rejection reason from the start, 0 until it happens", function()
+    local col = new{ name = "fresh" }
+    local s = col:stats()
+    for _, reason in ipairs{ "invalid", "not_json", "too_many", "queue_full", "rate_limited",
+                             "spool", "closed", "nomem", "concurrency", "too_large",
+                             "unsupported", "origin", "method" } do
+      assert.equal(0, s.rejected[reason], reason)
+      assert.truthy(esx.metrics():find('esx_collector_rejected_total{name="fresh",reason="' ..
+        reason .. '"} 0\n', 1, true), reason)
+    end
+    assert.equal(0, s.rejected.total)
+    assert.equal(405, (col:handle{ method = "PUT", path = "/collect", headers = JSON, body = "" }))
+    assert.equal(1, col:stats().rejected.method)
+    col:close()
+  end)
+
   it("returns nil, err with kind 'closed' after close", function()
     local col = new()
     col:close()

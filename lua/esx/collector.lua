@@ -528,6 +528,9 @@ function Collector:stats()
   if self._reclaim then self._reclaim(self) end
   local s = self.c:stats()
   for reason, n in pairs(self.refused) do s.rejected[reason] = (s.rejected[reason] or 0) + n end
+  -- every documented reason from the start, 0 until it happens: a series that appears only
+  -- with its first refusal hides that refusal from rate() and increase()
+  for _, reason in pairs(lua_reasons) do s.rejected[reason] = s.rejected[reason] or 0 end
   s.rejected.concurrency = s.rejected.concurrency or 0
   local total = 0
   for _, n in pairs(s.rejected) do total = total + n end
