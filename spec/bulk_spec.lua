@@ -242,6 +242,20 @@ describe("bi:flush and bi:stats", function()
     end
     assert.equal(summary, bi:close())
   end)
+
+  it("exports an open indexer's counters in esx.metrics(), and no more once it is closed", function()
+    local bi = c:bulk_indexer{ name = "loader", flush_count = 2 }
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local text = esx.metrics()
+    assert.truthy(text:find('# TYPE esx_bulk_added_total counter\nesx_bulk_added_total{name="loader"} 3\n',
+      1, true), text)
+    assert.truthy(text:find('# TYPE esx_bulk_buffered gauge\nesx_bulk_buffered{name="loader"} 1\n', 1, true))
+    assert.truthy(text:find('esx_bulk_failed_total{name="loader"} 0\n', 1, true))
+    assert.equal(3, bi:close().indexed)
+    assert.falsy(esx.metrics():find('name="loader"', 1, true))
+    assert.has_error(function() c:bulk_indexer{ name = "bad\255" } end,
+      "bulk_indexer: bad option 'name' (must be UTF-8 text)")
+  end)
 end)
 
 describe("bi:close", function()

@@ -13,6 +13,7 @@
 local core = require "esx.core"
 local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/ljson.h)
 local options = require "esx.options"
+local registry = require "esx.registry"
 
 local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, remove, concat, random, floor =
   type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, table.remove, table.concat,
@@ -29,6 +30,7 @@ _M.schema = {
   backoff_max = { type = "integer", min = 0, max = 3600000, default = 10000 },
   on_drop = { type = "function" },
   keep_dropped = { type = "integer", min = 0, max = 1000000, default = 10000 },
+  name = { type = "string", nonempty = true, check = options.utf8_text },
 }
 
 -- items answered 429 or any 5xx are retried (as the collector does); others are dropped
@@ -61,7 +63,7 @@ function _M.new(client, opts)
   if o.backoff_max < o.backoff_min then
     error("bulk_indexer: bad option 'backoff_max' (must be >= backoff_min)", 3)
   end
-  return setmetatable({
+  local self = setmetatable({
     client = client, o = o,
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch
     inflight = {},                    -- {pending, items}
@@ -73,6 +75,10 @@ function _M.new(client, opts)
                  on_drop_errors = 0 },
     dropped = {},
   }, Indexer)
+  -- in esx.metrics() while open, as every object with stats (API.md); Indexer.stats is no
+  -- closure over self, so the registry never keeps a forgotten indexer alive
+  self.name = registry.add(self, "bulk", o.name, Indexer.stats)
+  return self
 end
 
 local function backoff(self, attempt)
@@ -418,6 +424,7 @@ function Indexer:close()
   s.dropped = self.dropped
   s.on_drop_error = self.on_drop_error
   self.closed, self.summary = true, s
+  registry.remove(self)
   return s
 end
 

@@ -1,6 +1,6 @@
 --- esx.registry: the live esx objects of this Lua state, for esx.metrics().
 --
--- Objects register themselves with a kind ("client", "collector", "cache"), a name and a
+-- Objects register themselves with a kind ("client", "collector", "cache", "bulk"), a name and a
 -- function that, given the object, returns its stats table.  The set is weak-keyed and an
 -- entry never refers to its object (LuaJIT has no ephemeron tables: a value that reached
 -- its key would keep it alive), so registering never keeps an object alive; a closed object
@@ -61,6 +61,11 @@ local types = {
     readers_evictions = COUNTER, readers_expirations = COUNTER,
     bytes = GAUGE, log_bytes = GAUGE, pages_bytes = GAUGE, pages_entries = GAUGE,
     readers_bytes = GAUGE, readers_entries = GAUGE, seq = GAUGE, applied = GAUGE, shared = GAUGE,
+  },
+  bulk = {
+    added = COUNTER, indexed = COUNTER, failed = COUNTER, retried = COUNTER, batches = COUNTER,
+    split = COUNTER, on_drop_errors = COUNTER,
+    buffered = GAUGE, in_flight = GAUGE, delayed = GAUGE,
   },
 }
 
