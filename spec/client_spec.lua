@@ -981,6 +981,39 @@ describe("compression", function()
     c:close()
   end)
 
+  it("counts in stats().bytes the body bytes that left: none for attempts refused a connection", function()
+    local code = [[
+      local body = { query = { match = { text = string.rep("the same words over and over ", 200) } } }
+      local down = esx.client{ hosts = { "http://127.0.0.1:" .. os.getenv("ESX_SPEC_PORT") }, compression = true,
+                               max_retries = 2, dead_backoff_min = 1 }
+      local _, err = down:request("POST", "/_search", body)
+      local s = down:stats()
+      down:close()
+      -- a 503 and its retry: the body went twice
+      local up = esx.client{ hosts = { arg[1] }, compression = true }
+      local res = assert(up:request("POST", "/_search", body))
+      local u = up:stats()
+      up:close()
+      return { kind = err.kind, retries = s.retries, raw = s.bytes.sent_raw, wire = s.bytes.sent_wire,
+               status = res.status, up_retries = u.retries, up_raw = u.bytes.sent_raw,
+               up_wire = u.bytes.sent_wire }
+    ]]
+    for _, transport in ipairs{ "h1", "curl" } do
+      srv:reset()
+      srv:fault{ path = "/_search", status = 503, count = 1 }
+      local r = in_child(code, "ESX_TRANSPORT=" .. transport .. " ESX_SPEC_PORT=" .. closed_port())
+      assert.equal("connect", r.kind, transport)
+      assert.equal(2, r.retries, transport)
+      assert.equal(0, r.raw, transport)
+      assert.equal(0, r.wire, transport)
+      local seen = srv:requests("/_search").requests
+      assert.equal(2, #seen, transport)
+      assert.equal(1, r.up_retries, transport)
+      assert.equal(seen[1].body_bytes + seen[2].body_bytes, r.up_raw, transport)
+      assert.equal(seen[1].body_wire_bytes + seen[2].body_wire_bytes, r.up_wire, transport)
+    end
+  end)
+
   it("sends bodies below compression_min_bytes as they are", function()
     local c = client{ compression = true, compression_min_bytes = 100000 }
     assert(c:request("POST", "/_search", big))

@@ -303,6 +303,9 @@ void esx_eng_sock_prune(esx_engine *e)
 void esx_eng_release_attempt(esx_engine *e, esx_request *req)
 {
     if (req->easy) {
+        curl_off_t up = 0;
+        if (curl_easy_getinfo(req->easy, CURLINFO_SIZE_UPLOAD_T, &up) == CURLE_OK && up > 0)
+            req->ul_seen = (long long)up;
         curl_multi_remove_handle(e->multi, req->easy);
         if (e->nspare < MAX_SPARE_EASY)
             e->spare[e->nspare++] = req->easy;
@@ -327,6 +330,18 @@ void esx_eng_release_attempt(esx_engine *e, esx_request *req)
             req->probe = 0;
             e->stats.received_wire += req->wire_in;
             e->stats.received_raw += req->resp_body.len;
+            /* the body bytes that left, not the attempt's whole body: an attempt whose
+             * connection was refused sent nothing; one cut short, its part (raw: prorated) */
+            size_t out = req->ul_seen <= 0 ? 0
+                         : (unsigned long long)req->ul_seen < req->body_len ? (size_t)req->ul_seen
+                                                                            : req->body_len;
+            if (out > 0) {
+                e->stats.sent_wire += out;
+                e->stats.sent_raw += out == req->body_len
+                                         ? req->body_raw_len
+                                         : (uint64_t)((double)req->body_raw_len * (double)out /
+                                                      (double)req->body_len);
+            }
             pthread_mutex_unlock(&e->mu);
         }
     }
@@ -372,8 +387,6 @@ static void start_attempt(esx_engine *e, esx_request *req, int node_index, int64
     node->probing |= req->probe;
     node->in_flight++;
     node->requests++;
-    e->stats.sent_raw += req->body_raw_len;
-    e->stats.sent_wire += req->body_len;
     pthread_mutex_unlock(&e->mu);
     list_push(&e->active, req);
 }

@@ -173,6 +173,7 @@ static int h1_attach(esx_engine *e, esx_h1_conn *c, esx_request *req)
     c->body = req->body;
     c->body_len = req->body ? req->body_len : 0;
     c->sent = c->got = 0;
+    req->ul_seen = 0; /* counted per connection: a reopened one sends the body again */
     c->reusable = 0;
     esx_h1_parser_init(&c->parser, strcmp(req->method, "HEAD") == 0, h1_on_header, h1_on_body,
                        req);
@@ -316,6 +317,8 @@ static void h1_send(esx_engine *e, esx_h1_conn *c, int64_t now)
     esx_request *req = c->req;
     size_t before = c->sent;
     int rc = esx_h1_conn_send(c);
+    if (c->sent > c->head.len)
+        req->ul_seen = (long long)(c->sent - c->head.len); /* body bytes out: stats().bytes */
     if (rc < 0) {
         if (errno == EPIPE || errno == ECONNRESET) {
             /* the server may have answered early and closed (a 413 to a big bulk): read it */

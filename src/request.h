@@ -80,7 +80,9 @@ struct esx_request {
     const char *abort_kind;     /* set by a callback that stopped the transfer */
     char abort_msg[160];
     size_t wire_in;             /* response body bytes received on the wire */
-    long long ul_seen;          /* upload bytes at the last progress call */
+    long long ul_seen;          /* request body bytes the attempt wrote: as of libcurl's
+                                 * last progress call (then its total, when the attempt
+                                 * ends), or as h1conn.c wrote them; stats().bytes counts them */
     uint64_t gen;               /* generation of the engine it was submitted to */
     int *watchers;                  /* nginx waiter connections to poke when done, oldest */
     int nwatchers, watchers_cap;    /* first (the engine's; any number of coroutines may
