@@ -1583,6 +1583,41 @@ if has_posix then
       c:close()
     end)
 
+    it("returns nil, err (internal) from stats() in a child that cannot build its engine, never the parent's", function()
+      local wait = require("posix.sys.wait")
+      local resource = require("posix.sys.resource")
+      srv:fault{ path = "/", stall_ms = 800, count = 1 }
+      local c = client()
+      local p = assert(c:send("GET", "/"))
+      socket.sleep(0.1) -- on the wire: the parent's engine has it in use
+      local pid = unistd.fork()
+      if pid == 0 then
+        local ok, good = pcall(function()
+          -- no descriptor left for the child's own engine (its wake-up socket pair)
+          local lim = resource.getrlimit(resource.RLIMIT_NOFILE)
+          resource.setrlimit(resource.RLIMIT_NOFILE, { rlim_cur = 256, rlim_max = lim.rlim_max })
+          local held = {}
+          while true do
+            local h = io.open("/dev/null")
+            if not h then break end
+            held[#held + 1] = h
+          end
+          local s, err = c:stats()
+          for i = #held, 1, -1 do held[i]:close() end
+          local s2 = c:stats() -- descriptors again: the child's own engine, nothing in use
+          return s == nil and err.kind == "internal" and
+                 err.message:find("wake-up socket pair", 1, true) ~= nil and
+                 s2 ~= nil and s2.pool.in_use == 0 and s2.rebuilds == 1
+        end)
+        unistd._exit((ok and good) and 0 or 1)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      assert.is_true(p:wait(5000))
+      assert.equal(200, (assert(p:result())).status)
+      c:close()
+    end)
+
     it("fails such a request in a child that closes the client before any call of its own", function()
       local wait = require("posix.sys.wait")
       srv:fault{ path = "/", stall_ms = 800, count = 1 }

@@ -271,15 +271,17 @@ int esx_client_wait(esx_client *c, esx_request *req, int64_t timeout_ms)
     }
 }
 
-int esx_client_stats(esx_client *c, esx_stats *stats, esx_nodes *nodes)
+int esx_client_stats(esx_client *c, esx_stats *stats, esx_nodes *nodes, char *why)
 {
-    char why[256];
     client_lock(c);
     int rc = -1;
     if (!c->closed && c->engine) {
-        heal_locked(c, why);
-        esx_engine_stats(c->engine, stats, nodes);
-        rc = 0;
+        if (heal_locked(c, why) != 0 && !esx_engine_ours(c->engine)) {
+            rc = -2;
+        } else {
+            esx_engine_stats(c->engine, stats, nodes);
+            rc = 0;
+        }
     }
     pthread_mutex_unlock(&c->mu);
     return rc;

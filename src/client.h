@@ -64,8 +64,10 @@ int esx_client_wait(esx_client *c, esx_request *req, int64_t timeout_ms);
 /* Non-blocking: 1 when req is done.  Heals, and fails requests orphaned by a fork. */
 int esx_client_poll(esx_client *c, esx_request *req);
 
-/* Heals, then copies the engine's counters and nodes.  Returns 0, or -1 when closed. */
-int esx_client_stats(esx_client *c, esx_stats *stats, esx_nodes *nodes);
+/* Heals, then copies the engine's counters and nodes.  Returns 0; -1 when closed; -2 with a
+ * reason in why (256 bytes) when a forked child could not build its own engine (the
+ * parent's is not read: its state is the parent's, its lock maybe held at the fork). */
+int esx_client_stats(esx_client *c, esx_stats *stats, esx_nodes *nodes, char *why);
 
 /* The waiter socket path of the current engine (see esx_engine_waiter_path), or NULL with a
  * reason in why (256 bytes).  The path stays valid until the engine is replaced. */

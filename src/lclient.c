@@ -321,7 +321,11 @@ static int client_stats(lua_State *L)
     lclient *u = check_client(L, 1);
     esx_stats s;
     esx_nodes nodes;
-    if (u->c == NULL || esx_client_stats(u->c, &s, &nodes) != 0)
+    char why[256];
+    int rc = u->c == NULL ? -1 : esx_client_stats(u->c, &s, &nodes, why);
+    if (rc == -2)
+        return esx_lerror_fail(L, ESX_EINTERNAL, "%s", why);
+    if (rc != 0)
         return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
     lua_createtable(L, 0, 8);
     push_counter(L, "requests", s.requests);
