@@ -1818,6 +1818,24 @@ describe("pending:waiter_path", function()
 end)
 
 describe("client:stats and esx.metrics", function()
+  it("counts in failures a call refused because no engine could be built (internal)", function()
+    local r = in_child([[
+      local c = esx.client{ hosts = { arg[1] } }
+      c:_kill_io_thread() -- rebuilt on the next call: with no descriptor left, it cannot be
+      socket.sleep(0.1)
+      exhaust()
+      local _, err = c:request("GET", "/")
+      local _, err2 = c:search("x", {})
+      release()
+      local s = assert(c:stats())
+      c:close()
+      return { kind = err.kind, kind2 = err2.kind, internal = s.failures.internal }
+    ]])
+    assert.equal("internal", r.kind)
+    assert.equal("internal", r.kind2)
+    assert.equal(2, r.internal)
+  end)
+
   it("counts requests, failures by kind and the pool", function()
     local c = client{ max_retries = 0 }
     assert(c:info())

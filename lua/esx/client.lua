@@ -335,7 +335,13 @@ local function send(self, fname, method, path, body, opts)
   end
   local p, serr = self.c:send(method, path, encoded, opts.content_type,
     header_lines(opts.headers), retries, opts.timeout)
-  if not p then return nil, serr end
+  if not p then
+    -- a call refused before the engine had it (no engine could be built: internal) ended
+    -- with that kind too; the engine never saw it, so it is counted here
+    local f = self.http_failures
+    f[serr.kind] = (f[serr.kind] or 0) + 1
+    return nil, serr
+  end
   return setmetatable({ p = p, client = self, method = method, path = path,
                         ok_status = opts.ok_status }, Pending)
 end
