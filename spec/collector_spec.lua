@@ -2056,6 +2056,24 @@ describe("col:stats and esx.metrics", function()
     col:close()
   end)
 
+  it("counts every bulk it made in bulk_requests, those refused by a closed sink too", function()
+    local down = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    local col = esx.collector{ sink = down, flush_interval = 20 }
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    local function settled(n)
+      local deadline = socket.gettime() + 5 * SCALE
+      while col:stats().bulk_failures < n and socket.gettime() < deadline do socket.sleep(0.01) end
+      return col:stats()
+    end
+    local s = settled(1) -- connection refused: made, failed
+    assert.equal(s.bulk_requests, s.bulk_failures)
+    down:close()
+    s = settled(s.bulk_failures + 1) -- the sink client is closed: refused before it is sent
+    assert.is_true(s.bulk_failures > 0)
+    assert.equal(s.bulk_requests, s.bulk_failures)
+    col:close(0)
+  end)
+
   it("returns nil, err with kind 'closed' after close", function()
     local col = new()
     col:close()

@@ -385,6 +385,7 @@ static void send_batch(esx_collector *col, batch *b)
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
     sent_remove(col, b);
+    col->st.bulk_requests++; /* a bulk made, that failed as a whole: bulk_failures <= it */
     col->st.bulk_failures++;
     run r = { .due = batch_due(col, b, now) };
     pause_sink(col, r.due);
