@@ -2056,6 +2056,20 @@ describe("col:stats and esx.metrics", function()
     col:close()
   end)
 
+  it("counts refusals after parsing by event, the others by request, as documented", function()
+    local col = new{ site_rate = 0.001, site_burst = 2 }
+    assert.equal(204, (post(col, cjson.encode({ ev(), ev(), ev() })))) -- the bucket in debt
+    assert.equal(429, (post(col, cjson.encode({ ev(), ev(), ev() })))) -- 3 events refused
+    assert.equal(400, (post(col, "not json")))
+    assert.equal(400, (post(col, cjson.encode({ { type = "x" }, { type = "y" } })))) -- no valid event
+    local r = col:stats().rejected
+    assert.equal(3, r.rate_limited)
+    assert.equal(1, r.not_json)
+    assert.equal(2, r.invalid)
+    assert.equal(6, r.total)
+    col:close()
+  end)
+
   it("counts every bulk it made in bulk_requests, those refused by a closed sink too", function()
     local down = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     local col = esx.collector{ sink = down, flush_interval = 20 }
