@@ -46,6 +46,67 @@ describe("require 'esx' inside nginx #nginx", function()
   end)
 end)
 
+describe("esx.nginx.metrics #nginx", function()
+  local srv
+  setup(function()
+    srv = nginx.start{
+      workers = 2,
+      http = [[
+        lua_shared_dict esx_metrics 1m;
+        init_by_lua_block {
+          local esx = require "esx"
+          es = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "es", max_retries = 0 }
+        }
+        init_worker_by_lua_block { require("esx.nginx").share_metrics("esx_metrics", 100) }
+      ]],
+      server = [[
+        location = /call { content_by_lua_block { es:request("GET", "/"); ngx.say(ngx.worker.id()) } }
+        location = /metrics {
+          content_by_lua_block { ngx.print(require("esx.nginx").metrics("esx_metrics")) }
+        }
+        location = /bad {
+          content_by_lua_block {
+            local ok, err = pcall(require("esx.nginx").metrics, "nope")
+            ngx.say(err)
+          }
+        }
+      ]],
+    }
+  end)
+  teardown(function() if srv then srv:stop() end end)
+
+  it("merges every worker's metrics, each sample labelled with its worker, each family once", function()
+    local seen = {}
+    for _ = 1, 40 do
+      local status, body = srv:get("/call")
+      assert.equal(200, status)
+      seen[tonumber(body)] = (seen[tonumber(body)] or 0) + 1
+    end
+    require("socket").sleep(0.3) -- both workers have published since
+    local status, body = srv:get("/metrics")
+    assert.equal(200, status)
+    for w = 0, 1 do
+      assert.truthy(body:find('esx_build_info{worker="' .. w .. '",version="', 1, true), body)
+    end
+    local _, types = body:gsub("# TYPE esx_client_requests_total counter\n", "")
+    assert.equal(1, types)
+    local total = 0
+    for w, n in body:gmatch('esx_client_requests_total{worker="(%d)",name="es"} (%d+)') do
+      assert.equal(seen[tonumber(w)] or 0, tonumber(n))
+      total = total + tonumber(n)
+    end
+    assert.equal(40, total)
+    -- a family's samples are together, right after its TYPE line
+    assert.truthy(body:find('# TYPE esx_client_requests_total counter\nesx_client_requests_total{worker="%d",name="es"} %d+\n' ..
+      'esx_client_requests_total{worker="%d",name="es"} %d+\n'), body)
+  end)
+
+  it("raises naming a lua_shared_dict that is not there", function()
+    local _, body = srv:get("/bad")
+    assert.matches("bad argument #1 to 'metrics' %(no lua_shared_dict 'nope' in nginx.conf%)", body)
+  end)
+end)
+
 -- esx.nginx.await against a stand-in for nginx's API: what it does when the waiter socket
 -- wakes it before the request is done.
 describe("esx.nginx.await", function()

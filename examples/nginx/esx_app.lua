@@ -121,6 +121,7 @@ end
 function _M.init_worker()
   publish()
   ngx.timer.every(0.25, publish)
+  require("esx.nginx").share_metrics("esx_metrics")
 end
 
 --- exit_worker_by_lua: on a graceful stop or a reload, the worker's collector sends what it
@@ -139,10 +140,10 @@ function _M.stats()
   return json(200, { workers = workers })
 end
 
---- location = /metrics -> Prometheus text of this worker's esx objects
+--- location = /metrics -> Prometheus text of every worker's esx objects
 function _M.metrics()
   ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-  ngx.print(esx.metrics())
+  ngx.print(require("esx.nginx").metrics("esx_metrics"))
 end
 
 return _M

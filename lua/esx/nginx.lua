@@ -307,4 +307,133 @@ function _M.collect(col)
   return send(status, headers, body)
 end
 
+-- ---------------------------------------------------------------- metrics of every worker
+
+-- Every worker is its own process with its own objects, and a scrape of /metrics reaches one
+-- worker: its counters alone, a different worker's on the next scrape (counters that seem to
+-- jump back and forth).  So each worker publishes its esx.metrics() into a lua_shared_dict,
+-- and the scrape merges all of them, each sample labelled with its worker.
+
+local METRICS_KEY = "esx.metrics:"
+local published_dicts = {}  -- dict name -> interval (ms) of this worker's publisher
+local warned = {}           -- dict name -> true once a full dict was logged
+
+local function shared_dict(name, fname)
+  if type(name) ~= "string" then
+    error("bad argument #1 to '" .. fname .. "' (lua_shared_dict name expected)", 3)
+  end
+  local dict = ngx.shared[name]
+  if not dict then
+    error("bad argument #1 to '" .. fname .. "' (no lua_shared_dict '" .. name .. "' in nginx.conf)", 3)
+  end
+  return dict
+end
+
+-- Writes this worker's text; false when the dict has no room (logged once per dict).
+local function publish(dict, name, interval)
+  local ok, text = pcall(require("esx").metrics)
+  if not ok then
+    ngx.log(ngx.ERR, "esx.nginx.share_metrics: ", text)
+    return false
+  end
+  -- kept three intervals: a worker that died (and was not replaced) drops out
+  local stored, err = dict:safe_set(METRICS_KEY .. ngx.worker.id(), text, 3 * interval / 1000)
+  if not stored and not warned[name] then
+    warned[name] = true
+    ngx.log(ngx.ERR, "esx.nginx.share_metrics: cannot store this worker's metrics in lua_shared_dict '",
+            name, "' (", err, "): make it bigger")
+  end
+  return stored
+end
+
+--- esx.nginx.share_metrics(dict, interval_ms?) -- in init_worker_by_lua: this worker publishes
+-- its esx.metrics() into the lua_shared_dict named dict every interval_ms (default 1000), for
+-- esx.nginx.metrics(dict).  Raises on a missing dict or a bad interval.
+function _M.share_metrics(name, interval)
+  local dict = shared_dict(name, "share_metrics")
+  if interval == nil then interval = 1000 end
+  if type(interval) ~= "number" or interval ~= interval or interval < 10 or interval > 3600000 then
+    error("bad argument #2 to 'share_metrics' (interval in ms, 10-3600000, expected)", 2)
+  end
+  if published_dicts[name] then return true end
+  published_dicts[name] = interval
+  local function tick(premature)
+    if not premature then publish(dict, name, interval) end
+  end
+  local ok, err = ngx.timer.every(interval / 1000, tick)
+  if not ok then error("esx.nginx.share_metrics: cannot start its timer: " .. tostring(err), 2) end
+  ngx.timer.at(0, tick)
+  return true
+end
+
+-- Adds worker="id" as the first label of every sample line.
+local function label_samples(lines, text, id)
+  local label = 'worker="' .. id .. '"'
+  for line in text:gmatch("[^\n]+") do
+    local kind, name = line:match("^# (%u+) (%S+)")
+    if kind then
+      lines[#lines + 1] = { head = true, name = name, text = line }
+    elseif line:sub(1, 1) ~= "#" then
+      local name, rest = line:match("^([^{%s]+)(.*)$")
+      if name then
+        if rest:sub(1, 1) == "{" then
+          rest = (rest:sub(2, 2) == "}" and "{" .. label or "{" .. label .. ",") .. rest:sub(2)
+        else
+          rest = "{" .. label .. "}" .. rest
+        end
+        lines[#lines + 1] = { name = name, text = name .. rest }
+      end
+    end
+  end
+end
+
+--- esx.nginx.metrics(dict) -> text: the esx.metrics() of every worker that publishes into the
+-- lua_shared_dict named dict (esx.nginx.share_metrics), merged into one Prometheus exposition:
+-- a family's HELP and TYPE once, then its samples of every worker, labelled worker="<id>".
+-- This worker's part is taken fresh; the others' are at most one interval old.
+function _M.metrics(name)
+  local dict = shared_dict(name, "metrics")
+  local interval = published_dicts[name]
+  if not interval then
+    error("bad argument #1 to 'metrics' (call esx.nginx.share_metrics('" .. name ..
+          "') in init_worker_by_lua first)", 2)
+  end
+  publish(dict, name, interval)
+  local self_id = ngx.worker.id()
+  local order, families = {}, {}
+  for id = 0, ngx.worker.count() - 1 do
+    local text = id == self_id and require("esx").metrics() or dict:get(METRICS_KEY .. id)
+    if text then
+      local lines = {}
+      label_samples(lines, text, id)
+      local family
+      for _, l in ipairs(lines) do
+        -- a sample belongs to the family of the HELP/TYPE before it (its name may add
+        -- _total, _bucket...); one without is its own family
+        if l.head or not family then
+          family = families[l.name]
+          if not family then
+            family = { heads = {}, samples = {}, head_from = id }
+            families[l.name] = family
+            order[#order + 1] = l.name
+          end
+        end
+        if l.head then
+          if family.head_from == id then family.heads[#family.heads + 1] = l.text end
+        else
+          family.samples[#family.samples + 1] = l.text
+        end
+      end
+    end
+  end
+  local out = {}
+  for _, n in ipairs(order) do
+    local f = families[n]
+    for _, l in ipairs(f.heads) do out[#out + 1] = l end
+    for _, l in ipairs(f.samples) do out[#out + 1] = l end
+  end
+  out[#out + 1] = ""
+  return concat(out, "\n")
+end
+
 return _M
