@@ -722,6 +722,20 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("close() does not wait out an index creation the sink is slow to answer", function()
+    local name = today("events-%Y.%m.%d")
+    srv:fault{ path = "/" .. name, method = "PUT", status = 503, stall_ms = 3000 }
+    local col = new{ rollup = false, flush_interval = 10 }
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    socket.sleep(0.2) -- the shipper waits for the creation
+    local t0 = socket.gettime()
+    local ok, err = col:close(300)
+    assert.is_nil(ok)
+    assert.equal(1, err.undelivered) -- (with a spool it would stay there for the next process)
+    local took = socket.gettime() - t0
+    assert.is_true(took < 1.5 * SCALE, "close took " .. took .. " s")
+  end)
+
   it("leaves a fixed index name and create_index = false to Elasticsearch's auto-creation", function()
     for _, opts in ipairs({ { index = "beacons", rollup = false },
                             { create_index = false, rollup = { window = 60000, interval = 100 } } }) do

@@ -300,10 +300,19 @@ static int ensure_index(esx_collector *col, const char *name, int rollup)
                                           "application/json", NULL, 0, -1, CREATE_TIMEOUT_MS, why);
     if (req == NULL)
         return -1;
-    int rc = -1, created = 0, refused = 0;
+    int rc = -1, created = 0, refused = 0, done = 0;
     const char *kind = NULL;
-    if (esx_client_submit(col->client, req, &kind, why) == 0 &&
-        esx_client_wait(col->client, req, -1) && req->err_kind == NULL) {
+    if (esx_client_submit(col->client, req, &kind, why) == 0) {
+        /* in slices: close() stops the wait (the batch then fails, and is kept) */
+        while (!(done = esx_client_wait(col->client, req, 100))) {
+            pthread_mutex_lock(&col->mu);
+            int stop = col->stop;
+            pthread_mutex_unlock(&col->mu);
+            if (stop)
+                break;
+        }
+    }
+    if (done && req->err_kind == NULL) {
         long st = req->status;
         if (st >= 200 && st < 300) {
             rc = 0;
