@@ -33,6 +33,25 @@ describe("require 'esx'", function()
     assert.truthy(dyn:find("NODELETE", 1, true), dyn)
   end)
 
+  it("reaches the module functions the docs name through the constructors (esx.collector.totals)", function()
+    -- docs/collector.md documents esx.collector.totals(client, q); with esx.collector a
+    -- bare function that was "attempt to index a function value"
+    assert.equal(require("esx.collector").totals, esx.collector.totals)
+    assert.equal(require("esx.client").bulk_body, esx.client.bulk_body)
+    assert.equal(require("esx.cache").new, esx.cache.new)
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    finally(function() c:close() end)
+    local ok, err = pcall(function() local r = esx.collector.totals(c, { site_id = "s1", form = 0 }) return r end)
+    assert.is_false(ok)
+    assert.truthy(err:find("^[^:]*module_spec%.lua:%d+: esx%.collector%.totals: bad option 'form' %(unknown option%)$"), err)
+    -- and the constructors still point option errors at the caller's line
+    for _, ctor in ipairs{ "client", "collector", "cache" } do
+      ok, err = pcall(function() local o = esx[ctor]{ bogus = 1 } return o end)
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*module_spec%.lua:%d+: esx%." .. ctor .. ": bad option "), err)
+    end
+  end)
+
   it("creates no globals", function()
     local before = {}
     for k in pairs(_G) do before[k] = true end

@@ -632,4 +632,8 @@ function Client:_kill_io_thread()
   self.c:debug_kill_io_thread()
 end
 
+-- esx.client(opts), as the module is reached from require "esx": the module called is new(opts)
+-- (a tail call: option errors still point at the caller's line)
+setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
+
 return _M

@@ -696,4 +696,8 @@ function Collector:__tostring()
   return "esx.collector: " .. (self.name or "?")
 end
 
+-- esx.collector(opts), as the module is reached from require "esx": the module called is new(opts)
+-- (a tail call: option errors still point at the caller's line)
+setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
+
 return _M

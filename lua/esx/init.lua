@@ -14,16 +14,18 @@ local _M = {
 
 -- The constructors, loaded on first use: esx.client (lua/esx/client.lua, docs/client.md),
 -- esx.cache (lua/esx/cache.lua, docs/cache.md), esx.collector (lua/esx/collector.lua).
--- Each is the module's own `new`, so option errors point at the caller's line.
+-- Each is the module itself, callable (its __call tail-calls the module's `new`, so option
+-- errors point at the caller's line): the module functions the docs name through it, such
+-- as esx.collector.totals, are there too.
 local constructors = { client = "esx.client", cache = "esx.cache", collector = "esx.collector" }
 
 setmetatable(_M, {
   __index = function(t, name)
     local module = constructors[name]
     if not module then return nil end
-    local new = require(module).new
-    rawset(t, name, new)
-    return new
+    local m = require(module)
+    rawset(t, name, m)
+    return m
   end,
 })
 
