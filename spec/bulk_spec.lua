@@ -31,6 +31,25 @@ describe("client:bulk_indexer", function()
     assert.has_no_error(function() c:bulk_indexer{ backoff_min = 100, backoff_max = 100 }:close() end)
   end)
 
+  it("raises at the caller's line on a bad option, and when called with '.'", function()
+    local ok, err = pcall(function() local bi = c:bulk_indexer{ flush_cnt = 5 } return bi end)
+    assert.is_false(ok)
+    assert.truthy(err:find("^[^:]*bulk_spec%.lua:%d+: bulk_indexer: bad option 'flush_cnt' %(unknown option%)$"), err)
+    -- c.bulk_indexer{...} made an indexer without a client, which failed at its first send
+    ok, err = pcall(function() local bi = c.bulk_indexer{ flush_count = 5 } return bi end)
+    assert.is_false(ok)
+    assert.truthy(err:find("^[^:]*bulk_spec%.lua:%d+: bad self to 'bulk_indexer' %(esx%.client expected, " ..
+      "got table; call it as c:bulk_indexer%(opts%)%)$"), err)
+  end)
+
+  it("returns nil, closed for a closed client", function()
+    c:close()
+    local bi, err = c:bulk_indexer{ flush_count = 5 }
+    assert.is_nil(bi)
+    assert.equal("closed", err.kind)
+    assert.equal("closed: the client is closed", tostring(err))
+  end)
+
   it("flushes by count and indexes everything", function()
     local bi = c:bulk_indexer{ flush_count = 100, concurrency = 2 }
     for i = 1, 250 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end

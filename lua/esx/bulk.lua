@@ -15,8 +15,8 @@ local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/
 local options = require "esx.options"
 local registry = require "esx.registry"
 
-local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, remove, concat, random, floor =
-  type, pairs, ipairs, next, select, pcall, tostring, setmetatable, error, table.remove, table.concat,
+local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, remove, concat, random, floor =
+  type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, table.remove, table.concat,
   math.random, math.floor
 
 local _M = {}
@@ -57,12 +57,21 @@ local function sleep(ms)
 end
 
 function _M.new(client, opts)
+  if getmetatable(client) ~= require("esx.client").Client then
+    -- (c.bulk_indexer{...} with '.': an indexer without a client failed only at its first send)
+    error("bad self to 'bulk_indexer' (esx.client expected, got " .. type(client) ..
+          "; call it as c:bulk_indexer(opts))", 3)
+  end
   local o = options.check("bulk_indexer", _M.schema, opts, 4)
   -- as the client's dead_backoff_* and the collector's retry_backoff_*: a cap below the first
   -- delay would silently replace it
   if o.backoff_max < o.backoff_min then
     error("bulk_indexer: bad option 'backoff_max' (must be >= backoff_min)", 3)
   end
+  -- a closed client is used as every closed object is: nil, {kind = "closed"} (an indexer
+  -- made from it could only drop what it is given)
+  local _, cerr = client:stats()
+  if cerr then return nil, cerr end
   local self = setmetatable({
     client = client, o = o,
     buf = {}, buf_bytes = 0,          -- items waiting for the next batch

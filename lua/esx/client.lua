@@ -605,7 +605,9 @@ end
 
 --- c:bulk_indexer(opts) -> a bulk indexer for big loads (see lua/esx/bulk.lua)
 function Client:bulk_indexer(opts)
-  return require("esx.bulk").new(self, opts)
+  -- (not a tail call: the indexer's option errors name the line that called this method)
+  local bi, err = require("esx.bulk").new(self, opts)
+  return bi, err
 end
 
 --- c:stats() -> counters, pool state, bytes and nodes
