@@ -160,4 +160,33 @@ describe("esx.nginx.wait", function()
     assert.has_error(function() nx.await(pending, 0 / 0) end,
       "bad argument #2 to 'await' (timeout in ms expected, got NaN)")
   end)
+
+  it("raises naming the argument when await is given no pending request, as wait does", function()
+    local nx = require("esx.nginx")
+    for _, bad in ipairs{ "x", 5, {} } do
+      local ok, err = pcall(function() local r = nx.await(bad) return r end)
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*nginx_spec%.lua:%d+: bad argument #1 to 'await' %(esx pending request expected%)$"), err)
+      ok, err = pcall(function() local r = nx.wait(bad) return r end)
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*nginx_spec%.lua:%d+: bad argument #1 to 'wait' %(esx pending request expected%)$"), err)
+    end
+  end)
+
+  it("outside nginx: returns a finished request's result, and raises saying why for one still running", function()
+    assert.is_nil(rawget(_G, "ngx")) -- (plain busted)
+    local nx = require("esx.nginx")
+    local c = require("esx").client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+    finally(function() c:close() end)
+    local p = assert(c:send("GET", "/"))
+    p:wait()
+    local res, err = nx.wait(p)
+    assert.is_nil(res)
+    assert.equal("connect", err.kind)
+    local running = { ready = function() return false end }
+    local ok, msg = pcall(nx.wait, running)
+    assert.is_false(ok)
+    -- (it was "attempt to index upvalue 'ngx' (a nil value)")
+    assert.equal("esx.nginx.wait: cannot wait outside nginx (no ngx): block with pending:wait()", msg)
+  end)
 end)

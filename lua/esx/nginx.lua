@@ -72,9 +72,19 @@ local function check_timeout(timeout, fname)
   return timeout < 0 and 0 or timeout
 end
 
+local function check_pending(pending, fname)
+  if type(pending) ~= "table" or not pending.ready then
+    error("bad argument #1 to '" .. fname .. "' (esx pending request expected)", 3)
+  end
+end
+
 function _M.await(pending, timeout)
+  check_pending(pending, "await")
   timeout = check_timeout(timeout, "await")
   if pending:ready() then return true end
+  if ngx == nil then -- plain Lua: there is no light thread to yield
+    error("esx.nginx.wait: cannot wait outside nginx (no ngx): block with pending:wait()", 0)
+  end
   local deadline = timeout and (now_ms() + timeout)
   local made, sock = pcall(ngx.socket.tcp)
   if not made then -- a phase without cosockets: it cannot yield either
@@ -128,9 +138,7 @@ function _M.await(pending, timeout)
 end
 
 function _M.wait(pending, timeout)
-  if type(pending) ~= "table" or not pending.ready then
-    error("bad argument #1 to 'wait' (esx pending request expected)", 2)
-  end
+  check_pending(pending, "wait")
   timeout = check_timeout(timeout, "wait")
   local ok, err = _M.await(pending, timeout)
   if not ok then return nil, err end
