@@ -559,6 +559,30 @@ describe("col:handle", function()
     assert.equal(0, col:stats().in_progress) -- a raise gives the request's slot back
     assert.equal(204, (post(col, body, { ["content-type"] = { "application/json" } })))
   end)
+
+  it("raises naming the field when req.headers, a header it reads or req.query has the wrong type", function()
+    -- headers = "..." was read as no headers at all (the event accepted without its
+    -- Content-Type or Origin checked), and a number query raised from inside the handler
+    for _, case in ipairs{
+      { { method = "POST", body = cjson.encode(ev()), headers = "content-type: text/plain" },
+        "bad argument #1 to 'handle' (req.headers must be a table)" },
+      { { method = "POST", body = cjson.encode(ev()), headers = { ["content-type"] = 5 } },
+        "bad argument #1 to 'handle' (req.headers['content-type'] must be a string or a list of strings)" },
+      { { method = "POST", body = cjson.encode(ev()), headers = { origin = true } },
+        "bad argument #1 to 'handle' (req.headers['origin'] must be a string or a list of strings)" },
+      { { method = "GET", query = 5 },
+        "bad argument #1 to 'handle' (req.query must be a string or a table)" },
+    } do
+      local ok, err = pcall(function() local s = col:handle(case[1]) return s end)
+      assert.is_false(ok)
+      assert.equal(case[2], (err:gsub("^[^:]*collector_spec%.lua:%d+: ", "")))
+      assert.truthy(err:find("^[^:]*collector_spec%.lua:%d+: "), err)
+    end
+    -- a repeated header as a list, and a query as a table, still work
+    assert.equal(204, (col:handle{ method = "POST", body = cjson.encode(ev()),
+                                   headers = { ["content-type"] = { "text/plain" } } }))
+    assert.equal(200, (col:handle{ method = "GET", query = { site_id = "s1", type = "view" } }))
+  end)
 end)
 
 describe("shipping", function()
