@@ -1493,6 +1493,17 @@ describe("col:rollups", function()
     col:close()
   end)
 
+  it("col:totals returns nil, closed after col:close() (as every method of a closed object)", function()
+    local col = new{ instance = "x" }
+    col:close()
+    local rows, err = col:totals{ site_id = "s1" }
+    assert.is_nil(rows)
+    assert.equal("closed", err.kind)
+    assert.equal("closed: the collector is closed", tostring(err))
+    -- esx.collector.totals with the (still open) client itself is not the collector's
+    assert.is_table((require("esx.collector").totals(client, { site_id = "s1" })))
+  end)
+
   it("totals find site ids with '-', '.' and capitals, and never mix in another site", function()
     local col = new{ instance = "x" }
     assert.equal(204, (post(col, cjson.encode({ ev({ site_id = "Shop-EU.1" }), ev({ site_id = "Shop-EU.1" }),

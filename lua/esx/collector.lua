@@ -688,6 +688,7 @@ function _M.totals(client, q)
 end
 
 function Collector:totals(q)
+  if self.closed then return nil, core.error("closed", "the collector is closed") end
   local rows, err = totals(self.sink, q, 3)
   return rows, err
 end
