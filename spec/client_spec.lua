@@ -384,6 +384,11 @@ describe("client:request", function()
         function() local r = c:request("GE T", "/") return r end },
       { "bad body to 'search' %(cannot be encoded as JSON",
         function() local r = c:search("idx", { x = 0 / 0 }) return r end },
+      -- (it was "bad argument #3 (body must be ...)": no method named, and the query is #2)
+      { "bad body to 'search' %(string or table expected, got number%)$",
+        function() local r = c:search("idx", 5) return r end },
+      { "bad body to 'request' %(string or table expected, got function%)$",
+        function() local r = c:request("POST", "/idx/_doc", print) return r end },
     } do
       local ok, err = pcall(call[2])
       assert.is_false(ok)

@@ -286,14 +286,15 @@ local function raise(msg)
   error(msg, level)
 end
 
-local function encode_body(body)
+local function encode_body(body, fname)
   if body == nil or type(body) == "string" then return body end
   if type(body) == "table" then
     local s, err = json_encode(body)
     if not s then return nil, err end
     return s
   end
-  raise("bad argument #3 (body must be a string or a table, got " .. type(body) .. ")")
+  -- (named as the encoding failure below: the body is argument #3 of request, #2 of search)
+  raise("bad body to '" .. fname .. "' (string or table expected, got " .. type(body) .. ")")
 end
 
 local function header_lines(h)
@@ -318,7 +319,7 @@ local function send(self, fname, method, path, body, opts)
   else
     opts = NO_OPTS
   end
-  local encoded, err = encode_body(body)
+  local encoded, err = encode_body(body, fname)
   if body ~= nil and not encoded then
     raise("bad body to '" .. fname .. "' (cannot be encoded as JSON: " .. tostring(err) .. ")")
   end
