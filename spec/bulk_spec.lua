@@ -39,7 +39,11 @@ describe("client:bulk_indexer", function()
     ok, err = pcall(function() local bi = c.bulk_indexer{ flush_count = 5 } return bi end)
     assert.is_false(ok)
     assert.truthy(err:find("^[^:]*bulk_spec%.lua:%d+: bad self to 'bulk_indexer' %(esx%.client expected, " ..
-      "got table; call it as c:bulk_indexer%(opts%)%)$"), err)
+      "got table; call it as c:bulk_indexer%(%.%.%.%)%)$"), err)
+    ok, err = pcall(function() local bi = require("esx.bulk").new({}, { flush_count = 5 }) return bi end)
+    assert.is_false(ok)
+    assert.truthy(err:find("^[^:]*bulk_spec%.lua:%d+: bad argument #1 to 'esx%.bulk%.new' %(esx%.client expected, " ..
+      "got table%)$"), err)
   end)
 
   it("returns nil, closed for a closed client", function()

@@ -52,6 +52,39 @@ describe("require 'esx'", function()
     end
   end)
 
+  it("raises 'bad self' naming the method for every method called with '.' instead of ':'", function()
+    -- c.search("idx", q) passed "idx" as self: "attempt to index a nil value (local 'self')"
+    -- deep inside, or a message about the wrong argument ("empty index list")
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+    local col = esx.collector{ sink = c, rollup = false }
+    local cache = esx.cache{ load_page = function() return {} end, load_readers = function() return {} end }
+    local p = assert(c:send("GET", "/"))
+    local bi = assert(c:bulk_indexer())
+    local tx = assert(cache:transaction())
+    finally(function() bi:close(); col:close(0); c:close(); cache:close() end)
+    for _, case in ipairs{
+      { c, "esx.client", "c", { "search", "request", "send", "get", "bulk", "stats", "close", "bulk_indexer" } },
+      { p, "esx pending request", "pending", { "ready", "wait", "result", "json", "id" } },
+      { col, "esx.collector", "col", { "handle", "flush", "rollups", "stats", "close", "totals", "enter" } },
+      { cache, "esx.cache", "cache", { "read_articles", "has_read", "mark_read", "invalidate_pages",
+                                       "transaction", "stats", "close" } },
+      { tx, "esx.cache transaction", "tx", { "mark_read", "invalidate_pages", "commit", "rollback" } },
+      { bi, "esx bulk indexer", "bi", { "add", "flush", "stats", "close" } },
+    } do
+      local obj, what, var = case[1], case[2], case[3]
+      for _, name in ipairs(case[4]) do
+        for _, args in ipairs{ {}, { "idx", { size = 1 } }, { 1, 2 } } do
+          local ok, err = pcall(function() local r = obj[name](args[1], args[2]) return r end)
+          assert.is_false(ok, var .. "." .. name)
+          local expected = "bad self to '" .. name .. "' (" .. what .. " expected, got " .. type(args[1]) ..
+            "; call it as " .. var .. ":" .. name .. "(...))"
+          assert.equal(expected, (tostring(err):gsub("^[^:]*module_spec%.lua:%d+: ", "")))
+          assert.truthy(err:find("^[^:]*module_spec%.lua:%d+: "), err)
+        end
+      end
+    end
+  end)
+
   it("creates no globals", function()
     local before = {}
     for k in pairs(_G) do before[k] = true end

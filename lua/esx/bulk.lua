@@ -58,9 +58,8 @@ end
 
 function _M.new(client, opts)
   if getmetatable(client) ~= require("esx.client").Client then
-    -- (c.bulk_indexer{...} with '.': an indexer without a client failed only at its first send)
-    error("bad self to 'bulk_indexer' (esx.client expected, got " .. type(client) ..
-          "; call it as c:bulk_indexer(opts))", 3)
+    -- (an indexer without a client failed only at its first send)
+    error("bad argument #1 to 'esx.bulk.new' (esx.client expected, got " .. type(client) .. ")", 2)
   end
   local o = options.check("bulk_indexer", _M.schema, opts, 4)
   -- as the client's dead_backoff_* and the collector's retry_backoff_*: a cap below the first
@@ -448,5 +447,8 @@ function Indexer:stats()
   s.delayed = #self.delayed
   return s
 end
+
+-- bi.add(...) with '.' raises "bad self to 'add' (...)" (see options.lua)
+options.guard_methods(Indexer, "esx bulk indexer", "bi")
 
 return _M

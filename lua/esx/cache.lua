@@ -597,4 +597,8 @@ setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
 _M.Cache = Cache
 _M.schema = schema -- the options (docs/cache.md is checked against it by spec/docs_spec.lua)
 
+-- cache.stats() / tx.commit() with '.' raise "bad self to 'stats' (...)" (see options.lua)
+options.guard_methods(Cache, "esx.cache", "cache")
+options.guard_methods(Tx, "esx.cache transaction", "tx")
+
 return _M

@@ -639,4 +639,8 @@ end
 -- (a tail call: option errors still point at the caller's line)
 setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
 
+-- c.search(...) / p.wait(...) with '.' raise "bad self to 'search' (...)" (see options.lua)
+options.guard_methods(Client, "esx.client", "c")
+options.guard_methods(Pending, "esx pending request", "pending")
+
 return _M

@@ -701,4 +701,7 @@ end
 -- (a tail call: option errors still point at the caller's line)
 setmetatable(_M, { __call = function(_, opts) return _M.new(opts) end })
 
+-- col.flush() with '.' raises "bad self to 'flush' (...)" (see options.lua)
+options.guard_methods(Collector, "esx.collector", "col")
+
 return _M

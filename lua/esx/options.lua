@@ -115,6 +115,27 @@ function _M.check(ctor, schema, opts, level)
   return out
 end
 
+--- Makes every method of `class` (its functions but the metamethods) raise a clear error when
+-- called with '.' instead of ':' -- `c.search("idx", q)` passed "idx" as self and failed with
+-- "attempt to index" deep inside, or with a message about the wrong argument.  `what` names
+-- the object ("esx.client"), `var` the variable of the advice ("c").  The check is a tail
+-- call away from the method, so the method's own errors still point at the caller's line.
+-- Call it once the class has all its methods.
+function _M.guard_methods(class, what, var)
+  local getmetatable = getmetatable
+  for name, f in pairs(class) do
+    if type(name) == "string" and type(f) == "function" and name:sub(1, 2) ~= "__" then
+      class[name] = function(self, ...)
+        if getmetatable(self) ~= class then
+          error("bad self to '" .. name .. "' (" .. what .. " expected, got " .. type(self) ..
+                "; call it as " .. var .. ":" .. name .. "(...))", 2)
+        end
+        return f(self, ...)
+      end
+    end
+  end
+end
+
 _M.is_integer = is_integer
 _M.MAX_SAFE_INTEGER = MAX_SAFE
 _M.INFINITY = huge
