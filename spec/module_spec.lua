@@ -332,6 +332,24 @@ describe("esx.collector's API", function()
     assert.matches("esx.collector: bad option 'rollup' (bad option 'index'", err, 1, true)
   end)
 
+  it("does not wait in flush or close for events a closed sink client can never ship", function()
+    -- col:flush() without a timeout waited for ever, col:close() its whole 10 s
+    local out = child([[
+      local esx, core = require "esx", require "esx.core"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+      local col = esx.collector{ sink = c, rollup = false }
+      assert(col:handle{ method = "POST", body = '{"site_id":"s1","type":"view"}' } == 204)
+      c:close()
+      local t0 = core.now()
+      local ok, err = col:flush()
+      print("flush", ok, tostring(err))
+      ok, err = col:close()
+      print("close", ok, err and err.kind, err and err.undelivered, core.now() - t0 < 2000)
+    ]])
+    assert.equal("flush\tnil\tclosed: the collector's sink client is closed: the events still queued " ..
+                 "cannot be shipped\nclose\tnil\trequest_timeout\t1\ttrue\n", out)
+  end)
+
   it("takes a negative timeout of flush and close as 0, not as no limit", function()
     local out = child([[
       local esx = require "esx"

@@ -505,10 +505,21 @@ local function check_timeout(timeout, fname)
   return timeout
 end
 
+-- true when the sink client was closed: nothing queued can be shipped any more
+local function sink_closed(self)
+  local _, err = self.sink:stats()
+  return err ~= nil
+end
+
 --- col:flush([timeout_ms]) -> true once everything accepted so far is acknowledged.
 function Collector:flush(timeout)
   if self.closed then return nil, core.error("closed", "the collector is closed") end
   timeout = check_timeout(timeout, "flush")
+  -- with the sink closed the queue can only be waited on: without a timeout, for ever
+  if sink_closed(self) and not self.c:flush(0) then
+    return nil, core.error("closed", "the collector's sink client is closed: the events still " ..
+      "queued cannot be shipped")
+  end
   local ok = self.c:flush(timeout)
   if ok then return true end
   return nil, core.error("request_timeout", "events still queued after " .. tostring(timeout) .. " ms")
@@ -549,6 +560,8 @@ end
 function Collector:close(timeout)
   if self.closed then return true end
   timeout = check_timeout(timeout, "close")
+  -- with the sink closed nothing more can be acknowledged: no point in waiting
+  if sink_closed(self) then timeout = 0 end
   local left = self.c:close(timeout or 10000)
   self.closed = true
   registry.remove(self)
