@@ -938,6 +938,14 @@ describe("pending:wait", function()
     local c = client()
     local p = assert(c:send("GET", "/"))
     assert.has_error(function() p:wait(0 / 0) end, "bad argument #1 to 'wait' (timeout is NaN)")
+    -- at the caller's line (it was client.lua's, where the C function was called)
+    for _, case in ipairs{ { 0 / 0, "timeout is NaN" }, { "5", "number expected, got string" },
+                           { {}, "number expected, got table" } } do
+      local ok, err = pcall(function() local r = p:wait(case[1]) return r end)
+      assert.is_false(ok)
+      assert.equal("bad argument #1 to 'wait' (" .. case[2] .. ")", (err:gsub("^[^:]*client_spec%.lua:%d+: ", "")))
+      assert.truthy(err:find("^[^:]*client_spec%.lua:%d+: "), err)
+    end
     assert.is_true(p:wait(5000))
     c:close()
   end)

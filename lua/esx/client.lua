@@ -204,6 +204,12 @@ end
 
 --- pending:wait([timeout_ms]) -> true when done, false when timeout_ms passed first.
 function Pending:wait(timeout)
+  -- checked here, not only in C, so that the error points at the caller's line, not this one
+  if timeout ~= nil and type(timeout) ~= "number" then
+    error("bad argument #1 to 'wait' (number expected, got " .. type(timeout) .. ")", 2)
+  elseif timeout ~= timeout then
+    error("bad argument #1 to 'wait' (timeout is NaN)", 2)
+  end
   return self.p:wait(timeout)
 end
 
