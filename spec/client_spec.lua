@@ -132,6 +132,37 @@ describe("esx.client", function()
     end
   end)
 
+  it("raises at the caller's line on a node URL with NUL, a hole in hosts, and credentials or a ca_file too long", function()
+    -- "http://h:9200\0x" passed as "http://h:9200" (C reads up to the NUL); a hole in the list
+    -- dropped the nodes after it; a long username raised from inside esx/client.lua
+    local long = ("x"):rep(1024)
+    for _, case in ipairs{
+      { { hosts = { "http://127.0.0.1:9200\0x" } }, "hosts", "node URL contains a space, a control " ..
+        "character or a byte that is not ASCII (percent-encode it)" },
+      { { hosts = "http://127.0.0.1\0:9200" }, "hosts", "node URL contains a space, a control " ..
+        "character or a byte that is not ASCII (percent-encode it)" },
+      { { hosts = { "http://127.0.0.1:1", nil, "http://127.0.0.1:2" } }, "hosts",
+        "list of node URLs expected (entry 2 is nil, or a key is not an index)" },
+      { { hosts = { "http://127.0.0.1:1", x = "http://127.0.0.1:2" } }, "hosts",
+        "list of node URLs expected (entry 2 is nil, or a key is not an index)" },
+      { { username = long:sub(1, 256), password = "p" }, "username", "longer than 255 bytes" },
+      { { username = "u", password = long:sub(1, 256) }, "password", "longer than 255 bytes" },
+      { { api_key = long:sub(1, 512) }, "api_key", "longer than 511 bytes" },
+      { { ca_file = long }, "ca_file", "longer than 1023 bytes" },
+      { { ca_file = "/etc/ssl/ca.pem\0x" }, "ca_file", "must not contain NUL" },
+    } do
+      local ok, err = pcall(function() local c = esx.client(case[1]) return c end)
+      assert.is_false(ok)
+      assert.equal("esx.client: bad option '" .. case[2] .. "' (" .. case[3] .. ")",
+        (err:gsub("^[^:]*client_spec%.lua:%d+: ", "")))
+      assert.truthy(err:find("^[^:]*client_spec%.lua:%d+: "), err)
+    end
+    -- the longest ones that fit are taken
+    assert(esx.client{ username = long:sub(1, 255), password = long:sub(1, 255),
+                       ca_file = "/" .. long:sub(1, 1022) }):close()
+    assert(esx.client{ api_key = long:sub(1, 511) }):close()
+  end)
+
   it("accepts hosts as one comma-separated string", function()
     local c = client{ hosts = srv.url .. ", http://127.0.0.1:1" }
     local s = c:stats()

@@ -38,12 +38,24 @@ local function check_hosts(v)
       if type(h) ~= "string" then return nil, "entry " .. i .. " is not a string" end
       list[i] = h
     end
+    -- a hole ({os.getenv("ES1"), os.getenv("ES2"), ...} with ES2 unset) must not drop the
+    -- nodes after it silently
+    for k in pairs(v) do
+      if type(k) ~= "number" or k > #list then
+        return nil, "list of node URLs expected (entry " .. #list + 1 .. " is nil, or a key is not an index)"
+      end
+    end
   else
     return nil, "string or table expected, got " .. type(v)
   end
   if #list == 0 then return nil, "no node URL given" end
   if #list > 64 then return nil, "at most 64 nodes" end
   for _, h in ipairs(list) do
+    -- (the C side reads up to the first NUL: "http://a:9200\0x" would pass as "http://a:9200")
+    if h:find("%z") then
+      return nil, "node URL contains a space, a control character or a byte that is not ASCII " ..
+        "(percent-encode it)" -- (as the C check says of the other control characters)
+    end
     local ok, why = core.check_node_url(h)
     if not ok then return nil, why end
   end
@@ -86,12 +98,26 @@ local function no_crlf(v)
   return v
 end
 
+-- A string the C config holds in a buffer of max + 1 bytes (src/config.h): checked here so
+-- that a long one raises as every bad option does, at the caller's line, not from C.
+local function bounded(max, check)
+  return function(v)
+    if #v > max then return nil, "longer than " .. max .. " bytes" end
+    return check(v)
+  end
+end
+
+local function no_nul(v)
+  if v:find("%z") then return nil, "must not contain NUL" end
+  return v
+end
+
 _M.schema = {
   hosts = { type = "any", check = check_hosts,
             default = function() return { "http://127.0.0.1:9200" } end },
-  username = { type = "string", check = no_crlf },
-  password = { type = "string", check = no_crlf },
-  api_key = { type = "string", nonempty = true, check = no_crlf },
+  username = { type = "string", check = bounded(255, no_crlf) },
+  password = { type = "string", check = bounded(255, no_crlf) },
+  api_key = { type = "string", nonempty = true, check = bounded(511, no_crlf) },
   connect_timeout = ms(1000),
   socket_timeout = ms(30000),
   pool_timeout = ms(1000),
@@ -109,7 +135,7 @@ _M.schema = {
   dead_backoff_max = ms(1800000),
   resurrect = { type = "boolean", default = true },
   tls_verify = { type = "boolean", default = true },
-  ca_file = { type = "string", nonempty = true },
+  ca_file = { type = "string", nonempty = true, check = bounded(1023, no_nul) },
   headers = { type = "table", check = check_headers },
   name = { type = "string", nonempty = true, check = options.utf8_text },
 }
