@@ -105,6 +105,14 @@ describe("esx.client", function()
       "esx.client: bad option 'compression_level' (must be <= 9)")
   end)
 
+  it("raises on retry_on_status with a hole (LuaJIT dropped the statuses after it, Lua 5.4 raised from C)", function()
+    for _, statuses in ipairs{ { 502, nil, 504 }, { [1] = 502, [3] = 504 } } do
+      assert.has_error(function() esx.client{ retry_on_status = statuses } end,
+        "esx.client: bad option 'retry_on_status' (list of HTTP statuses (100-599) expected (a hole in the list))")
+    end
+    assert(esx.client{ retry_on_status = {} }):close()
+  end)
+
   it("raises on a host that is not an http(s) URL", function()
     assert.has_error(function() esx.client{ hosts = { "ftp://x" } } end,
       "esx.client: bad option 'hosts' (node URL must start with http:// or https://)")

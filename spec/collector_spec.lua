@@ -178,6 +178,14 @@ describe("esx.collector", function()
     assert.has_error(function() esx.collector{ sink = client, rollup = { window = 10 } } end,
       "esx.collector: bad option 'rollup' (bad option 'window' (must be >= 1000))")
   end)
+
+  it("raises on allowed_origins with a hole (the origins after it were answered 403)", function()
+    for _, origins in ipairs{ { "https://a.example", nil, "https://b.example" },
+                              { [1] = "https://a.example", [3] = "https://b.example" } } do
+      assert.has_error(function() esx.collector{ sink = client, allowed_origins = origins } end,
+        "esx.collector: bad option 'allowed_origins' (list of origins (strings) expected (a hole in the list))")
+    end
+  end)
 end)
 
 describe("col:handle", function()

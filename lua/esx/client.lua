@@ -69,6 +69,9 @@ local function check_statuses(v)
       return nil, "list of HTTP statuses (100-599) expected"
     end
   end
+  -- the C side reads 1..#v: a hole ({502, nil, 504}) dropped the statuses after it (LuaJIT),
+  -- or raised from inside esx (Lua 5.4)
+  if not options.is_sequence(v) then return nil, "list of HTTP statuses (100-599) expected (a hole in the list)" end
   return v
 end
 

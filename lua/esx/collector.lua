@@ -78,6 +78,8 @@ local function check_origins(v)
       return nil, "list of origins (strings) expected"
     end
   end
+  -- (read with ipairs: the origins after a hole were refused with 403)
+  if not options.is_sequence(v) then return nil, "list of origins (strings) expected (a hole in the list)" end
   return v
 end
 

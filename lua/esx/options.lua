@@ -136,6 +136,16 @@ function _M.guard_methods(class, what, var)
   end
 end
 
+--- true when the table's keys are exactly 1..n (a list without holes)
+function _M.is_sequence(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  for i = 1, n do
+    if t[i] == nil then return false end
+  end
+  return true
+end
+
 _M.is_integer = is_integer
 _M.MAX_SAFE_INTEGER = MAX_SAFE
 _M.INFINITY = huge
