@@ -1493,6 +1493,11 @@ describe("col:rollups", function()
         "esx.collector.totals: bad option 'by_windw' %(unknown option%)" },
       { function() local r = col:totals{} return r end,
         "bad argument #2 to 'totals' %(table with site_id expected%)" },
+      -- (the client, forgotten or a collector given for it, failed inside esx: "attempt to call")
+      { function() local r = M.totals({ site_id = "s1" }) return r end,
+        "bad argument #1 to 'totals' %(esx%.client expected, got table%)" },
+      { function() local r = M.totals(col, { site_id = "s1" }) return r end,
+        "bad argument #1 to 'totals' %(esx%.client expected, got table%)" },
     } do
       local ok, err = pcall(case[1])
       assert.is_false(ok)

@@ -698,6 +698,10 @@ end
 
 --- col:totals(q) -> esx.collector.totals(col's sink, q)
 function _M.totals(client, q)
+  if getmetatable(client) ~= require("esx.client").Client then
+    -- (it failed inside esx: "attempt to call a nil value (method 'search')")
+    error("bad argument #1 to 'totals' (esx.client expected, got " .. type(client) .. ")", 2)
+  end
   local rows, err = totals(client, q, 3) -- (not a tail call: level 3 is the caller)
   return rows, err
 end
