@@ -190,3 +190,15 @@ describe("esx.nginx.wait", function()
     assert.equal("esx.nginx.wait: cannot wait outside nginx (no ngx): block with pending:wait()", msg)
   end)
 end)
+
+describe("esx.nginx.collect", function()
+  it("raises naming the argument when it is not a collector", function()
+    local nx = require("esx.nginx")
+    for _, bad in ipairs{ false, "beacons", {} } do
+      local ok, err = pcall(function() nx.collect(bad) end)
+      assert.is_false(ok)
+      assert.truthy(err:find("^[^:]*nginx_spec%.lua:%d+: bad argument #1 to 'collect' %(esx collector expected, got " ..
+        type(bad) .. "%)$"), err)
+    end
+  end)
+end)

@@ -280,6 +280,10 @@ local function too_large(col, declared)
 end
 
 function _M.collect(col)
+  if type(col) ~= "table" or type(col._answer) ~= "function" then
+    -- (nil -- a collector made in a phase that did not run, say -- failed inside esx)
+    error("bad argument #1 to 'collect' (esx collector expected, got " .. type(col) .. ")", 2)
+  end
   local method = ngx.req.get_method()
   local early
   if method == "POST" then
