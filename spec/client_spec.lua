@@ -180,6 +180,23 @@ describe("esx.client", function()
     c:close()
   end)
 
+  it("raises on a Content-Type header, in the client's headers or a call's (two made Elasticsearch answer 400)", function()
+    for _, name in ipairs{ "Content-Type", "content-type" } do
+      local ok, err = pcall(function() local c = esx.client{ headers = { [name] = "application/json" } } return c end)
+      assert.is_false(ok)
+      assert.equal("esx.client: bad option 'headers' (header '" .. name .. "' is esx's to set (per call: the " ..
+        "content_type option))", (err:gsub("^[^:]*client_spec%.lua:%d+: ", "")))
+    end
+    local c = client()
+    finally(function() c:close() end)
+    local ok, err = pcall(function() local r = c:request("POST", "/ct/_doc", '{"a":1}', { headers = { ["Content-Type"] = "application/json" } }) return r end)
+    assert.is_false(ok)
+    assert.equal("bad option 'headers' to 'request' (header 'Content-Type' is esx's to set (per call: the " ..
+      "content_type option))", (err:gsub("^[^:]*client_spec%.lua:%d+: ", "")))
+    -- the option it points at works
+    assert(c:request("POST", "/ct/_doc", '{"a":1}', { content_type = "application/json; charset=utf-8" }))
+  end)
+
   it("raises on header values with CR or LF", function()
     assert.has_error(function() esx.client{ headers = { ["X-A"] = "a\r\nB: c" } } end,
       "esx.client: bad option 'headers' (header 'X-A' must be a string without CR, LF or NUL)")

@@ -88,6 +88,11 @@ local function check_headers(v)
     if framing_headers[k:lower()] then
       return nil, "header '" .. k .. "' is esx's to set (request framing)"
     end
+    -- esx sends a Content-Type with every body: a second one made Elasticsearch answer 400
+    -- ("Invalid media-type value on headers [Content-Type]") to every request with a body
+    if k:lower() == "content-type" then
+      return nil, "header '" .. k .. "' is esx's to set (per call: the content_type option)"
+    end
     if type(val) ~= "string" or val:find("[%z\r\n]") then
       return nil, "header '" .. k .. "' must be a string without CR, LF or NUL"
     end
