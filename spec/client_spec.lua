@@ -510,6 +510,23 @@ describe("client:request", function()
     assert.truthy(seen.headers["user-agent"]:find("^esx/"))
     c:close()
   end)
+
+  it("lets an Authorization header (the client's or a call's) replace the api key, as it does username/password", function()
+    -- both were sent: two Authorization headers, which servers refuse (400)
+    for _, case in ipairs{
+      { { api_key = "aWQ6a2V5" }, { headers = { Authorization = "Bearer call" } }, "Bearer call" },
+      { { api_key = "aWQ6a2V5", headers = { authorization = "Bearer client" } }, nil, "Bearer client" },
+      { { username = "u", password = "p" }, { headers = { Authorization = "Bearer call" } }, "Bearer call" },
+    } do
+      srv:reset()
+      local c = client(case[1])
+      local res, err = c:request("GET", "/", nil, case[2])
+      c:close()
+      assert.is_table(res, tostring(err))
+      local seen = srv:requests("/").requests[1]
+      assert.equal(case[3], seen.headers["authorization"])
+    end
+  end)
 end)
 
 describe("client methods", function()

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "client.h"
@@ -130,6 +131,16 @@ static int append_header(struct curl_slist **list, const char *line)
     return 0;
 }
 
+/* 1 when one of the n header lines ("Name: value") is named name (any case) */
+static int names_header(const char *const *lines, int n, const char *name)
+{
+    size_t len = strlen(name);
+    for (int i = 0; i < n; i++)
+        if (strncasecmp(lines[i], name, len) == 0 && lines[i][len] == ':')
+            return 1;
+    return 0;
+}
+
 /* dst = a followed by b, cut to cap - 1 bytes and NUL-terminated (what snprintf "%s%s" would
  * give, for a tenth of its instructions: this runs for every request). */
 static void join(char *dst, size_t cap, const char *a, const char *b)
@@ -186,7 +197,11 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
     for (int i = 0; i < cfg->n_headers; i++)
         if (append_header(&req->headers, cfg->headers[i]))
             goto nomem;
-    if (cfg->api_key[0]) {
+    /* an Authorization header of the caller's (the client's or this call's) replaces the
+     * api key, as it replaces username/password (h1.c, libcurl): two made servers answer 400 */
+    if (cfg->api_key[0] &&
+        !names_header((const char *const *)cfg->headers, cfg->n_headers, "Authorization") &&
+        !names_header(extra, n_extra, "Authorization")) {
         join(line, sizeof line, "Authorization: ApiKey ", cfg->api_key);
         if (append_header(&req->headers, line))
             goto nomem;
