@@ -179,6 +179,19 @@ describe("esx.collector", function()
       "esx.collector: bad option 'rollup' (bad option 'window' (must be >= 1000))")
   end)
 
+  it("raises naming the option on an index pattern with NUL, in both flavours", function()
+    for _, case in ipairs{ { { index = "events\0-%Y" }, "index" },
+                           { { rollup = { index = "rollups\0-%Y" } }, "rollup", "bad option 'index' (" } } do
+      local opts = case[1]
+      opts.sink = client
+      local ok, err = pcall(function() local col = esx.collector(opts) return col end)
+      assert.is_false(ok)
+      assert.equal("esx.collector: bad option '" .. case[2] .. "' (" .. (case[3] or "") .. "must not contain NUL" ..
+        (case[3] and ")" or "") .. ")", (err:gsub("^[^:]*collector_spec%.lua:%d+: ", "")))
+      assert.truthy(err:find("^[^:]*collector_spec%.lua:%d+: "), err)
+    end
+  end)
+
   it("raises on allowed_origins with a hole (the origins after it were answered 403)", function()
     for _, origins in ipairs{ { "https://a.example", nil, "https://b.example" },
                               { [1] = "https://a.example", [3] = "https://b.example" } } do

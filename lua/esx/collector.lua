@@ -47,6 +47,8 @@ end
 
 local function check_index_fmt(v)
   if #v > 120 then return nil, "too long" end
+  -- (LuaJIT's os.date stops at a NUL, so the probes below passed it, and C raised from inside)
+  if v:find("%z") then return nil, "must not contain NUL" end
   local i = 1
   while true do
     local at = v:find("%", i, true)
