@@ -511,6 +511,20 @@ describe("client:request", function()
     c:close()
   end)
 
+  it("lets a call's header replace the client's header of that name", function()
+    -- both were sent ("x-opaque-id: search-api, req-42"): Elasticsearch refuses two values of a
+    -- single-valued header such as X-Opaque-Id with 400
+    local c = client{ headers = { ["X-Opaque-Id"] = "search-api", ["X-Other"] = "kept" } }
+    finally(function() c:close() end)
+    assert(c:request("GET", "/", nil, { headers = { ["x-opaque-id"] = "req-42" } }))
+    local seen = srv:requests("/").requests[1]
+    assert.equal("req-42", seen.headers["x-opaque-id"])
+    assert.equal("kept", seen.headers["x-other"])
+    srv:reset()
+    assert(c:request("GET", "/"))
+    assert.equal("search-api", srv:requests("/").requests[1].headers["x-opaque-id"])
+  end)
+
   it("lets an Authorization header (the client's or a call's) replace the api key, as it does username/password", function()
     -- both were sent: two Authorization headers, which servers refuse (400)
     for _, case in ipairs{

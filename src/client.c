@@ -194,9 +194,21 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
     /* No "Expect: 100-continue" round trip: curl adds it only to bigger bodies. */
     if (req->body_len > 1024 && append_header(&req->headers, "Expect:"))
         goto nomem;
-    for (int i = 0; i < cfg->n_headers; i++)
+    for (int i = 0; i < cfg->n_headers; i++) {
+        /* a header this call sets replaces the client's of that name: both were sent, and
+         * Elasticsearch refuses two values of a single-valued header (X-Opaque-Id) with 400 */
+        const char *colon = strchr(cfg->headers[i], ':');
+        char name[256];
+        size_t nlen = colon ? (size_t)(colon - cfg->headers[i]) : 0;
+        if (nlen > 0 && nlen < sizeof name) {
+            memcpy(name, cfg->headers[i], nlen);
+            name[nlen] = '\0';
+            if (names_header(extra, n_extra, name))
+                continue;
+        }
         if (append_header(&req->headers, cfg->headers[i]))
             goto nomem;
+    }
     /* an Authorization header of the caller's (the client's or this call's) replaces the
      * api key, as it replaces username/password (h1.c, libcurl): two made servers answer 400 */
     if (cfg->api_key[0] &&
