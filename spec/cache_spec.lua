@@ -768,6 +768,35 @@ describe("cache:transaction()", function()
     assert.equal(2, db.readers_loads)
   end)
 
+  it("never lets a mark recorded before an invalidation of its article put back a read the database dropped", function()
+    for _, shared in ipairs{ false, true } do
+      local db = sample_db() -- article 1: readers 7 and 8
+      local c = new_cache(db, { shared = shared })
+      local tx = c:transaction()
+      db.readers[1][42] = true -- the transaction's write (its database commit comes first)
+      assert.is_true(tx:mark_read(1, 42))
+      tx:mark_read(2, 42) -- an article nobody invalidated: marked as usual
+      db.readers[1] = { [7] = true } -- then a rewrite of article 1's readers drops 42 ...
+      c:invalidate_article(1)
+      assert.is_false(c:has_read(1, 42)) -- (... and a read loads the rewritten set)
+      assert.is_false(c:has_read(2, 42))
+      db.readers[2][42] = true
+      assert.is_true(tx:commit()) -- the cache's commit comes last
+      assert.equal(db.readers[1][42] == true, c:has_read(1, 42)) -- false: the set was dropped
+      assert.equal(3, db.readers_loads) -- ... and loaded again
+      assert.is_true(c:has_read(2, 42)) -- marked in place
+      assert.equal(3, db.readers_loads)
+      -- a mark recorded after the invalidation is applied as usual
+      local tx2 = c:transaction()
+      db.readers[1][43] = true
+      tx2:mark_read(1, 43)
+      assert.is_true(tx2:commit())
+      assert.is_true(c:has_read(1, 43))
+      assert.equal(3, db.readers_loads)
+      c:close()
+    end
+  end)
+
   it("replays marks made during a load onto its result", function()
     local db = sample_db()
     local c = new_cache(db)

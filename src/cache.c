@@ -375,12 +375,23 @@ uint64_t esx_cache_seq(esx_cache *c)
     return atomic_load(&c->rg->head);
 }
 
-int esx_cache_apply(esx_cache *c, const esx_cache_op *ops, size_t n)
+static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_seq,
+                         esx_rset *set);
+
+int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n)
 {
     int rc = 0;
     rg_lock(c);
     sync_locked(c);
     uint64_t h = atomic_load(&c->rg->head);
+    for (size_t i = 0; i < n; i++) {
+        /* a deferred mark overtaken by an invalidation of its article: drop the set instead
+         * (the slot's last invalidation answers at once for almost every article) */
+        if (ops[i].op == ESX_CACHE_OP_MARK && ops[i].deferred &&
+            c->rg->inv_article_seq[ops[i].a % INV_SLOTS] > ops[i].since &&
+            changed_since(c, ESX_CACHE_READERS, ops[i].a, ops[i].since, NULL) != 0)
+            ops[i].op = ESX_CACHE_OP_INV_ARTICLE;
+    }
     for (size_t i = 0; i < n; i++) {
         struct logent *le = &c->rg->ring[(h + 1 + i) % ESX_CACHE_LOG];
         le->seq = h + 1 + i;

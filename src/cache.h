@@ -48,7 +48,9 @@
 
 typedef struct {
     uint32_t op;
+    uint32_t deferred; /* a mark recorded by a transaction at sequence `since` */
     uint64_t a, b;
+    uint64_t since;
 } esx_cache_op;
 
 typedef struct {
@@ -125,9 +127,14 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
                           uint64_t start_seq);
 
 /* Logs the n operations as one batch (visible to other processes at once) and applies them
- * to the local tiers in order.  Returns 0, or -1 when a set could not grow for lack of
- * memory (that set is dropped instead, so nothing stale is served). */
-int esx_cache_apply(esx_cache *c, const esx_cache_op *ops, size_t n);
+ * to the local tiers in order.  A deferred mark (a transaction's, recorded at `since`) whose
+ * article was invalidated after it was recorded is logged and applied as an invalidation of
+ * the article instead, and its op is rewritten so: the mark may be older than what the
+ * invalidation stands for (a rewrite of the article's readers in the database), and adding
+ * it to a set loaded since would put back a read the database no longer holds.  Returns 0,
+ * or -1 when a set could not grow for lack of memory (that set is dropped instead, so
+ * nothing stale is served). */
+int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n);
 
 /* Copies up to max page numbers dropped since the last call into out; returns how many.
  * The binding calls it after every operation (at most max_pages can be pending). */

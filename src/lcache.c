@@ -599,10 +599,14 @@ static int poll_core(lua_State *L, lcache *lc)
     return 2;
 }
 
-/* ud:apply{op1, a1, b1, op2, a2, b2, ...} -- logs and applies a batch of changes. */
+/* ud:apply({op1, a1, b1, op2, a2, b2, ...} [, since]) -- logs and applies a batch of changes.
+ * since (a transaction's): op number -> the sequence at which that mark was recorded; a mark
+ * whose article was invalidated after it is applied as an invalidation, and its op in the
+ * table is rewritten so (esx_cache_apply). */
 static int apply_core(lua_State *L, lcache *lc)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
+    int has_since = lua_istable(L, 3);
     size_t n = lua_rawlen(L, 2) / 3;
     esx_cache_op one[8];
     esx_cache_op *ops = one;
@@ -617,8 +621,24 @@ static int apply_core(lua_State *L, lcache *lc)
         ops[i].a = (uint64_t)lua_tonumber(L, -2);
         ops[i].b = (uint64_t)lua_tonumber(L, -1);
         lua_pop(L, 3);
+        ops[i].deferred = 0;
+        ops[i].since = 0;
+        if (has_since) {
+            lua_rawgeti(L, 3, (int)i + 1);
+            if (lua_type(L, -1) == LUA_TNUMBER) {
+                ops[i].deferred = 1;
+                ops[i].since = (uint64_t)esx_checkcount(L, -1);
+            }
+            lua_pop(L, 1);
+        }
     }
     esx_cache_apply(lc->core, ops, n);
+    for (size_t i = 0; i < n; i++) {
+        if (ops[i].op == ESX_CACHE_OP_INV_ARTICLE && ops[i].deferred) {
+            lua_pushinteger(L, ESX_CACHE_OP_INV_ARTICLE);
+            lua_rawseti(L, 2, (int)(3 * i + 1)); /* an existing slot: no allocation */
+        }
+    }
     drain(L, lc);
     return 0;
 }

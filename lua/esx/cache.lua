@@ -501,7 +501,7 @@ end
 --- cache:transaction() -> tx collecting mark_read / invalidate_* until commit or rollback.
 function Cache:transaction()
   if not self._cc then return closed_error() end
-  return setmetatable({ _cache = self, _ops = {}, _done = false }, Tx)
+  return setmetatable({ _cache = self, _ops = {}, _since = {}, _done = false }, Tx)
 end
 
 --- cache:stats() -> counters table, or nil, err when closed.
@@ -547,6 +547,12 @@ local function tx_add(tx, fname, op, a, b)
   local ops = tx._ops
   local n = #ops
   ops[n + 1], ops[n + 2], ops[n + 3] = op, a, b
+  if op == OP_MARK then
+    -- the sequence the mark is recorded at: an invalidation of the article logged after it
+    -- turns the mark into an invalidation on commit (see tx:commit)
+    local cc = tx._cache._cc
+    tx._since[n / 3 + 1] = cc and cc:seq() or 0
+  end
   return true
 end
 
@@ -566,6 +572,11 @@ function Tx:invalidate_pages()
 end
 
 --- tx:commit() -> true: applies the collected changes in order, as one batch.
+-- A mark whose article was invalidated after the mark was recorded is applied as an
+-- invalidation of the article: the invalidation may stand for a rewrite of the article's
+-- readers in the database that came after the mark's write (the cache cannot tell which came
+-- last), and adding the mark to a set loaded since would put back a read the database no
+-- longer holds.  Dropping the set is right either way: the next read loads it.
 function Tx:commit()
   if self._done then
     error("bad call to 'commit' (the transaction is already " .. self._done .. ")", 2)
@@ -574,11 +585,11 @@ function Tx:commit()
   local cc = self._cache._cc
   if not cc then return closed_error() end
   local ops = self._ops
-  if #ops > 0 then cc:apply(ops) end
+  if #ops > 0 then cc:apply(ops, self._since) end -- (rewrites the marks it invalidates)
   for i = 1, #ops, 3 do
     if ops[i] == OP_MARK then note_mark(self._cache, ops[i + 1], ops[i + 2]) end
   end
-  self._ops = nil
+  self._ops, self._since = nil, nil
   return true
 end
 
@@ -588,7 +599,7 @@ function Tx:rollback()
     error("bad call to 'rollback' (the transaction is already " .. self._done .. ")", 2)
   end
   self._done = "rolled back"
-  self._ops = nil
+  self._ops, self._since = nil, nil
   return true
 end
 
