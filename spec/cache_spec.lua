@@ -82,6 +82,24 @@ local function run_all(fns)
   return results
 end
 
+-- The shared lock slot a key hashes to (src/cache.c: mix64(key ^ kind << 60) % 64).
+-- (each flavour's 64-bit arithmetic is syntax the other cannot parse: loaded from text)
+local lock_slot = assert(load(jit and [[
+  local ffi, bit = require "ffi", require "bit"
+  return function(kind, key)
+    local x = ffi.new("uint64_t", key)
+    x = bit.bxor(x, bit.lshift(ffi.new("uint64_t", kind), 60)) + 0x9e3779b97f4a7c15ULL
+    x = bit.bxor(x, bit.rshift(x, 30)) * 0xbf58476d1ce4e5b9ULL
+    x = bit.bxor(x, bit.rshift(x, 27)) * 0x94d049bb133111ebULL
+    return tonumber(bit.bxor(x, bit.rshift(x, 31)) % 64)
+  end]] or [[
+  return function(kind, key)
+    local x = (math.tointeger(key) ~ (kind << 60)) + 0x9e3779b97f4a7c15
+    x = (x ~ (x >> 30)) * 0xbf58476d1ce4e5b9
+    x = (x ~ (x >> 27)) * 0x94d049bb133111eb
+    return (x ~ (x >> 31)) & 63
+  end]]))()
+
 describe("esx.cache(opts)", function()
   it("creates a cache with the documented defaults", function()
     local c = new_cache(sample_db())
@@ -1487,6 +1505,31 @@ describe("shared = true (outside nginx: one process)", function()
     assert.equal(1, loads)
     assert.is_true(results[1][1])
     assert.is_true(results[2][1])
+  end)
+
+  it("loads a key once across workers while another key of the same lock slot loads", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local loads, release = {}, false
+    c._load_readers = function(a)
+      loads[a] = (loads[a] or 0) + 1
+      repeat coroutine.yield() until release or a ~= 1
+      coroutine.yield()
+      return { 7 }
+    end
+    local a = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(a)) -- article 1 holds its shared lock, loading
+    local other = 2 -- an article whose lock slot is article 1's
+    while lock_slot(2, other) ~= lock_slot(2, 1) do other = other + 1 end
+    assert.is_number(other)
+    local results = run_all{
+      function() c._readers_flights = {} return c:has_read(other, 7) end, -- two workers miss it
+      function() c._readers_flights = {} return c:has_read(other, 8) end,
+    }
+    assert.same({ { true }, { false } }, { { results[1][1] }, { results[2][1] } })
+    assert.equal(1, loads[other]) -- once, not once per worker
+    release = true
+    assert(coroutine.resume(a))
+    c:close()
   end)
 
   it("hands a large bitmap set (portable Roaring format) to a waiting caller", function()

@@ -594,11 +594,31 @@ static int holder_alive(const struct slot *s, double now)
     return 1;
 }
 
-static struct slot *slot_of(esx_cache *c, int kind, uint64_t key, char **data)
+/* A key may use any of SLOT_PROBES slots from its home slot on, so that a key whose home
+ * serves another key's load right now is still coordinated across processes; at most one
+ * slot that is not free holds a given key. */
+#define SLOT_PROBES 4
+
+static size_t slot_home(int kind, uint64_t key)
 {
-    size_t i = (size_t)(mix64(key ^ ((uint64_t)kind << 60)) % ESX_CACHE_SLOTS);
-    *data = c->slot_data + i * ESX_CACHE_SLOT_BYTES;
-    return &c->rg->slots[i];
+    return (size_t)(mix64(key ^ ((uint64_t)kind << 60)) % ESX_CACHE_SLOTS);
+}
+
+/* The slot among key's probes that holds ticket for (kind, key), or NULL; *data is its
+ * hand-off buffer.  The caller holds the region lock. */
+static struct slot *slot_of_ticket(esx_cache *c, int kind, uint64_t key, uint64_t ticket,
+                                   char **data)
+{
+    size_t home = slot_home(kind, key);
+    for (size_t k = 0; k < SLOT_PROBES; k++) {
+        size_t i = (home + k) % ESX_CACHE_SLOTS;
+        struct slot *s = &c->rg->slots[i];
+        if (s->ticket == ticket && s->kind == (uint32_t)kind && s->key == key) {
+            *data = c->slot_data + i * ESX_CACHE_SLOT_BYTES;
+            return s;
+        }
+    }
+    return NULL;
 }
 
 int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, double clock_now,
@@ -606,30 +626,45 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
 {
     if (!c->cfg.shared)
         return ESX_LOCK_NONE;
-    char *data;
-    struct slot *s = slot_of(c, kind, key, &data);
+    size_t home = slot_home(kind, key);
     double now = esx_cache_now_ms();
     int rc;
     rg_lock(c);
-    int same = s->kind == (uint32_t)kind && s->key == key;
-    double ttl = kind == ESX_CACHE_PAGE ? c->cfg.page_ttl : c->cfg.readers_ttl;
-    if (s->state == SLOT_BUSY && holder_alive(s, now) &&
-        !(same && changed_since(c, kind, key, s->start_seq, NULL) != 0)) {
-        /* (a load that began before an invalidation of its key is taken over below) */
-        if (same) {
-            *ticket = s->ticket;
-            rc = ESX_LOCK_BUSY;
-        } else {
-            rc = ESX_LOCK_NONE; /* the slot serves another key right now */
+    /* the slot of this key if one holds it, else the best one to take: a free slot, then
+     * one whose holder is gone, then another key's published result */
+    struct slot *s = NULL, *spare = NULL;
+    int spare_rank = 0;
+    for (size_t k = 0; k < SLOT_PROBES; k++) {
+        struct slot *p = &c->rg->slots[(home + k) % ESX_CACHE_SLOTS];
+        if (p->state != SLOT_FREE && p->kind == (uint32_t)kind && p->key == key) {
+            s = p;
+            break;
         }
-    } else if (s->state == SLOT_DONE && same && clock_now < s->published + ttl &&
+        int rank = p->state == SLOT_FREE ? 3 : p->state == SLOT_DONE ? 1
+                 : holder_alive(p, now) ? 0 : 2;
+        if (rank > spare_rank) {
+            spare = p;
+            spare_rank = rank;
+        }
+    }
+    double ttl = kind == ESX_CACHE_PAGE ? c->cfg.page_ttl : c->cfg.readers_ttl;
+    if (s != NULL && s->state == SLOT_BUSY && holder_alive(s, now) &&
+        changed_since(c, kind, key, s->start_seq, NULL) == 0) {
+        /* (a load that began before an invalidation of its key is taken over below) */
+        *ticket = s->ticket;
+        rc = ESX_LOCK_BUSY;
+    } else if (s != NULL && s->state == SLOT_DONE && clock_now < s->published + ttl &&
                (kind != ESX_CACHE_PAGE || key <= c->cfg.max_pages) && /* else never cached */
                changed_since(c, kind, key, s->start_seq, NULL) == 0) {
         /* another process loaded this key within its TTL and nothing invalidated it since:
          * take its result (the first poll returns it) instead of loading again */
         *ticket = s->ticket;
         rc = ESX_LOCK_BUSY;
+    } else if (s == NULL && spare == NULL) {
+        rc = ESX_LOCK_NONE; /* every slot of the key serves another key's load right now */
     } else {
+        if (s == NULL)
+            s = spare;
         s->state = SLOT_BUSY;
         s->kind = (uint32_t)kind;
         s->key = key;
@@ -651,10 +686,10 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
     if (!c->cfg.shared)
         return 0;
     char *buf;
-    struct slot *s = slot_of(c, kind, key, &buf);
     int published = 0;
     rg_lock(c);
-    if (s->state == SLOT_BUSY && s->ticket == ticket) {
+    struct slot *s = slot_of_ticket(c, kind, key, ticket, &buf);
+    if (s != NULL && s->state == SLOT_BUSY) {
         if (data != NULL && len <= ESX_CACHE_SLOT_BYTES) {
             memcpy(buf, data, len);
             s->len = len;
@@ -676,10 +711,10 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
     if (!c->cfg.shared)
         return ESX_LOCK_GONE;
     char *buf;
-    struct slot *s = slot_of(c, kind, key, &buf);
     int rc = ESX_LOCK_GONE;
     rg_lock(c);
-    if (s->ticket == ticket && s->kind == (uint32_t)kind && s->key == key) {
+    struct slot *s = slot_of_ticket(c, kind, key, ticket, &buf);
+    if (s != NULL) {
         if (s->state == SLOT_BUSY) {
             rc = holder_alive(s, esx_cache_now_ms()) ? ESX_LOCK_BUSY : ESX_LOCK_GONE;
         } else if (s->state == SLOT_DONE &&
@@ -708,9 +743,9 @@ void esx_cache_lock_discard(esx_cache *c, int kind, uint64_t key, uint64_t ticke
     if (!c->cfg.shared)
         return;
     char *buf;
-    struct slot *s = slot_of(c, kind, key, &buf);
     rg_lock(c);
-    if (s->state == SLOT_DONE && s->ticket == ticket && s->kind == (uint32_t)kind && s->key == key)
+    struct slot *s = slot_of_ticket(c, kind, key, ticket, &buf);
+    if (s != NULL && s->state == SLOT_DONE)
         s->state = SLOT_FREE;
     rg_unlock(c);
 }
