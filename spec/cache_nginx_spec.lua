@@ -103,6 +103,14 @@ local SERVER = [[
   location = /loads {
     content_by_lua_block { ngx.say(ngx.worker.pid(), " ", ngx.shared.db:get("loads:" .. ngx.var.arg_k) or 0) }
   }
+  location = /create_in_worker {
+    content_by_lua_block {
+      local ok, err = pcall(require("esx").cache, { shared = tonumber(ngx.var.arg_shared) == 1,
+        load_page = function() return {} end, load_readers = function() return {} end })
+      if ok then err:close() end
+      ngx.say(ngx.worker.pid(), " ", ok and "ok" or tostring(err))
+    }
+  }
   location = /stats {
     content_by_lua_block {
       local s = CACHE:stats()
@@ -219,6 +227,15 @@ describe("esx.cache with shared = true in nginx (2 workers)", function()
     local status, body = srv:get("/threads")
     assert.equal(200, status)
     assert.equal("false,true,false,true,false,true 1", body:match("^%d+ (.-)\n$"))
+  end)
+
+  it("raises when a shared cache is created in a worker rather than in init_by_lua", function()
+    local _, body = srv:get("/create_in_worker?shared=1")
+    assert.matches("esx.cache: bad option 'shared' (a shared cache must be created in " ..
+      "init_by_lua*, before nginx forks its workers; created in the content phase it would " ..
+      "be one worker's)", body, 1, true)
+    _, body = srv:get("/create_in_worker?shared=0") -- a worker's own cache is fine there
+    assert.matches("^%d+ ok\n$", body)
   end)
 
   it("drops a worker's tiers when it has fallen behind the change log", function()

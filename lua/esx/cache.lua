@@ -49,6 +49,20 @@ Cache.__index = Cache
 local Tx = {}
 Tx.__index = Tx
 
+-- shared = true in nginx maps its region for the processes forked after it: created in a
+-- worker (init_worker, a request, a timer) it would be that worker's alone, and the others'
+-- caches, made the same way, would never see its changes.
+local function check_shared(v)
+  if v and ngx and ngx.get_phase then
+    local phase = ngx.get_phase()
+    if phase ~= "init" and ngx.worker and ngx.worker.count and ngx.worker.count() > 1 then
+      return nil, "a shared cache must be created in init_by_lua*, before nginx forks its " ..
+        "workers; created in the " .. tostring(phase) .. " phase it would be one worker's"
+    end
+  end
+  return v
+end
+
 local schema = {
   load_page = { type = "function", required = true },
   load_readers = { type = "function", required = true },
@@ -56,7 +70,7 @@ local schema = {
   max_pages = { type = "integer", default = 10, min = 0, max = 100000 },
   readers_ttl = { type = "number", default = 600000, min = 0 },
   max_bytes = { type = "integer", default = 67108864, min = 0 },
-  shared = { type = "boolean", default = false },
+  shared = { type = "boolean", default = false, check = check_shared },
   lock_timeout = { type = "number", default = 5000, min = 0 },
   clock = { type = "function" },
   wait = { type = "function" },
