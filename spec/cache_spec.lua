@@ -1532,6 +1532,27 @@ describe("shared = true (outside nginx: one process)", function()
     c:close()
   end)
 
+  it("loads a reader set once across workers when its last hand-off is older than the change log", function()
+    local db = sample_db()
+    local c = new_cache(db, { shared = true, max_bytes = 300 }) -- room for one small set
+    local loads = 0
+    c._load_readers = function(a)
+      loads = loads + 1
+      coroutine.yield()
+      return db.load_readers(a)
+    end
+    local function as_worker(a, u) return function() c._readers_flights = {} return c:has_read(a, u) end end
+    run_all{ as_worker(1, 7) } -- published for the other workers
+    for u = 1, 4100 do c:mark_read(3, u) end -- busy marking elsewhere: the log moves on
+    run_all{ as_worker(2, 8) } -- (and article 1 leaves this worker's tiers)
+    assert.equal(1, c:stats().readers.entries)
+    loads = 0
+    local results = run_all{ as_worker(1, 7), as_worker(1, 8), as_worker(1, 9) }
+    assert.same({ true, true, false }, { results[1][1], results[2][1], results[3][1] })
+    assert.equal(1, loads) -- once for all, not once per worker
+    c:close()
+  end)
+
   it("hands a large bitmap set (portable Roaring format) to a waiting caller", function()
     local c = new_cache(sample_db(), { shared = true })
     local ids = {}

@@ -621,6 +621,16 @@ static struct slot *slot_of_ticket(esx_cache *c, int kind, uint64_t key, uint64_
     return NULL;
 }
 
+/* Whether a published result loaded from start_seq can still be cached by the process that
+ * takes it: a reader set needs the marks logged since then replayed onto it, which the ring
+ * must still hold (esx_cache_readers_put refuses it otherwise, and the taker loads by itself:
+ * offering it would only make every worker load alone).  The caller holds the region lock. */
+static int takeable(esx_cache *c, int kind, uint64_t start_seq)
+{
+    return kind != ESX_CACHE_READERS ||
+           atomic_load(&c->rg->head) - start_seq <= ESX_CACHE_LOG;
+}
+
 int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, double clock_now,
                    uint64_t *ticket)
 {
@@ -655,6 +665,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
         rc = ESX_LOCK_BUSY;
     } else if (s != NULL && s->state == SLOT_DONE && clock_now < s->published + ttl &&
                (kind != ESX_CACHE_PAGE || key <= c->cfg.max_pages) && /* else never cached */
+               takeable(c, kind, s->start_seq) &&
                changed_since(c, kind, key, s->start_seq, NULL) == 0) {
         /* another process loaded this key within its TTL and nothing invalidated it since:
          * take its result (the first poll returns it) instead of loading again */
@@ -717,9 +728,10 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
     if (s != NULL) {
         if (s->state == SLOT_BUSY) {
             rc = holder_alive(s, esx_cache_now_ms()) ? ESX_LOCK_BUSY : ESX_LOCK_GONE;
-        } else if (s->state == SLOT_DONE &&
-                   changed_since(c, kind, key, s->start_seq, NULL) != 0) {
-            rc = ESX_LOCK_GONE; /* invalidated since the holder's load began: stale */
+        } else if (s->state == SLOT_DONE && (!takeable(c, kind, s->start_seq) ||
+                                             changed_since(c, kind, key, s->start_seq, NULL) != 0)) {
+            rc = ESX_LOCK_GONE; /* invalidated since the holder's load began: stale; or a set
+                                 * the log no longer reaches: the next lock takes it over */
         } else if (s->state == SLOT_DONE) {
             void *copy = malloc(s->len ? s->len : 1);
             if (copy != NULL) {
