@@ -54,7 +54,9 @@ local function handle(method, path, q)
   elseif method == "POST" and path == "/read" then
     if not user or not article then return answer(400, { error = "article and user expected" }) end
     local id, doc = articles.read_doc(article, user)
-    local ok, err = client:index("reads", doc, id)
+    -- refresh=wait_for: when the article's reader set is not cached, mark_read has nothing to
+    -- update and the next load searches "reads", where the read must be visible by then
+    local ok, err = client:request("PUT", "/reads/_doc/" .. id .. "?refresh=wait_for", doc)
     if not ok then return answer(502, { error = tostring(err) }) end
     cache:mark_read(article, user)
     return 204, ""

@@ -80,6 +80,21 @@ describe("examples (plain Lua)", function()
     assert.matches("search.lua: connect: ", out)
   end)
 
+  it("cache_service.lua shows a read at once when its reader set was not cached yet", function()
+    local port = free_port()
+    os.execute(("%s examples/cache_service.lua --es %s --port %d --requests 2 > /dev/null 2>&1 &"):format(
+      LUA, es.url, port))
+    assert.is_true(wait_port(port))
+    -- nothing cached: mark_read has no set to update, so the next load must find the read in
+    -- Elasticsearch, which a search sees only after a refresh
+    assert.equal(204, (http(port, "POST", "/read?article=11&user=2998")))
+    local status, body = http(port, "GET", "/articles?user=2998&page=1")
+    assert.equal(200, status)
+    local page = cjson.decode(body)
+    assert.equal(11, page[2].id)
+    assert.equal(true, page[2].read)
+  end)
+
   it("cache_service.lua serves read flags from esx.cache and marks reads", function()
     local port = free_port()
     local log = os.tmpname()
@@ -137,6 +152,10 @@ describe("the example nginx and the demo #nginx", function()
     for _ = 1, 4 do -- both workers answer with the read flag set (shared cache)
       assert.equal(true, cjson.decode(select(2, http(port, "GET", "/articles?user=7&page=2")))[1].read)
     end
+    -- a read of an article whose reader set no worker holds yet: the load that follows finds it
+    assert.equal(204, (http(port, "POST", "/articles/read?article=25&user=9")))
+    page = cjson.decode(select(2, http(port, "GET", "/articles?user=9&page=1")))
+    assert.same({ 25, true }, { page[1].id, page[1].read })
     assert.equal(400, (http(port, "GET", "/articles?user=x&page=1")))
     local events = {}
     for i = 1, 10 do

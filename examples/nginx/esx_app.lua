@@ -73,7 +73,9 @@ function _M.mark_read()
   local article, user = id_arg("article"), id_arg("user")
   local id, doc = articles.read_doc(article, user)
   local res
-  local p, err = client:send("PUT", "/reads/_doc/" .. id, doc)
+  -- refresh=wait_for: when the article's reader set is not cached, mark_read has nothing to
+  -- update and the next load searches "reads", where the read must be visible by then
+  local p, err = client:send("PUT", "/reads/_doc/" .. id .. "?refresh=wait_for", doc)
   if p then res, err = esx_nginx.wait(p, 10000) end
   if not res then return json(502, { error = tostring(err) }) end
   cache:mark_read(article, user) -- every worker sees it before its next answer
