@@ -1661,6 +1661,19 @@ describe("shared = true (outside nginx: one process)", function()
     return n
   end
 
+  it("does not offer other workers a reader set it could not cache (larger than max_bytes)", function()
+    local db = sample_db()
+    for u = 1, 300 do db.readers[1][u * 1000003] = true end -- far larger than max_bytes
+    local c = new_cache(db, { shared = true, max_bytes = 300 })
+    local n = counting_core(c)
+    assert.is_true(c:has_read(1, 7)) -- answered from the list, not cached
+    c._readers_flights = {} -- "another worker" misses it too
+    assert.is_true(c:has_read(1, 1000003))
+    assert.equal(2, db.readers_loads) -- it cannot be cached anywhere: each loads it ...
+    assert.equal(0, n.polls) -- ... without copying a useless hand-off out of shared memory first
+    c:close()
+  end)
+
   it("does not spin on a shared page whose article ids come from a metatable", function()
     local Article = { __index = function(t, k) if k == "id" then return rawget(t, "_id") end end }
     local waits = 0

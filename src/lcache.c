@@ -262,11 +262,14 @@ static int readers_put_core(lua_State *L, lcache *lc)
     char msg[128];
     int oom;
     esx_rset *s = build_set(L, 3, msg, sizeof msg, &oom);
+    int rc = s == NULL ? 0 : esx_cache_readers_put(lc->core, article, s, now, start_seq);
     if (has_ticket) {
+        /* Published only when cached here: a set that this process cannot cache (larger
+         * than max_bytes, invalidated since the load began, or no memory) no other process
+         * can either, and every miss of it would copy it out of the slot for nothing. */
         char *buf = NULL;
         size_t len = 0;
-        if (s != NULL) {
-            esx_rset_optimize(s);
+        if (rc == 1) {
             size_t need = esx_rset_serialized_size(s);
             if (need <= ESX_CACHE_SLOT_BYTES && (buf = malloc(need)) != NULL)
                 len = esx_rset_serialize(s, buf, need);
@@ -280,7 +283,6 @@ static int readers_put_core(lua_State *L, lcache *lc)
         lua_pushstring(L, msg);
         return 2;
     }
-    int rc = esx_cache_readers_put(lc->core, article, s, now, start_seq);
     if (rc != 1)
         esx_rset_free(s);
     drain(L, lc);
