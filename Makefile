@@ -27,7 +27,7 @@ SOJIT   := build/luajit/esx/core.so
 SRCLIST := build/sources.txt
 $(shell mkdir -p build && echo '$(SRCS)' | cmp -s - $(SRCLIST) || echo '$(SRCS)' > $(SRCLIST))
 
-.PHONY: all build deps test test-lua54 test-luajit asan valgrind fuzz demo bench rock rock-so rock-install clean help
+.PHONY: all build deps test test-lua54 test-luajit asan tsan valgrind fuzz demo bench rock rock-so rock-install clean help
 
 all: build
 
@@ -68,9 +68,25 @@ build/asan/esx/core.so: $(OBJSASAN) $(SRCLIST)
 	@mkdir -p $(@D)
 	$(CC) -shared -g $(SANFLAGS) -o $@ $(OBJSASAN) $(ESX_LIBS)
 
+# The module built with ThreadSanitizer (Lua 5.4), for `tools/run-sanitized tsan`: the I/O
+# thread, the shipper thread and the Lua thread checked for data races (tools/tsan.supp).
+OBJSTSAN := $(patsubst src/%.c,build/tsan/obj/%.o,$(SRCS))
+TSANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
+build/tsan/obj/%.o: src/%.c $(HDRS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(ESX_CFLAGS) -O1 -g $(TSANFLAGS) $(LUA54_INC) -c $< -o $@
+
+build/tsan/esx/core.so: $(OBJSTSAN) $(SRCLIST)
+	@mkdir -p $(@D)
+	$(CC) -shared -g $(TSANFLAGS) -o $@ $(OBJSTSAN) $(ESX_LIBS)
+
 asan: deps build
 	@tools/deps check
 	@tools/run-sanitized asan
+
+tsan: deps build
+	@tools/deps check
+	@tools/run-sanitized tsan
 
 valgrind: deps build
 	@tools/deps check
@@ -128,5 +144,6 @@ help:
 	@echo "make bench    run the side-by-side benchmarks, write bench/results.md"
 	@echo "make rock     luarocks make into build/rocks"
 	@echo "make asan     the suite against an ASan+UBSan build"
+	@echo "make tsan     the client, collector, h1, faults and cache specs under ThreadSanitizer"
 	@echo "make valgrind the client, collector, event and json specs under valgrind"
 	@echo "make fuzz     every libFuzzer target for SECONDS (default 60)"
