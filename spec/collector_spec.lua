@@ -1241,6 +1241,18 @@ describe("shipping", function()
     assert.equal(2, err.undelivered)
     c2:close()
   end)
+
+  it("builds no engine for the shipper once the process exits (tools/unit)", function()
+    -- exit() stops the I/O threads before OpenSSL's exit handler frees its state; the
+    -- shipper, which goes on running, found its client's engine stopped and rebuilt it: a
+    -- new I/O thread (and TLS connects) under OpenSSL's cleanup
+    local out = unit("exit_rebuild", "-Wno-unused-parameter src/client.c src/config.c " ..
+      "src/engine.c src/engine_curl.c src/engine_exit.c src/engine_h1.c src/engine_waiters.c " ..
+      "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
+      "src/base64.c src/proc.c -lcurl -lz -pthread")
+    assert.falsy(out:find("FAIL", 1, true), out)
+    assert.equal(8, select(2, out:gsub("ok ", "")))
+  end)
 end)
 
 describe("col:rollups", function()
@@ -2186,4 +2198,5 @@ describe("col:close", function()
     assert.equal(1, n)
     assert.equal(5, hits[1]._source.count)
   end)
+
 end)

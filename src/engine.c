@@ -874,6 +874,12 @@ static void *io_main(void *arg)
 
 esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *why)
 {
+    if (esx_eng_exiting()) {
+        /* exit() has stopped the I/O threads before OpenSSL's handler frees its state: a
+         * new one (a collector's shipper healing its client) would run under that cleanup */
+        snprintf(why, 256, "the process is exiting");
+        return NULL;
+    }
     esx_engine *e = calloc(1, sizeof *e);
     if (e == NULL) {
         snprintf(why, 256, "out of memory");

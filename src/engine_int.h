@@ -236,7 +236,9 @@ void esx_eng_read_waiter(esx_engine *e, int i);
 
 /* engine_exit.c.  live_add: e (its thread started) is stopped by exit(); live_remove: before
  * e is joined or freed.  thread_starting: before pthread_create (and thread_gone if it
- * fails); thread_gone: the last thing an I/O thread does.  None fails. */
+ * fails); thread_gone: the last thing an I/O thread does.  exiting: 1 once this process's
+ * exit handler has stopped its engines (no engine may be made then).  None fails. */
+int esx_eng_exiting(void);
 void esx_eng_live_add(esx_engine *e);
 void esx_eng_live_remove(esx_engine *e);
 void esx_eng_thread_starting(void);
