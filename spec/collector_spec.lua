@@ -1253,6 +1253,17 @@ describe("shipping", function()
     assert.falsy(out:find("FAIL", 1, true), out)
     assert.equal(8, select(2, out:gsub("ok ", "")))
   end)
+
+  it("builds one engine in a forked child whose shipper and Lua thread use the client at once (tools/unit)", function()
+    -- each thread that saw the parent's pid re-initialised the client's lock, the second
+    -- while the first held it: both built an engine, and one was lost with its I/O thread
+    local out = unit("fork_adopt", "-Wno-unused-parameter src/client.c src/config.c " ..
+      "src/engine.c src/engine_curl.c src/engine_exit.c src/engine_h1.c src/engine_waiters.c " ..
+      "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
+      "src/base64.c src/proc.c -lcurl -lz -pthread")
+    assert.falsy(out:find("FAIL", 1, true), out)
+    assert.equal(3, select(2, out:gsub("ok ", "")))
+  end)
 end)
 
 describe("col:rollups", function()

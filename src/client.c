@@ -13,14 +13,41 @@
 
 #define WAIT_SLICE_MS 100
 
+/* Serialises the re-initialisation below: in a child, the Lua thread and a collector's
+ * shipper (started there) may both make the first use.  Taken around fork() so that the
+ * child never inherits it held. */
+static pthread_mutex_t adopt_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t adopt_once = PTHREAD_ONCE_INIT;
+
+static void adopt_prepare(void)
+{
+    pthread_mutex_lock(&adopt_mu);
+}
+
+static void adopt_release(void)
+{
+    pthread_mutex_unlock(&adopt_mu);
+}
+
+static void adopt_install(void)
+{
+    pthread_atfork(adopt_prepare, adopt_release, adopt_release);
+}
+
 /* Takes the client lock.  In a forked child the lock may have been held by a thread of the
- * parent that does not exist here: the first use in the child re-initialises it (only the
- * forking thread exists in a new child, so nobody can hold it yet). */
+ * parent that does not exist here: the first use in the child re-initialises it, once -- a
+ * second thread that also saw the parent's pid re-initialised the lock the first one held,
+ * and both built an engine.  c->pid is stored after the lock is made (release), so a thread
+ * that reads this process's pid (acquire) finds the lock ready. */
 static void client_lock(esx_client *c)
 {
-    if (c->pid != esx_pid()) {
-        pthread_mutex_init(&c->mu, NULL);
-        c->pid = esx_pid();
+    if (atomic_load(&c->pid) != esx_pid()) {
+        pthread_mutex_lock(&adopt_mu);
+        if (atomic_load(&c->pid) != esx_pid()) {
+            pthread_mutex_init(&c->mu, NULL);
+            atomic_store(&c->pid, esx_pid());
+        }
+        pthread_mutex_unlock(&adopt_mu);
     }
     pthread_mutex_lock(&c->mu);
 }
@@ -52,7 +79,8 @@ esx_client *esx_client_new(esx_config *cfg, char *why)
     c->fork_gen = esx_engine_generation(c->engine);
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->mu, NULL);
-    c->pid = esx_pid();
+    pthread_once(&adopt_once, adopt_install);
+    atomic_init(&c->pid, esx_pid());
     return c;
 }
 

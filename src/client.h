@@ -22,7 +22,8 @@ typedef struct esx_client {
     atomic_int closed;
     atomic_int refs;
     pthread_mutex_t mu;  /* guards engine replacement: Lua and a collector's shipper submit */
-    pid_t pid;           /* process that initialised mu (re-initialised after a fork) */
+    atomic_int pid;      /* process that initialised mu (re-initialised after a fork, once:
+                          * client.c's client_lock) */
 } esx_client;
 
 /* Creates a client from cfg, taking ownership of what cfg owns (header strings).  Returns
