@@ -943,6 +943,30 @@ describe("shipping", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("keeps the dead-letter file within dead_letter_max_bytes, counting what did not fit", function()
+    -- what Elasticsearch refuses is the client's to choose: browsers could fill the disk
+    local dir = tmpdir()
+    local path = dir .. "/dl.ndjson"
+    srv:fault{ path = "/_bulk", item_status = 400, count = -1 }
+    local col = new{ dead_letter = path, dead_letter_max_bytes = 4096, rollup = false }
+    for i = 1, 10 do
+      assert.equal(204, (post(col, cjson.encode(ev({ event_id = "dl-" .. i, pad = string.rep("x", 600) })))))
+    end
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(10, s.dead_lettered)
+    local f = assert(io.open(path))
+    local text = f:read("*a")
+    f:close()
+    local _, lines = text:gsub("\n", "")
+    assert.is_true(#text <= 4096, #text .. " bytes")
+    assert.is_true(lines >= 3, lines .. " lines") -- ~1 KiB each
+    assert.equal(10 - lines, s.dead_letter_failed)
+    for line in text:gmatch("[^\n]+") do assert.equal(400, cjson.decode(line).status) end
+    col:close()
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("counts the dead letters it could not write (dead_letter_failed)", function()
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
     local col = new{ dead_letter = "/dev/full" } -- every write fails with ENOSPC

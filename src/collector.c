@@ -39,6 +39,7 @@ static int open_dead_letter(esx_collector *col)
 {
     if (!col->cfg.dead_letter_path[0])
         return 0;
+    col->dl.max_bytes = col->cfg.dead_letter_max_bytes;
     return esx_dead_letters_open(&col->dl, col->cfg.dead_letter_path);
 }
 

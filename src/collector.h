@@ -42,6 +42,7 @@ typedef struct esx_collector_config {
     size_t spool_segment_bytes;
     size_t spool_max_bytes;      /* disk bound: events beyond memory go here up to it */
     char dead_letter_path[512];
+    int64_t dead_letter_max_bytes; /* the dead-letter file's bound (0: none) */
     int64_t rollup_window;       /* 0 = no rollups */
     char rollup_index_fmt[128];
     int64_t rollup_interval;     /* how often dirty rows of the open window are written */

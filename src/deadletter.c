@@ -134,7 +134,13 @@ int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l)
     int locked = rc == 0;
     /* after a fragment, the newline that ends it goes in the same write as the line */
     size_t skip = torn(dl) ? 0 : 1, len = l->len + 1 - skip;
-    ssize_t w = write(dl->fd, l->line + skip, len); /* O_APPEND: one line per write */
+    /* bounded: what Elasticsearch refuses is the client's to choose (a field typed one way,
+     * then sent the other), and browsers could fill the disk at the intake's rate */
+    struct stat st;
+    ssize_t w = -1;
+    if (dl->max_bytes <= 0 || fstat(dl->fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size + (int64_t)len <= dl->max_bytes)
+        w = write(dl->fd, l->line + skip, len); /* O_APPEND: one line per write */
     if (locked)
         flock(dl->fd, LOCK_UN);
     if (w == (ssize_t)len)

@@ -14,6 +14,7 @@
 typedef struct esx_dead_letters {
     int fd;                  /* -1: none (no path, or it could not be opened) */
     int torn;                /* fd is write-only: this process's last line was cut short */
+    int64_t max_bytes;       /* a regular file grows to this size at most (0: no bound) */
     pthread_mutex_t mu;      /* one writer at a time in this process (flock is per file) */
 } esx_dead_letters;
 
@@ -50,7 +51,7 @@ esx_dead_letter *esx_dead_letter_new(int64_t failed_at_ms, int status, const cha
  * file's end -- a fragment another writer's short write left is ended first -- and the write
  * are one step for every esx process).  May block (it is file I/O): call it without locks
  * others wait on.  Returns 0 when the whole line is in the file, -1 when it is not (no file,
- * disk full, I/O error). */
+ * the file at max_bytes, disk full, I/O error). */
 int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l);
 
 #endif

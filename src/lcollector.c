@@ -62,6 +62,7 @@ static int collector_new(lua_State *L)
     cfg.spool_segment_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "spool_segment_bytes", 4 << 20);
     cfg.spool_max_bytes = (size_t)esx_lopt_int(L, 2, "esx.collector", "spool_max_bytes", (int64_t)1 << 30);
     esx_lopt_str(L, 2, "esx.collector", "dead_letter", cfg.dead_letter_path, sizeof cfg.dead_letter_path);
+    cfg.dead_letter_max_bytes = esx_lopt_int(L, 2, "esx.collector", "dead_letter_max_bytes", (int64_t)1 << 30);
     cfg.rollup_window = esx_lopt_int(L, 2, "esx.collector", "rollup_window", 60000);
     esx_lopt_str(L, 2, "esx.collector", "rollup_index", cfg.rollup_index_fmt, sizeof cfg.rollup_index_fmt);
     cfg.rollup_interval = esx_lopt_int(L, 2, "esx.collector", "rollup_interval", 10000);
