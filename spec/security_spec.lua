@@ -78,6 +78,44 @@ describe("credentials in nginx #nginx", function()
   end)
 end)
 
+describe("spool and dead-letter files another user made", function()
+  local function sh(cmd) assert(os.execute(cmd)) end
+
+  it("are refused by root in a directory others may write to (/tmp), taken where that user's own", function()
+    if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to make another user's files") end
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    local shared = os.tmpname()
+    os.remove(shared)
+    finally(function()
+      c:close()
+      os.execute("rm -rf " .. shared)
+    end)
+    -- a sticky directory anyone may write to, as /tmp (the default dead-letter file's)
+    sh("mkdir -m 1777 " .. shared)
+    -- another user's file there, readable by all: dead letters written to it are theirs to read
+    local planted = shared .. "/esx-dead-letter.ndjson"
+    sh("touch " .. planted .. " && chown nobody " .. planted .. " && chmod 0644 " .. planted)
+    local col, err = esx.collector{ sink = c, dead_letter = planted }
+    assert.is_nil(col)
+    assert.equal("internal", err.kind)
+    assert.truthy(err.message:find("not a regular file of this user only", 1, true), err.message)
+    -- another user's directory there: they may swap or read what is put in it
+    local spool = shared .. "/spool"
+    sh("mkdir -m 0700 " .. spool .. " && chown nobody " .. spool)
+    col, err = esx.collector{ sink = c, spool_dir = spool, dead_letter = "/dev/null" }
+    assert.is_nil(col)
+    assert.truthy(err.message:find("not a directory of this user only", 1, true), err.message)
+    -- a directory root made for the workers' user, and that user's file in it: taken
+    local private = shared .. "/root-only"
+    sh("mkdir -m 0755 " .. private .. " && mkdir -m 0700 " .. private .. "/workers && chown nobody " ..
+       private .. "/workers")
+    sh("touch " .. private .. "/workers/dl.ndjson && chown nobody " .. private .. "/workers/dl.ndjson && chmod 0600 " ..
+       private .. "/workers/dl.ndjson")
+    assert(esx.collector{ sink = c, spool_dir = private .. "/workers",
+                          dead_letter = private .. "/workers/dl.ndjson" }):close(0)
+  end)
+end)
+
 describe("refused before anything is sent", function()
   local srv, c
   setup(function()

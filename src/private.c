@@ -4,18 +4,45 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "private.h"
 
-/* 1 when st is owned by this user -- or, for root, by any user: nginx's master creates the
- * collector as root for workers that run as another user, and the directory an operator
- * made for them is theirs -- and writable by neither its group nor others. */
-static int ours(const struct stat *st)
+/* 1 when the directory that holds path may be written by nobody but root and owner: then
+ * whatever of owner's is in it was put there by root or by owner, not by a third user. */
+static int placed_by(const char *path, uid_t owner)
+{
+    char dir[512];
+    size_t n = strlen(path);
+    if (n >= sizeof dir)
+        return 0;
+    memcpy(dir, path, n + 1);
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else
+        slash[slash == dir ? 1 : 0] = '\0';
+    struct stat st;
+    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_uid == 0 || st.st_uid == owner) &&
+           (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+/* 1 when st (of path) is owned by this user and writable by neither its group nor others.
+ * Root also takes another user's, when that user's own directory or one of root's holds it:
+ * nginx's master creates the collector as root for workers that run as another user, and the
+ * directory an operator made for them is theirs.  Not in a directory others may write to
+ * (/tmp, the default dead-letter file's): anyone could have made it there, to read what root
+ * writes to it or to swap it. */
+static int ours(const struct stat *st, const char *path)
 {
     uid_t me = geteuid();
-    return (st->st_uid == me || me == 0) && (st->st_mode & (S_IWGRP | S_IWOTH)) == 0;
+    if ((st->st_mode & (S_IWGRP | S_IWOTH)) != 0)
+        return 0;
+    return st->st_uid == me || (me == 0 && placed_by(path, st->st_uid));
 }
 
 int esx_private_dir(const char *dir)
@@ -38,16 +65,16 @@ int esx_private_dir(const char *dir)
     struct stat st;
     if (lstat(tmp, &st) != 0)
         return -1;
-    if (!S_ISDIR(st.st_mode) || !ours(&st)) {
+    if (!S_ISDIR(st.st_mode) || !ours(&st, tmp)) {
         errno = EPERM;
         return -1;
     }
     return 0;
 }
 
-/* fd, or -1 (closed, errno EPERM) unless it is a regular file of this user's -- or, with
+/* fd (of path), or -1 (closed, errno EPERM) unless it is a regular file of this user's -- or, with
  * devices, a character device (/dev/null: only root makes those) */
-static int checked(int fd, int devices)
+static int checked(int fd, const char *path, int devices)
 {
     struct stat st;
     if (fd < 0) {
@@ -57,7 +84,7 @@ static int checked(int fd, int devices)
     }
     /* (one link only: a hard link another user made to a file root may write is not ours) */
     if (fstat(fd, &st) != 0 ||
-        !((S_ISREG(st.st_mode) && ours(&st) && st.st_nlink == 1) ||
+        !((S_ISREG(st.st_mode) && ours(&st, path) && st.st_nlink == 1) ||
           (devices && S_ISCHR(st.st_mode)))) {
         close(fd);
         errno = EPERM;
@@ -71,10 +98,10 @@ int esx_private_append(const char *path)
     int fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0 && errno == EACCES) /* a file this user may append to but not read */
         fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-    return checked(fd, 1);
+    return checked(fd, path, 1);
 }
 
 int esx_private_read(const char *path)
 {
-    return checked(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW), 0);
+    return checked(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW), path, 0);
 }

@@ -7,13 +7,14 @@
 #define ESX_PRIVATE_H
 
 /* Creates dir and its missing parents (mode 0700) and checks that dir itself is a directory
- * -- not a symbolic link -- owned by this user (by anyone, for root) and writable by no one
- * else.  Returns 0, or -1 with errno set (EPERM when it exists but is not private). */
+ * -- not a symbolic link -- owned by this user (for root, also another user's in a directory
+ * only root and that user may write: not /tmp) and writable by no one else.  Returns 0, or -1 with errno set (EPERM when it exists but is not private). */
 int esx_private_dir(const char *dir);
 
 /* Opens path for appending, and for reading what it ends with when this user may read it
  * (else write-only; created with mode 0600), refusing a symbolic link and a file
- * that is not a regular one owned by this user (by anyone, for root), with one link, that
+ * that is not a regular one owned by this user (for root, also another user's in a directory
+ * only root and that user may write), with one link, that
  * others cannot write (a character device such as /dev/null is taken).  Returns the descriptor (the caller closes it), or -1 with
  * errno set (EPERM when the file is not private). */
 int esx_private_append(const char *path);
