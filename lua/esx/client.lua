@@ -162,13 +162,25 @@ function _M.new(opts)
   if o.password and not o.username then
     error("esx.client: bad option 'password' (given without 'username')", 2)
   end
-  if o.api_key then
-    -- credentials in a node URL are a username/password too: both would be sent, one ignored
-    local in_url = false
-    for _, h in ipairs(o.hosts) do in_url = in_url or h:find("^%a+://[^/?#]*@") ~= nil end
-    if o.username or in_url then
-      error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
+  -- credentials in a node URL are a username/password too: both would be sent, one ignored
+  local in_url
+  for _, h in ipairs(o.hosts) do
+    local userinfo = (h:match("^%a+://([^/?#]*)") or ""):match("^(.*)@")
+    if userinfo then
+      userinfo = userinfo:gsub("%%(%x%x)", function(x) return string.char(tonumber(x, 16)) end)
+      -- the first URL's would go to every node: another node's password to this one
+      if in_url and in_url ~= userinfo then
+        error("esx.client: bad option 'hosts' (node URLs with different credentials: one client " ..
+              "sends one set to every node)", 2)
+      end
+      in_url = userinfo
     end
+  end
+  if in_url and o.username then
+    error("esx.client: bad option 'username' (credentials are in a node URL too: use one)", 2)
+  end
+  if o.api_key and (o.username or in_url) then
+    error("esx.client: bad option 'api_key' (use either api_key or username/password)", 2)
   end
   if o.dead_backoff_max < o.dead_backoff_min then
     error("esx.client: bad option 'dead_backoff_max' (must be >= dead_backoff_min)", 2)
