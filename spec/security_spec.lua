@@ -116,6 +116,37 @@ describe("spool and dead-letter files another user made", function()
   end)
 end)
 
+describe("a dead-letter path another user made a FIFO", function()
+  it("returns nil, err at once instead of hanging the constructor", function()
+    if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to run as nobody") end
+    local dir = os.tmpname()
+    os.remove(dir)
+    finally(function() os.execute("rm -rf " .. dir) end)
+    assert(os.execute("mkdir -m 1777 " .. dir))
+    -- writable by anyone, readable by no one: opened for writing, it waits for a reader
+    local fifo = dir .. "/esx-dead-letter.ndjson"
+    assert(os.execute("mkfifo -m 0222 " .. fifo))
+    local lua = jit and "luajit" or "lua5.4"
+    local script = dir .. "/child.lua"
+    local f = assert(io.open(script, "w"))
+    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
+            'package.cpath = "./build/', lua, '/?.so;" .. package.cpath\n', ([[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+      local col, err = esx.collector{ sink = c, dead_letter = "%s" }
+      print(col == nil, err and err.kind, err and err.message)
+    ]]):format(fifo))
+    f:close()
+    assert(os.execute("chmod 0755 " .. dir .. " && chmod 0644 " .. script))
+    local p = io.popen("timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups " .. lua ..
+                       " " .. script .. " 2>&1; echo rc=$?")
+    local out = p:read("*a")
+    p:close()
+    assert.truthy(out:find("^true\tinternal\t.-cannot open dead_letter file .-not a regular file of this user only"), out)
+    assert.truthy(out:find("rc=0", 1, true), out)
+  end)
+end)
+
 describe("refused before anything is sent", function()
   local srv, c
   setup(function()

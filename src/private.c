@@ -78,7 +78,8 @@ static int checked(int fd, const char *path, int devices)
 {
     struct stat st;
     if (fd < 0) {
-        if (errno == ELOOP) /* O_NOFOLLOW met a link */
+        /* O_NOFOLLOW met a link; O_NONBLOCK met a FIFO without a reader */
+        if (errno == ELOOP || errno == ENXIO)
             errno = EPERM;
         return -1;
     }
@@ -90,18 +91,26 @@ static int checked(int fd, const char *path, int devices)
         errno = EPERM;
         return -1;
     }
+    /* (opened with O_NONBLOCK, so that a FIFO put there fails now instead of hanging the
+     * open until a reader comes; what is kept is a file or a device: blocking I/O) */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 
 int esx_private_append(const char *path)
 {
-    int fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int flags = O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    int fd = open(path, O_RDWR | flags, 0600);
     if (fd < 0 && errno == EACCES) /* a file this user may append to but not read */
-        fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+        fd = open(path, O_WRONLY | flags, 0600);
     return checked(fd, path, 1);
 }
 
 int esx_private_read(const char *path)
 {
-    return checked(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW), path, 0);
+    return checked(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), path, 0);
 }
