@@ -192,6 +192,30 @@ describe("refused before anything is sent", function()
     assert.equal(6, #srv:requests().requests)
   end)
 
+  it("ids and index names that are dot segments cannot reach another path (the whole index)", function()
+    -- a path ending in "/.." is "/docs/" to libcurl and to a proxy that normalizes paths:
+    -- DELETE /docs/_doc/.. would delete the index docs
+    assert(c:index("docs", { x = 1 }, "1"))
+    for _, id in ipairs({ "..", "." }) do
+      local _, err = c:delete("docs", id)
+      assert.equal("not_found", err and err.kind, id)
+      local _, gerr = c:get("docs", id)
+      assert.equal("not_found", gerr and gerr.kind, id)
+    end
+    assert(c:get("docs", "1"), "the index is gone")
+    local paths = {}
+    for _, r in ipairs(srv:requests().requests) do paths[#paths + 1] = r.method .. " " .. r.path end
+    assert.same({ "PUT /docs/_doc/1", "DELETE /docs/_doc/%2E%2E", "GET /docs/_doc/%2E%2E",
+                  "DELETE /docs/_doc/%2E", "GET /docs/_doc/%2E", "GET /docs/_doc/1" }, paths)
+    -- "/../_search" is "/_search" there: every index
+    for _, name in ipairs({ "..", ".", { "a", ".." } }) do
+      assert.has_error(function() c:search(name, {}) end, nil, tostring(name))
+      assert.has_error(function() c:count(name, {}) end, nil, tostring(name))
+      assert.has_error(function() c:refresh(name) end, nil, tostring(name))
+    end
+    assert.equal(6, #srv:requests().requests)
+  end)
+
   it("document ids cannot change the path", function()
     assert(c:index("docs", { x = 1 }, "../../_all?x=1#y"))
     local seen = srv:requests().requests[1]

@@ -100,6 +100,9 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+    /* the path as given, as esx's own HTTP/1.1 sends it: libcurl would otherwise remove dot
+     * segments ("/docs/_doc/../" -- another resource than the one asked for) */
+    curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
     if (strcmp(req->method, "HEAD") == 0) {
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     } else if (req->body) {

@@ -467,7 +467,9 @@ local function check_index(index, argn, fname, allow_multi)
   local bad = index == "" or index == "." or index == ".." or #index > 255 or
     index:find('[\\/?"<>| ,#%c%u]') or index:find("^[-_+]")
   if bad and allow_multi then
-    bad = index == "" or index:find('[\\/?"<>| #%c%u]') or index:find("^[-+]") and not index:find("^%-[%w*]")
+    -- (never "." or "..": "/../_search" is "/_search" to libcurl and to proxies, every index)
+    bad = index == "" or index == "." or index == ".." or index:find('[\\/?"<>| #%c%u]') or
+      index:find("^[-+]") and not index:find("^%-[%w*]")
   end
   if not allow_multi and index:find("*", 1, true) then bad = true end
   if bad then
@@ -499,6 +501,9 @@ local function escape_id(id, argn, fname)
     raise(format("bad argument #%d to '%s' (document id expected)", argn, fname))
   end
   if #id > 512 then raise(format("bad argument #%d to '%s' (id longer than 512 bytes)", argn, fname)) end
+  -- "." and ".." as they are would be dot segments: "/docs/_doc/.." is "/docs/" to libcurl and
+  -- to a proxy that normalizes paths (DELETE it, and the index is gone)
+  if id == "." or id == ".." then return (gsub(id, "%.", "%%2E")) end
   return (gsub(id, "[^%w%-%._~]", percent))
 end
 
