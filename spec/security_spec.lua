@@ -114,6 +114,36 @@ describe("spool and dead-letter files another user made", function()
     assert(esx.collector{ sink = c, spool_dir = private .. "/workers",
                           dead_letter = private .. "/workers/dl.ndjson" }):close(0)
   end)
+
+  it("refuse a spool_dir under a directory a third user may write to, whoever made the spool_dir", function()
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    local base = os.tmpname()
+    os.remove(base)
+    finally(function()
+      c:close()
+      os.execute("rm -rf " .. base)
+    end)
+    sh("mkdir -m 0755 " .. base)
+    -- its owner (or, not sticky, anyone) can rename "spool" away and put a link or a
+    -- directory of theirs in its place: segments are opened, claimed and removed by path
+    local cases = { { "0777", nil }, { "0777", "a/b" }, { "0775", nil } }
+    if io.popen("id -u"):read("*l") == "0" then cases[#cases + 1] = { "0755", nil, "nobody" } end
+    for i, case in ipairs(cases) do
+      local open = base .. "/open" .. i
+      sh("mkdir -m " .. case[1] .. " " .. open)
+      if case[3] then sh("chown " .. case[3] .. " " .. open) end
+      local spool = open .. "/" .. (case[2] and (case[2] .. "/") or "") .. "spool"
+      local col, err = esx.collector{ sink = c, spool_dir = spool, dead_letter = "/dev/null" }
+      assert.is_nil(col, "case " .. i)
+      assert.truthy(err.message:find("not a directory of this user only", 1, true), err.message)
+    end
+    -- sticky, as /tmp: others cannot rename what is not theirs
+    sh("mkdir -m 1777 " .. base .. "/sticky")
+    assert(esx.collector{ sink = c, spool_dir = base .. "/sticky/spool", dead_letter = "/dev/null" }):close(0)
+    -- a relative spool_dir is checked from the working directory up
+    assert(esx.collector{ sink = c, spool_dir = "./build/.spool-test", dead_letter = "/dev/null" }):close(0)
+    os.execute("rm -rf ./build/.spool-test")
+  end)
 end)
 
 describe("a dead-letter path another user made a FIFO", function()

@@ -3,7 +3,9 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -45,6 +47,51 @@ static int ours(const struct stat *st, const char *path)
     return st->st_uid == me || (me == 0 && placed_by(path, st->st_uid));
 }
 
+/* 1 when st, a directory (or a link) above a private directory owned by owner, cannot be
+ * changed by a third user: owned by root, this user or owner, and writable by no one else --
+ * or sticky (/tmp), where others cannot rename what is not theirs. */
+static int safe_above(const struct stat *st, uid_t owner)
+{
+    if (st->st_uid != 0 && st->st_uid != geteuid() && st->st_uid != owner)
+        return 0;
+    if (S_ISLNK(st->st_mode))
+        return 1;
+    return S_ISDIR(st->st_mode) &&
+           ((st->st_mode & (S_IWGRP | S_IWOTH)) == 0 || (st->st_mode & S_ISVTX) != 0);
+}
+
+/* 1 when every directory above path (absolute), as written and once links are resolved,
+ * is safe_above: else a third user could rename path away and put a link or a directory of
+ * theirs in its place -- the spool's segments are opened, claimed and removed by path. */
+static int safe_ancestors(const char *path, uid_t owner)
+{
+    char *real = realpath(path, NULL);
+    if (real == NULL)
+        return 0;
+    int ok = 1;
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        const char *p = pass == 0 ? path : real;
+        char prefix[PATH_MAX];
+        size_t n = strlen(p);
+        if (n >= sizeof prefix) {
+            ok = 0;
+            break;
+        }
+        struct stat st;
+        /* "/", then each prefix that ends before a '/' (the last component is path itself) */
+        ok = lstat("/", &st) == 0 && safe_above(&st, owner);
+        for (size_t i = 1; i < n && ok; i++) {
+            if (p[i] != '/' || p[i - 1] == '/')
+                continue;
+            memcpy(prefix, p, i);
+            prefix[i] = '\0';
+            ok = lstat(prefix, &st) == 0 && safe_above(&st, owner);
+        }
+    }
+    free(real);
+    return ok;
+}
+
 int esx_private_dir(const char *dir)
 {
     char tmp[512];
@@ -66,6 +113,20 @@ int esx_private_dir(const char *dir)
     if (lstat(tmp, &st) != 0)
         return -1;
     if (!S_ISDIR(st.st_mode) || !ours(&st, tmp)) {
+        errno = EPERM;
+        return -1;
+    }
+    /* and the directories above it (a relative dir: from the working directory up) */
+    char abs[PATH_MAX + sizeof tmp + 1];
+    if (tmp[0] == '/') {
+        snprintf(abs, sizeof abs, "%s", tmp);
+    } else {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL)
+            return -1;
+        snprintf(abs, sizeof abs, "%s/%s", cwd, tmp);
+    }
+    if (!safe_ancestors(abs, st.st_uid)) {
         errno = EPERM;
         return -1;
     }

@@ -8,7 +8,9 @@
 
 /* Creates dir and its missing parents (mode 0700) and checks that dir itself is a directory
  * -- not a symbolic link -- owned by this user (for root, also another user's in a directory
- * only root and that user may write: not /tmp) and writable by no one else.  Returns 0, or -1 with errno set (EPERM when it exists but is not private). */
+ * only root and that user may write: not /tmp) and writable by no one else, under directories
+ * a third user cannot change (owned by root, this user or dir's owner; not writable by others
+ * unless sticky).  Returns 0, or -1 with errno set (EPERM when it exists but is not private). */
 int esx_private_dir(const char *dir);
 
 /* Opens path for appending, and for reading what it ends with when this user may read it
