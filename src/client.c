@@ -52,12 +52,17 @@ static void client_lock(esx_client *c)
     pthread_mutex_lock(&c->mu);
 }
 
+static void curl_init(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
 
+/* libcurl's global set-up, once per process, finished before any client goes on (a flag
+ * alone let a second thread go on while the first was still in curl_global_init). */
 static void global_init(void)
 {
-    static atomic_int done;
-    if (!atomic_exchange(&done, 1))
-        curl_global_init(CURL_GLOBAL_DEFAULT);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, curl_init);
 }
 
 esx_client *esx_client_new(esx_config *cfg, char *why)

@@ -89,8 +89,9 @@ typedef struct esx_intake {
 } esx_intake;
 
 /* Parses body (from_query: a pixel beacon's query string) received at received_at (ms since
- * the epoch), admits and queues the valid events.  Thread-safe.  Never fails other than
- * through out->status. */
+ * the epoch), admits and queues the valid events.  One caller at a time (a collector belongs
+ * to one Lua state; its first call in a process starts the shipper, unlocked); the shipper
+ * thread runs beside it.  Never fails other than through out->status. */
 void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int from_query,
                           int64_t received_at, esx_intake *out);
 
