@@ -1255,6 +1255,19 @@ describe("shipping", function()
     assert.equal(1, srv:requests("/_bulk").counts["/_bulk"])
   end)
 
+  it("flush returns nil, err (internal) when the shipper cannot run, not a timeout", function()
+    -- the spool directory was replaced by a file before the first use in this process
+    local d = tmpdir()
+    local col = new{ spool_dir = d }
+    os.execute("rm -rf " .. d .. " && touch " .. d)
+    local ok, err = col:flush(100)
+    assert.is_nil(ok)
+    assert.equal("internal", err.kind)
+    assert.matches("^the collector cannot ship: cannot use spool_dir ", err.message)
+    col:close(0)
+    os.remove(d)
+  end)
+
   it("reports undelivered events when closed while Elasticsearch is down and there is no spool", function()
     local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     local col = new{ sink = c2 }

@@ -240,11 +240,10 @@ static int emit_and_wait(esx_collector *col, int64_t timeout_ms)
     return wait_empty(col, left < 0 && timeout_ms >= 0 ? 0 : left);
 }
 
-int esx_collector_flush(esx_collector *col, int64_t timeout_ms)
+int esx_collector_flush(esx_collector *col, int64_t timeout_ms, char *why)
 {
-    char why[256];
     if (esx_col_ensure_running(col, why) != 0)
-        return 0;
+        return -1;
     pthread_mutex_lock(&col->mu);
     int empty = emit_and_wait(col, timeout_ms);
     pthread_mutex_unlock(&col->mu);

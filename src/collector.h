@@ -96,8 +96,10 @@ void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int 
                           int64_t received_at, esx_intake *out);
 
 /* Asks the shipper to send everything now and waits until every event accepted so far is
- * acknowledged or timeout_ms passes (< 0: no limit).  Returns 1 when empty, 0 on timeout. */
-int esx_collector_flush(esx_collector *col, int64_t timeout_ms);
+ * acknowledged or timeout_ms passes (< 0: no limit).  Returns 1 when empty, 0 on timeout, -1
+ * with a reason in why (256 bytes) when the shipper cannot run in this process (its spool
+ * cannot be opened, no thread). */
+int esx_collector_flush(esx_collector *col, int64_t timeout_ms, char *why);
 
 /* A copy of one rollup row of the current window. */
 typedef struct esx_rollup_view {

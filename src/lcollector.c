@@ -177,7 +177,11 @@ static int64_t timeout_ms(lua_Number t)
 static int col_flush(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
-    lua_pushboolean(L, esx_collector_flush(col, timeout_ms(luaL_optnumber(L, 2, -1))));
+    char why[256];
+    int rc = esx_collector_flush(col, timeout_ms(luaL_optnumber(L, 2, -1)), why);
+    if (rc < 0)
+        return esx_lerror_fail(L, "internal", "the collector cannot ship: %s", why);
+    lua_pushboolean(L, rc);
     return 1;
 }
 

@@ -525,8 +525,9 @@ function Collector:flush(timeout)
     return nil, core.error("closed", "the collector's sink client is closed: the events still " ..
       "queued cannot be shipped")
   end
-  local ok = self.c:flush(timeout)
+  local ok, err = self.c:flush(timeout)
   if ok then return true end
+  if err then return nil, err end -- the shipper cannot run here (its spool, a thread)
   return nil, core.error("request_timeout", "events still queued after " .. tostring(timeout) .. " ms")
 end
 
