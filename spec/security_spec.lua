@@ -204,6 +204,7 @@ describe("refused before anything is sent", function()
       -- credentials the client would not use: the first URL's would go to every node
       function() esx.client{ hosts = { "http://a:pw1@127.0.0.1:1", "http://b:pw2@127.0.0.2:1" } } end,
       function() esx.client{ hosts = { "http://a:pw1@127.0.0.1:1" }, username = "b", password = "pw2" } end,
+      function() esx.client{ hosts = { "http://:pw1@127.0.0.1:1" } } end, -- the password would be dropped
     }
     for i, f in ipairs(bad) do assert.has_error(f, nil, "case " .. i) end
     assert.same({}, srv:requests().requests)

@@ -168,6 +168,10 @@ function _M.new(opts)
     local userinfo = (h:match("^%a+://([^/?#]*)") or ""):match("^(.*)@")
     if userinfo then
       userinfo = userinfo:gsub("%%(%x%x)", function(x) return string.char(tonumber(x, 16)) end)
+      if userinfo:find("^:.") then
+        -- a password without a user name would be dropped without a word (no credentials)
+        error("esx.client: bad option 'hosts' (a node URL has a password without a user name)", 2)
+      end
       -- the first URL's would go to every node: another node's password to this one
       if in_url and in_url ~= userinfo then
         error("esx.client: bad option 'hosts' (node URLs with different credentials: one client " ..
