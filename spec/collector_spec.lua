@@ -2229,6 +2229,10 @@ describe("col:stats and esx.metrics", function()
     local _, err = col:stats()
     assert.equal("closed", err.kind)
     assert.equal(503, (post(col, cjson.encode(ev()))))
+    local ok
+    ok, err = col:enter() -- counted nothing: there is nothing to count it against
+    assert.is_nil(ok)
+    assert.equal("closed", err.kind)
   end)
 end)
 

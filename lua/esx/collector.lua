@@ -479,6 +479,8 @@ end
 --- col:enter() -> true when the request may proceed (counts it as in progress); false when
 -- max_concurrent requests are in progress (answer 503 with Retry-After).  col:leave() ends it.
 function Collector:enter()
+  -- closed: nothing to count a request against (handle would answer 503 closed)
+  if self.closed then return nil, core.error("closed", "the collector is closed") end
   local ok = self.c:enter(self.o.max_concurrent)
   if not ok then count(self, "concurrency") end
   return ok
