@@ -57,8 +57,15 @@ static void child(void)
         _exit(2);
     use(NULL);
     pthread_join(t, NULL);
-    /* this thread and the one engine's I/O thread (a lost engine's would be a third) */
-    _exit(threads() == 2 && esx_engine_healthy(client->engine) ? 0 : 1);
+    /* this thread and the one engine's I/O thread (a lost engine's would be a third, for
+     * ever).  The joined thread may still be listed for a moment after pthread_join (the
+     * kernel clears its tid before it releases the task): look again for up to 500 ms. */
+    int n = threads();
+    for (int i = 0; i < 50 && n != 2; i++) {
+        usleep(10000);
+        n = threads();
+    }
+    _exit(n == 2 && esx_engine_healthy(client->engine) ? 0 : 1);
 }
 
 int main(void)
