@@ -191,9 +191,10 @@ for _, p in ipairs({ "esx-lua5.4", "esx-luajit" }) do
 end
 w("")
 w("CPU per search (median over rounds; the client is the whole process -- for esx the Lua thread",
-  " plus its I/O thread, for Node the main thread plus libuv -- the server is the nginx worker).",
-  " Both share the machine's ", info.machine.nproc or "?", " cores, so at c=16 the searches/s are",
-  " roughly nproc / (client + server CPU per search):")
+  " plus its I/O thread, for Node the main thread plus libuv -- the server is the nginx worker;",
+  " both over the measured seconds only, the clients' warm-up left out). Both share the machine's ",
+  info.machine.nproc or "?", " cores, so at c=16 the searches/s are at most nproc / (client + server",
+  " CPU per search), less when a core idles:")
 w("")
 w("| peer | client µs/search c=1 | client µs/search c=16 | client cores busy c=16 | nginx µs/search c=16 |")
 w("|---|--:|--:|--:|--:|")

@@ -2,8 +2,10 @@
 --
 --   lua5.4 bench/client/search.lua URL CONCURRENCY SECONDS [WARMUP_SECONDS]
 --
--- Prints one line: "searches=N seconds=S rate=R errors=E cpu=C" (C: CPU seconds of the whole
--- process -- Lua thread and esx's I/O thread -- during the measured S seconds).
+-- Prints one line: "searches=N seconds=S rate=R errors=E cpu=C [server_cpu=V]" (C: CPU seconds
+-- of the whole process -- Lua thread and esx's I/O thread -- during the measured S seconds; V:
+-- CPU seconds of the server process BENCH_SERVER_PID, e.g. the nginx worker, during the same
+-- S seconds, so that the warm-up's searches are not charged to the measured ones).
 --
 -- Every search sends the same query table (encoded to JSON per call, as the Node client
 -- stringifies its object per call) and decodes the whole response into a Lua table (as the
@@ -20,6 +22,23 @@ local url, conc, seconds, warmup = arg[1], tonumber(arg[2]), tonumber(arg[3]), t
 assert(url and conc and seconds, "usage: search.lua URL CONCURRENCY SECONDS [WARMUP]")
 
 local clock = require("socket").gettime -- wall time (os.clock is CPU time)
+
+-- CPU seconds (user + system, all threads) the server process BENCH_SERVER_PID has used so far,
+-- from /proc/PID/stat (BENCH_SERVER_HZ: clock ticks per second); nil without BENCH_SERVER_PID.
+local server_pid, server_hz = os.getenv("BENCH_SERVER_PID"), tonumber(os.getenv("BENCH_SERVER_HZ") or "100")
+local function server_cpu()
+  if not server_pid or server_pid == "" then return nil end
+  local f = io.open("/proc/" .. server_pid .. "/stat")
+  local stat = f and f:read("*a")
+  if f then f:close() end
+  -- after the command name (in parentheses, may hold spaces): state is field 3, so utime and
+  -- stime (fields 14 and 15) are the 12th and 13th words
+  local rest = stat and stat:match(".*%) (.*)$")
+  local w = {}
+  for x in (rest or ""):gmatch("%S+") do w[#w + 1] = x end
+  local u, s = tonumber(w[12]), tonumber(w[13])
+  return u and s and (u + s) / server_hz or nil
+end
 
 local INDEX = "goods"
 local PATH = "/" .. INDEX .. "/_search"
@@ -93,8 +112,11 @@ end
 
 local run = conc == 1 and run_sync or run_async
 if warmup > 0 then run(clock() + warmup) end
+local srv0 = server_cpu()
 local t0, cpu0 = clock(), os.clock() -- os.clock: CPU time of the process, all its threads
 local n, errors = run(t0 + seconds)
 local dt, cpu = clock() - t0, os.clock() - cpu0
-io.write(string.format("searches=%d seconds=%.3f rate=%.1f errors=%d cpu=%.3f\n", n, dt, n / dt, errors, cpu))
+local srv1 = server_cpu()
+io.write(string.format("searches=%d seconds=%.3f rate=%.1f errors=%d cpu=%.3f%s\n", n, dt, n / dt, errors, cpu,
+  srv0 and srv1 and string.format(" server_cpu=%.3f", srv1 - srv0) or ""))
 c:close()

@@ -1,0 +1,64 @@
+-- spec/bench_spec.lua -- the benchmark harnesses count what they say they count (bench/).
+-- The benchmarks themselves are never run here (their figures depend on the machine); these
+-- specs run tiny pieces of the harnesses against stand-ins.
+local socket = require "socket"
+local flavour = require("esx.core").flavour
+local lua = flavour == "luajit" and "luajit" or "lua5.4"
+
+local function sh(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+local function closed_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return port
+end
+
+-- a stand-in for the server process: burns CPU all the time, for at most `seconds`
+local function burner(seconds)
+  local pid = sh("lua5.4 -e 'local t = os.time() + " .. seconds .. " while os.time() < t do end'"
+                 .. " >/dev/null 2>&1 & echo $!"):match("%d+")
+  return assert(pid)
+end
+
+local function result_line(out)
+  local line = out:match("(searches=[^\n]*)")
+  assert(line, "no result line:\n" .. out)
+  local r = {}
+  for k, v in line:gmatch("([%w_]+)=([%d.]+)") do r[k] = tonumber(v) end
+  return r
+end
+
+describe("bench/client search peers", function()
+  -- 1 s of warm-up, then 0.5 s measured: the server's CPU must be that of the 0.5 s, not of
+  -- the whole process (warm-up included), since searches= counts only the measured ones.
+  local function check(cmd)
+    local pid = burner(10)
+    local ok, out = pcall(sh, "BENCH_SERVER_PID=" .. pid .. " BENCH_SERVER_HZ=$(getconf CLK_TCK) " .. cmd
+                              .. " http://127.0.0.1:" .. closed_port() .. " 16 0.5 1 2>&1")
+    os.execute("kill " .. pid .. " 2>/dev/null")
+    assert(ok, out)
+    local r = result_line(out)
+    assert.is_not_nil(r.server_cpu, "no server_cpu in the result line:\n" .. out)
+    assert.is_true(r.server_cpu > 0, out)
+    -- a one-thread burner cannot use more CPU than the measured seconds (+ two clock ticks)
+    assert.is_true(r.server_cpu <= r.seconds + 0.03, "server CPU beyond the measured window:\n" .. out)
+  end
+
+  it("search.lua charges the server's CPU of the measured seconds only, not the warm-up's", function()
+    check("LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./build/" .. flavour .. "/?.so;;' "
+          .. lua .. " bench/client/search.lua")
+  end)
+
+  it("node_search.js charges the server's CPU of the measured seconds only, not the warm-up's", function()
+    if not io.open("bench/client/node_modules/@elastic/elasticsearch/package.json") then
+      return pending("needs `npm install` in bench/client")
+    end
+    check("node bench/client/node_search.js")
+  end)
+end)
