@@ -62,3 +62,42 @@ describe("bench/client search peers", function()
     check("node bench/client/node_search.js")
   end)
 end)
+
+describe("bench/collector/hey_phase.lua", function()
+  local function write(text)
+    local name = os.tmpname()
+    local f = assert(io.open(name, "w"))
+    f:write(text)
+    f:close()
+    return name
+  end
+  local GOOD = table.concat({
+    "", "Summary:", "  Total:\t30.0123 secs", "  Requests/sec:\t5854.2646", "", "Latency distribution:",
+    "  50% in 0.0018 secs", "  99% in 0.0167 secs", "", "Status code distribution:",
+    "  [204]\t175600 responses", "  [503]\t100 responses", "", "Error distribution:",
+    "  [3]\tPost \"http://127.0.0.1:1/collect\": EOF", "" }, "\n")
+  local function row(text, rc)
+    local name = write(text)
+    local out = sh("lua5.4 bench/collector/hey_phase.lua " .. name .. " 6000 1 " .. (rc or 0) .. " 2>&1")
+    local ok = sh("lua5.4 bench/collector/hey_phase.lua --ok " .. name .. " 2>&1")
+    os.remove(name)
+    return out, ok
+  end
+
+  it("counts the phase's answers and errors from hey's summary", function()
+    local out, ok = row(GOOD)
+    assert.equal("| 1 | 6000 | 5854 | 175703 | 175600 | 100 | 0 | 0 | 3 | 0.06 % | 1.8 | 16.7 |\n", out)
+    assert.equal("175600\n", ok)
+  end)
+
+  it("reports a phase where hey failed or printed nothing as such, not as 0.00 % errors", function()
+    local out = row("Error: flag provided but not defined: -x\n", 2)
+    assert.matches("hey failed %(exit 2%)", out)
+    assert.is_nil(out:find("0.00 %", 1, true), out)
+    out = row("")
+    assert.matches("no summary", out)
+    assert.is_nil(out:find("0.00 %", 1, true), out)
+    local _, ok = row("")
+    assert.equal("0\n", ok)
+  end)
+end)
