@@ -101,3 +101,23 @@ describe("bench/collector/hey_phase.lua", function()
     assert.equal("0\n", ok)
   end)
 end)
+
+describe("bench/soak/check.lua", function()
+  local function verdict(...)
+    return sh("lua5.4 bench/soak/check.lua " .. table.concat({ ... }, " ") .. " 2>&1")
+  end
+
+  it("passes when every event accepted was answered 204 and indexed once", function()
+    assert.matches("every accepted event indexed exactly once", verdict(352916, 176458, 2, 6, 352916, 352916, 0))
+    -- a request in flight when wrk stopped: accepted, its answer not counted by wrk
+    assert.matches("all but 2 answered 204", verdict(352918, 176458, 2, 6, 352918, 352918, 0))
+  end)
+
+  it("fails when wrk failed or its 204s do not account for the events accepted", function()
+    assert.matches("MISMATCH.*wrk exited with status 1", verdict(352916, 0, 2, 6, 352916, 352916, 1))
+    assert.matches("MISMATCH", verdict(352916, 176000, 2, 6, 352916, 352916, 0))
+    assert.matches("MISMATCH", verdict(352916, 176500, 2, 6, 352916, 352916, 0))
+    assert.matches("MISMATCH", verdict(0, 0, 2, 6, 0, 0, 0))
+    assert.matches("MISMATCH", verdict(352916, 176458, 2, 6, 352916, 352915, 0))
+  end)
+end)
