@@ -588,6 +588,28 @@ describe("esxd", function()
       assert.equal("document_parsing_exception", b.error.type)
       assert.matches("failed to parse field %[n%] of type %[long%]", b.error.reason)
     end)
+    it("a date field with format epoch_millis takes epoch numbers only, as ES's epoch parser does", function()
+      -- the collector's daily indices map ts / received_at as {"type":"date","format":"epoch_millis"};
+      -- ES refuses an ISO-8601 string there: "failed to parse field [ts] of type [date] ..."
+      assert.equal(200, (req("PUT", "/epochs", { mappings = { date_detection = false, properties = {
+        ts = { type = "date", format = "epoch_millis" }, at = { type = "date" },
+        s = { type = "date", format = "epoch_second||epoch_millis" } } } })))
+      assert.equal(201, (req("PUT", "/epochs/_doc/1", { ts = 1700000000000, at = "2024-01-01T00:00:00Z" })))
+      assert.equal(201, (req("PUT", "/epochs/_doc/2", { ts = "1700000000000", s = 1700000000 })))
+      local st, b = jreq("PUT", "/epochs/_doc/3", { ts = "2024-01-01T00:00:00Z" })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
+      assert.matches("failed to parse field %[ts%] of type %[date%] in document with id '3'%. " ..
+        "Preview of field's value: '2024%-01%-01T00:00:00Z'", b.error.reason)
+      st, b = jreq("PUT", "/epochs/_doc/4", { s = "2024-01-01" })
+      assert.equal(400, st)
+      assert.matches("failed to parse field %[s%] of type %[date%]", b.error.reason)
+      st, b = jreq("POST", "/_bulk", '{"index":{"_index":"epochs","_id":"5"}}\n{"ts":"2024-01-01"}\n', NDJSON)
+      assert.equal(200, st)
+      assert.is_true(b.errors)
+      assert.equal(400, b.items[1].index.status)
+      assert.equal("document_parsing_exception", b.items[1].index.error.type)
+    end)
     it("rejects invalid index names on write", function()
       local st, b = jreq("PUT", "/BAD/_doc/1", { a = 1 })
       assert.equal(400, st)

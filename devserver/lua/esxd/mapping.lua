@@ -49,17 +49,19 @@ function _M.unknown_type(props, prefix)
   end
 end
 
--- Load explicit "properties" into the flat types table.
-function _M.load(types, props, prefix)
+-- Load explicit "properties" into the flat types table (and, when formats is given, the
+-- date fields' "format" strings into formats).
+function _M.load(types, props, prefix, formats)
   if type(props) ~= "table" then return end
   for name, def in pairs(props) do
     if type(def) == "table" then
       local path = prefix and (prefix .. "." .. name) or name
       if def.properties then
         types[path] = def.type or "object"
-        _M.load(types, def.properties, path)
+        _M.load(types, def.properties, path, formats)
       elseif type(def.type) == "string" then
         types[path] = def.type
+        if formats and type(def.format) == "string" then formats[path] = def.format end
         each_field(def, function(sub, ty) types[path .. "." .. sub] = ty end)
       end
     end
@@ -111,9 +113,28 @@ local NUMERIC = { long = true, integer = true, short = true, byte = true, double
   half_float = true, scaled_float = true, unsigned_long = true }
 _M.NUMERIC = NUMERIC
 
--- Validate a document against explicit/learned numeric, date and boolean types.
+-- Does a value fit a date field with this mapping "format"? Without one, ES's default
+-- strict_date_optional_time||epoch_millis. A format made only of epoch_millis / epoch_second
+-- takes numbers and digit strings (with an optional fraction), as ES's epoch parsers do: an
+-- ISO-8601 string is then ES's document_parsing_exception. Other formats: as the default.
+local function date_fits(v, format)
+  if type(format) == "string" then
+    local epoch_only = format ~= ""
+    for f in format:gmatch("[^|]+") do
+      f = f:match("^%s*(.-)%s*$")
+      if f ~= "epoch_millis" and f ~= "epoch_second" then epoch_only = false end
+    end
+    if epoch_only then
+      return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
+    end
+  end
+  return dates.parse(v) ~= nil
+end
+
+-- Validate a document against explicit/learned numeric, date and boolean types (formats:
+-- the date fields' mapping formats, or nil).
 -- Returns nil or an error description {field=, type=, value=}.
-local function check(types, obj, prefix)
+local function check(types, obj, prefix, formats)
   for k, v in pairs(obj) do
     if type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
@@ -125,13 +146,13 @@ local function check(types, obj, prefix)
             if ty and ty ~= "object" and ty ~= "nested" and ty ~= "flattened" then
               return { field = path, type = ty, value = e, object = true }
             end
-            local bad = check(types, e, path)
+            local bad = check(types, e, path, formats)
             if bad then return bad end
           end
         elseif e ~= null and ty then
           if NUMERIC[ty] and not (type(e) == "number" or (type(e) == "string" and tonumber(e))) then
             return { field = path, type = ty, value = e }
-          elseif ty == "date" and not dates.parse(e) then
+          elseif ty == "date" and not date_fits(e, formats and formats[path]) then
             return { field = path, type = ty, value = e }
           elseif ty == "boolean" and not (type(e) == "boolean" or e == "true" or e == "false" or e == "") then
             return { field = path, type = ty, value = e }

@@ -67,7 +67,7 @@ function _M.create(name, body)
       { "index_uuid", indices[name].uuid, "index", name })
   end
   local idx = { name = name, uuid = uuid(), created = now_ms(), types = {}, docs = {}, count = 0,
-    visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {},
+    visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {}, formats = {},
     settings = type(body) == "table" and body.settings or nil, mappings = nil }
   -- number_of_shards / number_of_replicas (also as index.* or {"index":{...}}): all documents
   -- live in one table whatever the count, but the _shards numbers ES reports follow them
@@ -82,7 +82,7 @@ function _M.create(name, body)
   idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
-    mapping.load(idx.types, body.mappings.properties)
+    mapping.load(idx.types, body.mappings.properties, nil, idx.formats)
     idx.no_date_detection = body.mappings.date_detection == false
   end
   indices[name] = idx
@@ -260,7 +260,7 @@ local function doc_parse_error(id, bad)
 end
 
 local function put(idx, id, source, raw, cur, opts, external)
-  local bad = mapping.check(idx.types, source)
+  local bad = mapping.check(idx.types, source, nil, idx.formats)
   if bad then return nil, doc_parse_error(id, bad) end
   mapping.learn(idx.types, source, nil, idx.no_date_detection)
   idx.seq_no = idx.seq_no + 1
