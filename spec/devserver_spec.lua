@@ -610,6 +610,36 @@ describe("esxd", function()
       assert.equal(400, b.items[1].index.status)
       assert.equal("document_parsing_exception", b.items[1].index.error.type)
     end)
+    it("\"dynamic\": \"strict\" refuses unmapped fields with ES's strict_dynamic_mapping_exception", function()
+      -- ES: StrictDynamicMappingException "mapping set to strict, dynamic introduction of [f]
+      -- within [path] is not allowed" (400), for index, _update and _bulk items alike; an
+      -- object's own "dynamic" (or "enabled": false) overrides the root's
+      assert.equal(200, (req("PUT", "/strict", { mappings = { dynamic = "strict", properties = {
+        a = { type = "keyword" }, o = { properties = { x = { type = "long" } } },
+        free = { type = "object", dynamic = true }, off = { type = "object", enabled = false } } } })))
+      local function strict_error(field, within)
+        return es_error(400, "strict_dynamic_mapping_exception",
+          "[1:1] mapping set to strict, dynamic introduction of [" .. field .. "] within [" .. within .. "] is not allowed")
+      end
+      local st, b = jreq("PUT", "/strict/_doc/1", { a = "x", b = 1 })
+      assert.equal(400, st)
+      assert.same(strict_error("b", "_doc"), b)
+      st, b = jreq("PUT", "/strict/_doc/1", { a = "x", o = { x = 1, y = 2 } })
+      assert.equal(400, st)
+      assert.same(strict_error("y", "o"), b)
+      assert.equal(201, (req("PUT", "/strict/_doc/1", { a = { "x", "y" }, o = { { x = 1 } },
+        free = { q = { r = 1 } }, off = { z = 1 } })))
+      st, b = jreq("POST", "/strict/_update/1", { doc = { nn = 1 } })
+      assert.equal(400, st)
+      assert.same(strict_error("nn", "_doc"), b)
+      st, b = jreq("POST", "/_bulk", '{"index":{"_index":"strict","_id":"2"}}\n{"zz":1}\n', NDJSON)
+      assert.equal(200, st)
+      assert.is_true(b.errors)
+      assert.equal(400, b.items[1].index.status)
+      assert.same(strict_error("zz", "_doc").error.root_cause[1], b.items[1].index.error)
+      st, b = jreq("GET", "/strict/_doc/2")
+      assert.equal(404, st)
+    end)
     it("rejects invalid index names on write", function()
       local st, b = jreq("PUT", "/BAD/_doc/1", { a = 1 })
       assert.equal(400, st)

@@ -50,15 +50,18 @@ function _M.unknown_type(props, prefix)
 end
 
 -- Load explicit "properties" into the flat types table (and, when formats is given, the
--- date fields' "format" strings into formats).
-function _M.load(types, props, prefix, formats)
+-- date fields' "format" strings into formats, and the objects' "dynamic" settings into
+-- dynamic).
+function _M.load(types, props, prefix, formats, dynamic)
   if type(props) ~= "table" then return end
   for name, def in pairs(props) do
     if type(def) == "table" then
       local path = prefix and (prefix .. "." .. name) or name
+      if dynamic and def.dynamic ~= nil then dynamic[path] = def.dynamic end
+      if dynamic and def.enabled == false then dynamic[path] = false end -- not parsed at all
       if def.properties then
         types[path] = def.type or "object"
-        _M.load(types, def.properties, path, formats)
+        _M.load(types, def.properties, path, formats, dynamic)
       elseif type(def.type) == "string" then
         types[path] = def.type
         if formats and type(def.format) == "string" then formats[path] = def.format end
@@ -108,6 +111,46 @@ local function learn(types, obj, prefix, no_dates)
   end
 end
 _M.learn = learn
+
+-- The "dynamic" setting in force for new fields of the object at prefix (nil: the root):
+-- the nearest object's own setting, else the root mapping's ("" in dynamic).
+local function dynamic_of(dynamic, prefix)
+  while prefix do
+    if dynamic[prefix] ~= nil then return dynamic[prefix] end
+    prefix = prefix:match("^(.*)%.[^%.]*$")
+  end
+  return dynamic[""]
+end
+
+-- "dynamic": "strict": the first field of obj that is not mapped while new fields are
+-- refused where it sits, as {field=, within=} (within: the object's path, "_doc" at the
+-- root), or nil.
+local function strict(types, dynamic, obj, prefix)
+  for k, v in pairs(obj) do
+    if type(k) == "string" and v ~= null then
+      local path = prefix and (prefix .. "." .. k) or k
+      local is_table = type(v) == "table"
+      if types[path] == nil and not (is_table and next(v) == nil)
+        and dynamic_of(dynamic, prefix) == "strict" then
+        return { field = k, within = prefix or "_doc" }
+      end
+      local ty = types[path]
+      if is_table and (ty == nil or ty == "object" or ty == "nested") then
+        local elems = (#v > 0) and v or { v }
+        for _, e in ipairs(elems) do
+          if type(e) == "table" and e ~= null and next(e) ~= nil and #e == 0 then
+            local bad = strict(types, dynamic, e, path)
+            if bad then return bad end
+          end
+        end
+      end
+    end
+  end
+end
+function _M.strict(types, dynamic, obj)
+  if dynamic == nil or next(dynamic) == nil then return nil end
+  return strict(types, dynamic, obj, nil)
+end
 
 local NUMERIC = { long = true, integer = true, short = true, byte = true, double = true, float = true,
   half_float = true, scaled_float = true, unsigned_long = true }

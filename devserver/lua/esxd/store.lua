@@ -68,6 +68,7 @@ function _M.create(name, body)
   end
   local idx = { name = name, uuid = uuid(), created = now_ms(), types = {}, docs = {}, count = 0,
     visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {}, formats = {},
+    dynamic = {},
     settings = type(body) == "table" and body.settings or nil, mappings = nil }
   -- number_of_shards / number_of_replicas (also as index.* or {"index":{...}}): all documents
   -- live in one table whatever the count, but the _shards numbers ES reports follow them
@@ -82,7 +83,8 @@ function _M.create(name, body)
   idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
-    mapping.load(idx.types, body.mappings.properties, nil, idx.formats)
+    mapping.load(idx.types, body.mappings.properties, nil, idx.formats, idx.dynamic)
+    if body.mappings.dynamic ~= nil then idx.dynamic[""] = body.mappings.dynamic end
     idx.no_date_detection = body.mappings.date_detection == false
   end
   indices[name] = idx
@@ -262,6 +264,11 @@ end
 local function put(idx, id, source, raw, cur, opts, external)
   local bad = mapping.check(idx.types, source, nil, idx.formats)
   if bad then return nil, doc_parse_error(id, bad) end
+  local new = mapping.strict(idx.types, idx.dynamic, source)
+  if new then
+    return nil, errors.new(400, "strict_dynamic_mapping_exception",
+      ("[1:1] mapping set to strict, dynamic introduction of [%s] within [%s] is not allowed"):format(new.field, new.within))
+  end
   mapping.learn(idx.types, source, nil, idx.no_date_detection)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
