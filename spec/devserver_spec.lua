@@ -1065,6 +1065,24 @@ describe("esxd", function()
         format = "strict_date_optional_time||epoch_millis" } } } })
       assert.equal(200, st)
     end)
+    it("range on a date field parses its bounds with the field's mapping format (epoch_millis: numbers only)", function()
+      -- ES's DateFieldType.rangeQuery parses with the field's format unless the query gives one:
+      -- an ISO date against {"format":"epoch_millis"} fails the shard with a parse_exception
+      assert.equal(200, (req("PUT", "/epochq", { mappings = { properties = { ts = { type = "date", format = "epoch_millis" } } } })))
+      put_doc("epochq", "1", { ts = 1704070800000 })
+      local st, b = search("/epochq/_search", { query = { range = { ts = { gte = "2024-01-01" } } } })
+      assert.equal(400, st)
+      assert.equal("search_phase_execution_exception", b.error.type)
+      assert.same({ { type = "parse_exception",
+        reason = "failed to parse date field [2024-01-01] with format [epoch_millis]" } }, b.error.root_cause)
+      st, b = search("/epochq/_search", { query = { range = { ts = { gte = 1704067200000, lt = "now" } } } })
+      assert.equal(200, st)
+      assert.same({ "1" }, ids(b))
+      st, b = search("/epochq/_search", { query = { range = { ts = { gte = "2024-01-01",
+        format = "strict_date_optional_time||epoch_millis" } } } })
+      assert.equal(200, st)
+      assert.same({ "1" }, ids(b))
+    end)
     it("leaf query options: unknown or unimplemented ones are ES's parsing_exception; wildcard case_insensitive", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "3" }, q({ wildcard = { ["tag.keyword"] = { value = "M*L", case_insensitive = true } } }))

@@ -160,18 +160,31 @@ _M.NUMERIC = NUMERIC
 -- strict_date_optional_time||epoch_millis. A format made only of epoch_millis / epoch_second
 -- takes numbers and digit strings (with an optional fraction), as ES's epoch parsers do: an
 -- ISO-8601 string is then ES's document_parsing_exception. Other formats: as the default.
+local function epoch_only(format)
+  if type(format) ~= "string" or format == "" then return false end
+  for f in format:gmatch("[^|]+") do
+    f = f:match("^%s*(.-)%s*$")
+    if f ~= "epoch_millis" and f ~= "epoch_second" then return false end
+  end
+  return true
+end
+_M.epoch_only = epoch_only
+
 local function date_fits(v, format)
-  if type(format) == "string" then
-    local epoch_only = format ~= ""
-    for f in format:gmatch("[^|]+") do
-      f = f:match("^%s*(.-)%s*$")
-      if f ~= "epoch_millis" and f ~= "epoch_second" then epoch_only = false end
-    end
-    if epoch_only then
-      return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
-    end
+  if epoch_only(format) then
+    return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
   end
   return dates.parse(v) ~= nil
+end
+_M.date_fits = date_fits
+
+-- The date fields' mapping formats of an index, by its types table (store.create registers
+-- them), so that the query DSL parses a date field's values with the field's format.
+local formats_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_formats(types, formats) formats_by_types[types] = formats end
+function _M.format_of(types, path)
+  local f = types and formats_by_types[types]
+  return f and f[path]
 end
 
 -- Validate a document against explicit/learned numeric, date and boolean types (formats:

@@ -239,13 +239,17 @@ builders.range = function(body, types)
   end
   local ty = mapping.type_of(types, field)
   local is_date = ty == "date"
+  -- the query's format, else the field's mapping format (epoch_millis: numbers only), as ES
+  local format = spec.format or mapping.format_of(types, field)
   local function conv(x)
     if x == nil or x == null then return nil end
     if is_date then
-      local ms = dates.parse(x)
-      if x == "now" then ms = math.floor(ngx.now() * 1000) end
+      local ms
+      if x == "now" then ms = math.floor(ngx.now() * 1000)
+      elseif mapping.date_fits(x, format) then ms = dates.parse(x) end
       if not ms then
-        errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(x) .. "] with format [strict_date_optional_time||epoch_millis]")
+        errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(x) .. "] with format [" ..
+          (format or "strict_date_optional_time||epoch_millis") .. "]")
       end
       return ms
     end

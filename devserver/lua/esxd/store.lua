@@ -79,6 +79,7 @@ function _M.create(name, body)
     if v == nil then v = st["index." .. name] end
     return tonumber(v)
   end
+  mapping.register_formats(idx.types, idx.formats)
   idx.shards = math.max(1, math.floor(setting("number_of_shards") or 1))
   idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
