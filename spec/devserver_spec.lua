@@ -1488,6 +1488,22 @@ describe("esxd", function()
       assert.equal(404, st)
       assert.same(not_found("nope"), b)
     end)
+    it("_count fails a shard's query like _search does (search_phase_execution_exception)", function()
+      -- ES's RestCountAction runs a size-0 search: a bound the date field cannot parse fails
+      -- the shard, and the answer is "all shards failed" with the parse_exception as root cause
+      assert.equal(200, (req("PUT", "/cdate", { mappings = { properties = { d = { type = "date" } } } })))
+      put_doc("cdate", "1", { d = "2024-01-01T00:00:00Z" })
+      local q = { query = { range = { d = { gte = "abc" } } } }
+      local _, sb = jreq("POST", "/cdate/_search", q)
+      local st, b = jreq("POST", "/cdate/_count", q)
+      assert.equal(400, st)
+      assert.equal("search_phase_execution_exception", b.error.type)
+      assert.equal("all shards failed", b.error.reason)
+      assert.same({ { type = "parse_exception",
+        reason = "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]" } },
+        b.error.root_cause)
+      assert.same(sb, b)
+    end)
     it("_msearch returns one response per header/body pair with status", function()
       local body = '{"index":"c1"}\n{"query":{"match_all":{}}}\n{"index":"missing"}\n{}\n{}\n{"size":0}\n'
       local st, b = jreq("POST", "/_msearch", body, NDJSON)

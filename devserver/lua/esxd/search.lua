@@ -172,6 +172,21 @@ local REQUEST_MINIMUMS = {
 }
 
 -- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
+-- The query compiled for one index. A failure of the shard's query phase (a value the field
+-- cannot parse, ...) is ES's search_phase_execution_exception; request-level parse errors
+-- stay as they are.
+local function compile_on(q, idx)
+  local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types)
+  if not okq then
+    local e = matcher
+    if errors.is(e) and e.type ~= "parsing_exception" and e.type ~= "x_content_parse_exception" then
+      error(errors.search_phase(idx.name, e), 0)
+    end
+    error(e, 0)
+  end
+  return matcher
+end
+
 function _M.search(expr, params, body, started, path)
   body = body or {}
   if not is_obj(body) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(body) .. " in [body].") end
@@ -224,14 +239,7 @@ function _M.search(expr, params, body, started, path)
   local agg_types = {}
   local order = 0
   for _, idx in ipairs(idxs) do
-    local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types)
-    if not okq then
-      local e = matcher
-      if errors.is(e) and e.type ~= "parsing_exception" and e.type ~= "x_content_parse_exception" then
-        error(errors.search_phase(idx.name, e), 0)
-      end
-      error(e, 0)
-    end
+    local matcher = compile_on(q, idx)
     local pf = post and query.compile(post, idx.types)
     for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
     for _, rec in ipairs(idx.visible_list) do
@@ -369,7 +377,7 @@ function _M.count(expr, params, body, path)
   local min_score = params.min_score and tonumber(params.min_score)
   local n = 0
   for _, idx in ipairs(idxs) do
-    local matcher = query.compile(q or { match_all = {} }, idx.types)
+    local matcher = compile_on(q, idx)   -- _count is a size-0 search in ES: same shard failures
     for _, rec in ipairs(idx.visible_list) do
       if not rec.dead then
         local ok, score = matcher(rec)
