@@ -1083,6 +1083,30 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("term / terms values a date or numeric field cannot parse fail the shard, as in ES", function()
+      -- ES's field types parse a term query's value like the field's own values (DateFieldType
+      -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400
+      put_doc("tv", "1", { d = "2024-01-01T00:00:00Z", n = 5 })
+      local function root(q)
+        local st, b = search("/tv/_search", { query = q })
+        assert.equal(400, st)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        return b.error.root_cause
+      end
+      assert.same({ { type = "number_format_exception", reason = 'For input string: "abc"' } },
+        root({ term = { n = "abc" } }))
+      assert.same({ { type = "number_format_exception", reason = 'For input string: "x"' } },
+        root({ terms = { n = { 5, "x" } } }))
+      assert.same({ { type = "parse_exception",
+        reason = "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]" } },
+        root({ term = { d = "abc" } }))
+      for _, q in ipairs({ { term = { n = "5" } }, { terms = { n = { 5 } } }, { term = { d = 1704067200000 } },
+        { term = { d = "2024-01-01T00:00:00.000Z" } } }) do
+        local st, b = search("/tv/_search", { query = q })
+        assert.equal(200, st)
+        assert.same({ "1" }, ids(b))
+      end
+    end)
     it("leaf query options: unknown or unimplemented ones are ES's parsing_exception; wildcard case_insensitive", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "3" }, q({ wildcard = { ["tag.keyword"] = { value = "M*L", case_insensitive = true } } }))

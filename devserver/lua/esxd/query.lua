@@ -94,6 +94,21 @@ local function term_matches(ty, docval, qval, ci)
   return a == b
 end
 
+-- A term / terms value on a date or numeric field is parsed like the field's own values, as
+-- ES's field types do when they build the query: one that does not parse fails the shard
+-- with the error range bounds get.
+local function check_term_value(types, field, ty, v)
+  if ty == "date" then
+    local format = mapping.format_of(types, field)
+    if not (mapping.date_fits(v, format) and dates.parse(v)) then
+      errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(v) .. "] with format [" ..
+        (format or "strict_date_optional_time||epoch_millis") .. "]")
+    end
+  elseif ty and mapping.NUMERIC[ty] and tonumber(v) == nil then
+    errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(v) .. "\"")
+  end
+end
+
 local compile
 
 local function compile_list(v, types, what)
@@ -140,6 +155,7 @@ builders.term = function(body, types)
   end
   if type(v) == "table" then perr("[term] query does not support array of values") end
   local ty = mapping.type_of(types, field)
+  check_term_value(types, field, ty, v)
   return function(rec)
     for _, dv in ipairs(values(rec.source, field)) do
       if term_matches(ty, dv, v, ci) then return true, 1.0 end
@@ -154,6 +170,7 @@ builders.terms = function(body, types)
     perr("[terms] query does not support [" .. field .. "]")
   end
   local ty = mapping.type_of(types, field)
+  for _, q in ipairs(list) do check_term_value(types, field, ty, q) end
   return function(rec)
     for _, dv in ipairs(values(rec.source, field)) do
       for _, q in ipairs(list) do
