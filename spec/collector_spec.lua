@@ -127,7 +127,9 @@ describe("esx.collector", function()
     for _, spool in ipairs{ dir .. "/open", dir .. "/linked" } do
       col, err = esx.collector{ sink = client, spool_dir = spool }
       assert.is_nil(col)
-      assert.truthy(err.message:find("not a directory of this user only", 1, true), err.message)
+      -- the whole reason, not cut short by the message's buffer ("no write for other")
+      assert.truthy(err.message:find("not a directory of this user only (owner, no write for others)", 1, true),
+        err.message)
     end
     -- root (nginx's master) takes a private directory it made for the workers' user
     if io.popen("id -u"):read("*l") == "0" then

@@ -100,7 +100,7 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
     }
     /* the spool directory (home of the default dead-letter file) exists from the start */
     if (cfg->spool_dir[0] && esx_private_dir(cfg->spool_dir) != 0) {
-        snprintf(why, 256, "cannot use spool_dir %.150s: %.60s", cfg->spool_dir,
+        snprintf(why, 256, "cannot use spool_dir %.150s: %.80s", cfg->spool_dir,
                  errno == EPERM ? "not a directory of this user only (owner, no write for others)"
                                 : strerror(errno));
         goto fail;

@@ -41,7 +41,7 @@ esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
         return NULL;
     }
     if (esx_private_dir(dir) != 0) {
-        snprintf(why, 256, "cannot use spool_dir %.150s: %.60s", dir,
+        snprintf(why, 256, "cannot use spool_dir %.150s: %.80s", dir,
                  errno == EPERM ? "not a directory of this user only (owner, no write for others)"
                                 : strerror(errno));
         return NULL;
