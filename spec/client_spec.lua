@@ -853,6 +853,23 @@ describe("error kinds and deadlines", function()
     c:close()
   end)
 
+  -- docs/tuning.md said "pool_timeout must be > 0 (0 currently fails every request)" for a day
+  -- after bbc4cab made 0 mean "take a free slot or fail at once", as client.md says
+  it("returns nil, err with kind 'pool_timeout' at once under pool_timeout = 0 only when no slot is free", function()
+    srv:fault{ path = "/", stall_ms = 1000 }
+    local c = client{ max_total = 1, pool_timeout = 0 }
+    assert.equal(200, (assert(c:request("GET", "/_cluster/health"))).status) -- a free slot: taken
+    local slow = assert(c:send("GET", "/"))
+    local res, err, ms = timed(function() return c:request("GET", "/_cluster/health") end)
+    assert.is_nil(res)
+    assert.equal("pool_timeout", err.kind)
+    assert.is_true(ms < 500 * SCALE, "took " .. ms .. " ms")
+    assert.is_true(slow:wait(5000))
+    assert.equal(200, (assert(slow:result())).status)
+    assert.equal(200, (assert(c:request("GET", "/_cluster/health"))).status) -- free again
+    c:close()
+  end)
+
   it("fails fast with 'pool_timeout' under many concurrent async requests", function()
     srv:fault{ path = "/", stall_ms = 800, count = -1 }
     local c = client{ max_per_route = 2, max_total = 2, pool_timeout = 100 }
