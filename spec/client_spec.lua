@@ -790,6 +790,19 @@ describe("error kinds and deadlines", function()
     close()
   end)
 
+  it("returns nil, err with kind 'socket_timeout' when connect_timeout = 0 and a connect outlasts socket_timeout", function()
+    -- connect_timeout 0 is no bound of the connect's own (client.md said: libcurl's 300 s);
+    -- the silence watchdog then bounds it, on both transports
+    local url, close = net.full_backlog()
+    local c = client{ hosts = { url }, connect_timeout = 0, socket_timeout = 300, max_retries = 0 }
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("socket_timeout", err.kind)
+    assert.is_true(ms >= 290 and ms < 1300 * SCALE, "took " .. ms .. " ms")
+    c:close()
+    close()
+  end)
+
   it("returns nil, err with kind 'socket_timeout' within socket_timeout when the server stalls", function()
     srv:fault{ path = "/", stall_ms = 3000 }
     local c = client{ socket_timeout = 300 }
