@@ -731,7 +731,8 @@ describe("client methods", function()
     ops[3] = op("3")
     assert.has_error(function() c:bulk(ops) end)
     assert.has_error(function() c:bulk({ op("1"), refresh = true }) end,
-      "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got nil)")
+      "bad argument #1 to 'bulk' (key 'refresh' is not an operation's place in the list; " ..
+      "options go in the second argument)")
     assert.has_error(function() c:bulk({ op("1"), 42 }) end,
       "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got number)")
     assert.same({}, srv:requests("/_bulk").requests)

@@ -587,7 +587,14 @@ function _M.bulk_body(ops)
   -- every entry is an operation: ipairs would stop at a hole ({op1, nil, op3}) and send the
   -- operations before it as if they were all, without a word about the rest
   local n = 0
-  for _ in pairs(ops) do n = n + 1 end
+  for k in pairs(ops) do
+    if type(k) ~= "number" or k < 1 or k % 1 ~= 0 then
+      -- (c:bulk({op, refresh = true}): the options' place is the second argument)
+      error(format("bad argument #1 to 'bulk' (key %s is not an operation's place in the list; " ..
+        "options go in the second argument)", type(k) == "string" and ("'" .. k .. "'") or tostring(k)), 3)
+    end
+    n = n + 1
+  end
   for i = 1, n do
     local op = ops[i]
     if type(op) ~= "table" then
