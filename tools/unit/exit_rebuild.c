@@ -16,6 +16,7 @@
 
 #include "check.h"
 #include "client.h"
+#include "test_client.h"
 
 static esx_client *client;
 
@@ -41,19 +42,7 @@ int main(void)
 {
     /* registered first, so it runs after esx's handler (which the first engine registers) */
     atexit(after_esx);
-    esx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    char user[256], pass[256], why[256];
-    if (esx_node_parse(&cfg.nodes.v[0], "http://127.0.0.1:9", user, pass, why) != 0)
-        return 1;
-    cfg.nodes.n = 1;
-    cfg.connect_timeout = 1000;
-    cfg.socket_timeout = 1000;
-    cfg.pool_timeout = 1000;
-    cfg.max_per_route = cfg.max_total = 2;
-    cfg.max_response_bytes = 1 << 20;
-    cfg.dead_backoff_min = cfg.dead_backoff_max = 1000;
-    client = esx_client_new(&cfg, why);
+    client = test_client();
     check(client != NULL, "a client");
     if (client == NULL)
         return 1;

@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "client.h"
+#include "test_client.h"
 
 #define TRIALS 200
 
@@ -70,17 +71,7 @@ static void child(void)
 
 int main(void)
 {
-    esx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    char user[256], pass[256], why[256];
-    if (esx_node_parse(&cfg.nodes.v[0], "http://127.0.0.1:9", user, pass, why) != 0)
-        return 1;
-    cfg.nodes.n = 1;
-    cfg.connect_timeout = cfg.socket_timeout = cfg.pool_timeout = 1000;
-    cfg.max_per_route = cfg.max_total = 2;
-    cfg.max_response_bytes = 1 << 20;
-    cfg.dead_backoff_min = cfg.dead_backoff_max = 1000;
-    client = esx_client_new(&cfg, why);
+    client = test_client();
     check(client != NULL, "a client");
     if (client == NULL)
         return 1;
