@@ -341,12 +341,13 @@ local function shared_dict(name, fname)
   return dict
 end
 
--- Writes this worker's text; false when the dict has no room (logged once per dict).
+-- Writes this worker's text into the dict and returns it (nil when esx.metrics failed:
+-- logged); a dict without room is logged once.
 local function publish(dict, name, interval)
   local ok, text = pcall(require("esx").metrics)
   if not ok then
     ngx.log(ngx.ERR, "esx.nginx.share_metrics: ", text)
-    return false
+    return nil
   end
   -- kept three intervals: a worker that died (and was not replaced) drops out
   local stored, err = dict:safe_set(METRICS_KEY .. ngx.worker.id(), text, 3 * interval / 1000)
@@ -355,7 +356,7 @@ local function publish(dict, name, interval)
     ngx.log(ngx.ERR, "esx.nginx.share_metrics: cannot store this worker's metrics in lua_shared_dict '",
             name, "' (", err, "): make it bigger")
   end
-  return stored
+  return text
 end
 
 --- esx.nginx.share_metrics(dict, interval_ms?) -- in init_worker_by_lua: this worker publishes
@@ -368,12 +369,12 @@ function _M.share_metrics(name, interval)
     error("bad argument #2 to 'share_metrics' (interval in ms, 10-3600000, expected)", 2)
   end
   if published_dicts[name] then return true end
-  published_dicts[name] = interval
   local function tick(premature)
     if not premature then publish(dict, name, interval) end
   end
   local ok, err = ngx.timer.every(interval / 1000, tick)
   if not ok then error("esx.nginx.share_metrics: cannot start its timer: " .. tostring(err), 2) end
+  published_dicts[name] = interval -- (only once its timer runs: a failed call can be repeated)
   ngx.timer.at(0, tick)
   return true
 end
@@ -410,11 +411,11 @@ function _M.metrics(name)
     error("bad argument #1 to 'metrics' (call esx.nginx.share_metrics('" .. name ..
           "') in init_worker_by_lua first)", 2)
   end
-  publish(dict, name, interval)
+  local own = publish(dict, name, interval)
   local self_id = ngx.worker.id()
   local order, families = {}, {}
   for id = 0, ngx.worker.count() - 1 do
-    local text = id == self_id and require("esx").metrics() or dict:get(METRICS_KEY .. id)
+    local text = id == self_id and own or dict:get(METRICS_KEY .. id)
     if text then
       local lines = {}
       label_samples(lines, text, id)
