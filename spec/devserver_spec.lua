@@ -640,6 +640,43 @@ describe("esxd", function()
       st, b = jreq("GET", "/strict/_doc/2")
       assert.equal(404, st)
     end)
+    it("\"dynamic\": false and \"enabled\": false keep new fields in _source only: unsearchable, unmapped", function()
+      -- ES: with "dynamic": false a new field is not added to the mapping and is not indexed
+      -- (a query on it matches nothing, an aggregation sees no value); an object "enabled":
+      -- false is not parsed at all; an object's own "dynamic": true maps under it again
+      assert.equal(200, (req("PUT", "/quiet", { mappings = { dynamic = false, properties = {
+        a = { type = "keyword" }, free = { type = "object", dynamic = true },
+        off = { type = "object", enabled = false } } } })))
+      assert.equal(201, (req("PUT", "/quiet/_doc/1?refresh=true", { a = "x", b = "y", n = 5,
+        o = { p = 1 }, free = { q = "z" }, off = { r = 1 } })))
+      local function hits(query)
+        local st, b = jreq("POST", "/quiet/_search", { query = query })
+        assert.equal(200, st)
+        return b.hits.total.value
+      end
+      assert.equal(1, hits({ term = { a = "x" } }))
+      assert.equal(1, hits({ match = { ["free.q"] = "z" } }))
+      assert.equal(0, hits({ term = { b = "y" } }))
+      assert.equal(0, hits({ match = { b = "y" } }))
+      assert.equal(0, hits({ exists = { field = "b" } }))
+      assert.equal(0, hits({ range = { n = { gte = 1 } } }))
+      assert.equal(0, hits({ term = { ["o.p"] = 1 } }))
+      assert.equal(0, hits({ term = { ["off.r"] = 1 } }))
+      local _, b = jreq("POST", "/quiet/_search", { size = 0, aggs = {
+        bs = { terms = { field = "b.keyword" } }, mx = { max = { field = "n" } } } })
+      assert.same({}, b.aggregations.bs.buckets)
+      assert.equal(cjson.null, b.aggregations.mx.value)
+      local _, g = jreq("GET", "/quiet/_doc/1")
+      assert.same({ a = "x", b = "y", n = 5, o = { p = 1 }, free = { q = "z" }, off = { r = 1 } }, g._source)
+      local _, m = jreq("GET", "/quiet")
+      local props = m.quiet.mappings.properties
+      assert.is_nil(props.b)
+      assert.is_nil(props.n)
+      assert.is_nil(props.o)
+      assert.same({ type = "text", fields = { keyword = { type = "keyword", ignore_above = 256 } } },
+        props.free.properties.q)
+      assert.is_nil(props.off.properties)
+    end)
     it("rejects invalid index names on write", function()
       local st, b = jreq("PUT", "/BAD/_doc/1", { a = 1 })
       assert.equal(400, st)

@@ -37,7 +37,7 @@ local function collect_numbers(docs, field, types)
   if ty == "text" then fielddata_error(field) end
   local out = {}
   for _, rec in ipairs(docs) do
-    for _, v in ipairs(mapping.values(rec.source, field)) do
+    for _, v in ipairs(mapping.values(rec.source, field, types)) do
       local n = numeric(ty, v)
       if n then out[#out + 1] = n end
     end
@@ -89,7 +89,7 @@ end
 metric.value_count = function(spec, docs, types)
   local field = need_field("value_count", spec)
   local n = 0
-  for _, rec in ipairs(docs) do n = n + #mapping.values(rec.source, field) end
+  for _, rec in ipairs(docs) do n = n + #mapping.values(rec.source, field, types) end
   return json.obj("value", n)
 end
 metric.cardinality = function(spec, docs, types)
@@ -98,7 +98,7 @@ metric.cardinality = function(spec, docs, types)
   if ty == "text" then fielddata_error(field) end
   local seen, n = {}, 0
   for _, rec in ipairs(docs) do
-    for _, v in ipairs(mapping.values(rec.source, field)) do
+    for _, v in ipairs(mapping.values(rec.source, field, types)) do
       local k = type(v) .. ":" .. tostring(v)
       if not seen[k] then seen[k] = true; n = n + 1 end
     end
@@ -142,7 +142,7 @@ bucket.terms = function(spec, docs, types, subspec)
   local groups, order = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}
-    for _, v in ipairs(mapping.values(rec.source, field)) do
+    for _, v in ipairs(mapping.values(rec.source, field, types)) do
       if type(v) ~= "table" then
         local key = v
         if ty == "date" then key = dates.parse(v) elseif ty and mapping.NUMERIC[ty] then key = tonumber(v) end
@@ -272,7 +272,7 @@ bucket.date_histogram = function(spec, docs, types, subspec)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}
-    for _, v in ipairs(mapping.values(rec.source, field)) do
+    for _, v in ipairs(mapping.values(rec.source, field, types)) do
       local ms = dates.parse(v)
       if ms then
         local k = startf(ms)
@@ -325,7 +325,7 @@ bucket.histogram = function(spec, docs, types, subspec)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}
-    for _, v in ipairs(mapping.values(rec.source, field)) do
+    for _, v in ipairs(mapping.values(rec.source, field, types)) do
       local n = numeric(ty, v)
       if n then
         local k = floor(n / interval) * interval

@@ -83,35 +83,6 @@ local function infer(v, no_dates)
   return nil
 end
 
--- Record types of fields first seen in this document.
-local function learn(types, obj, prefix, no_dates)
-  for k, v in pairs(obj) do
-    if type(k) == "string" then
-      local path = prefix and (prefix .. "." .. k) or k
-      if type(v) == "table" and v ~= null then
-        if #v > 0 or next(v) == nil then
-          for _, e in ipairs(v) do
-            if type(e) == "table" then
-              if types[path] == nil then types[path] = "object" end
-              learn(types, e, path, no_dates)
-            elseif types[path] == nil then
-              local ty = infer(e, no_dates)
-              if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
-            end
-          end
-        else
-          if types[path] == nil then types[path] = "object" end
-          learn(types, v, path, no_dates)
-        end
-      elseif v ~= null and types[path] == nil then
-        local ty = infer(v, no_dates)
-        if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
-      end
-    end
-  end
-end
-_M.learn = learn
-
 -- The "dynamic" setting in force for new fields of the object at prefix (nil: the root):
 -- the nearest object's own setting, else the root mapping's ("" in dynamic).
 local function dynamic_of(dynamic, prefix)
@@ -121,6 +92,47 @@ local function dynamic_of(dynamic, prefix)
   end
   return dynamic[""]
 end
+
+-- New fields are not mapped where "dynamic" is false (or the object is "enabled": false):
+-- Elasticsearch keeps them in _source only, so they cannot be searched or aggregated.
+local function maps_new(dynamic, prefix)
+  if dynamic == nil or next(dynamic) == nil then return true end
+  local d = dynamic_of(dynamic, prefix)
+  return d ~= false and d ~= "false"
+end
+
+-- Record types of fields first seen in this document (dynamic: the index's "dynamic"
+-- settings by object path, as mapping.load fills them; nil: all true).
+local function learn(types, obj, prefix, no_dates, dynamic)
+  local new_ok = maps_new(dynamic, prefix)
+  for k, v in pairs(obj) do
+    if type(k) == "string" then
+      local path = prefix and (prefix .. "." .. k) or k
+      if types[path] == nil and not new_ok then
+        -- unmapped, and not mapped now: kept in _source only (nor is anything under it)
+      elseif type(v) == "table" and v ~= null then
+        if #v > 0 or next(v) == nil then
+          for _, e in ipairs(v) do
+            if type(e) == "table" then
+              if types[path] == nil then types[path] = "object" end
+              learn(types, e, path, no_dates, dynamic)
+            elseif types[path] == nil then
+              local ty = infer(e, no_dates)
+              if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
+            end
+          end
+        else
+          if types[path] == nil then types[path] = "object" end
+          learn(types, v, path, no_dates, dynamic)
+        end
+      elseif v ~= null and types[path] == nil then
+        local ty = infer(v, no_dates)
+        if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
+      end
+    end
+  end
+end
+_M.learn = learn
 
 -- "dynamic": "strict": the first field of obj that is not mapped while new fields are
 -- refused where it sits, as {field=, within=} (within: the object's path, "_doc" at the
@@ -246,7 +258,10 @@ local function split(path)
   return parts
 end
 
-function _M.values(source, path)
+-- types (the index's): a path the index has not mapped has no values, as in ES, where a
+-- field kept only in _source ("dynamic": false, "enabled": false) matches nothing.
+function _M.values(source, path, types)
+  if types and _M.type_of(types, path) == nil then return {} end
   local out = {}
   collect(source, split(path), 1, out)
   if #out == 0 and path:sub(-8) == ".keyword" then

@@ -157,7 +157,7 @@ builders.term = function(body, types)
   local ty = mapping.type_of(types, field)
   check_term_value(types, field, ty, v)
   return function(rec)
-    for _, dv in ipairs(values(rec.source, field)) do
+    for _, dv in ipairs(values(rec.source, field, types)) do
       if term_matches(ty, dv, v, ci) then return true, 1.0 end
     end
     return false, 0
@@ -172,7 +172,7 @@ builders.terms = function(body, types)
   local ty = mapping.type_of(types, field)
   for _, q in ipairs(list) do check_term_value(types, field, ty, q) end
   return function(rec)
-    for _, dv in ipairs(values(rec.source, field)) do
+    for _, dv in ipairs(values(rec.source, field, types)) do
       for _, q in ipairs(list) do
         if term_matches(ty, dv, q) then return true, 1.0 end
       end
@@ -191,11 +191,11 @@ builders.ids = function(body)
   return function(rec) if set[rec.id] then return true, 1.0 end return false, 0 end
 end
 
-builders.exists = function(body)
+builders.exists = function(body, types)
   if not is_obj(body) or type(body.field) ~= "string" then perr("[exists] must be provided with a [field]") end
   local field = body.field
   return function(rec)
-    if #values(rec.source, field) > 0 then return true, 1.0 end
+    if #values(rec.source, field, types) > 0 then return true, 1.0 end
     return false, 0
   end
 end
@@ -208,7 +208,7 @@ builders.prefix = function(body, types)
   v = tostring(v)
   local ty = mapping.type_of(types, field)
   return function(rec)
-    for _, dv in ipairs(values(rec.source, field)) do
+    for _, dv in ipairs(values(rec.source, field, types)) do
       local cands = ty == "text" and mapping.tokens(dv) or { tostring(dv) }
       for _, c in ipairs(cands) do
         if ci then c = c:lower() end
@@ -228,7 +228,7 @@ builders.wildcard = function(body, types)
   local pat = "^" .. tostring(v):gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
   local ty = mapping.type_of(types, field)
   return function(rec)
-    for _, dv in ipairs(values(rec.source, field)) do
+    for _, dv in ipairs(values(rec.source, field, types)) do
       local cands = ty == "text" and mapping.tokens(dv) or { tostring(dv) }
       for _, c in ipairs(cands) do
         if ci then c = c:lower() end
@@ -282,7 +282,7 @@ builders.range = function(body, types)
   if spec.from ~= nil then if spec.include_lower == false then gt = conv(spec.from) else gte = conv(spec.from) end end
   if spec.to ~= nil then if spec.include_upper == false then lt = conv(spec.to) else lte = conv(spec.to) end end
   return function(rec)
-    for _, dv in ipairs(values(rec.source, field)) do
+    for _, dv in ipairs(values(rec.source, field, types)) do
       local x
       if is_date then x = dates.parse(dv)
       elseif type(gt or gte or lt or lte) == "number" then x = tonumber(dv)
@@ -313,7 +313,7 @@ builders.match = function(body, types)
   if ty ~= "text" and ty ~= nil then
     -- keyword / numeric / date / boolean: the query is not tokenised
     return function(rec)
-      for _, dv in ipairs(values(rec.source, field)) do
+      for _, dv in ipairs(values(rec.source, field, types)) do
         if term_matches(ty, dv, v) then return true, 1.0 end
       end
       return false, 0
@@ -324,7 +324,7 @@ builders.match = function(body, types)
   return function(rec)
     if #qtoks == 0 then return false, 0 end
     local have = {}
-    for _, dv in ipairs(values(rec.source, field)) do
+    for _, dv in ipairs(values(rec.source, field, types)) do
       for _, tok in ipairs(mapping.tokens(dv)) do have[tok] = true end
     end
     local n = 0

@@ -270,7 +270,7 @@ local function put(idx, id, source, raw, cur, opts, external)
     return nil, errors.new(400, "strict_dynamic_mapping_exception",
       ("[1:1] mapping set to strict, dynamic introduction of [%s] within [%s] is not allowed"):format(new.field, new.within))
   end
-  mapping.learn(idx.types, source, nil, idx.no_date_detection)
+  mapping.learn(idx.types, source, nil, idx.no_date_detection, idx.dynamic)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
   -- routing: the write's, else (an update) the document's current one, as ES keeps it
