@@ -1091,6 +1091,32 @@ describe("shipping", function()
     assert.equal("locked-out", lines[1].operation.create._id)
   end)
 
+  it("closes within its timeout while another process holds the dead-letter file's lock for good", function()
+    -- a hung (or stopped) process keeps the lock: close() must not wait on it; the waiting
+    -- line is written without the lock (whole, as O_APPEND writes are)
+    local dir = tmpdir()
+    local dl = dir .. "/dl.ndjson"
+    local col = new{ dead_letter = dl, rollup = false, flush_interval = 10 }
+    os.execute(("flock -x %s -c 'touch %s/locked; while [ ! -e %s/release ]; do sleep 0.02; done' &")
+      :format(dl, dir, dir))
+    finally(function() io.open(dir .. "/release", "w"):close() os.execute("sleep 0.1; rm -rf " .. dir) end)
+    local t0 = socket.gettime()
+    while not io.open(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
+    assert.truthy(io.open(dir .. "/locked"), "flock(1) did not take the lock")
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "held-lock" })))))
+    while col:stats().dead_lettered == 0 and socket.gettime() - t0 < 10 * SCALE do socket.sleep(0.01) end
+    assert.equal(1, col:stats().dead_lettered)
+    local t = socket.gettime()
+    col:close(200)
+    local took = socket.gettime() - t
+    assert.is_true(took < 2 * SCALE, ("close took %.3f s"):format(took))
+    local lines = {}
+    for line in io.lines(dl) do lines[#lines + 1] = cjson.decode(line) end
+    assert.equal(1, #lines)
+    assert.equal("held-lock", lines[1].operation.create._id)
+  end)
+
   it("writes dead letters to a file its user may append to but not read (mode 0200)", function()
     if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to run as nobody") end
     local dir = tmpdir()

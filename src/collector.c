@@ -356,6 +356,9 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
          * shipper must have queued them before it is told to stop) */
         emit_and_wait(col, timeout_ms);
         col->stop = 1;
+        /* a dead letter still waiting for the file's lock (held by a hung process) is
+         * written without it: the join below must not wait on another process */
+        esx_dead_letters_stop_waiting(&col->dl);
         pthread_cond_signal(&col->wake);
         pthread_mutex_unlock(&col->mu);
         pthread_join(col->thread, NULL);

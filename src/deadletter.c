@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "deadletter.h"
@@ -17,6 +18,7 @@ int esx_dead_letters_init(esx_dead_letters *dl)
 {
     dl->fd = -1;
     dl->torn = 0;
+    atomic_store(&dl->no_wait, 0);
     return pthread_mutex_init(&dl->mu, NULL) == 0 ? 0 : -1;
 }
 
@@ -40,6 +42,28 @@ void esx_dead_letters_free(esx_dead_letters *dl)
 {
     esx_dead_letters_close(dl);
     pthread_mutex_destroy(&dl->mu);
+}
+
+void esx_dead_letters_stop_waiting(esx_dead_letters *dl)
+{
+    atomic_store(&dl->no_wait, 1);
+}
+
+/* Takes the file's lock, polling (flock cannot be interrupted from another thread) until it
+ * is free or the wait is called off.  Returns 1 when it holds the lock, 0 when it does not
+ * (called off, or a file that cannot be locked: a device). */
+static int lock_file(esx_dead_letters *dl)
+{
+    const struct timespec pause = {0, 10 * 1000 * 1000};
+    for (;;) {
+        if (flock(dl->fd, LOCK_EX | LOCK_NB) == 0)
+            return 1;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return 0;
+        if (atomic_load(&dl->no_wait))
+            return 0;
+        nanosleep(&pause, NULL);
+    }
 }
 
 static size_t json_escape(char *out, size_t cap, const char *s)
@@ -127,11 +151,8 @@ int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l)
     }
     /* Other esx processes appending to the file take the same lock, so no fragment can appear
      * between the look and the write.  A file that cannot be locked (a device) is written
-     * without. */
-    int rc;
-    while ((rc = flock(dl->fd, LOCK_EX)) != 0 && errno == EINTR)
-        ; /* a signal (nginx's, handled on this thread) is no reason to write unlocked */
-    int locked = rc == 0;
+     * without, and so is every line once the wait is called off (close). */
+    int locked = lock_file(dl);
     /* after a fragment, the newline that ends it goes in the same write as the line */
     size_t skip = torn(dl) ? 0 : 1, len = l->len + 1 - skip;
     /* bounded: what Elasticsearch refuses is the client's to choose (a field typed one way,

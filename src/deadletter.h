@@ -8,6 +8,7 @@
 #define ESX_DEADLETTER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +17,7 @@ typedef struct esx_dead_letters {
     int torn;                /* fd is write-only: this process's last line was cut short */
     int64_t max_bytes;       /* a regular file grows to this size at most (0: no bound) */
     pthread_mutex_t mu;      /* one writer at a time in this process (flock is per file) */
+    atomic_int no_wait;      /* set by esx_dead_letters_stop_waiting */
 } esx_dead_letters;
 
 /* One line waiting to be written; `ud` is the caller's (the queued event it stands for). */
@@ -41,6 +43,12 @@ void esx_dead_letters_close(esx_dead_letters *dl);
 /* Closes the file and destroys the lock. */
 void esx_dead_letters_free(esx_dead_letters *dl);
 
+/* Ends the wait of a writer for the file's lock, now and for every later write: they write
+ * without it (O_APPEND keeps each line whole; only the mending of another writer's fragment
+ * may then race).  For the collector's close: a process that holds the lock and never lets
+ * go (hung, or stopped) must not hold the close up.  Never fails. */
+void esx_dead_letters_stop_waiting(esx_dead_letters *dl);
+
 /* The line for one bulk item `op` ("<action>\n<document>\n", as queued) rejected with status,
  * error type and reason (escaped here; NUL-terminated).  Returns a malloc'd letter the caller
  * owns (free()), or NULL when out of memory. */
@@ -49,8 +57,9 @@ esx_dead_letter *esx_dead_letter_new(int64_t failed_at_ms, int status, const cha
 
 /* Appends the letter's line, as one write, under the file's flock (so that the look at the
  * file's end -- a fragment another writer's short write left is ended first -- and the write
- * are one step for every esx process).  May block (it is file I/O): call it without locks
- * others wait on.  Returns 0 when the whole line is in the file, -1 when it is not (no file,
+ * are one step for every esx process).  May block (it is file I/O; the lock is waited for
+ * until another process lets go of it or esx_dead_letters_stop_waiting): call it without
+ * locks others wait on.  Returns 0 when the whole line is in the file, -1 when it is not (no file,
  * the file at max_bytes, disk full, I/O error). */
 int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l);
 
