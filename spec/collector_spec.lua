@@ -1685,6 +1685,30 @@ describe("spool", function()
       "the spool directory was opened but not synced")
   end)
 
+  it("does not spin its shipper with spool_sync_interval = 0 (sync on every pass)", function()
+    -- the sync's deadline, last_sync + 0, was always due: the shipper's timed wait returned
+    -- at once, for ever (tens of thousands of passes a second, a core's worth of CPU)
+    -- wake-ups of this process's threads (an idle shipper wakes about once a second)
+    local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+    local function switches()
+      local p = io.popen("cat /proc/" .. pid .. "/task/*/status 2>/dev/null")
+      local n = 0
+      for v in p:read("*a"):gmatch("\nvoluntary_ctxt_switches:%s*(%d+)") do n = n + tonumber(v) end
+      p:close()
+      return n
+    end
+    local dir = tmpdir()
+    local col = new{ spool_dir = dir, spool_sync_interval = 0 }
+    finally(function() col:close(0) os.execute("rm -rf " .. dir) end)
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    assert.is_true(col:flush(5000))
+    socket.sleep(0.1)
+    local before = switches()
+    socket.sleep(1)
+    local woke = switches() - before
+    assert.is_true(woke < 500, "the process's threads woke " .. woke .. " times in 1 s while idle")
+  end)
+
   it("creates a spool_dir that does not exist yet, parents included", function()
     local dir = tmpdir() .. "/a/b"
     local col = new{ spool_dir = dir }

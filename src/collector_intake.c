@@ -240,6 +240,8 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
          col->ready_count >= col->cfg.batch_max_events) &&
         col->inflight < col->cfg.bulk_concurrency && now >= col->paused_until)
         pthread_cond_signal(&col->wake);
+    else if (seg && col->cfg.spool_sync_interval == 0)
+        pthread_cond_signal(&col->wake); /* 0: the record is synced on the next pass, now */
     pthread_mutex_unlock(&col->mu);
     out->accepted = queued;
     out->status = out->n_rejects ? 200 : 204;

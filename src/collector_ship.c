@@ -540,7 +540,10 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
         t = col->delayed->due;
     if (col->rollups && col->last_rollup_emit + col->cfg.rollup_interval < t)
         t = col->last_rollup_emit + col->cfg.rollup_interval;
-    if (col->spool && col->last_sync + col->cfg.spool_sync_interval < t)
+    /* (spool_sync_interval 0 syncs on every pass, whatever woke it: a deadline of
+     * last_sync + 0 would always be due, and the shipper would spin) */
+    if (col->spool && col->cfg.spool_sync_interval > 0 &&
+        col->last_sync + col->cfg.spool_sync_interval < t)
         t = col->last_sync + col->cfg.spool_sync_interval;
     if (col->spool && esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes / 2 &&
         now + 20 < t)
