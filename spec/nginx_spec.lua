@@ -150,6 +150,61 @@ describe("esx.nginx.await", function()
 end)
 
 describe("esx.nginx.wait", function()
+  -- A stand-in for nginx whose wall clock (ngx.now) steps by `step` seconds once the wait has
+  -- started, as NTP or an operator may step it; the waiter socket sleeps for real for its
+  -- timeout and wakes (the request done) after `answer_after` reads, or never.
+  local function stepped_ngx(step, answer_after)
+    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    local wall, reads, slept, timeout, done = 1.8e9, 0, 0, 0, false
+    local sock = {
+      connect = function() return true end,
+      send = function() return true end,
+      settimeout = function(_, ms) timeout = ms end,
+      receive = function()
+        reads = reads + 1
+        if reads == 1 then wall = wall + step end
+        if answer_after and reads >= answer_after then done = true return "1" end
+        if slept > 3000 then error("the wait outlived its timeout by far") end
+        require("socket").sleep(timeout / 1000)
+        slept = slept + timeout
+        return nil, "timeout"
+      end,
+      close = function() end,
+    }
+    rawset(_G, "ngx", {
+      get_phase = function() return "content" end,
+      now = function() return wall end,
+      update_time = function() end,
+      socket = { tcp = function() return sock end },
+      sleep = function(s) require("socket").sleep(s) end,
+    })
+    package.loaded["esx.nginx"] = nil
+    local nx = require("esx.nginx")
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.nginx"] = saved_nginx
+    local pending = { ready = function() return done end, id = function() return 7 end,
+                      waiter_path = function() return "/nonexistent" end,
+                      result = function() return { status = 200 } end }
+    return nx, pending
+  end
+
+  it("is not ended early by a step of the wall clock forward", function()
+    local nx, pending = stepped_ngx(3600, 3)
+    local res, err = nx.wait(pending, 5000)
+    assert.is_nil(err)
+    assert.equal(200, res.status)
+  end)
+
+  it("is not stretched by a step of the wall clock back", function()
+    local nx, pending = stepped_ngx(-3600, nil)
+    local t0 = require("socket").gettime()
+    local res, err = nx.wait(pending, 200)
+    local took = require("socket").gettime() - t0
+    assert.is_nil(res)
+    assert.equal("request_timeout", err.kind)
+    assert.is_true(took >= 0.19 and took < 1.5, "took " .. took .. " s")
+  end)
+
   it("raises on a timeout that is NaN or not a number, as pending:wait does", function()
     local nx = require("esx.nginx")
     local pending = { ready = function() return false end }

@@ -17,10 +17,10 @@ local _M = {}
 -- rebuilt by that check).  nginx logs each read timeout unless `lua_socket_log_errors off`.
 local SLICE_MS = 1000
 
-local function now_ms()
-  ngx.update_time()
-  return ngx.now() * 1000
-end
+-- Deadlines are measured on esx's monotonic clock (core.now), not on nginx's ngx.now(), which
+-- is the wall clock: a step of it (NTP, an operator) would end a wait at once, or stretch it
+-- by the size of the step.
+local now_ms = core.now
 
 -- How long a wait keeps trying to connect to the waiter socket before it fails with
 -- `internal`.  A burst of waits -- hundreds of a worker's requests waiting at once, as in a
