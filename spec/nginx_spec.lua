@@ -256,4 +256,56 @@ describe("esx.nginx.collect", function()
         type(bad) .. "%)$"), err)
     end
   end)
+
+  it("gives back an abandoned request's slot after abandoned_after, however the wall clock steps", function()
+    -- entries were stamped with ngx.now(), the wall clock: stepped back an hour, a slot that
+    -- nginx abandoned stayed taken for an hour, and with max_concurrent = 1 every request
+    -- got 503 meanwhile
+    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    local wall, answers = 1.8e9, {}
+    local stub = {
+      OK = 0, WARN = 5, ERR = 4, status = 0, header = {},
+      now = function() return wall end,
+      update_time = function() end,
+      log = function() end,
+      req = { get_method = function() return "GET" end, get_headers = function() return {} end },
+      print = function() end,
+      send_headers = function() end,
+      exit = function() end,
+    }
+    setmetatable(stub.header, { __newindex = function() end })
+    rawset(_G, "ngx", stub)
+    package.loaded["esx.nginx"] = nil
+    local ok, nx = pcall(require, "esx.nginx")
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.nginx"] = saved_nginx
+    assert(ok, nx)
+    local esx = require("esx")
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+    local col = esx.collector{ sink = c, max_concurrent = 1, abandoned_after = 50, rollup = false }
+    finally(function() col:close(0) c:close() end)
+    local function collect()
+      rawset(_G, "ngx", stub)
+      local okc, err = pcall(nx.collect, col)
+      rawset(_G, "ngx", saved_ngx)
+      assert(okc, err)
+      answers[#answers + 1] = stub.status
+    end
+    -- a request that nginx ends without resuming its handler (the client aborted while its
+    -- query was read, say): counted in, it never leaves
+    local abandon = true
+    stub.var = setmetatable({}, { __index = function(_, k)
+      if k ~= "args" then return nil end
+      if abandon then abandon = false coroutine.yield() end
+      return "site_id=s1&type=view"
+    end })
+    rawset(_G, "ngx", stub)
+    coroutine.resume(coroutine.create(function() nx.collect(col) end))
+    rawset(_G, "ngx", saved_ngx)
+    assert.equal(1, col:stats().in_progress)
+    wall = wall - 3600 -- the wall clock steps back an hour
+    require("socket").sleep(0.2) -- past abandoned_after
+    collect()
+    assert.same({ 200 }, answers)
+  end)
 end)

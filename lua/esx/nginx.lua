@@ -205,8 +205,8 @@ local holder_col, holder_since = {}, {}
 local holder_seq = 0
 
 local function reclaim(col)
-  local now = ngx.now()
-  local limit = col.o.abandoned_after / 1000
+  local now = now_ms() -- (monotonic: a step of the wall clock must not hold or free slots)
+  local limit = col.o.abandoned_after
   local n = 0
   for id, c in pairs(holder_col) do
     if c == col and now - holder_since[id] >= limit then
@@ -229,7 +229,7 @@ end
 local last_reclaim = setmetatable({}, { __mode = "k" })
 
 local function reclaim_now_and_then(col, now)
-  if (last_reclaim[col] or 0) + 1 <= now then
+  if (last_reclaim[col] or 0) + 1000 <= now then
     last_reclaim[col] = now
     if not col._reclaim then col._reclaim = reclaim end -- col:stats() calls it too
     reclaim(col)
@@ -245,8 +245,8 @@ local failure_logged = setmetatable({}, { __mode = "k" })
 
 local function log_failure(col, detail)
   local last = failure_logged[col]
-  local now = ngx.now()
-  if last and now < last.at + 1 then
+  local now = now_ms()
+  if last and now < last.at + 1000 then
     last.quiet = last.quiet + 1
     return
   end
@@ -298,7 +298,7 @@ function _M.collect(col)
       if status then return send(status, headers, body) end
     end
   end
-  local now = ngx.now()
+  local now = now_ms()
   reclaim_now_and_then(col, now)
   local ok, status, headers, body = col:_enter(reclaim, origin)
   if not ok then return send(status, headers, body) end
