@@ -182,6 +182,34 @@ describe("cache:read_articles(user_id, page_no)", function()
     assert.equal(3, db.page_loads)
   end)
 
+  it("in nginx, expires entries after their ttl however the wall clock steps (ngx.now)", function()
+    -- the default clock in nginx was ngx.now(), the wall clock: stepped back an hour (NTP,
+    -- an operator), a page of page_ttl = 100 ms was served for an hour and 100 ms
+    local core = require "esx.core"
+    local saved_ngx, saved_mod = rawget(_G, "ngx"), package.loaded["esx.cache"]
+    local wall = 1.8e9
+    rawset(_G, "ngx", { now = function() return wall end, sleep = function() end })
+    package.loaded["esx.cache"] = nil
+    local ok, mod = pcall(require, "esx.cache")
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.cache"] = saved_mod
+    assert(ok, mod)
+    local db = sample_db()
+    local c = mod.new{ load_page = db.load_page, load_readers = db.load_readers, page_ttl = 100,
+                       readers_ttl = 100 }
+    finally(function() c:close() end)
+    c:read_articles(7, 1)
+    assert.same({ 1, 3 }, { db.page_loads, db.readers_loads })
+    wall = wall - 3600 -- the wall clock steps back an hour
+    local t0 = core.cache_clock()
+    while core.cache_clock() - t0 < 150 do end -- past both ttls
+    c:read_articles(7, 1)
+    assert.same({ 2, 6 }, { db.page_loads, db.readers_loads })
+    wall = wall + 7200 -- and forward two: nothing fresh expires before its ttl
+    c:read_articles(7, 1)
+    assert.same({ 2, 6 }, { db.page_loads, db.readers_loads })
+  end)
+
   it("reloads a page after page_ttl and a reader set after readers_ttl", function()
     local db, now = sample_db(), 0
     local c = new_cache(db, { clock = function() return now end, page_ttl = 100,

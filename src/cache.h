@@ -161,7 +161,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
 
 /* Releases the lock; publishes data (len bytes, may be NULL) as the result with the load's
  * start_seq, stamped with clock_now (the cache's clock, which all processes must share: it
- * is ngx.now() in nginx), when it fits the hand-off buffer.  Returns 1 if published, else 0. */
+ * is CLOCK_MONOTONIC by default), when it fits the hand-off buffer.  Returns 1 if published, else 0. */
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
                      size_t len, uint64_t start_seq, double clock_now);
 
@@ -179,7 +179,7 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
  * has moved on (another ticket, or no longer published).  Never fails. */
 void esx_cache_lock_discard(esx_cache *c, int kind, uint64_t key, uint64_t ticket);
 
-/* Milliseconds of CLOCK_MONOTONIC: the default clock outside nginx. */
+/* Milliseconds of CLOCK_MONOTONIC: the default clock. */
 double esx_cache_now_ms(void);
 
 #endif

@@ -102,10 +102,10 @@ local function closed_error()
   return nil, make_error("closed", "the cache is closed")
 end
 
+-- CLOCK_MONOTONIC, in nginx too: ngx.now() is the wall clock, and a step of it back (NTP, an
+-- operator) kept every entry for the size of the step past its ttl.  Every process of the
+-- machine reads the same monotonic clock, as a shared cache needs.
 local function default_clock()
-  if ngx and ngx.now then
-    return function() return ngx.now() * 1000 end
-  end
   return core_clock
 end
 
