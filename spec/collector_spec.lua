@@ -1400,6 +1400,22 @@ describe("col:rollups", function()
     assert.equal("3000\n", out)
   end)
 
+  it("stamps a rollup row's @timestamp with its window_start, milliseconds included", function()
+    -- the stamp was formatted from whole seconds with ".000Z" appended: with a window that is
+    -- not a whole number of seconds, @timestamp was up to 999 ms before window_start
+    local col = new{ rollup = { window = 1500 } }
+    local at = 1704067201600 -- 2024-01-01T00:00:01.600Z: its window starts at 00:00:01.500
+    assert.equal(204, (col.c:ingest(cjson.encode(ev({ block_id = "ms" })), false, at)))
+    assert.is_true(col:flush(5000))
+    col:close()
+    assert(client:refresh("rollups-*"))
+    local res = assert(client:search("rollups-*", { size = 10, query = { term = { block_id = "ms" } } }))
+    assert.equal(1, #res.hits.hits)
+    local row = res.hits.hits[1]._source
+    assert.equal(1704067201500, row.window_start)
+    assert.equal("2024-01-01T00:00:01.500Z", row["@timestamp"])
+  end)
+
   it("counts events and unique users per site, block, variant and type", function()
     local col = new()
     local evs = {}

@@ -202,7 +202,9 @@ static int write_row(esx_rollups *r, const esx_rollup_row *row, const char *inst
     gmtime_r(&secs, &tm);
     if (strftime(index, sizeof index, index_fmt, &tm) == 0)
         return -1;
-    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S.000Z", &tm);
+    /* the window's milliseconds too: a window need not be a whole number of seconds */
+    size_t sl = strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(stamp + sl, sizeof stamp - sl, ".%03dZ", (int)(row->window_start % 1000));
     size_t klen = key_bytes(key, row->window_start, row->site_id, row->block_id, row->variant,
                             row->type);
     uint64_t id = esx_hash64(key, klen, ID_SEED);
