@@ -134,6 +134,10 @@ describe("esx.cache(opts)", function()
       "esx.cache: bad option 'max_pages' (integer expected, got non-integer number)")
     assert.has_error(function() new_cache(db, { shared = 1 }) end,
       "esx.cache: bad option 'shared' (boolean expected, got number)")
+    -- nginx's semaphore waits take whole ms in a C int: a longer wait would not be one
+    assert.has_error(function() new_cache(db, { lock_timeout = math.huge }) end,
+      "esx.cache: bad option 'lock_timeout' (must be <= 2147483647)")
+    new_cache(db, { lock_timeout = 2147483647 }):close()
   end)
 
   it("is the same constructor as require('esx.cache').new", function()

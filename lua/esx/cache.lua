@@ -71,7 +71,8 @@ local schema = {
   readers_ttl = { type = "number", default = 600000, min = 0 },
   max_bytes = { type = "integer", default = 67108864, min = 0 },
   shared = { type = "boolean", default = false, check = check_shared },
-  lock_timeout = { type = "number", default = 5000, min = 0 },
+  -- at most what nginx's semaphore wait takes (whole ms in a C int)
+  lock_timeout = { type = "number", default = 5000, min = 0, max = 2147483647 },
   clock = { type = "function" },
   wait = { type = "function" },
   name = { type = "string", nonempty = true, check = options.utf8_text },
