@@ -3,6 +3,7 @@
  * the runs of items waiting out a retry's back-off, by due time (see collector_int.h).
  */
 #include <stdint.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,7 +84,8 @@ int64_t esx_col_backoff(esx_collector *col, int attempts)
 
 void esx_col_retry_later(esx_collector *col, run *r, item *it)
 {
-    it->attempts++;
+    if (it->attempts < INT_MAX - 1) /* items retry without limit: weeks against a dead sink */
+        it->attempts++;
     it->next = NULL;
     if (r->tail)
         r->tail->next = it;
