@@ -458,3 +458,72 @@ describe("esx.nginx.collect #nginx", function()
     assert.equal(30, indexed("sigkill")) -- exactly once
   end)
 end)
+
+describe("a reload (HUP) after a worker was killed #nginx", function()
+  it("leaves the dead worker's spool segments to the workers: the master does not claim them", function()
+    local dir = tmpdir()
+    local sink = ds.start{}
+    local port = sink.port
+    sink:stop() -- down: what the worker accepts stays in its spool
+    local hup = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          local c = assert(esx.client{ hosts = { "http://127.0.0.1:%d" }, connect_timeout = 200,
+                                       dead_backoff_min = 100, dead_backoff_max = 200 })
+          package.loaded.hup_collector = assert(esx.collector{ sink = c, spool_dir = "%s",
+            flush_interval = 50, retry_backoff_min = 50, retry_backoff_max = 200,
+            spool_sync_interval = 0 })
+        }
+      ]]):format(port, dir),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.hup_collector) }
+        }
+        location = /stats {
+          content_by_lua_block { ngx.say(package.loaded.hup_collector:stats().queued_events) }
+        }
+      ]],
+    }
+    local ok, err = pcall(function()
+      for i = 1, 10 do
+        assert.equal(204, hup:request("POST", "/collect",
+          cjson.encode({ site_id = "s1", type = "view", event_id = "orph" .. i }),
+          { ["Content-Type"] = "application/json" }))
+      end
+      local master = hup:pid()
+      local first = worker_pids(master)
+      for _, pid in ipairs(first) do os.execute("kill -9 " .. pid) end
+      local deadline = socket.gettime() + 10
+      repeat socket.sleep(0.05) until (#worker_pids(master) == 1 and worker_pids(master)[1] ~= first[1])
+        or socket.gettime() > deadline
+      -- the reload frees the previous configuration's Lua state (and its collector) in the
+      -- master; the killed worker's segment must stay a dead process's, for a worker to replay
+      os.execute("kill -HUP " .. master)
+      deadline = socket.gettime() + 10
+      repeat socket.sleep(0.05) until hup:error_log():find("start worker process", 1, true) and
+        select(2, hup:error_log():gsub("start worker process", "")) >= 3 or socket.gettime() > deadline
+      socket.sleep(0.5)
+      local listing = io.popen("ls " .. dir):read("*a")
+      assert.falsy(listing:find("seg%-" .. master .. "%-"), listing)
+      sink = ds.start{ port = port }
+      local c = assert(esx.client{ hosts = { sink.url } })
+      local n = 0
+      deadline = socket.gettime() + 15
+      while socket.gettime() < deadline do
+        hup:get("/stats") -- a worker's collector starts (and claims orphans) on first use
+        assert(c:refresh("events-*"))
+        n = c:count("events-*", { query = { prefix = { event_id = "orph" } } }) or 0
+        if n >= 10 then break end
+        socket.sleep(0.2)
+      end
+      c:close()
+      assert.equal(10, n)
+    end)
+    hup:stop()
+    sink:stop()
+    os.execute("rm -rf " .. dir)
+    assert(ok, err)
+  end)
+end)

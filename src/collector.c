@@ -124,53 +124,57 @@ fail:
     return NULL;
 }
 
+/* A collector inherited through fork, in the child: the parent's thread, requests and spool
+ * files are the parent's.  The memory is our copy: drop its queue (in-flight batches belong
+ * to the parent's engine and are left alone), re-create the locks, and re-seed the id
+ * generator so parent and child never mint the same event_id.  Starts nothing. */
+static void adopt(esx_collector *col)
+{
+    init_locks(col);
+    esx_col_free_list(col->ready_head);
+    esx_col_free_runs(col->delayed);
+    col->ready_head = col->ready_tail = NULL;
+    col->sent = NULL;
+    col->delayed = NULL;
+    col->delayed_count = 0;
+    col->paused_until = 0;
+    col->ready_bytes = 0;
+    col->ready_count = 0;
+    col->inflight = 0;
+    col->queue_bytes = 0;
+    col->queue_events = 0;
+    col->queue_rollups = 0;
+    if (col->spool) {
+        esx_spool_forget(col->spool);
+        col->spool = NULL;
+    }
+    if (col->rollups) {
+        int64_t w = esx_rollups_window(col->rollups);
+        esx_rollups_free(col->rollups);
+        col->rollups = esx_rollups_new(w, col->cfg.rollup_max_rows);
+    }
+    /* the parent's filed letters are the parent's to write: drop our copies */
+    while (col->letters) {
+        esx_dead_letter *next = col->letters->next;
+        free(col->letters->ud);
+        free(col->letters);
+        col->letters = next;
+    }
+    col->letters_tail = NULL;
+    esx_dead_letters_close(&col->dl);
+    esx_dead_letters_init(&col->dl);
+    open_dead_letter(col);
+    esx_idgen_init(&col->ids);
+    col->running = 0;
+    col->pid = esx_pid();
+}
+
 /* First use in this process: adopt a collector inherited through fork, open the spool and
  * start the shipper.  Called by the intake's thread.  Returns 0 or -1 (why, 256 bytes). */
 int esx_col_ensure_running(esx_collector *col, char *why)
 {
-    if (col->pid != esx_pid()) {
-        /* A forked child: the parent's thread, requests and spool files are the parent's.
-         * The memory is our copy: drop its queue (in-flight batches belong to the parent's
-         * engine and are left alone), re-create the locks, and re-seed the id generator so
-         * parent and child never mint the same event_id. */
-        init_locks(col);
-        esx_col_free_list(col->ready_head);
-        esx_col_free_runs(col->delayed);
-        col->ready_head = col->ready_tail = NULL;
-        col->sent = NULL;
-        col->delayed = NULL;
-        col->delayed_count = 0;
-        col->paused_until = 0;
-        col->ready_bytes = 0;
-        col->ready_count = 0;
-        col->inflight = 0;
-        col->queue_bytes = 0;
-        col->queue_events = 0;
-        col->queue_rollups = 0;
-        if (col->spool) {
-            esx_spool_forget(col->spool);
-            col->spool = NULL;
-        }
-        if (col->rollups) {
-            int64_t w = esx_rollups_window(col->rollups);
-            esx_rollups_free(col->rollups);
-            col->rollups = esx_rollups_new(w, col->cfg.rollup_max_rows);
-        }
-        /* the parent's filed letters are the parent's to write: drop our copies */
-        while (col->letters) {
-            esx_dead_letter *next = col->letters->next;
-            free(col->letters->ud);
-            free(col->letters);
-            col->letters = next;
-        }
-        col->letters_tail = NULL;
-        esx_dead_letters_close(&col->dl);
-        esx_dead_letters_init(&col->dl);
-        open_dead_letter(col);
-        esx_idgen_init(&col->ids);
-        col->running = 0;
-        col->pid = esx_pid();
-    }
+    if (col->pid != esx_pid())
+        adopt(col);
     if (col->running || col->closed)
         return 0;
     if (col->auto_instance) {
@@ -345,9 +349,13 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
 {
     if (col->closed)
         return 0;
-    char why[256];
+    /* Inherited and never used here: this process accepted nothing, so there is nothing of
+     * its own to ship, and nothing is started.  Starting the shipper (and so the spool) to
+     * close it claimed the segments of dead processes -- in nginx's master, which frees the
+     * previous configuration's collector at every reload, under the master's pid: no worker
+     * replays a live process's segments, and the master never would. */
     if (col->pid != esx_pid())
-        esx_col_ensure_running(col, why);
+        adopt(col);
     pthread_mutex_lock(&col->mu);
     col->closed = 1;
     int64_t left = 0;
