@@ -527,3 +527,73 @@ describe("a reload (HUP) after a worker was killed #nginx", function()
     assert(ok, err)
   end)
 end)
+
+describe("a graceful stop with a spool while the sink is down #nginx", function()
+  it("keeps the rollup rows with the events: the next nginx writes both", function()
+    local dir = tmpdir()
+    local sink = ds.start{}
+    local port = sink.port
+    sink:stop() -- down: nothing is acknowledged before the stop
+    local function conf()
+      return {
+        workers = 1,
+        http = ([[
+          init_by_lua_block {
+            local esx = require "esx"
+            local c = assert(esx.client{ hosts = { "http://127.0.0.1:%d" }, connect_timeout = 200,
+                                         dead_backoff_min = 100, dead_backoff_max = 200 })
+            package.loaded.roll_collector = assert(esx.collector{ sink = c, spool_dir = "%s",
+              flush_interval = 50, retry_backoff_min = 50, retry_backoff_max = 200 })
+          }
+          exit_worker_by_lua_block { package.loaded.roll_collector:close(300) }
+        ]]):format(port, dir),
+        server = [[
+          location = /collect {
+            content_by_lua_block { require("esx.nginx").collect(package.loaded.roll_collector) }
+          }
+          location = /stats {
+            content_by_lua_block { ngx.say(package.loaded.roll_collector:stats().queued_events) }
+          }
+        ]],
+      }
+    end
+    local web1, web2, c
+    local ok, err = pcall(function()
+      web1 = nginx.start(conf())
+      for i = 1, 12 do
+        assert.equal(204, web1:request("POST", "/collect",
+          cjson.encode({ site_id = "roll", type = "view", event_id = "roll" .. i, user_id = "u" .. i }),
+          { ["Content-Type"] = "application/json" }))
+      end
+      web1:stop() -- QUIT: exit_worker_by_lua closes the collector; the sink is still down
+      web1 = nil
+      sink = ds.start{ port = port }
+      c = assert(esx.client{ hosts = { sink.url } })
+      web2 = nginx.start(conf()) -- its worker replays the first one's segments
+      local events, rows, counted = 0, 0, 0
+      local deadline = socket.gettime() + 15
+      while socket.gettime() < deadline do
+        web2:get("/stats")
+        assert(c:refresh("*"))
+        events = c:count("events-*", { query = { prefix = { event_id = "roll" } } }) or 0
+        local res = c:search("rollups-*", { size = 100, query = { term = { site_id = "roll" } } })
+        rows, counted = 0, 0
+        for _, hit in ipairs(res and res.hits.hits or {}) do
+          rows = rows + 1
+          counted = counted + hit._source.count
+        end
+        if events >= 12 and counted >= 12 then break end
+        socket.sleep(0.2)
+      end
+      assert.equal(12, events)
+      assert.equal(1, rows)
+      assert.equal(12, counted) -- before: 0 rows (lost at the stop, while the events were kept)
+    end)
+    if web1 then web1:stop() end
+    if web2 then web2:stop() end
+    if c then c:close() end
+    sink:stop()
+    os.execute("rm -rf " .. dir)
+    assert(ok, err)
+  end)
+end)

@@ -345,6 +345,54 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     pthread_mutex_unlock(&col->mu);
 }
 
+/* Writes one record of rollup rows to the spool, its segment kept for the replay (its
+ * pending count is never given back: the items are freed with the collector).  0 or -1. */
+static int spool_rows(esx_collector *col, esx_buf *b, int64_t rows)
+{
+    char why[256];
+    esx_segment *seg = NULL;
+    if (b->len == 0)
+        return 0;
+    if (col->spool->bytes_on_disk + b->len + 8 > col->cfg.spool_max_bytes ||
+        esx_spool_append(col->spool, b->data, b->len, 0, &seg, why) != 0)
+        return -1;
+    seg->pending += rows;
+    esx_buf_reset(b);
+    return 0;
+}
+
+/* The rollup rows still queued once the shipper has stopped (the sink away at a graceful
+ * stop or an nginx reload) go to the spool, so that the process that replays this one's
+ * segments writes them too: without it they were lost, while the events they count were
+ * replayed.  Rows in a bulk still in flight are not (that bulk's answer decides).  Called
+ * with mu held, the shipper gone. */
+static void spool_rollups(esx_collector *col)
+{
+    esx_buf b;
+    esx_buf_init(&b, ESX_SPOOL_MAX_RECORD);
+    int64_t rows = 0;
+    run ready = {.head = col->ready_head};
+    for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next) {
+        for (item *it = r->head; it; it = it->next) {
+            if (!it->rollup)
+                continue;
+            int rc = esx_buf_append(&b, it->data, it->len);
+            if (rc == ESX_BUF_TOOBIG) {
+                if (spool_rows(col, &b, rows) != 0)
+                    goto done;
+                rows = 0;
+                rc = esx_buf_append(&b, it->data, it->len);
+            }
+            if (rc != ESX_BUF_OK)
+                goto done;
+            rows++;
+        }
+    }
+    spool_rows(col, &b, rows);
+done:
+    esx_buf_free(&b);
+}
+
 int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
 {
     if (col->closed)
@@ -374,6 +422,8 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
         col->running = 0;
     }
     left = col->queue_events - col->queue_rollups;
+    if (col->spool && col->queue_rollups > 0)
+        spool_rollups(col);
     if (col->inflight == 0 && col->spool) {
         /* nothing can acknowledge an item any more: acknowledged segments go now, the
          * rest stay on disk for the next process to replay */

@@ -446,6 +446,8 @@ static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_
             esx_col_free_list(head);
             return -1;
         }
+        /* rollup rows a closing process spooled (an index operation; events are creates) */
+        it->rollup = it->len > 8 && memcmp(it->data, "{\"index\"", 8) == 0;
         *tail = it;
         tail = &it->next;
         n++;
@@ -455,8 +457,12 @@ static int64_t replay_record(void *ud, esx_segment *seg, const char *data, size_
         item *it = head;
         head = it->next;
         esx_col_enqueue(col, it);
+        if (it->rollup) {
+            col->queue_rollups++;
+        } else {
+            col->st.replayed++;
+        }
     }
-    col->st.replayed += (uint64_t)n;
     return n;
 }
 
