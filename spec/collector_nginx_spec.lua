@@ -597,3 +597,59 @@ describe("a graceful stop with a spool while the sink is down #nginx", function(
     assert(ok, err)
   end)
 end)
+
+describe("a collector made by a root master for workers of another user #nginx", function()
+  local is_root = (io.open("/proc/self/status"):read("*a")):match("\nUid:%s+0%s") ~= nil
+  local it_root = is_root and it or pending
+  it_root("writes dead letters to the default file in the spool_dir given to the workers' user", function()
+    local base = tmpdir()
+    local dir = base .. "/spool"
+    -- as the docs say: the spool_dir belongs to the workers' user, in a directory of root's
+    assert(os.execute("chmod 755 " .. base .. " && mkdir " .. dir .. " && chown nobody:nogroup " ..
+      dir .. " && chmod 700 " .. dir))
+    es:reset()
+    local web_nobody = nginx.start{
+      workers = 1,
+      user = "nobody nogroup",
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.nobody_collector = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), spool_dir = "%s", flush_interval = 50 })
+        }
+      ]]):format(es.url, dir),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.nobody_collector) }
+        }
+        location = /stats {
+          content_by_lua_block {
+            local st = package.loaded.nobody_collector:stats()
+            ngx.say(st.dead_lettered, " ", st.dead_letter_failed)
+          }
+        }
+      ]],
+    }
+    local ok, err = pcall(function()
+      es:fault{ path = "/_bulk", item_status = 400, count = 1 } -- refused for good
+      assert.equal(204, web_nobody:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "nobody1" }),
+        { ["Content-Type"] = "application/json" }))
+      local body
+      local deadline = socket.gettime() + 10
+      repeat
+        socket.sleep(0.1)
+        body = select(2, web_nobody:get("/stats"))
+      until body ~= "0 0\n" or socket.gettime() > deadline
+      assert.equal("1 0\n", body) -- before: "1 1", the line lost (root's 0600 file)
+      local f = assert(io.open(dir .. "/dead-letter.ndjson"))
+      local text = f:read("*a")
+      f:close()
+      assert.truthy(text:find('"nobody1"', 1, true), text)
+    end)
+    web_nobody:stop()
+    es:clear_faults()
+    os.execute("rm -rf " .. base)
+    assert(ok, err)
+  end)
+end)

@@ -12,14 +12,13 @@
 
 #include "private.h"
 
-/* 1 when the directory that holds path may be written by nobody but root and owner: then
- * whatever of owner's is in it was put there by root or by owner, not by a third user. */
-static int placed_by(const char *path, uid_t owner)
+/* stat of the directory that holds path: 0, or -1. */
+static int dir_of(const char *path, struct stat *st)
 {
     char dir[512];
     size_t n = strlen(path);
     if (n >= sizeof dir)
-        return 0;
+        return -1;
     memcpy(dir, path, n + 1);
     while (n > 1 && dir[n - 1] == '/')
         dir[--n] = '\0';
@@ -28,8 +27,15 @@ static int placed_by(const char *path, uid_t owner)
         snprintf(dir, sizeof dir, ".");
     else
         slash[slash == dir ? 1 : 0] = '\0';
+    return stat(dir, st) == 0 && S_ISDIR(st->st_mode) ? 0 : -1;
+}
+
+/* 1 when the directory that holds path may be written by nobody but root and owner: then
+ * whatever of owner's is in it was put there by root or by owner, not by a third user. */
+static int placed_by(const char *path, uid_t owner)
+{
     struct stat st;
-    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_uid == 0 || st.st_uid == owner) &&
+    return dir_of(path, &st) == 0 && (st.st_uid == 0 || st.st_uid == owner) &&
            (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
@@ -165,7 +171,21 @@ static int checked(int fd, const char *path, int devices)
 int esx_private_append(const char *path)
 {
     int flags = O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
-    int fd = open(path, O_RDWR | flags, 0600);
+    int fd = open(path, O_RDWR | O_EXCL | flags, 0600);
+    struct stat dir;
+    if (fd >= 0 && geteuid() == 0 && dir_of(path, &dir) == 0 && dir.st_uid != 0 &&
+        (dir.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+        /* Made by root in another user's own directory: nginx's master creating the
+         * collector for workers of that user (a spool_dir given to them holds the default
+         * dead-letter file).  Root's file there was one the workers could not open, and
+         * every dead letter was lost (dead_letter_failed); the directory's owner gets it. */
+        if (fchown(fd, dir.st_uid, dir.st_gid) != 0) {
+            close(fd);
+            return -1;
+        }
+    }
+    if (fd < 0 && errno == EEXIST)
+        fd = open(path, O_RDWR | flags, 0600);
     if (fd < 0 && errno == EACCES) /* a file this user may append to but not read */
         fd = open(path, O_WRONLY | flags, 0600);
     return checked(fd, path, 1);

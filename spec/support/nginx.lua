@@ -3,7 +3,8 @@
 --
 --   local nginx = require "spec.support.nginx"
 --   local srv = nginx.start{ server = "location /t { content_by_lua_block { ... } }",
---                            http = "lua_shared_dict d 1m;", workers = 2 }
+--                            http = "lua_shared_dict d 1m;", workers = 2,
+--                            user = "nobody nogroup" } -- (root only: workers of that user)
 --   local status, body = srv:get("/t")
 --   srv:stop()
 
@@ -76,6 +77,7 @@ function _M.start(opts)
   os.remove(dir)
   assert(sh("mkdir -p " .. dir .. "/tmp"))
   local user = (read("/proc/self/status") or ""):match("\nUid:%s+0%s") and "user root;" or ""
+  if opts.user then user = "user " .. opts.user .. ";" end -- workers of another user (as root)
   local conf = CONF:format(user, opts.workers or 1, dir, dir, opts.main or "",
     dir, dir, dir, dir, dir, root, root, root, root, opts.http or "", port, opts.server or "")
   write(dir .. "/nginx.conf", conf)
