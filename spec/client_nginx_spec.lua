@@ -301,3 +301,46 @@ describe("esx.nginx.wait with few descriptors #nginx", function()
     assert.is_true(used < 1.0, "the worker used " .. used .. " s of CPU during a 2 s stall")
   end)
 end)
+
+describe("a client made in init_by_lua of a master that is not forked off (daemon off) #nginx", function()
+  it("leaves nginx's signals to the master: every worker killed is started again", function()
+    local fg = nginx.start{
+      workers = 4,
+      daemon = false,
+      http = [[
+        init_by_lua_block {
+          -- its I/O thread lives in the master: before, it took the master's signals
+          -- (SIGCHLD) whenever they came while the master was busy, unblocked
+          fg_client = assert(require("esx").client{ hosts = { "http://127.0.0.1:1" } })
+        }
+      ]],
+      server = "location = /t { return 204; }",
+    }
+    local function workers(master)
+      local p = io.popen("pgrep -P " .. master)
+      local pids = {}
+      for line in p:lines() do pids[#pids + 1] = line end
+      p:close()
+      return pids
+    end
+    local ok, err = pcall(function()
+      local master = fg:pid()
+      local deadline = socket.gettime() + 10
+      while #workers(master) < 4 and socket.gettime() < deadline do socket.sleep(0.02) end
+      for try = 1, 40 do
+        -- every worker at once: their deaths come in while the master respawns the first
+        os.execute("kill -9 " .. table.concat(workers(master), " "))
+        local n
+        deadline = socket.gettime() + 2
+        repeat
+          socket.sleep(0.02)
+          n = #workers(master)
+        until n == 4 or socket.gettime() > deadline
+        assert.equal(4, n, "workers running after kill #" .. try)
+      end
+      assert.equal(204, (fg:get("/t")))
+    end)
+    fg:stop()
+    assert(ok, err)
+  end)
+end)

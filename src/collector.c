@@ -199,7 +199,7 @@ int esx_col_ensure_running(esx_collector *col, char *why)
     }
     col->last_rollup_emit = esx_now_ms();
     col->stop = 0;
-    int rc = pthread_create(&col->thread, NULL, esx_col_shipper_main, col);
+    int rc = esx_thread_start(&col->thread, esx_col_shipper_main, col);
     if (rc == 0)
         col->running = 1;
     else

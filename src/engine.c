@@ -961,7 +961,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, (long)cfg->max_total);
     atomic_store(&e->alive, 1);
     esx_eng_thread_starting();
-    if (pthread_create(&e->thread, NULL, io_main, e) != 0) {
+    if (esx_thread_start(&e->thread, io_main, e) != 0) {
         esx_eng_thread_gone();
         curl_multi_cleanup(e->multi);
         pthread_mutex_destroy(&e->mu);

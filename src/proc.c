@@ -2,6 +2,7 @@
  * proc.c -- the cached process id (see proc.h).
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -29,4 +30,20 @@ pid_t esx_pid(void)
     pid = (int)getpid();
     atomic_store(&cached, pid);
     return (pid_t)pid;
+}
+
+int esx_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    /* (faults stay deliverable: blocked, they would kill the process without its handler) */
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGABRT);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(thread, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }

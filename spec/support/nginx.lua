@@ -4,7 +4,8 @@
 --   local nginx = require "spec.support.nginx"
 --   local srv = nginx.start{ server = "location /t { content_by_lua_block { ... } }",
 --                            http = "lua_shared_dict d 1m;", workers = 2,
---                            user = "nobody nogroup" } -- (root only: workers of that user)
+--                            user = "nobody nogroup", -- (root only: workers of that user)
+--                            daemon = false }         -- (the master is not forked off)
 --   local status, body = srv:get("/t")
 --   srv:stop()
 
@@ -47,7 +48,7 @@ local CONF = [[
 load_module /usr/lib/nginx/modules/ndk_http_module.so;
 load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
 worker_processes %d;
-daemon on;
+daemon %s;
 pid %s/nginx.pid;
 error_log %s/error.log info;
 %s
@@ -78,16 +79,21 @@ function _M.start(opts)
   assert(sh("mkdir -p " .. dir .. "/tmp"))
   local user = (read("/proc/self/status") or ""):match("\nUid:%s+0%s") and "user root;" or ""
   if opts.user then user = "user " .. opts.user .. ";" end -- workers of another user (as root)
-  local conf = CONF:format(user, opts.workers or 1, dir, dir, opts.main or "",
+  local daemon = opts.daemon ~= false
+  local conf = CONF:format(user, opts.workers or 1, daemon and "on" or "off", dir, dir, opts.main or "",
     dir, dir, dir, dir, dir, root, root, root, root, opts.http or "", port, opts.server or "")
   write(dir .. "/nginx.conf", conf)
-  if not sh("nginx -q -p " .. dir .. " -c " .. dir .. "/nginx.conf -e " .. dir .. "/error.log") then
+  local cmd = "nginx -q -p " .. dir .. " -c " .. dir .. "/nginx.conf -e " .. dir .. "/error.log"
+  -- daemon = false: the master stays the process started here (as in a container), in the
+  -- background of this shell
+  if not sh(daemon and cmd or cmd .. " >/dev/null 2>&1 &") then
     error("nginx did not start:\n" .. (read(dir .. "/error.log") or ""))
   end
   local srv = setmetatable({ port = port, dir = dir, url = "http://127.0.0.1:" .. port }, Server)
   for _ = 1, 200 do
     local c = socket.connect("127.0.0.1", port)
-    if c then c:close() return srv end
+    if c and srv:pid() then c:close() return srv end
+    if c then c:close() end
     socket.sleep(0.02)
   end
   srv:stop()
