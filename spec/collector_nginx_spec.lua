@@ -653,3 +653,57 @@ describe("a collector made by a root master for workers of another user #nginx",
     assert(ok, err)
   end)
 end)
+
+describe("a worker killed with SIGKILL, with col:stats() in init_worker_by_lua #nginx", function()
+  it("has its spool replayed by the worker started in its place, without a request", function()
+    local dir = tmpdir()
+    local sink = ds.start{}
+    local port = sink.port
+    sink:stop()
+    local idle = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          local c = assert(esx.client{ hosts = { "http://127.0.0.1:%d" }, connect_timeout = 200,
+                                       dead_backoff_min = 100, dead_backoff_max = 200 })
+          package.loaded.idle_collector = assert(esx.collector{ sink = c, spool_dir = "%s",
+            flush_interval = 50, retry_backoff_min = 50, retry_backoff_max = 200 })
+        }
+        init_worker_by_lua_block { package.loaded.idle_collector:stats() } # (docs/nginx.md)
+      ]]):format(port, dir),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.idle_collector) }
+        }
+      ]],
+    }
+    local c
+    local ok, err = pcall(function()
+      for i = 1, 5 do
+        assert.equal(204, idle:request("POST", "/collect",
+          cjson.encode({ site_id = "s1", type = "view", event_id = "idle" .. i }),
+          { ["Content-Type"] = "application/json" }))
+      end
+      local master = idle:pid()
+      local killed = worker_pids(master)
+      os.execute("kill -9 " .. table.concat(killed, " "))
+      sink = ds.start{ port = port }
+      c = assert(esx.client{ hosts = { sink.url } })
+      local n = 0
+      local deadline = socket.gettime() + 10
+      while socket.gettime() < deadline do -- no request to nginx meanwhile
+        assert(c:refresh("events-*"))
+        n = c:count("events-*", { query = { prefix = { event_id = "idle" } } }) or 0
+        if n >= 5 then break end
+        socket.sleep(0.2)
+      end
+      assert.equal(5, n)
+    end)
+    idle:stop()
+    if c then c:close() end
+    sink:stop()
+    os.execute("rm -rf " .. dir)
+    assert(ok, err)
+  end)
+end)
