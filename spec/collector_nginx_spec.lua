@@ -502,8 +502,10 @@ describe("a reload (HUP) after a worker was killed #nginx", function()
       -- master; the killed worker's segment must stay a dead process's, for a worker to replay
       os.execute("kill -HUP " .. master)
       deadline = socket.gettime() + 10
-      repeat socket.sleep(0.05) until hup:error_log():find("start worker process", 1, true) and
-        select(2, hup:error_log():gsub("start worker process", "")) >= 3 or socket.gettime() > deadline
+      -- ("start worker processes" then "start worker process <pid>": twice at the start, once
+      -- at the respawn, twice at the reload)
+      repeat socket.sleep(0.05)
+      until select(2, hup:error_log():gsub("start worker process", "")) >= 5 or socket.gettime() > deadline
       socket.sleep(0.5)
       local listing = io.popen("ls " .. dir):read("*a")
       assert.falsy(listing:find("seg%-" .. master .. "%-"), listing)
