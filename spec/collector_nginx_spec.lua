@@ -656,6 +656,62 @@ describe("a collector made by a root master for workers of another user #nginx",
   end)
 end)
 
+describe("a collector made by a root master with its dead-letter file in root's directory #nginx", function()
+  local is_root = (io.open("/proc/self/status"):read("*a")):match("\nUid:%s+0%s") ~= nil
+  local it_root = is_root and it or pending
+  it_root("has workers of another user write dead letters through the master's descriptor", function()
+    -- as the default in /tmp: root's master makes the file (0600, root's), which a worker
+    -- of another user cannot open again after the fork
+    local base = tmpdir()
+    assert(os.execute("chmod 755 " .. base))
+    local dl = base .. "/dead.ndjson"
+    es:reset()
+    local web_nobody = nginx.start{
+      workers = 1,
+      user = "nobody nogroup",
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.dl_collector = assert(esx.collector{
+            sink = assert(esx.client{ hosts = { "%s" } }), dead_letter = "%s", flush_interval = 50 })
+        }
+      ]]):format(es.url, dl),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.dl_collector) }
+        }
+        location = /stats {
+          content_by_lua_block {
+            local st = package.loaded.dl_collector:stats()
+            ngx.say(st.dead_lettered, " ", st.dead_letter_failed)
+          }
+        }
+      ]],
+    }
+    local ok, err = pcall(function()
+      es:fault{ path = "/_bulk", item_status = 400, count = 1 } -- refused for good
+      assert.equal(204, web_nobody:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "rootfile1" }),
+        { ["Content-Type"] = "application/json" }))
+      local body
+      local deadline = socket.gettime() + 10
+      repeat
+        socket.sleep(0.1)
+        body = select(2, web_nobody:get("/stats"))
+      until body ~= "0 0\n" or socket.gettime() > deadline
+      assert.equal("1 0\n", body) -- before: "1 1", the worker had no file to write to
+      local f = assert(io.open(dl))
+      local text = f:read("*a")
+      f:close()
+      assert.truthy(text:find('"rootfile1"', 1, true), text)
+    end)
+    web_nobody:stop()
+    es:clear_faults()
+    os.execute("rm -rf " .. base)
+    assert(ok, err)
+  end)
+end)
+
 describe("a worker killed with SIGKILL, with col:stats() in init_worker_by_lua #nginx", function()
   it("has its spool replayed by the worker started in its place, without a request", function()
     local dir = tmpdir()

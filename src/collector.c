@@ -161,9 +161,20 @@ static void adopt(esx_collector *col)
         col->letters = next;
     }
     col->letters_tail = NULL;
-    esx_dead_letters_close(&col->dl);
+    /* the file is opened again: a description of its own, so that flock() excludes the
+     * other processes that inherited the parent's -- but a worker of another user may not
+     * be able to (root's master made it 0600 in root's directory, /tmp for the default):
+     * then the inherited descriptor appends still (lines land whole, O_APPEND; only the
+     * mending of another writer's fragment may race) */
+    int inherited = col->dl.fd;
+    col->dl.fd = -1;
     esx_dead_letters_init(&col->dl);
-    open_dead_letter(col);
+    if (open_dead_letter(col) != 0 && inherited >= 0) {
+        col->dl.fd = inherited;
+        inherited = -1;
+    }
+    if (inherited >= 0)
+        close(inherited);
     esx_idgen_init(&col->ids);
     col->running = 0;
     col->pid = esx_pid();
