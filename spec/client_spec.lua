@@ -751,6 +751,26 @@ describe("client methods", function()
     assert.equal("decode", err.kind)
     assert.equal("not json {", err.body)
   end)
+
+  it("count returns nil, err with kind 'decode' when a 2xx has no count", function()
+    -- before, it returned nil and the decoded response in err's place: an err without kind,
+    -- whose tostring was "table: 0x..."
+    for _, body in ipairs{ "", "{}", '{"count":"7"}', '{"count":1.5}', '{"count":-1}' } do
+      srv:fault{ path = "/x/_count", status = 200, body = body, count = 1 }
+      local n, err = c:count("x", {})
+      assert.is_nil(n, body)
+      assert.equal("decode", err.kind)
+      assert.equal(200, err.status)
+      assert.equal(body, err.body)
+      assert.equal(srv.url, err.node)
+      assert.truthy(tostring(err):find("^decode: "))
+    end
+    assert(c:index("counted", { a = 1 }, "1"))
+    assert(c:refresh("counted"))
+    local n, res = c:count("counted")
+    assert.equal(1, n)
+    assert.equal(1, res.count)
+  end)
 end)
 
 describe("error kinds and deadlines", function()

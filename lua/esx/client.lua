@@ -523,9 +523,22 @@ end
 
 --- c:count(index, query) -> count, decoded response | nil, err
 function Client:count(index, query, opts)
-  local doc, err = call(self, "count", "POST", search_path(index, "_count", "count"), query or {}, opts)
-  if not doc then return nil, err end
-  return doc.count, doc
+  local p, err = send(self, "count", "POST", search_path(index, "_count", "count"), query or {}, opts)
+  if not p then return nil, err end
+  local _, werr = await(p)
+  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
+  local doc, derr = p:json()
+  if not doc then return nil, derr end
+  -- a 2xx without a count (an empty body, a proxy's own answer) must fail as a run-time
+  -- failure does: nil and the response in err's place was an err without a kind
+  local n = doc.count
+  if type(n) ~= "number" or n < 0 or n ~= floor(n) then
+    local res = p:result()
+    self.http_failures.decode = self.http_failures.decode + 1
+    return nil, new_error("decode", "not a count response: no \"count\" that is a non-negative integer",
+      { status = res.status, body = res.body, node = res.node })
+  end
+  return n, doc
 end
 
 --- c:index(index, doc, id?) -> decoded response | nil, err
