@@ -1572,6 +1572,27 @@ describe("col:rollups", function()
     end
   end)
 
+  it("totals return nil, err with kind 'decode' when a search answer is not a search response", function()
+    -- a 2xx without hits.hits (an empty body, a proxy's own answer), or hits without _source,
+    -- raised from inside totals ("attempt to index a nil value (field 'hits')")
+    local M = require("esx.collector")
+    for _, c in ipairs{
+      { "", "search response has no hits.hits list" },
+      { "{}", "search response has no hits.hits list" },
+      { '{"hits":{}}', "search response has no hits.hits list" },
+      { '{"hits":{"hits":[1]}}', "search response hit 1 has no _source" },
+      { '{"hits":{"total":5,"hits":[{"_id":"x"}]}}', "search response hit 1 has no _source" },
+    } do
+      srv:fault{ path = "/rollups-*/_search", status = 200, body = c[1], count = -1 }
+      local ok, rows, err = pcall(M.totals, client, { site_id = "m" })
+      srv:clear_faults()
+      assert.is_true(ok, rows)
+      assert.is_nil(rows)
+      assert.equal("decode", err.kind)
+      assert.equal(c[2], err.message)
+    end
+  end)
+
   it("totals by window keep apart rows of the same start written with different window lengths", function()
     -- instances with rollup.window 60 s and 1 h (a reload that changed it): both rows start
     -- at 0, and were merged into one "window" of a minute and an hour

@@ -620,8 +620,20 @@ local function search_rows(client, index, filter, lo, hi, size, dir)
   local res, err = client:search(index, { size = size, query = { bool = { filter = f } },
     sort = { { window_start = dir } }, track_total_hits = true })
   if not res then return nil, err end
-  local total = type(res.hits.total) == "table" and res.hits.total.value or res.hits.total
-  return res.hits.hits, type(total) == "number" and total or #res.hits.hits
+  -- a 2xx that is not a search response (an empty body, a proxy's own answer) fails the
+  -- totals as a malformed row does, rather than raising from in here
+  local h = type(res.hits) == "table" and res.hits or nil
+  local hits = h and h.hits
+  if type(hits) ~= "table" then
+    return nil, core.error("decode", "search response has no hits.hits list")
+  end
+  for i = 1, #hits do
+    if type(hits[i]) ~= "table" or type(hits[i]._source) ~= "table" then
+      return nil, core.error("decode", "search response hit " .. i .. " has no _source")
+    end
+  end
+  local total = type(h.total) == "table" and h.total.value or h.total
+  return hits, type(total) == "number" and total or #hits
 end
 
 -- Appends the hits of the rows matching filter with window_start in [lo, hi) (nil: open) to
