@@ -677,7 +677,7 @@ describe("client methods", function()
     local ops = { { "index", { _index = "ev", _id = "1" }, { a = 1 } },
                   { "delete", { _index = "ev", _id = "2" } } }
     local bodies = {
-      "", '{"took":1,"errors":false}',
+      "", '{"took":1,"errors":false}', "5", "null", "true", '"x"',
       '{"took":1,"errors":false,"items":[{"index":{"_id":"1","status":201}}]}',
     }
     for _, body in ipairs(bodies) do
@@ -755,7 +755,7 @@ describe("client methods", function()
   it("count returns nil, err with kind 'decode' when a 2xx has no count", function()
     -- before, it returned nil and the decoded response in err's place: an err without kind,
     -- whose tostring was "table: 0x..."
-    for _, body in ipairs{ "", "{}", '{"count":"7"}', '{"count":1.5}', '{"count":-1}' } do
+    for _, body in ipairs{ "", "{}", '{"count":"7"}', '{"count":1.5}', '{"count":-1}', "5", "null", "true" } do
       srv:fault{ path = "/x/_count", status = 200, body = body, count = 1 }
       local n, err = c:count("x", {})
       assert.is_nil(n, body)

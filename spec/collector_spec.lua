@@ -1580,6 +1580,8 @@ describe("col:rollups", function()
       { "", "search response has no hits.hits list" },
       { "{}", "search response has no hits.hits list" },
       { '{"hits":{}}', "search response has no hits.hits list" },
+      { "5", "search response has no hits.hits list" },
+      { "null", "search response has no hits.hits list" },
       { '{"hits":{"hits":[1]}}', "search response hit 1 has no _source" },
       { '{"hits":{"total":5,"hits":[{"_id":"x"}]}}', "search response hit 1 has no _source" },
     } do

@@ -531,7 +531,7 @@ function Client:count(index, query, opts)
   if not doc then return nil, derr end
   -- a 2xx without a count (an empty body, a proxy's own answer) must fail as a run-time
   -- failure does: nil and the response in err's place was an err without a kind
-  local n = doc.count
+  local n = type(doc) == "table" and doc.count -- (a JSON scalar decodes to no table)
   if type(n) ~= "number" or n < 0 or n ~= floor(n) then
     local res = p:result()
     self.http_failures.decode = self.http_failures.decode + 1
@@ -672,7 +672,7 @@ function Client:bulk(ops, opts)
   -- A 2xx that is not a bulk response -- an empty body ({}), no "items", or (for a list) not one
   -- result per operation -- must not read as "no errors": what became of the operations is
   -- unknown.
-  local items = doc.items
+  local items = type(doc) == "table" and doc.items or nil -- (a JSON scalar decodes to no table)
   if type(items) ~= "table" or n and #items ~= n then
     local res = p:result()
     if res and res.status >= 200 and res.status < 300 then

@@ -622,7 +622,7 @@ local function search_rows(client, index, filter, lo, hi, size, dir)
   if not res then return nil, err end
   -- a 2xx that is not a search response (an empty body, a proxy's own answer) fails the
   -- totals as a malformed row does, rather than raising from in here
-  local h = type(res.hits) == "table" and res.hits or nil
+  local h = type(res) == "table" and type(res.hits) == "table" and res.hits or nil
   local hits = h and h.hits
   if type(hits) ~= "table" then
     return nil, core.error("decode", "search response has no hits.hits list")
