@@ -281,6 +281,41 @@ describe("cache:read_articles(user_id, page_no)", function()
     assert.equal(0, c:stats().pages.entries)
   end)
 
+  it("returns nil, err when a loader's list has a hole (the entries after it were dropped silently)", function()
+    -- {a, b, [10] = d}: the list's length is 2 in both flavours, and the 10th article (or
+    -- reader) was left out without a word -- shown to nobody, or its reader's flag false
+    local function holed(a, b, d) return { a, b, [10] = d } end
+    for _, shared in ipairs{ false, true } do
+      local c = esx.cache{ shared = shared, load_readers = function() return {} end,
+        load_page = function() return holed({ id = 1 }, { id = 2 }, { id = 10 }) end }
+      local list, err = c:read_articles(1, 1)
+      assert.is_nil(list)
+      assert.same({ "load", "bad data from load_page: not a list: entry 3 is nil, entry 10 is not" },
+        { err.kind, err.message })
+      list, err = c:read_articles_json(1, 1)
+      assert.is_nil(list)
+      assert.equal("bad data from load_page: not a list: entry 3 is nil, entry 10 is not", err.message)
+      assert.equal(0, c:stats().pages.entries)
+      c._load_page = function() return { { id = 1, tags = holed(1, 2, 4) } } end -- (nested: any table)
+      assert.equal(1, #assert(c:read_articles(1, 1)))
+      local entries = c:stats().readers.entries -- (article 1's set, loaded just above)
+      c._load_readers = function() return holed(5, 6, 7) end
+      local read
+      read, err = c:has_read(2, 7)
+      assert.is_nil(read)
+      assert.same({ "load", "bad data from load_readers: not a list: entry 3 is nil, entry 10 is not" },
+        { err.kind, err.message })
+      assert.equal(entries, c:stats().readers.entries)
+      c._load_readers = function() local l = holed(5, 6, 7); l.total = 3; return l end
+      read, err = c:has_read(2, 7)
+      assert.equal("bad data from load_readers: not a list: entry 3 is nil, entry 10 is not", err.message)
+      -- keys that are not list positions are left alone, as before (a page's own fields)
+      c._load_readers = function() return { 5, 6, 7, total = 3 } end
+      assert.is_true(c:has_read(2, 7))
+      c:close()
+    end
+  end)
+
   it("returns nil, err when an article's id is not its own field (metatables are not consulted)", function()
     local Article = { __index = function(t, k) if k == "id" then return rawget(t, "_id") end end }
     for _, shared in ipairs{ false, true } do

@@ -243,6 +243,10 @@ static esx_rset *build_set(lua_State *L, int idx, char *msg, size_t msglen, int 
     }
     if (esx_rset_add_many32(s, chunk, k) != 0)
         goto oom;
+    if (esx_lpage_list_hole(L, idx, n, msg, msglen) != NULL) {
+        esx_rset_free(s);
+        return NULL;
+    }
     return s;
 oom:
     esx_rset_free(s);

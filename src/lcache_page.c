@@ -490,6 +490,25 @@ void *esx_lpage_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     return blob;
 }
 
+const char *esx_lpage_list_hole(lua_State *L, int idx, size_t n, char *msg, size_t msglen)
+{
+    long long first = 0; /* the smallest position past n that holds a value */
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        lua_pop(L, 1); /* the value; the key stays for lua_next */
+        if (esx_isinteger(L, -1)) {
+            long long k = esx_tointeger(L, -1);
+            if (k > (long long)n && (first == 0 || k < first))
+                first = k;
+        }
+    }
+    if (first == 0)
+        return NULL;
+    snprintf(msg, msglen, "not a list: entry %zu is nil, entry %lld is not", n + 1, first);
+    return msg;
+}
+
 /* Checks that the value at idx is a list of article tables with integer ids (raw fields:
  * metatables are not consulted, as nothing else here follows them -- a page handed to
  * another worker travels without them); pushes nothing.  Returns NULL or a message naming
@@ -516,7 +535,7 @@ const char *esx_lpage_check(lua_State *L, int idx, char *msg, size_t msglen)
             return msg;
         }
     }
-    return NULL;
+    return esx_lpage_list_hole(L, idx, n, msg, msglen);
 }
 
 void esx_lpage_json(lua_State *L, int idx, esx_sbuf *b)
