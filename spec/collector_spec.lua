@@ -1512,6 +1512,31 @@ describe("col:rollups", function()
     b:close()
   end)
 
+  it("col:totals reads the collector's own rollup.index by default", function()
+    -- it searched "rollups-*" whatever rollup.index was: a collector writing its rows to
+    -- "beacon-rollups-..." got no rows from col:totals, without an error
+    clear_of_window_end(60000, 10000)
+    local col = new{ rollup = { index = "beacon-rollups-%Y.%m.%d", interval = 100 } }
+    assert.equal(204, (post(col, cjson.encode({ ev({ block_id = "own", user_id = "u1" }),
+                                                 ev({ block_id = "own", user_id = "u2" }) }))))
+    assert.is_true(col:flush(5000))
+    assert(client:refresh("beacon-rollups-*"))
+    local rows = assert(col:totals{ site_id = "s1" })
+    assert.equal(1, #rows)
+    assert.same({ "own", 2, 2 }, { rows[1].block_id, rows[1].count, rows[1].uniques })
+    -- a fixed name is read as it is; the module function and an explicit index are unchanged
+    assert.same({}, assert(require("esx.collector").totals(client, { site_id = "s1" })))
+    assert.same({}, assert(col:totals{ site_id = "s1", index = "rollups-*" }))
+    col:close()
+    local fixed = new{ rollup = { index = "beacon-rollups", interval = 100 } }
+    assert.equal(204, (post(fixed, cjson.encode(ev({ block_id = "fixed" })))))
+    assert.is_true(fixed:flush(5000))
+    assert(client:refresh("beacon-rollups"))
+    rows = assert(fixed:totals{ site_id = "s1" })
+    assert.same({ "fixed", 1 }, { rows[1].block_id, rows[1].count })
+    fixed:close()
+  end)
+
   it("totals add up more than 10,000 rows, a search per range of window starts", function()
     -- one search reads at most 10,000 rows, and totals refused past that: a day of one-minute
     -- windows of one block from 8 workers is 11,520 rows

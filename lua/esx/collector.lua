@@ -726,6 +726,14 @@ end
 
 function Collector:totals(q)
   if self.closed then return nil, core.error("closed", "the collector is closed") end
+  -- by default the indices this collector writes its rows to (each conversion of
+  -- rollup.index a wildcard), not "rollups-*": with its own rollup.index it found no rows
+  if type(q) == "table" and q.index == nil and self.o.rollup then
+    local own = {}
+    for k, v in pairs(q) do own[k] = v end
+    own.index = (self.o.rollup.index:gsub("%%.", "*"):gsub("%*+", "*"))
+    q = own
+  end
   local rows, err = totals(self.sink, q, 3)
   return rows, err
 end
