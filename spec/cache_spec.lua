@@ -112,6 +112,31 @@ describe("esx.cache(opts)", function()
     c:close()
   end)
 
+  it("keeps pages 1-10 for 5000 ms and reader sets for 600000 ms by default", function()
+    local now, loads = 1000000, { page = 0, readers = 0 }
+    local c = esx.cache{ clock = function() return now end,
+      load_page = function(p) loads.page = loads.page + 1 return { { id = p } } end,
+      load_readers = function() loads.readers = loads.readers + 1 return { 7 } end }
+    for p = 1, 11 do assert(c:read_articles(7, p)) end
+    assert.same({ 11, 11 }, { loads.page, loads.readers })
+    for p = 1, 11 do assert(c:read_articles(7, p)) end
+    assert.equal(12, loads.page) -- page 11 only: beyond max_pages
+    assert.equal(10, c:stats().pages.entries)
+    now = now + 4999
+    assert(c:read_articles(7, 1))
+    assert.equal(12, loads.page)
+    now = now + 1
+    assert(c:read_articles(7, 1))
+    assert.equal(13, loads.page)
+    now = 1000000 + 599999
+    assert.is_true(c:has_read(2, 7))
+    assert.equal(11, loads.readers)
+    now = now + 1
+    assert.is_true(c:has_read(2, 7))
+    assert.equal(12, loads.readers)
+    c:close()
+  end)
+
   it("raises naming a missing loader", function()
     assert.has_error(function() esx.cache{ load_page = function() end } end,
       "esx.cache: bad option 'load_readers' (required)")

@@ -1378,6 +1378,66 @@ describe("retries and nodes", function()
   end)
 end)
 
+describe("esx.client defaults (API.md's table, read back through behaviour)", function()
+  it("connects to http://127.0.0.1:9200 without hosts", function()
+    local c = assert(esx.client{})
+    assert.equal("http://127.0.0.1:9200", c:stats().nodes[1].url)
+    c:close()
+  end)
+
+  it("retries 502, 503 and 504 three times, and not 500", function()
+    local c = client()
+    for _, status in ipairs{ 502, 503, 504, 500 } do
+      srv:fault{ path = "/", status = status, count = -1 }
+      local retries = c:stats().retries
+      local res, err = c:request("GET", "/")
+      assert.is_nil(res)
+      assert.same({ "http", status }, { err.kind, err.status })
+      assert.equal(status == 500 and 0 or 3, c:stats().retries - retries, status)
+      srv:clear_faults()
+    end
+    c:close()
+  end)
+
+  it("takes 10 connections per node, 30 in all, and fails a wait for a slot after 1000 ms", function()
+    srv:fault{ path = "/", stall_ms = 2500, count = -1 }
+    local c = client()
+    local ps = {}
+    for i = 1, 12 do ps[i] = assert(c:send("GET", "/")) end
+    socket.sleep(0.3)
+    local pool = c:stats().pool
+    assert.same({ 10, 2 }, { pool.in_use, pool.waiting })
+    local t0 = now_ms()
+    assert.is_true(ps[12]:wait())
+    local _, err = ps[12]:result()
+    assert.equal("pool_timeout", err.kind)
+    local waited = now_ms() - t0 + 300
+    assert.is_true(waited > 900 and waited < 1600 * SCALE, waited)
+    for i = 1, 11 do ps[i]:wait() end
+    c:close()
+    -- max_total: two nodes of 20 slots each are held to 30
+    c = client{ hosts = { srv.url, (srv.url:gsub("127%.0%.0%.1", "localhost")) }, max_per_route = 20 }
+    ps = {}
+    for i = 1, 40 do ps[i] = assert(c:send("GET", "/", nil, { retries = false })) end
+    socket.sleep(0.3)
+    pool = c:stats().pool
+    assert.same({ 30, 10 }, { pool.in_use, pool.waiting })
+    for i = 1, 40 do ps[i]:wait() end
+    c:close()
+  end)
+
+  it("skips a refusing node for 60000 ms after its first failure", function()
+    local c = client{ hosts = { net.closed_port(), srv.url } }
+    for _ = 1, 2 do assert(c:request("GET", "/")) end
+    local dead = c:stats().nodes[1]
+    assert.same({ false, 1 }, { dead.alive, dead.failures })
+    local left = dead.dead_until - socket.gettime() * 1000
+    assert.is_true(left > 58000 and left <= 60000, left)
+    c:close()
+  end)
+  -- (compression off by default: "sends neither header when compression is off")
+end)
+
 describe("pool limits", function()
   it("counts no socket after connects cut short by timeouts (libcurl 7.88 skips its close callback)", function()
     -- before: every connect abandoned by a timeout stayed in the engine's socket table, and at

@@ -194,6 +194,40 @@ describe("esx.collector", function()
     end
   end)
 
+  it("uses API.md's defaults: max_concurrent 50, max_body 65536, max_events 100, any origin, flush_interval 1000, minute rollups", function()
+    local col = assert(esx.collector{ sink = client }) -- (new() sets a flush_interval of its own)
+    local n = 0
+    while n < 100 and col:enter() do n = n + 1 end
+    assert.equal(50, n)
+    for _ = 1, n do col:leave() end
+    local pad = '{"site_id":"s1","type":"view","p":"'
+    local body = pad .. string.rep("x", 65536 - #pad - 2) .. '"}'
+    assert.equal(204, (post(col, body)))
+    assert.equal(413, (post(col, body .. " ")))
+    local list = {}
+    for i = 1, 101 do list[i] = '{"site_id":"s1","type":"view"}' end
+    assert.equal(413, (post(col, "[" .. table.concat(list, ",", 1, 101) .. "]")))
+    assert.equal(204, (post(col, "[" .. table.concat(list, ",", 1, 100) .. "]")))
+    local status, headers = col:handle{ method = "POST", body = '{"site_id":"s1","type":"view"}',
+      headers = { ["content-type"] = "application/json", origin = "https://any.example" } }
+    assert.same({ 204, "*" }, { status, headers["Access-Control-Allow-Origin"] })
+    assert.is_true(col:flush(5000))
+    -- a lone event is shipped once it is a second old, not before
+    local shipped = col:stats().shipped
+    local t0 = socket.gettime()
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    socket.sleep(0.6)
+    assert.equal(shipped, col:stats().shipped)
+    while col:stats().shipped == shipped and socket.gettime() - t0 < 5 do socket.sleep(0.01) end
+    local took = socket.gettime() - t0
+    assert.is_true(took >= 0.95 and took < 2.5, took)
+    -- rollup rows of one-minute windows
+    for _, row in ipairs(assert(col:rollups())) do assert.equal(0, row.window_start % 60000) end
+    col:close()
+    local _, b = srv:json("GET", "/" .. os.date("!rollups-%Y.%m.%d"))
+    assert.is_table(b[os.date("!rollups-%Y.%m.%d")])
+  end)
+
   it("raises on allowed_origins with a hole (the origins after it were answered 403)", function()
     for _, origins in ipairs{ { "https://a.example", nil, "https://b.example" },
                               { [1] = "https://a.example", [3] = "https://b.example" } } do
