@@ -677,7 +677,7 @@ describe("client methods", function()
     local ops = { { "index", { _index = "ev", _id = "1" }, { a = 1 } },
                   { "delete", { _index = "ev", _id = "2" } } }
     local bodies = {
-      "", '{"took":1,"errors":false}', "5", "null", "true", '"x"',
+      "", '{"took":1,"errors":false}', "5", "null", "true", "false", '"x"',
       '{"took":1,"errors":false,"items":[{"index":{"_id":"1","status":201}}]}',
     }
     for _, body in ipairs(bodies) do
@@ -752,10 +752,31 @@ describe("client methods", function()
     assert.equal("not json {", err.body)
   end)
 
+  it("search, get and info return nil, err with kind 'decode' when a 2xx is JSON but no object or array", function()
+    -- a scalar came back as the "decoded response table" (5, true, cjson.null), and false
+    -- as false, nil: no error at all
+    for _, body in ipairs{ "5", "null", "true", "false", '"x"' } do
+      srv:fault{ path = "/x/_search", status = 200, body = body, count = 1 }
+      srv:fault{ path = "/x/_doc/1", status = 200, body = body, count = 1 }
+      srv:fault{ path = "/", status = 200, body = body, count = 1 }
+      for _, call in ipairs{ function() return c:search("x", {}) end,
+                             function() return c:get("x", "1") end,
+                             function() return c:info() end } do
+        local res, err = call()
+        assert.is_nil(res, body)
+        assert.equal("decode", err.kind)
+        assert.equal(200, err.status)
+        assert.equal(body, err.body)
+        assert.equal("response is JSON but not an object or array", err.message)
+      end
+    end
+    assert.is_table(assert(c:info()).version) -- (a real answer still decodes)
+  end)
+
   it("count returns nil, err with kind 'decode' when a 2xx has no count", function()
     -- before, it returned nil and the decoded response in err's place: an err without kind,
     -- whose tostring was "table: 0x..."
-    for _, body in ipairs{ "", "{}", '{"count":"7"}', '{"count":1.5}', '{"count":-1}', "5", "null", "true" } do
+    for _, body in ipairs{ "", "{}", '{"count":"7"}', '{"count":1.5}', '{"count":-1}', "5", "null", "true", "false" } do
       srv:fault{ path = "/x/_count", status = 200, body = body, count = 1 }
       local n, err = c:count("x", {})
       assert.is_nil(n, body)

@@ -1639,8 +1639,9 @@ describe("col:rollups", function()
       { "", "search response has no hits.hits list" },
       { "{}", "search response has no hits.hits list" },
       { '{"hits":{}}', "search response has no hits.hits list" },
-      { "5", "search response has no hits.hits list" },
-      { "null", "search response has no hits.hits list" },
+      { "5", "response is JSON but not an object or array" },
+      { "null", "response is JSON but not an object or array" },
+      { "false", "response is JSON but not an object or array" },
       { '{"hits":{"hits":[1]}}', "search response hit 1 has no _source" },
       { '{"hits":{"total":5,"hits":[{"_id":"x"}]}}', "search response hit 1 has no _source" },
     } do

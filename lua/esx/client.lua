@@ -445,12 +445,27 @@ function Pending:json()
   return doc, derr
 end
 
+-- The decoded response of a call that must answer an object or an array (a search, a
+-- document, ...): a JSON scalar is no such answer -- 5 came back as the "response table",
+-- false as false, nil (no error at all).
+local function decoded_table(self, p)
+  local doc, err = p:json()
+  if doc == nil then return nil, err end
+  if type(doc) ~= "table" then
+    local res = p:result()
+    self.http_failures.decode = self.http_failures.decode + 1
+    return nil, new_error("decode", "response is JSON but not an object or array",
+      { status = res.status, body = res.body, node = res.node })
+  end
+  return doc
+end
+
 local function call(self, fname, method, path, body, opts)
   local p, err = send(self, fname, method, path, body, opts)
   if not p then return nil, err end
   local _, werr = await(p)
   if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
-  return p:json()
+  return decoded_table(self, p)
 end
 
 local function percent(c) return format("%%%02X", byte(c)) end
@@ -527,11 +542,11 @@ function Client:count(index, query, opts)
   if not p then return nil, err end
   local _, werr = await(p)
   if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
-  local doc, derr = p:json()
+  local doc, derr = decoded_table(self, p)
   if not doc then return nil, derr end
   -- a 2xx without a count (an empty body, a proxy's own answer) must fail as a run-time
   -- failure does: nil and the response in err's place was an err without a kind
-  local n = type(doc) == "table" and doc.count -- (a JSON scalar decodes to no table)
+  local n = doc.count
   if type(n) ~= "number" or n < 0 or n ~= floor(n) then
     local res = p:result()
     self.http_failures.decode = self.http_failures.decode + 1
@@ -667,12 +682,12 @@ function Client:bulk(ops, opts)
   if not p then return nil, err end
   local _, werr = await(p)
   if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
-  local doc, derr = p:json()
+  local doc, derr = decoded_table(self, p)
   if not doc then return nil, derr end
   -- A 2xx that is not a bulk response -- an empty body ({}), no "items", or (for a list) not one
   -- result per operation -- must not read as "no errors": what became of the operations is
   -- unknown.
-  local items = type(doc) == "table" and doc.items or nil -- (a JSON scalar decodes to no table)
+  local items = doc.items
   if type(items) ~= "table" or n and #items ~= n then
     local res = p:result()
     if res and res.status >= 200 and res.status < 300 then
