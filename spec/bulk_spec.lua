@@ -380,6 +380,43 @@ describe("bi:close (client closed)", function()
   end)
 end)
 
+describe("bi:close (never called)", function()
+  -- Runs a Lua process that adds n operations to an indexer (flush_count 3: some are sent,
+  -- and answered only after 1.5 s) and drops it without closing it, or closes it first;
+  -- returns what it wrote on stderr.
+  local function forgetful(n, close)
+    srv:fault{ path = "/_bulk", stall_ms = 1500, count = 2 }
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
+            'package.cpath = "./build/', jit and "luajit" or "lua5.4", '/?.so;" .. package.cpath\n',
+            ([[
+      local esx = require "esx"
+      local c = assert(esx.client{ hosts = { "%s" } })
+      local bi = assert(c:bulk_indexer{ flush_count = 3, concurrency = 4, name = "nightly" })
+      for i = 1, %d do assert(bi:add("index", { _index = "gone", _id = tostring(i) }, { n = i })) end
+      if %s then bi:close() end
+      bi = nil
+      collectgarbage()
+      collectgarbage()
+      c:close()
+    ]]):format(srv.url, n, tostring(close)))
+    f:close()
+    local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. path .. " 2>&1")
+    local out = p:read("*a")
+    p:close()
+    os.remove(path)
+    return out
+  end
+
+  it("says on stderr how many operations an indexer dropped without close() left without an outcome", function()
+    -- 7 added: two batches of 3 sent (their outcome never read), 1 never sent
+    assert.equal("esx bulk indexer nightly: collected without close(): 7 of 7 added operations have " ..
+                 "no outcome (1 waiting to be sent)\n", forgetful(7, false))
+    assert.equal("", forgetful(7, true))
+  end)
+end)
+
 describe("bi:close (in nginx)", function()
   local core = require "esx.core"
   local saved_ngx, saved_nginx

@@ -56,6 +56,38 @@ local function sleep(ms)
   end
 end
 
+-- An indexer collected without close() -- forgotten, or a load cut short by an error -- holds
+-- operations nobody will send or count: buffered ones, retries waiting out a back-off, and
+-- batches whose answer is never read.  Dropped silently, that is what this module promises
+-- never to do; as a collector collected without close() does, it says so on stderr (nginx:
+-- the error log).  (A proxy carries the finalizer: LuaJIT's tables have no __gc.)
+local newproxy = rawget(_G, "newproxy")
+
+local function unsent(self)
+  local n = #self.buf + #self.delayed
+  for _, b in ipairs(self.splits) do n = n + #b end
+  return n
+end
+
+local function watch(self)
+  local function gc()
+    if self.closed then return end
+    local c = self.counters
+    local open = c.added - c.indexed - c.failed
+    if open > 0 then
+      io.stderr:write(string.format("esx bulk indexer %s: collected without close(): %d of %d added " ..
+        "operations have no outcome (%d waiting to be sent)\n", tostring(self.name), open, c.added,
+        unsent(self)))
+    end
+  end
+  if newproxy then
+    local p = newproxy(true)
+    getmetatable(p).__gc = gc
+    return p
+  end
+  return setmetatable({}, { __gc = gc })
+end
+
 function _M.new(client, opts)
   if getmetatable(client) ~= require("esx.client").Client then
     -- (an indexer without a client failed only at its first send)
@@ -86,6 +118,7 @@ function _M.new(client, opts)
   -- in esx.metrics() while open, as every object with stats (API.md); Indexer.stats is no
   -- closure over self, so the registry never keeps a forgotten indexer alive
   self.name = registry.add(self, "bulk", o.name, Indexer.stats)
+  self.watch = watch(self)
   return self
 end
 
