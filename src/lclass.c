@@ -1,6 +1,7 @@
 /*
  * lclass.c -- userdata classes, and boxes that own C memory during a call (see lclass.h).
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "lclass.h"
@@ -64,4 +65,33 @@ esx_buf *esx_lbuf_push(lua_State *L, size_t max)
     esx_buf_init(b, max);
     luaL_setmetatable(L, LBUF_MT);
     return b;
+}
+
+#define THREADED_MIN 32
+static atomic_int threaded_open; /* in this process: made, neither closed nor collected */
+static atomic_int threaded_gc_at = THREADED_MIN;
+
+void esx_lthreaded_collect(lua_State *L)
+{
+    if (atomic_load(&threaded_open) < atomic_load(&threaded_gc_at))
+        return;
+    lua_gc(L, LUA_GCCOLLECT, 0); /* the dropped objects' __gc join their threads */
+    int open = atomic_load(&threaded_open);
+    atomic_store(&threaded_gc_at, 2 * open > THREADED_MIN ? 2 * open : THREADED_MIN);
+}
+
+void esx_lthreaded_add(int *counted)
+{
+    if (!*counted) {
+        *counted = 1;
+        atomic_fetch_add(&threaded_open, 1);
+    }
+}
+
+void esx_lthreaded_remove(int *counted)
+{
+    if (*counted) {
+        *counted = 0;
+        atomic_fetch_sub(&threaded_open, 1);
+    }
 }

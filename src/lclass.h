@@ -27,4 +27,16 @@ void **esx_lbox_push(lua_State *L);
  * raising Lua's memory error, before anything is allocated. */
 esx_buf *esx_lbuf_push(lua_State *L, size_t max);
 
+/* Objects with threads of their own -- a client (its I/O thread and wake-up socket pair), a
+ * collector (its shipper) -- that Lua's collector sees as a small userdata.  In a big Lua
+ * heap a cycle comes only after megabytes of Lua allocations, and such objects dropped
+ * without close() meanwhile (thousands) all kept their threads and descriptors.  A
+ * constructor calls esx_lthreaded_collect first: once as many of them were made as were
+ * open after the last cycle forced here (at least 32), it forces a full one, so that the
+ * dropped ones stay about as few as the live ones.  esx_lthreaded_add(&flag) counts a new
+ * object open (flag = 1); esx_lthreaded_remove(&flag) uncounts it once, at close or __gc. */
+void esx_lthreaded_collect(lua_State *L);
+void esx_lthreaded_add(int *counted);
+void esx_lthreaded_remove(int *counted);
+
 #endif

@@ -21,7 +21,7 @@
 
 typedef struct lclient {
     esx_client *c;
-    int counted; /* in open_clients: made here, neither closed nor collected yet */
+    int counted; /* open, for esx_lthreaded_collect (lclass.h) */
 } lclient;
 
 typedef struct lpending {
@@ -172,34 +172,11 @@ esx_client *esx_lclient_check(lua_State *L, int idx)
     return check_client(L, idx)->c;
 }
 
-/* Clients made and neither closed nor collected, in this process.  Lua's collector sees a
- * client as its small userdata, not as its I/O thread and wake-up socket pair: in a big Lua
- * heap a cycle comes only after megabytes of Lua allocations, and clients dropped without
- * close() meanwhile -- thousands -- all kept their threads and descriptors.  So once as
- * many clients were made as were open after the last full cycle forced here (at least
- * GC_CLIENTS_MIN), client_new forces one first: the dropped ones stay about as few as the
- * live ones, at the cost of a cycle per that many clients made. */
-#define GC_CLIENTS_MIN 32
-static atomic_int open_clients;
-static atomic_int gc_at = GC_CLIENTS_MIN;
-
-static void uncount(lclient *u)
-{
-    if (u->counted) {
-        u->counted = 0;
-        atomic_fetch_sub(&open_clients, 1);
-    }
-}
-
 /* core.client_new(opts) -> client userdata | nil, err */
 static int client_new(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
-    if (atomic_load(&open_clients) >= atomic_load(&gc_at)) {
-        lua_gc(L, LUA_GCCOLLECT, 0); /* the dropped clients' __gc join their threads */
-        int open = atomic_load(&open_clients);
-        atomic_store(&gc_at, 2 * open > GC_CLIENTS_MIN ? 2 * open : GC_CLIENTS_MIN);
-    }
+    esx_lthreaded_collect(L); /* dropped clients' threads and descriptors: see lclass.h */
     lclient *u = lua_newuserdata(L, sizeof *u);
     u->c = NULL;
     u->counted = 0;
@@ -210,8 +187,7 @@ static int client_new(lua_State *L)
     if (u->c == NULL)
         return esx_lerror_fail(L, "internal", "cannot create the client: %s", why);
     luaL_setmetatable(L, CLIENT_MT); /* __gc only once the C object exists */
-    u->counted = 1;
-    atomic_fetch_add(&open_clients, 1);
+    esx_lthreaded_add(&u->counted);
     return 1;
 }
 
@@ -232,7 +208,7 @@ static int check_node_url(lua_State *L)
 static int client_gc(lua_State *L)
 {
     lclient *u = check_client(L, 1);
-    uncount(u);
+    esx_lthreaded_remove(&u->counted);
     if (u->c) {
         esx_client_unref(u->c);
         u->c = NULL;
@@ -243,7 +219,7 @@ static int client_gc(lua_State *L)
 static int client_close(lua_State *L)
 {
     lclient *u = check_client(L, 1);
-    uncount(u);
+    esx_lthreaded_remove(&u->counted);
     if (u->c)
         esx_client_close(u->c);
     return 0;

@@ -21,6 +21,7 @@
 typedef struct lcollector {
     esx_collector *col;
     atomic_int in_progress;
+    int counted; /* open, for esx_lthreaded_collect (lclass.h) */
 } lcollector;
 
 static lcollector *check_col(lua_State *L, int idx)
@@ -73,14 +74,17 @@ static int collector_new(lua_State *L)
     cfg.max_sites = (size_t)esx_lopt_int(L, 2, "esx.collector", "max_sites", 100000);
     cfg.create_index = esx_lopt_bool(L, 2, "esx.collector", "create_index", 0);
     cfg.create_rollup_index = esx_lopt_bool(L, 2, "esx.collector", "create_rollup_index", 0);
+    esx_lthreaded_collect(L); /* dropped collectors' shippers: see lclass.h */
     lcollector *u = lua_newuserdata(L, sizeof *u);
     u->col = NULL;
+    u->counted = 0;
     atomic_init(&u->in_progress, 0);
     char why[256];
     u->col = esx_collector_new(&cfg, client, why);
     if (u->col == NULL)
         return esx_lerror_fail(L, "internal", "cannot create the collector: %s", why);
     luaL_setmetatable(L, COLLECTOR_MT);
+    esx_lthreaded_add(&u->counted);
     return 1;
 }
 
@@ -93,6 +97,7 @@ static int collector_new(lua_State *L)
 static int col_gc(lua_State *L)
 {
     lcollector *u = check_col(L, 1);
+    esx_lthreaded_remove(&u->counted);
     if (u->col) {
         int64_t left = esx_collector_close(u->col, GC_FLUSH_MS);
         if (left > 0 && !esx_collector_has_spool(u->col))
@@ -287,6 +292,7 @@ static int col_stats(lua_State *L)
 static int col_close(lua_State *L)
 {
     esx_collector *col = live_col(L, 1);
+    esx_lthreaded_remove(&check_col(L, 1)->counted);
     esx_pushinteger(L, (long long)esx_collector_close(col, timeout_ms(luaL_optnumber(L, 2, 10000))));
     return 1;
 }
