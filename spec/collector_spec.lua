@@ -676,6 +676,34 @@ describe("shipping", function()
       forgetful("http://127.0.0.1:1", 2))
   end)
 
+  it("does not wait out the 5 s flush when collected after its sink client was closed", function()
+    -- nothing can be acknowledged any more (col:close() knows, and waits 0): a worker whose
+    -- exit_worker_by_lua closed the client waited 5 s per such collector as its Lua state closed
+    local dir = tmpdir()
+    local errfile = dir .. "/stderr"
+    local run = child_script(dir, "sinkless", [[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
+      for i = 1, 2 do
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view"}' } == 204)
+      end
+      c:close()
+    ]])
+    local t0 = socket.gettime()
+    local ok = os.execute(run .. " 2>" .. errfile)
+    local took = socket.gettime() - t0
+    assert.is_true(ok == true or ok == 0)
+    local f = assert(io.open(errfile))
+    local err = f:read("*a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    assert.equal("esx.collector: collected without close(): 2 accepted events were not delivered " ..
+                 "(its sink client is closed)\n", err)
+    assert.is_true(took < 2.5 * SCALE, "the process took " .. took .. " s")
+  end)
+
   it("indexes every accepted event exactly once with _id = event_id", function()
     local col = new()
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "e-1" }), ev({ event_id = "e-2" }), ev() }))))

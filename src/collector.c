@@ -450,6 +450,11 @@ int esx_collector_has_spool(const esx_collector *col)
     return col->cfg.spool_dir[0] != '\0';
 }
 
+int esx_collector_sink_closed(const esx_collector *col)
+{
+    return esx_client_closed(col->client);
+}
+
 void esx_col_unref(esx_collector *col)
 {
     if (atomic_fetch_sub(&col->refs, 1) != 1)

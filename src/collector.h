@@ -125,6 +125,9 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms);
 /* 1 when the collector has a spool directory (events left at close stay there). */
 int esx_collector_has_spool(const esx_collector *col);
 
+/* 1 once the collector's sink client was closed: nothing queued can be acknowledged. */
+int esx_collector_sink_closed(const esx_collector *col);
+
 /* Frees a closed collector. */
 void esx_collector_free(esx_collector *col);
 

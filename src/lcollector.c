@@ -91,7 +91,9 @@ static int collector_new(lua_State *L)
 /* A collector collected without close() (forgotten, or the Lua state closing at exit)
  * still ships what it acknowledged: it flushes for up to GC_FLUSH_MS as close() would, and
  * says on stderr (nginx: the error log) how many events it could not deliver.  With a spool
- * they stay on disk for the next process. */
+ * they stay on disk for the next process.  With its sink client closed nothing can be
+ * acknowledged: as close() does, it does not wait (a worker whose exit_worker_by_lua closed
+ * the client waited 5 s per such collector while its Lua state closed). */
 #define GC_FLUSH_MS 5000
 
 static int col_gc(lua_State *L)
@@ -99,8 +101,12 @@ static int col_gc(lua_State *L)
     lcollector *u = check_col(L, 1);
     esx_lthreaded_remove(&u->counted);
     if (u->col) {
-        int64_t left = esx_collector_close(u->col, GC_FLUSH_MS);
-        if (left > 0 && !esx_collector_has_spool(u->col))
+        int sink_closed = esx_collector_sink_closed(u->col);
+        int64_t left = esx_collector_close(u->col, sink_closed ? 0 : GC_FLUSH_MS);
+        if (left > 0 && !esx_collector_has_spool(u->col) && sink_closed)
+            fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
+                            "were not delivered (its sink client is closed)\n", (long long)left);
+        else if (left > 0 && !esx_collector_has_spool(u->col))
             fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
                             "were not delivered within %d ms\n", (long long)left, GC_FLUSH_MS);
         esx_collector_free(u->col);
