@@ -152,6 +152,12 @@ static void abort_with(esx_request *req, const char *kind, const char *msg)
 int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
 {
     req->last_activity = esx_now_ms();
+    /* every line counts, also those not kept below (long names, no colon): libcurl lets
+     * 300 KiB of them in, then fails the transfer as a receive error -- a "reset", retried */
+    if (len > ESX_H1_MAX_HEAD || (req->head_in += (unsigned)len) > ESX_H1_MAX_HEAD) {
+        abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
+        return 0;
+    }
     if (len >= 5 && memcmp(buf, "HTTP/", 5) == 0) {
         /* a new response (after 1xx): forget the previous headers */
         esx_buf_reset(&req->resp_headers);
@@ -357,6 +363,7 @@ static void reset_response(esx_request *req)
     memset(&req->inflater, 0, sizeof req->inflater);
     req->resp_gzip = 0;
     req->wire_in = 0;
+    req->head_in = 0;
     req->ul_seen = 0;
     req->status = 0;
     req->abort_kind = NULL;

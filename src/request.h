@@ -97,6 +97,9 @@ struct esx_request {
     char *node_url;             /* node of the last attempt (owned), NULL if none or out of
                                  * memory: read it with esx_request_node() */
     int retries;                /* attempts after the first that were made */
+    unsigned head_in;           /* engine-private (here: in the padding before mu): the
+                                 * attempt's response head and trailer bytes, every line
+                                 * counted, kept or not, and bounded as h1.c bounds them */
 
     /* --- completion --- */
     pthread_mutex_t mu;
