@@ -449,6 +449,22 @@ describe("client:request", function()
     c:close()
   end)
 
+  it("raises on a path with '#', which libcurl cut off as a fragment, and sends nothing", function()
+    -- under libcurl DELETE /idx/_doc/a#b went out as DELETE /idx/_doc/a (another document);
+    -- esx's own HTTP/1.1 sent the '#', which no request target may hold (RFC 9112 3.2)
+    local c = client()
+    finally(function() c:close() end)
+    for _, path in ipairs{ "/idx/_doc/a#b", "/idx/_search?q=x#y", "/#" } do
+      assert.has_error(function() c:request("DELETE", path) end,
+        "bad argument #2 to 'request' (path must start with '/' and contain no spaces, " ..
+        "control characters or '#' (percent-encode it as %23))")
+      local ok, err = pcall(c.c.send, c.c, "DELETE", path)
+      assert.is_false(ok)
+      assert.truthy(err:find("path must start with '/' and contain no spaces, control characters or '#'", 1, true), err)
+    end
+    assert.same({}, srv:requests().requests)
+  end)
+
   it("raises at the caller's line, naming the method called, for a bad per-call option", function()
     local c = client()
     finally(function() c:close() end)

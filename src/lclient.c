@@ -249,7 +249,7 @@ static int valid_target(const char *t, size_t len)
         return 0;
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)t[i];
-        if (ch <= 0x20 || ch == 0x7f)
+        if (ch <= 0x20 || ch == 0x7f || ch == '#') /* '#': libcurl cuts a fragment off */
             return 0;
     }
     return 1;
@@ -271,7 +271,8 @@ static int client_send(lua_State *L)
     if (!valid_method(method))
         return luaL_argerror(L, 2, "method must be 1-15 uppercase letters");
     if (!valid_target(target, tlen))
-        return luaL_argerror(L, 3, "path must start with '/' and contain no spaces or control characters");
+        return luaL_argerror(L, 3, "path must start with '/' and contain no spaces, control "
+                                 "characters or '#' (percent-encode it as %23)");
     if (has_crlf(ctype, strlen(ctype)))
         return luaL_argerror(L, 5, "content type contains CR or LF");
     const char *extra[ESX_MAX_HEADERS];

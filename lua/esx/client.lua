@@ -386,9 +386,11 @@ local function send(self, fname, method, path, body, opts)
   if #method > 15 or not find(method, "^%u+$") then
     raise("bad argument #1 to '" .. fname .. "' (method must be 1-15 letters)")
   end
-  if byte(path, 1) ~= 47 or find(path, "[%z\1-\32\127]") then
+  -- '#' too: no request target holds one, and libcurl cuts the path there as a fragment
+  -- (DELETE /idx/_doc/a#b would delete a)
+  if byte(path, 1) ~= 47 or find(path, "[%z\1-\32\127#]") then
     raise("bad argument #2 to '" .. fname .. "' (path must start with '/' and contain no " ..
-          "spaces or control characters)")
+          "spaces, control characters or '#' (percent-encode it as %23))")
   end
   local p, serr = self.c:send(method, path, encoded, opts.content_type,
     header_lines(opts.headers), retries, opts.timeout)
