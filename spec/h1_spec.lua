@@ -507,6 +507,41 @@ describe("broken responses", function()
   end)
 end)
 
+describe("gzip responses", function()
+  it("returns nil, err decode when a gzip body that inflates to nothing passes max_response_bytes on the wire", function()
+    -- empty stored deflate blocks: bytes that inflate to nothing.  Only the inflated size was
+    -- bounded, so such a body was read to its end (or, endless, for ever: every byte is
+    -- activity, so socket_timeout never fires) whatever max_response_bytes said
+    local c = client{ max_response_bytes = 65536 }
+    local body = "\31\139\8\0\0\0\0\0\0\255" .. ("\0\0\0\255\255"):rep(200000) ..
+      "\1\0\0\255\255" .. ("\0"):rep(8)
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: " .. #body .. "\r\n\r\n")
+      conn:send(body) -- (the client stops reading: a send cut short is fine)
+    end)
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("gzip response passes max_response_bytes (65536) on the wire", err.message)
+    assert.is_true(c:stats().bytes.received_wire < 200000, c:stats().bytes.received_wire)
+    c:close()
+  end)
+
+  it("inflates a gzip body a little larger on the wire than max_response_bytes allows inflated", function()
+    -- incompressible bytes grow a little under gzip: the wire bound leaves room for that
+    local c = client{ max_response_bytes = 65536 }
+    local f = assert(io.open("/dev/urandom", "rb"))
+    local raw = f:read(65536)
+    f:close()
+    local gz = require("spec.support.devserver").gzip(raw)
+    assert.is_true(#gz > 65536)
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: " .. #gz .. "\r\n\r\n" .. gz)
+    assert.is_nil(err)
+    assert.equal(raw, res.body)
+    c:close()
+  end)
+end)
+
 describe("pending:json", function()
   it("returns the decoded body once done, and nil, nil before", function()
     local c = client()

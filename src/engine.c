@@ -210,6 +210,17 @@ int esx_eng_record_body(esx_request *req, const char *buf, size_t len)
     req->wire_in += len;
     int rc;
     if (req->resp_gzip) {
+        /* the wire bytes too: a body that inflates to little (empty deflate blocks) would
+         * otherwise be read for ever, each byte activity for socket_timeout.  The slack is
+         * gzip's worst growth of incompressible bytes (zlib's deflateBound) */
+        size_t max = req->resp_body.max, wire_max = max + (max >> 11) + 1024;
+        if (wire_max >= max && req->wire_in > wire_max) { /* (wrapped: no bound) */
+            char msg[128];
+            snprintf(msg, sizeof msg, "gzip response passes max_response_bytes (%zu) on the wire",
+                     max);
+            abort_with(req, ESX_EDECODE, msg);
+            return 0;
+        }
         if (!req->inflater.started && esx_inflate_init(&req->inflater) != ESX_GZIP_OK) {
             abort_with(req, ESX_EINTERNAL, "out of memory starting gzip inflation");
             return 0;
