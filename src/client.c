@@ -255,6 +255,11 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
         join(line, sizeof line, "Content-Type: ", content_type);
         if (append_header(&req->headers, line))
             goto nomem;
+    } else if (!body && (strcmp(req->method, "POST") == 0 || strcmp(req->method, "PUT") == 0) &&
+               append_header(&req->headers, "Content-Type:")) {
+        /* libcurl would send "application/x-www-form-urlencoded" with the empty body it posts
+         * (engine_curl.c); "Content-Type:" removes it, and h1.c skips such a line */
+        goto nomem;
     }
     if (req->body_gzip && append_header(&req->headers, "Content-Encoding: gzip"))
         goto nomem;
