@@ -118,6 +118,10 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
         }
     }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, req->headers);
+    /* a caller's "Connection: close" is honoured as h1conn.c does: libcurl sends it but kept
+     * the connection for the next request, while the server had not closed it yet */
+    if (esx_h1_asks_close(req->headers))
+        curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, req);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
