@@ -89,6 +89,17 @@ describe("the request head", function()
     c:close()
   end)
 
+  it("percent-encodes the bytes of a path and query that are not ASCII", function()
+    -- a request target is ASCII (RFC 9112 3.2).  libcurl encoded them in the path only and
+    -- esx's own HTTP/1.1 nowhere: Elasticsearch (Netty) reads raw bytes one char each, so
+    -- ?q=café searched for "cafÃ©" -- and /café/_search, over h1, another index
+    local c = client()
+    local _, err, req = exchange(c, "GET", "/caf\195\169/_search?q=caf\195\169&x=%41", nil, OK)
+    assert.is_nil(err)
+    assert.equal("/caf%C3%A9/_search?q=caf%C3%A9&x=%41", req.target)
+    c:close()
+  end)
+
   it("raises when a caller sets a framing header", function()
     local c = client()
     for _, name in ipairs{ "Content-Length", "transfer-encoding" } do

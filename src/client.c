@@ -188,6 +188,33 @@ static void join(char *dst, size_t cap, const char *a, const char *b)
     dst[la + lb] = '\0';
 }
 
+/* A copy of target with every byte that is not ASCII percent-encoded (a request target is
+ * ASCII, RFC 9112 3.2): libcurl did so in the path only, h1.c nowhere, and Elasticsearch reads
+ * a raw byte as one char (?q=café searched "cafÃ©").  NULL when out of memory. */
+static char *encode_target(const char *target)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t len = strlen(target), high = 0;
+    for (size_t i = 0; i < len; i++)
+        high += (unsigned char)target[i] >= 0x80;
+    char *out = malloc(len + 2 * high + 1);
+    if (out == NULL)
+        return NULL;
+    char *o = out;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)target[i];
+        if (ch >= 0x80) {
+            *o++ = '%';
+            *o++ = hex[ch >> 4];
+            *o++ = hex[ch & 15];
+        } else {
+            *o++ = (char)ch;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
 esx_request *esx_client_prepare(esx_client *c, const char *method, const char *target,
                                 const char *body, size_t body_len, const char *content_type,
                                 const char *const *extra, int n_extra, int max_retries,
@@ -198,7 +225,7 @@ esx_request *esx_client_prepare(esx_client *c, const char *method, const char *t
     if (req == NULL)
         goto nomem;
     join(req->method, sizeof req->method, "", method);
-    req->target = strdup(target);
+    req->target = encode_target(target);
     if (req->target == NULL)
         goto nomem;
     req->max_retries = max_retries < 0 ? cfg->max_retries : max_retries;
