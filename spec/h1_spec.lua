@@ -126,6 +126,29 @@ describe("keep-alive", function()
     c:close()
   end)
 
+  for _, status in ipairs{ "200 OK", "408 Request Timeout" } do
+    it("never takes what a server sent on an idle connection for the next answer: " .. status, function()
+      -- libcurl 7.88 reused an idle connection with bytes waiting, and read them as the next
+      -- request's answer: a 200 the server never gave to it (a write that looked done), or a
+      -- 408 for a request the server never saw
+      local c = client()
+      local _, err, _, conn = exchange(c, "GET", "/a", nil, OK)
+      assert.is_nil(err)
+      socket.sleep(0.1)
+      conn:send("HTTP/1.1 " .. status .. "\r\nConnection: close\r\nContent-Length: 4\r\n\r\nidle")
+      conn:close()
+      socket.sleep(0.2)
+      local res, err2, req = exchange(c, "PUT", "/idx/_doc/1", { n = 1 }, OK) -- a new connection
+      assert.is_nil(err2)
+      assert.equal(200, res.status)
+      assert.equal('{"ok":true}', res.body)
+      assert.equal("/idx/_doc/1", req.target)
+      assert.equal(0, res.retries)
+      assert.equal(1, c:stats().pool.open) -- the connection that had bytes waiting is closed
+      c:close()
+    end)
+  end
+
   it("retries once, transparently, a kept-alive connection the server had closed", function()
     local c = client()
     local _, err, _, conn = exchange(c, "GET", "/a", nil, OK)

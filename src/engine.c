@@ -284,6 +284,7 @@ int esx_eng_sock_register(esx_engine *e, int fd)
     struct stat st;
     esx_sock *s = &e->sockets[e->nsockets++];
     s->fd = fd;
+    s->lport = s->rport = 0;
     if (fstat(fd, &st) == 0) {
         s->dev = st.st_dev;
         s->ino = st.st_ino;
@@ -375,6 +376,7 @@ static void reset_response(esx_request *req)
     req->resp_gzip = 0;
     req->wire_in = 0;
     req->head_in = 0;
+    req->curl_stale = 0;
     req->ul_seen = 0;
     req->status = 0;
     req->abort_kind = NULL;

@@ -3,7 +3,9 @@
  * node under ESX_TRANSPORT=curl): the easy handle's options and callbacks, and what a
  * finished transfer means for its call.  I/O thread only (engine_int.h).
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +28,65 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
     return esx_eng_record_body(ud, buf, size * n) ? size * n : 0;
 }
 
+/* The port of a socket address, 0 when it has none. */
+static int port_of(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)ss)->sin_port);
+    if (ss->ss_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+    return 0;
+}
+
+/* The engine's socket connected from local port lport to remote port rport, or -1.  Each
+ * entry's ports are looked up once (a socket not connected yet has none, and is looked at
+ * again next time). */
+static int socket_on_ports(esx_engine *e, int lport, int rport)
+{
+    for (int i = 0; i < e->nsockets; i++) {
+        esx_sock *s = &e->sockets[i];
+        if (s->lport == 0) {
+            struct sockaddr_storage a, b;
+            socklen_t alen = sizeof a, blen = sizeof b;
+            if (getsockname(s->fd, (struct sockaddr *)&a, &alen) == 0 &&
+                getpeername(s->fd, (struct sockaddr *)&b, &blen) == 0) {
+                s->lport = port_of(&a);
+                s->rport = port_of(&b);
+            }
+        }
+        if (s->lport != 0 && s->lport == lport && s->rport == rport)
+            return s->fd;
+    }
+    return -1;
+}
+
+/* 1 when libcurl reused an idle plain-HTTP connection that has bytes waiting: whatever a
+ * server sent on an idle connection (a 408 before it closed, the rest of a faulty answer)
+ * answers nothing esx asked, but libcurl 7.88 takes such a connection as alive and would read
+ * those bytes as this request's answer (esx's own HTTP/1.1 drops the connection as soon as
+ * they come).  Not for TLS: a session ticket may be waiting there.  libcurl gives no socket
+ * before the request is sent (CURLINFO_ACTIVESOCKET), so it is found by its ports. */
+static int reused_with_bytes_waiting(esx_request *req, int lport, int rport)
+{
+    long made = 1;
+    if (strncmp(esx_request_node(req), "http://", 7) != 0 ||
+        curl_easy_getinfo(req->easy, CURLINFO_NUM_CONNECTS, &made) != CURLE_OK || made != 0)
+        return 0;
+    int fd = socket_on_ports(req->eng, lport, rport);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
 /* libcurl has a connection for the transfer (new, or reused): socket silence counts from now. */
 static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
                      int conn_local_port)
 {
     esx_request *req = ud;
-    (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
+    (void)conn_primary_ip, (void)conn_local_ip;
+    if (reused_with_bytes_waiting(req, conn_local_port, conn_primary_port)) {
+        req->curl_stale = 1; /* libcurl closes the connection; esx_eng_on_transfer_done restarts */
+        return CURL_PREREQFUNC_ABORT;
+    }
     req->curl_connecting = 0;
     req->last_activity = esx_now_ms();
     return CURL_PREREQFUNC_OK;
@@ -242,6 +297,23 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
     CURL *h = req->easy;
     int node_index = req->node;
     esx_eng_list_remove(&e->active, req);
+    if (rc == CURLE_ABORTED_BY_CALLBACK && req->curl_stale) {
+        /* nothing was sent: the same attempt goes on, in its slot, on another connection (each
+         * such stop closes one idle connection, so this ends) -- as h1 does on a stale one */
+        req->curl_stale = 0;
+        req->curl_connecting = 1;
+        curl_multi_remove_handle(e->multi, h);
+        CURLMcode mc = curl_multi_add_handle(e->multi, h);
+        if (mc == CURLM_OK) {
+            req->next = e->active;
+            e->active = req;
+            return;
+        }
+        esx_eng_release_attempt(e, req);
+        esx_eng_finish(e, req, ESX_EINTERNAL, "cannot restart a transfer: %s",
+                       curl_multi_strerror(mc));
+        return;
+    }
     if (rc == CURLE_OK) {
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &req->status);
         int truncated = req->resp_gzip && req->wire_in > 0 && !req->inflater.finished;

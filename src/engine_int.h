@@ -45,6 +45,8 @@ typedef struct waiter_conn {
  * esx_eng_sock_prune). */
 typedef struct esx_sock {
     int fd;
+    int lport, rport; /* its local and remote ports once connected, 0 until looked up
+                       * (engine_curl.c finds a reused connection's socket by them) */
     dev_t dev;
     ino_t ino;
 } esx_sock;

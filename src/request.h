@@ -75,6 +75,8 @@ struct esx_request {
     unsigned char probe;           /* the attempt is its dead node's probe (node.h `probing`) */
     unsigned char h1_redone;       /* the attempt moved once to a fresh connection (stale reuse) */
     unsigned char curl_connecting; /* the libcurl attempt's connection is not up (or reused) yet */
+    unsigned char curl_stale;      /* the libcurl attempt stopped before sending: the idle
+                                    * connection it was given had bytes waiting (engine_curl.c) */
     unsigned char resp_gzip;       /* the response is gzip (Content-Encoding) */
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
