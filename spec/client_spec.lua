@@ -1947,6 +1947,23 @@ describe("TLS", function()
     c:close()
   end)
 
+  it("returns nil, err connect, marking no node and retrying nowhere, when ca_file cannot be read", function()
+    -- a CA file of this process's that cannot be read fails every node alike: it was taken
+    -- for each node's failure, retried on every node and all of them marked dead
+    local c = client{ hosts = { tls.url, tls.url .. "/b" }, ca_file = "/nonexistent/ca.pem",
+                      connect_timeout = 10000 }
+    local res, err = c:info()
+    assert.is_nil(res)
+    assert.equal("connect", err.kind)
+    assert.truthy(err.message:find("ca_file", 1, true), err.message)
+    assert.equal(0, err.retries)
+    for _, n in ipairs(c:stats().nodes) do
+      assert.is_true(n.alive, n.url)
+      assert.equal(0, n.failures)
+    end
+    c:close()
+  end)
+
   it("keeps max_total across an http:// node and an https:// node", function()
     local c = client{ hosts = { srv.url, tls.url }, tls_verify = false, connect_timeout = 10000,
                       max_total = 2, max_per_route = 2, pool_timeout = 5000 }
