@@ -502,6 +502,35 @@ describe("broken responses", function()
     end)
   end
 
+  for _, te in ipairs{ "gzip, chunked", "gzip", "deflate, chunked" } do
+    it("returns nil, err decode, the node alive, on a transfer coding esx does not decode: " .. te, function()
+      -- esx sends no TE header, so only chunked may come (RFC 9110 10.1.4).  esx's own HTTP/1.1
+      -- returned the still-coded bytes as the body, libcurl failed with kind internal
+      local c = client{ max_retries = 2 }
+      local body = te:find("chunked") and "2\r\nok\r\n0\r\n\r\n" or "ok"
+      local res, err = exchange(c, "GET", "/", nil, function(conn)
+        conn:send("HTTP/1.1 200 OK\r\nTransfer-Encoding: " .. te .. "\r\n\r\n" .. body)
+        conn:close()
+      end)
+      assert.is_nil(res)
+      assert.equal("decode", err.kind)
+      assert.truthy(err.message:find("^response uses a transfer coding esx does not decode"), err.message)
+      assert.equal(0, err.retries)
+      assert.is_true(c:stats().nodes[1].alive)
+      c:close()
+    end)
+  end
+
+  it("reads a body whose transfer codings are identity and chunked", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nTransfer-Encoding: identity, Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+    end)
+    assert.is_nil(err)
+    assert.equal("ok", res.body)
+    c:close()
+  end)
+
   it("returns nil, err reset on a bad chunk size", function()
     local c = client()
     local res, err = exchange(c, "GET", "/", nil,

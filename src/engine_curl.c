@@ -344,7 +344,14 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
     int node_dead, retryable;
     const char *kind = transport_kind(rc, h, &node_dead, &retryable);
     char msg[256];
-    if (rc == CURLE_SSL_CACERT_BADFILE) {
+    if (rc == CURLE_BAD_CONTENT_ENCODING) {
+        /* a transfer coding other than chunked (esx asks libcurl to decode none): the node
+         * answered, the bytes cannot be read -- as h1.c says */
+        kind = ESX_EDECODE;
+        node_dead = retryable = 0;
+        snprintf(msg, sizeof msg, "response uses a transfer coding esx does not decode (%.180s)",
+                 esx_request_node(req));
+    } else if (rc == CURLE_SSL_CACERT_BADFILE) {
         /* this process's ca_file, not the node: every node would fail alike */
         node_dead = retryable = 0;
         snprintf(msg, sizeof msg, "cannot use ca_file: %.60s (the node was not marked) (%.150s)",

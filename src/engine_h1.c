@@ -371,13 +371,14 @@ static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
         esx_eng_on_response(e, req, node, truncated, now);
         return 0;
     }
-    if (rc == ESX_H1_ERROR && !c->parser.head_too_big) {
+    if (rc == ESX_H1_ERROR && !c->parser.head_too_big && !c->parser.bad_coding) {
         char text[128];
         snprintf(text, sizeof text, "bad HTTP response: %s", c->parser.error);
         h1_fail(e, c, ESX_ERESET, 1, text, now);
         return 0;
     }
-    /* a callback stopped (body too big, bad gzip) or the headers are too big */
+    /* a callback stopped (body too big, bad gzip), the headers are too big, or a transfer
+     * coding esx does not decode: the node answered, the bytes cannot be read */
     const char *kind = rc == ESX_H1_ABORT ? req->abort_kind : ESX_EDECODE;
     char msg[160];
     snprintf(msg, sizeof msg, "%s", rc == ESX_H1_ABORT ? req->abort_msg : c->parser.error);

@@ -155,11 +155,20 @@ static int header_line(esx_h1_parser *p, const char *s, size_t len)
         p->has_length = 1;
         p->length = x;
     } else if (name_is(s, nlen, "transfer-encoding")) {
-        /* chunked only counts as the last coding */
+        /* chunked only counts as the last coding; esx asks for no other (it sends no TE
+         * header, RFC 9110 10.1.4) and decodes none: their bytes are not the body */
         const char *last = v;
-        for (const char *c = v; c < v + vlen; c++)
-            if (*c == ',')
-                last = c + 1;
+        for (const char *c = v, *from = v; c <= v + vlen; c++) {
+            if (c < v + vlen && *c != ',')
+                continue;
+            size_t clen;
+            const char *coding = trim(from, c, &clen);
+            if (clen > 0 && !(clen == 7 && strncasecmp(coding, "chunked", 7) == 0) &&
+                !(clen == 8 && strncasecmp(coding, "identity", 8) == 0))
+                p->bad_coding = 1;
+            if (c < v + vlen)
+                last = from = c + 1;
+        }
         size_t llen;
         last = trim(last, v + vlen, &llen);
         if (llen == 7 && strncasecmp(last, "chunked", 7) == 0) {
@@ -186,9 +195,11 @@ static int end_of_head(esx_h1_parser *p)
             return fail(p, "unexpected 101 Switching Protocols");
         /* an interim response: the real one follows */
         p->status_seen = 0;
-        p->has_length = p->chunked = p->te_other = p->close = p->ka = 0;
+        p->has_length = p->chunked = p->te_other = p->close = p->ka = p->bad_coding = 0;
         return ESX_H1_MORE;
     }
+    if (p->bad_coding && !(p->head_request || p->status == 204 || p->status == 304))
+        return fail(p, "response uses a transfer coding esx does not decode");
     p->keep_alive = p->minor >= 1 ? !p->close : (p->ka && !p->close);
     /* RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing (the sender
      * may hold part of it): read this response, then close */

@@ -52,6 +52,8 @@ typedef struct esx_h1_parser {
     int partial_used;   /* partial held the last line returned: empty it before the next */
     const char *error;  /* why ESX_H1_ERROR, static text */
     int head_too_big;   /* the error is ESX_H1_MAX_HEAD being passed */
+    int bad_coding;     /* a transfer coding other than chunked or identity was named (the
+                         * error, when the response has a body: esx cannot decode it) */
     esx_h1_header_fn on_header;
     esx_h1_body_fn on_body;
     void *ud;
