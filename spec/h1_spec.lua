@@ -552,6 +552,18 @@ describe("broken responses", function()
     c:close()
   end)
 
+  it("returns nil, err decode when one header line passes 100 KB", function()
+    -- libcurl refuses a line that long itself, as out of memory: it was reported as internal
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nX-Long: " .. ("l"):rep(150000) .. "\r\nContent-Length: 0\r\n\r\n")
+    end)
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("response headers exceed 64 KiB", err.message)
+    c:close()
+  end)
+
   it("returns nil, err decode, not reset, when a head of headers esx does not keep passes 64 KiB", function()
     -- names of 64 bytes or more are not kept in res.headers; they still count against the
     -- bound (libcurl let 300 KiB of them in, then failed the transfer as a reset: retried,

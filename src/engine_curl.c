@@ -344,7 +344,13 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
     int node_dead, retryable;
     const char *kind = transport_kind(rc, h, &node_dead, &retryable);
     char msg[256];
-    if (rc == CURLE_BAD_CONTENT_ENCODING) {
+    if (rc == CURLE_OUT_OF_MEMORY && req->head_in > 0 && req->wire_in == 0) {
+        /* after the status line, before the body: libcurl's own bound on one header line
+         * (100 KB), reported as out of memory -- past esx's 64 KiB, as h1.c says */
+        kind = ESX_EDECODE;
+        node_dead = retryable = 0;
+        snprintf(msg, sizeof msg, "response headers exceed 64 KiB");
+    } else if (rc == CURLE_BAD_CONTENT_ENCODING) {
         /* a transfer coding other than chunked (esx asks libcurl to decode none): the node
          * answered, the bytes cannot be read -- as h1.c says */
         kind = ESX_EDECODE;
