@@ -360,7 +360,7 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
     } else if (rc == CURLE_SSL_CACERT_BADFILE) {
         /* this process's ca_file, not the node: every node would fail alike */
         node_dead = retryable = 0;
-        snprintf(msg, sizeof msg, "cannot use ca_file: %.60s (the node was not marked) (%.150s)",
+        snprintf(msg, sizeof msg, "cannot use ca_file: %.60s (the node was not marked) (%.140s)",
                  curl_easy_strerror(rc), esx_request_node(req));
     } else {
         snprintf(msg, sizeof msg, "%.60s (%.180s)", curl_easy_strerror(rc), esx_request_node(req));
