@@ -478,18 +478,25 @@ describe("broken responses", function()
     end)
   end
 
-  it("returns nil, err reset on conflicting Content-Length headers", function()
-    local c = client()
-    local res, err = exchange(c, "GET", "/", nil,
-      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc")
-    if os.getenv("ESX_TRANSPORT") == "curl" then
-      assert.equal("abc", res.body) -- libcurl 7.88 takes the last one
-    else
+  -- framing a response cannot be trusted with (the shapes of response smuggling): libcurl 7.88
+  -- took the last Content-Length, a signed one, a folded line, a name with a space, and read on
+  local heads = {
+    { "conflicting Content-Length headers", "Content-Length: 2\r\nContent-Length: 3\r\n" },
+    { "a signed Content-Length", "Content-Length: +3\r\n" },
+    { "a folded header line", "X-A: a\r\n Content-Length: 3\r\nContent-Length: 3\r\n" },
+    { "a space before a header's colon", "Content-Length : 2\r\nContent-Length: 3\r\n" },
+  }
+  for _, case in ipairs(heads) do
+    it("returns nil, err reset, and marks the node dead, on " .. case[1], function()
+      local c = client()
+      local res, err = exchange(c, "GET", "/", nil, "HTTP/1.1 200 OK\r\n" .. case[2] .. "\r\nabc")
       assert.is_nil(res)
       assert.equal("reset", err.kind)
-    end
-    c:close()
-  end)
+      assert.truthy(err.message:find("^bad HTTP response: "), err.message)
+      assert.is_false(c:stats().nodes[1].alive)
+      c:close()
+    end)
+  end
 
   for _, reply in ipairs{ "hello\r\n\r\n", "HTTP/1.1 2x0 OK\r\n\r\n" } do
     it("returns nil, err reset, and marks the node dead, when the reply is not HTTP: " .. reply:sub(1, 5), function()

@@ -168,15 +168,42 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
     while (end && (buf[end - 1] == '\r' || buf[end - 1] == '\n'))
         end--;
     const char *colon = memchr(buf, ':', end);
-    if (end == 0 || colon == NULL)
-        return len;
-    size_t nlen = (size_t)(colon - buf);
-    const char *v = colon + 1;
+    if (end == 0)
+        return 1;
+    /* framing h1.c refuses before this is called (libcurl 7.88 takes it and reads on): a
+     * folded line, a line without a name, a name with a space, a Content-Length that is not
+     * digits or differs from an earlier one.  Trailers (after body bytes) are not framing. */
+    const char *bad = NULL;
+    if (req->wire_in == 0) {
+        if (buf[0] == ' ' || buf[0] == '\t')
+            bad = "folded header line";
+        else if (colon == NULL || colon == buf || memchr(buf, ' ', (size_t)(colon - buf)) ||
+                 memchr(buf, '\t', (size_t)(colon - buf)))
+            bad = "malformed header line";
+    }
+    if (colon == NULL && bad == NULL)
+        return 1;
+    size_t nlen = bad ? 0 : (size_t)(colon - buf);
+    const char *v = bad ? buf : colon + 1;
     while (v < buf + end && (*v == ' ' || *v == '\t'))
         v++;
     size_t vlen = (size_t)(buf + end - v);
     while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
         vlen--; /* the whitespace around a value is not part of it (RFC 9110 5.5) */
+    if (!bad && req->wire_in == 0 && nlen == 14 && strncasecmp(buf, "content-length", 14) == 0) {
+        char first[32];
+        if (vlen == 0 || vlen >= sizeof first || strspn(v, "0123456789") < vlen)
+            bad = "bad Content-Length";
+        else if (esx_request_header(req, "content-length", first, sizeof first) &&
+                 (strlen(first) != vlen || memcmp(first, v, vlen) != 0))
+            bad = "conflicting Content-Length headers";
+    }
+    if (bad) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "bad HTTP response: %s", bad);
+        abort_with(req, ESX_ERESET, msg);
+        return 0;
+    }
     char name[64];
     if (nlen == 0 || nlen >= sizeof name)
         return 1; /* no header esx reads has a name this long; skip it */

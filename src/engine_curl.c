@@ -321,6 +321,16 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
         esx_eng_on_response(e, req, node_index, truncated, now);
         return;
     }
+    if (rc == CURLE_WRITE_ERROR && req->abort_kind &&
+        strcmp(req->abort_kind, ESX_ERESET) == 0) {
+        /* framing esx refuses (esx_eng_record_header): a bad reply, as h1 treats it -- the
+         * node is suspect, the call retried */
+        char msg[256];
+        snprintf(msg, sizeof msg, "%.60s (%.180s)", req->abort_msg, esx_request_node(req));
+        esx_eng_release_attempt(e, req);
+        esx_eng_on_failure(e, req, node_index, ESX_ERESET, 1, 1, msg, now);
+        return;
+    }
     if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
         esx_eng_release_attempt(e, req);
         esx_eng_finish(e, req, req->abort_kind, "%s", req->abort_msg);
