@@ -228,6 +228,22 @@ describe("response bodies", function()
     c:close()
   end)
 
+  it("keeps trailer fields out of the response's headers", function()
+    -- RFC 9110 6.5.1: a trailer is not a header.  libcurl passed them on as header lines, so a
+    -- trailer could replace what the head said (Content-Type here; Content-Encoding: gzip made
+    -- a plain body a truncated gzip one); esx's own HTTP/1.1 drops them
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" ..
+      "2\r\n{}\r\n0\r\nX-Trailer: t\r\nContent-Type: text/html\r\nContent-Encoding: gzip\r\n\r\n")
+    assert.is_nil(err)
+    assert.equal("{}", res.body)
+    assert.equal("application/json", res.headers["content-type"])
+    assert.is_nil(res.headers["x-trailer"])
+    assert.is_nil(res.headers["content-encoding"])
+    c:close()
+  end)
+
   it("reads a Content-Length body split at every byte", function()
     local c = client()
     local res, err = exchange(c, "GET", "/", nil, function(conn) net.send_bytes(conn, OK) end)

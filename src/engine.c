@@ -158,18 +158,24 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
         abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
         return 0;
     }
+    if (req->head_done == 1)
+        return 1; /* a trailer (RFC 9110 6.5.1: not a header), dropped as h1.c drops it */
     if (len >= 5 && memcmp(buf, "HTTP/", 5) == 0) {
         /* a new response (after 1xx): forget the previous headers */
         esx_buf_reset(&req->resp_headers);
         req->resp_gzip = 0;
+        req->head_done = len > 9 && buf[9] == '1' ? 2 : 0;
         return 1;
     }
     size_t end = len;
     while (end && (buf[end - 1] == '\r' || buf[end - 1] == '\n'))
         end--;
     const char *colon = memchr(buf, ':', end);
-    if (end == 0)
+    if (end == 0) {
+        if (req->head_done == 0)
+            req->head_done = 1; /* (h1.c passes neither this line nor trailers) */
         return 1;
+    }
     /* framing h1.c refuses before this is called (libcurl 7.88 takes it and reads on): a
      * folded line, a line without a name, a name with a space, a Content-Length that is not
      * digits or differs from an earlier one.  Trailers (after body bytes) are not framing. */
@@ -403,6 +409,7 @@ static void reset_response(esx_request *req)
     req->resp_gzip = 0;
     req->wire_in = 0;
     req->head_in = 0;
+    req->head_done = 0;
     req->curl_stale = 0;
     req->ul_seen = 0;
     req->status = 0;

@@ -77,6 +77,9 @@ struct esx_request {
     unsigned char curl_connecting; /* the libcurl attempt's connection is not up (or reused) yet */
     unsigned char curl_stale;      /* the libcurl attempt stopped before sending: the idle
                                     * connection it was given had bytes waiting (engine_curl.c) */
+    unsigned char head_done;       /* response header lines (engine.c): 0 in a final head,
+                                    * 2 in an interim (1xx) one, 1 after the final head's end:
+                                    * what libcurl passes on then is a trailer */
     unsigned char resp_gzip;       /* the response is gzip (Content-Encoding) */
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
