@@ -603,12 +603,11 @@ end)
 describe("a collector made by a root master for workers of another user #nginx", function()
   local is_root = (io.open("/proc/self/status"):read("*a")):match("\nUid:%s+0%s") ~= nil
   local it_root = is_root and it or pending
-  it_root("writes dead letters to the default file in the spool_dir given to the workers' user", function()
-    local base = tmpdir()
-    local dir = base .. "/spool"
-    -- as the docs say: the spool_dir belongs to the workers' user, in a directory of root's
-    assert(os.execute("chmod 755 " .. base .. " && mkdir " .. dir .. " && chown nobody:nogroup " ..
-      dir .. " && chmod 700 " .. dir))
+
+  -- nginx with workers of user nobody and a collector made in init_by_lua with `option`
+  -- (`spool_dir = "..."` or `dead_letter = "..."`); one event refused for good must reach the
+  -- dead-letter file `file`.
+  local function dead_letter_as_nobody(option, file, event_id)
     es:reset()
     local web_nobody = nginx.start{
       workers = 1,
@@ -617,9 +616,9 @@ describe("a collector made by a root master for workers of another user #nginx",
         init_by_lua_block {
           local esx = require "esx"
           package.loaded.nobody_collector = assert(esx.collector{
-            sink = assert(esx.client{ hosts = { "%s" } }), spool_dir = "%s", flush_interval = 50 })
+            sink = assert(esx.client{ hosts = { "%s" } }), %s, flush_interval = 50 })
         }
-      ]]):format(es.url, dir),
+      ]]):format(es.url, option),
       server = [[
         location = /collect {
           content_by_lua_block { require("esx.nginx").collect(package.loaded.nobody_collector) }
@@ -635,7 +634,7 @@ describe("a collector made by a root master for workers of another user #nginx",
     local ok, err = pcall(function()
       es:fault{ path = "/_bulk", item_status = 400, count = 1 } -- refused for good
       assert.equal(204, web_nobody:request("POST", "/collect",
-        cjson.encode({ site_id = "s1", type = "view", event_id = "nobody1" }),
+        cjson.encode({ site_id = "s1", type = "view", event_id = event_id }),
         { ["Content-Type"] = "application/json" }))
       local body
       local deadline = socket.gettime() + 10
@@ -643,72 +642,36 @@ describe("a collector made by a root master for workers of another user #nginx",
         socket.sleep(0.1)
         body = select(2, web_nobody:get("/stats"))
       until body ~= "0 0\n" or socket.gettime() > deadline
-      assert.equal("1 0\n", body) -- before: "1 1", the line lost (root's 0600 file)
-      local f = assert(io.open(dir .. "/dead-letter.ndjson"))
+      assert.equal("1 0\n", body) -- "1 1": the line was lost
+      local f = assert(io.open(file))
       local text = f:read("*a")
       f:close()
-      assert.truthy(text:find('"nobody1"', 1, true), text)
+      assert.truthy(text:find('"' .. event_id .. '"', 1, true), text)
     end)
     web_nobody:stop()
     es:clear_faults()
-    os.execute("rm -rf " .. base)
     assert(ok, err)
-  end)
-end)
+  end
 
-describe("a collector made by a root master with its dead-letter file in root's directory #nginx", function()
-  local is_root = (io.open("/proc/self/status"):read("*a")):match("\nUid:%s+0%s") ~= nil
-  local it_root = is_root and it or pending
-  it_root("has workers of another user write dead letters through the master's descriptor", function()
+  it_root("writes dead letters to the default file in the spool_dir given to the workers' user", function()
+    local base = tmpdir()
+    finally(function() os.execute("rm -rf " .. base) end)
+    local dir = base .. "/spool"
+    -- as the docs say: the spool_dir belongs to the workers' user, in a directory of root's
+    -- (before: root's master made the file 0600, root's, and the workers lost every line)
+    assert(os.execute("chmod 755 " .. base .. " && mkdir " .. dir .. " && chown nobody:nogroup " ..
+      dir .. " && chmod 700 " .. dir))
+    dead_letter_as_nobody(('spool_dir = "%s"'):format(dir), dir .. "/dead-letter.ndjson", "nobody1")
+  end)
+
+  it_root("has workers write dead letters through the master's descriptor to a file in root's directory", function()
     -- as the default in /tmp: root's master makes the file (0600, root's), which a worker
     -- of another user cannot open again after the fork
     local base = tmpdir()
+    finally(function() os.execute("rm -rf " .. base) end)
     assert(os.execute("chmod 755 " .. base))
-    local dl = base .. "/dead.ndjson"
-    es:reset()
-    local web_nobody = nginx.start{
-      workers = 1,
-      user = "nobody nogroup",
-      http = ([[
-        init_by_lua_block {
-          local esx = require "esx"
-          package.loaded.dl_collector = assert(esx.collector{
-            sink = assert(esx.client{ hosts = { "%s" } }), dead_letter = "%s", flush_interval = 50 })
-        }
-      ]]):format(es.url, dl),
-      server = [[
-        location = /collect {
-          content_by_lua_block { require("esx.nginx").collect(package.loaded.dl_collector) }
-        }
-        location = /stats {
-          content_by_lua_block {
-            local st = package.loaded.dl_collector:stats()
-            ngx.say(st.dead_lettered, " ", st.dead_letter_failed)
-          }
-        }
-      ]],
-    }
-    local ok, err = pcall(function()
-      es:fault{ path = "/_bulk", item_status = 400, count = 1 } -- refused for good
-      assert.equal(204, web_nobody:request("POST", "/collect",
-        cjson.encode({ site_id = "s1", type = "view", event_id = "rootfile1" }),
-        { ["Content-Type"] = "application/json" }))
-      local body
-      local deadline = socket.gettime() + 10
-      repeat
-        socket.sleep(0.1)
-        body = select(2, web_nobody:get("/stats"))
-      until body ~= "0 0\n" or socket.gettime() > deadline
-      assert.equal("1 0\n", body) -- before: "1 1", the worker had no file to write to
-      local f = assert(io.open(dl))
-      local text = f:read("*a")
-      f:close()
-      assert.truthy(text:find('"rootfile1"', 1, true), text)
-    end)
-    web_nobody:stop()
-    es:clear_faults()
-    os.execute("rm -rf " .. base)
-    assert(ok, err)
+    dead_letter_as_nobody(('dead_letter = "%s"'):format(base .. "/dead.ndjson"), base .. "/dead.ndjson",
+      "rootfile1")
   end)
 end)
 
