@@ -3,6 +3,7 @@
 -- (these are shared 2-core machines); they prove a bound, not a speed.
 local esx = require "esx"
 local ds = require "spec.support.devserver"
+local proc = require "spec.support.proc"
 local net = require "spec.support.net"
 local socket = require "socket"
 
@@ -243,18 +244,7 @@ describe("esx.client", function()
     -- Lua's collector sees an 8-byte userdata per client, not its I/O thread and wake-up
     -- socket pair: with a few tens of MB of live Lua data, thousands of dropped clients
     -- were all alive before a cycle came (3,000 threads and 6,000 descriptors for 3,000).
-    local function threads()
-      local f = assert(io.open("/proc/self/status"))
-      local n = tonumber(f:read("*a"):match("Threads:%s*(%d+)"))
-      f:close()
-      return n
-    end
-    local lfs = require "lfs"
-    local function fds()
-      local n = 0
-      for _ in lfs.dir("/proc/self/fd") do n = n + 1 end
-      return n
-    end
+    local threads, fds = proc.threads, proc.fds
     collectgarbage()
     collectgarbage()
     local t0, f0 = threads(), fds()
