@@ -221,10 +221,23 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
          * spool_dir to replay; without a spool, report them as refused */
         if (!seg) {
             col->st.rejected[ESX_RJ_NOMEM] += (uint64_t)(n - queued);
-            for (int i = queued; i < n && out->n_rejects < col->cfg.max_events; i++) {
-                esx_event_reject *r = &col->rejects[out->n_rejects++];
-                r->index = -1;
-                snprintf(r->reason, sizeof r->reason, "out of memory");
+            /* each at its position in the body, among the parse's rejects in increasing
+             * order: the body's events are the valid ones and the rejected ones, both in
+             * body order; walked from the end, so that moving a parse reject up to its
+             * place (w >= j) never overwrites one not moved yet (room: n + nr <= m) */
+            int j = out->n_rejects - 1, w = out->n_rejects + (n - queued) - 1, i = n - 1;
+            out->n_rejects = w + 1;
+            for (int pos = n + nr - 1; pos >= 0 && w >= 0; pos--) {
+                if (j >= 0 && col->rejects[j].index == pos) {
+                    col->rejects[w--] = col->rejects[j--];
+                } else {
+                    if (i >= queued) {
+                        esx_event_reject *r = &col->rejects[w--];
+                        r->index = pos;
+                        snprintf(r->reason, sizeof r->reason, "out of memory");
+                    }
+                    i--;
+                }
             }
         } else {
             seg->pending += n - queued;

@@ -1,0 +1,56 @@
+-- Allocation failure: esx's parts driven under an allocation fault injector
+-- (tools/failmalloc.c, preloaded into a child interpreter) for a sweep of n: the n-th
+-- allocation of a call fails, for every n the call makes.  The scripts in tools/oom/ check
+-- each answer against the contract and print "FAIL ..." per violation; a crash, an abort or
+-- a hang (the child is killed after 120 s) fails the sweep.
+local ds = require "spec.support.devserver"
+
+local LUA = jit and "luajit" or "lua5.4"
+local dir, srv
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- Runs tools/oom/<script>.lua with args under the injector; returns its output and whether
+-- it exited 0.
+local function sweep(script, ...)
+  local args = {}
+  for i, a in ipairs{ ... } do args[i] = sh_quote(a) end
+  local cmd = "LUA_PATH='./lua/?.lua;./lua/?/init.lua;./?.lua;;' " ..
+    "LUA_CPATH=" .. sh_quote(dir .. "/?.so;./build/" .. LUA .. "/?.so;;") ..
+    " LD_PRELOAD=" .. sh_quote(dir .. "/failmalloc.so") ..
+    " timeout 120 " .. LUA .. " tools/oom/" .. script .. ".lua " .. table.concat(args, " ") ..
+    " 2>&1; echo \"exit $?\""
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  return out, out:match("exit (%d+)%s*$") == "0"
+end
+
+local function clean(out, ok)
+  assert.is_true(ok, out)
+  assert.is_nil(out:find("FAIL", 1, true), out)
+  assert.truthy(out:find("%f[%w]done%s"), out)
+end
+
+describe("allocation failure", function()
+  setup(function()
+    dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. sh_quote(dir)))
+    local ok = os.execute("cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -shared -fPIC -O1 " ..
+      "-I/usr/include/lua5.4 tools/failmalloc.c -o " .. sh_quote(dir .. "/failmalloc.so"))
+    assert.truthy(ok == true or ok == 0, "cannot build tools/failmalloc.c")
+    srv = ds.start()
+  end)
+
+  teardown(function()
+    if srv then srv:stop() end
+    if dir then os.execute("rm -rf " .. sh_quote(dir)) end
+  end)
+
+  describe("col:handle", function()
+    it("names the events it could not queue by their positions in the body", function()
+      clean(sweep("collector", srv.url, "esx thread"))
+    end)
+  end)
+end)
