@@ -48,6 +48,12 @@ describe("allocation failure", function()
     if dir then os.execute("rm -rf " .. sh_quote(dir)) end
   end)
 
+  describe("c:request", function()
+    it("returns nil, err of kind internal when memory runs out reading response headers", function()
+      clean(sweep("client", srv.url, "esx", 1))
+    end)
+  end)
+
   describe("col:handle", function()
     it("names the events it could not queue by their positions in the body", function()
       clean(sweep("collector", srv.url, "esx thread"))

@@ -221,11 +221,15 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
     if (strcmp(name, "content-encoding") == 0 && vlen >= 4 && strncasecmp(v, "gzip", 4) == 0)
         req->resp_gzip = 1;
     size_t at = req->resp_headers.len;
-    if (esx_buf_append(&req->resp_headers, name, nlen) != ESX_BUF_OK ||
-        esx_buf_append(&req->resp_headers, ": ", 2) != ESX_BUF_OK ||
-        esx_buf_append(&req->resp_headers, v, vlen) != ESX_BUF_OK ||
-        esx_buf_append(&req->resp_headers, "\n", 1) != ESX_BUF_OK) {
-        abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
+    int brc;
+    if ((brc = esx_buf_append(&req->resp_headers, name, nlen)) != ESX_BUF_OK ||
+        (brc = esx_buf_append(&req->resp_headers, ": ", 2)) != ESX_BUF_OK ||
+        (brc = esx_buf_append(&req->resp_headers, v, vlen)) != ESX_BUF_OK ||
+        (brc = esx_buf_append(&req->resp_headers, "\n", 1)) != ESX_BUF_OK) {
+        if (brc == ESX_BUF_TOOBIG)
+            abort_with(req, ESX_EDECODE, "response headers exceed 64 KiB");
+        else /* esx's failure, not the response's */
+            abort_with(req, ESX_EINTERNAL, "out of memory reading the response headers");
         return 0;
     }
     /* RFC 9110 5.5: a NUL in a field is replaced by SP (it would end the list here) */

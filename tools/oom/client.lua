@@ -1,0 +1,68 @@
+-- tools/oom/client.lua URL SCOPE COUNT -- run under tools/failmalloc.c (LD_PRELOAD): for
+-- n = 1, 2, ... the n-th allocation counted during one round of client calls (index, get,
+-- search, bulk, a gzip-compressed bulk; and COUNT - 1 after it, 0: every one after it) fails.
+-- Each call must succeed with the right answer, return nil, err of kind "internal" (esx's
+-- own failure), or raise Lua's "not enough memory"; a raise that blames the caller, another
+-- kind, a crash or a hang is a failure.  After each round the same client must work again.
+-- Prints "FAIL ..." per violation, then "done <sweeps> <injected> <failures>".
+local fm = require "failmalloc"
+local esx = require "esx"
+
+local url, scope, count = arg[1], arg[2] or "esx", tonumber(arg[3]) or 1
+local es = assert(esx.client{ hosts = { url }, request_timeout = 5000, compression = true,
+                              compression_min_bytes = 200 })
+local fails = 0
+local function fail(...) fails = fails + 1; print("FAIL", ...) end
+local RUN = ("c%d%04d"):format(os.time(), math.random(0, 9999))
+local allowed = { internal = true }
+
+local big = {}
+for i = 1, 40 do big[i] = { "index", { _index = RUN, _id = "b" .. i }, { n = i, text = ("x"):rep(50) } } end
+
+local function round(n)
+  local out = {}
+  out[1] = { pcall(es.index, es, RUN, { n = n, name = "doc" .. n }, "d" .. n) }
+  out[2] = { pcall(es.get, es, RUN, "d1") }
+  out[3] = { pcall(es.search, es, RUN, { query = { match_all = {} }, size = 1 }) }
+  out[4] = { pcall(es.bulk, es, { { "index", { _index = RUN, _id = "k" .. n }, { n = n } } }) }
+  out[5] = { pcall(es.bulk, es, big) }
+  out[6] = { pcall(es.request, es, "GET", "/" .. RUN .. "/_doc/d1") }
+  return out
+end
+
+local n, injected_total, clean = 0, 0, 0
+-- warm up (index created, d1 there)
+for _, r in ipairs(round(1)) do if not (r[1] and r[2]) then fail("warm-up", tostring(r[2]), tostring(r[3])) end end
+while clean < 3 and n < 3000 do
+  n = n + 1
+  fm.arm(n, count, scope)
+  local out = round(n)
+  local injected = fm.disarm()
+  injected_total = injected_total + injected
+  if injected == 0 then clean = clean + 1 end
+  for i, r in ipairs(out) do
+    local ok, res, err = r[1], r[2], r[3]
+    if not ok then
+      if not tostring(res):find("not enough memory", 1, true) then fail(n, i, "raised", tostring(res)) end
+    elseif res == nil then
+      if type(err) ~= "table" or not allowed[err.kind] then
+        fail(n, i, "error", type(err) == "table" and err.kind or "?", tostring(err))
+      elseif injected == 0 then
+        fail(n, i, "an error without an injected failure", tostring(err))
+      end
+    elseif i == 2 and (res._source == nil or res._source.name ~= "doc1") then
+      fail(n, i, "wrong document")
+    elseif (i == 4 or i == 5) and (res.errors ~= false or #res.items ~= (i == 4 and 1 or 40)) then
+      fail(n, i, "wrong bulk result", tostring(res.errors), #(res.items or {}))
+    elseif i == 6 and (res.status ~= 200 or not res.body:find('"doc1"', 1, true)) then
+      fail(n, i, "wrong response", res.status)
+    end
+  end
+  -- heals at once
+  local res, err = es:get(RUN, "d1")
+  if not res then fail(n, "after the round", tostring(err)) end
+end
+local st = es:stats()
+print("stats rebuilds", st.rebuilds)
+es:close()
+print("done", n, injected_total, fails)
