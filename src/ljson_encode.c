@@ -25,6 +25,7 @@ typedef struct enc {
     lua_State *L;
     esx_buf out;
     char err[128];
+    int nomem;  /* the failure is out of memory: esx's, not the value's */
 } enc;
 
 static int fail(enc *e, const char *why)
@@ -40,6 +41,8 @@ static int grow(enc *e, size_t n)
     int rc = esx_buf_reserve(&e->out, n);
     if (rc == ESX_BUF_OK)
         return 0;
+    if (rc != ESX_BUF_TOOBIG && !e->err[0])
+        e->nomem = 1;
     return fail(e, rc == ESX_BUF_TOOBIG ? "the JSON text would pass 1 GiB" : "out of memory");
 }
 
@@ -72,6 +75,8 @@ static int string(enc *e, const char *s, size_t n)
     int rc = esx_json_write_str(&e->out, s, n);
     if (rc == ESX_BUF_OK)
         return 0;
+    if (rc != ESX_BUF_TOOBIG && !e->err[0])
+        e->nomem = 1;
     return fail(e, rc == ESX_BUF_TOOBIG ? "the JSON text would pass 1 GiB" : "out of memory");
 }
 
@@ -229,19 +234,22 @@ static int value(enc *e, int idx, int depth)
     }
 }
 
-/* core.json_encode(v) -> text | nil, message */
+/* core.json_encode(v) -> text | nil, message, "nomem" when memory ran out (esx's failure, not
+ * the value's: the caller reports it as one of its own, not as a bad argument) */
 static int json_encode(lua_State *L)
 {
     luaL_checkany(L, 1);
     lua_settop(L, 1);
     esx_buf *b = lua_touserdata(L, lua_upvalueindex(1));
-    enc e = {.L = L, .out = *b};
+    enc e = {.L = L, .out = *b, .nomem = 0};
     e.out.len = 0;
     int rc = value(&e, 1, 1);
     *b = e.out; /* the memory, grown or not, is the state's again */
     if (rc != 0) {
         lua_pushnil(L);
         lua_pushstring(L, e.err);
+        if (e.nomem)
+            lua_pushliteral(L, "nomem");
     } else {
         lua_pushlstring(L, b->data ? b->data : "", b->len);
     }
@@ -249,7 +257,7 @@ static int json_encode(lua_State *L)
         esx_buf_free(b);
     else
         esx_buf_reset(b);
-    return rc != 0 ? 2 : 1;
+    return rc != 0 ? (e.nomem ? 3 : 2) : 1;
 }
 
 void esx_ljson_encode_open(lua_State *L)

@@ -400,7 +400,8 @@ function Indexer:flush()
   return true
 end
 
---- bi:add(action, meta, doc?) -> true | nil, err (kind "closed") -- buffers one operation;
+--- bi:add(action, meta, doc?) -> true | nil, err (kind "closed"; "internal" when memory runs
+-- out encoding it) -- buffers one operation;
 -- may send a batch (and wait for a slot when `concurrency` batches are in flight).  Raises
 -- on a malformed operation.
 function Indexer:add(action, meta, doc)
@@ -408,7 +409,8 @@ function Indexer:add(action, meta, doc)
   if not actions[action] then error("bad argument #1 to 'add' (unknown action " .. tostring(action) .. ")", 2) end
   if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
   if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
-  local head = json_encode({ [action] = meta })
+  local head, _, why = json_encode({ [action] = meta })
+  if not head and why == "nomem" then return nil, core.error("internal", "out of memory encoding the operation") end
   if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON)", 2) end
   local line
   if action == "delete" then
@@ -419,7 +421,9 @@ function Indexer:add(action, meta, doc)
     if type(doc) ~= "table" and type(doc) ~= "string" then
       error("bad argument #3 to 'add' (document table or JSON string expected, got " .. type(doc) .. ")", 2)
     end
-    local body = type(doc) == "string" and doc or json_encode(doc)
+    local body
+    if type(doc) == "string" then body = doc else body, _, why = json_encode(doc) end
+    if not body and why == "nomem" then return nil, core.error("internal", "out of memory encoding the operation") end
     if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON)", 2) end
     if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
     line = head .. "\n" .. body .. "\n"

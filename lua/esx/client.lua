@@ -345,8 +345,8 @@ end
 local function encode_body(body, fname)
   if body == nil or type(body) == "string" then return body end
   if type(body) == "table" then
-    local s, err = json_encode(body)
-    if not s then return nil, err end
+    local s, err, why = json_encode(body)
+    if not s then return nil, err, why end
     return s
   end
   -- (named as the encoding failure below: the body is argument #3 of request, #2 of search)
@@ -375,8 +375,13 @@ local function send(self, fname, method, path, body, opts)
   else
     opts = NO_OPTS
   end
-  local encoded, err = encode_body(body, fname)
+  local encoded, err, why = encode_body(body, fname)
   if body ~= nil and not encoded then
+    if why == "nomem" then -- esx's failure, not the body's: a call's error, counted as one
+      local f = self.http_failures
+      f.internal = (f.internal or 0) + 1
+      return nil, new_error("internal", "out of memory encoding the body as JSON")
+    end
     raise("bad body to '" .. fname .. "' (cannot be encoded as JSON: " .. tostring(err) .. ")")
   end
   local retries = opts.retries
@@ -595,16 +600,21 @@ function Client:info(opts)
   return call(self, "info", "GET", "/", nil, opts)
 end
 
+-- -> the line | nil, "nomem" (out of memory: esx's failure, returned, not raised)
 local function encode_line(t)
-  local s = json_encode(t)
-  if not s then error("bulk: cannot encode an operation as JSON", 4) end
+  local s, _, why = json_encode(t)
+  if not s then
+    if why == "nomem" then return nil, why end
+    error("bulk: cannot encode an operation as JSON", 4)
+  end
   return s
 end
 
 local bulk_actions = { index = true, create = true, update = true, delete = true }
 
 --- Builds an NDJSON bulk body from a list of {action, meta, doc} -> body, number of operations
--- (nil for an NDJSON string: its operations are not parsed).
+-- (nil for an NDJSON string: its operations are not parsed); nil, err (kind internal) when
+-- memory runs out encoding them.
 function _M.bulk_body(ops)
   if type(ops) == "string" then
     -- as for an empty list: a request without an operation is the caller's mistake
@@ -639,7 +649,9 @@ function _M.bulk_body(ops)
       error(format("bad argument #1 to 'bulk' (operation %d: metadata table expected)", i), 3)
     end
     if meta._index then check_index(meta._index, 1, "bulk") end
-    lines[#lines + 1] = encode_line({ [action] = meta })
+    local line = encode_line({ [action] = meta })
+    if not line then return nil, new_error("internal", "out of memory encoding the operations") end
+    lines[#lines + 1] = line
     if action == "delete" and doc ~= nil then
       -- (a document here is a mistake: it would not be sent, and nothing would say so)
       error(format("bad argument #1 to 'bulk' (operation %d: delete takes no document)", i), 3)
@@ -656,7 +668,9 @@ function _M.bulk_body(ops)
         -- a newline ends the NDJSON line: the rest would be read as further operations
         error(format("bad argument #1 to 'bulk' (operation %d: document contains a newline)", i), 3)
       end
-      lines[#lines + 1] = type(doc) == "string" and doc or encode_line(doc)
+      line = type(doc) == "string" and doc or encode_line(doc)
+      if not line then return nil, new_error("internal", "out of memory encoding the operations") end
+      lines[#lines + 1] = line
     end
   end
   if #lines == 0 then error("bad argument #1 to 'bulk' (no operations)", 3) end
@@ -669,6 +683,11 @@ local refresh_values = { [true] = "true", [false] = "false", ["true"] = "true", 
 --- c:bulk(ops, opts?) -> {took=, errors=bool, items={...}} | nil, err
 function Client:bulk(ops, opts)
   local body, n = _M.bulk_body(ops)
+  if not body then -- n: the error (out of memory)
+    local f = self.http_failures
+    f.internal = (f.internal or 0) + 1
+    return nil, n
+  end
   if opts ~= nil and type(opts) ~= "table" then error("bad argument #2 to 'bulk' (table expected)", 2) end
   local o = { content_type = "application/x-ndjson" }
   for k, v in pairs(opts or NO_OPTS) do o[k] = v end

@@ -199,7 +199,11 @@ end
 
 local JSON_TYPE = "application/json"
 
-local function json_body(t) return (json_encode(t)) end
+-- Out of memory (json_encode's only failure for these tables) must not leave an answer
+-- without a body: fallback, a fixed text that says what the status alone cannot.
+local function json_body(t, fallback)
+  return json_encode(t) or fallback or '{"error":"out of memory"}'
+end
 
 -- Answers carry their headers as a flat list {name, value, name, value, ...}.  The lists of
 -- the common answers are made once and shared (read only): no table per request.  col:handle
@@ -387,7 +391,8 @@ local function answer(self, method, query, body, ctype, coding, origin, declared
   local s, h, b
   if status == 200 then
     s, h, b = 200, with(base, "Content-Type", JSON_TYPE),
-      json_body({ accepted = accepted, rejected = rejects_list(rejects) })
+      json_body({ accepted = accepted, rejected = rejects_list(rejects) },
+                '{"accepted":' .. accepted .. ',"error":"out of memory listing the rejected events"}')
   elseif status == 429 or status == 503 then
     s, h, b = retry_answer(base, status, message, tostring(ceil(retry_after / 1000)))
   elseif status == 400 and #rejects > 0 then

@@ -1,6 +1,6 @@
 -- tools/oom/client.lua URL SCOPE COUNT -- run under tools/failmalloc.c (LD_PRELOAD): for
 -- n = 1, 2, ... the n-th allocation counted during one round of client calls (index, get,
--- search, bulk, a gzip-compressed bulk; and COUNT - 1 after it, 0: every one after it) fails.
+-- search, bulk, a gzip-compressed bulk, bodies of 70 KB through index, bulk and a bulk indexer; and COUNT - 1 after it, 0: every one after it) fails.
 -- Each call must succeed with the right answer, return nil, err of kind "internal" (esx's
 -- own failure), or raise Lua's "not enough memory"; a raise that blames the caller, another
 -- kind, a crash or a hang is a failure.  After each round the same client must work again.
@@ -16,6 +16,7 @@ local function fail(...) fails = fails + 1; print("FAIL", ...) end
 local RUN = ("c%d%04d"):format(os.time(), math.random(0, 9999))
 local allowed = { internal = true }
 
+local LARGE = ("y"):rep(70000)
 local big = {}
 for i = 1, 40 do big[i] = { "index", { _index = RUN, _id = "b" .. i }, { n = i, text = ("x"):rep(50) } } end
 
@@ -27,6 +28,14 @@ local function round(n)
   out[4] = { pcall(es.bulk, es, { { "index", { _index = RUN, _id = "k" .. n }, { n = n } } }) }
   out[5] = { pcall(es.bulk, es, big) }
   out[6] = { pcall(es.request, es, "GET", "/" .. RUN .. "/_doc/d1") }
+  -- bodies over the 64 KiB json_encode keeps between calls: encoded into new memory
+  out[7] = { pcall(es.index, es, RUN, { text = LARGE }, "large") }
+  out[8] = { pcall(es.bulk, es, { { "index", { _index = RUN, _id = "large2" }, { text = LARGE } } }) }
+  local bi = es:bulk_indexer{ flush_bytes = 1048576 }
+  local r = { pcall(bi.add, bi, "index", { _index = RUN, _id = "large3" }, { text = LARGE }) }
+  if r[1] and r[2] then r = { pcall(bi.flush, bi) } end
+  bi:close()
+  out[9] = r
   return out
 end
 
@@ -52,7 +61,7 @@ while clean < 3 and n < 3000 do
       end
     elseif i == 2 and (res._source == nil or res._source.name ~= "doc1") then
       fail(n, i, "wrong document")
-    elseif (i == 4 or i == 5) and (res.errors ~= false or #res.items ~= (i == 4 and 1 or 40)) then
+    elseif (i == 4 or i == 5 or i == 8) and (res.errors ~= false or #res.items ~= (i == 5 and 40 or 1)) then
       fail(n, i, "wrong bulk result", tostring(res.errors), #(res.items or {}))
     elseif i == 6 and (res.status ~= 200 or not res.body:find('"doc1"', 1, true)) then
       fail(n, i, "wrong response", res.status)

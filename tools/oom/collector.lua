@@ -1,5 +1,6 @@
--- tools/oom/collector.lua URL SCOPE [SPOOL_DIR] -- run under tools/failmalloc.c (LD_PRELOAD):
--- for n = 1, 2, ... the n-th allocation counted during one collector intake (a POST of five
+-- tools/oom/collector.lua URL SCOPE COUNT [SPOOL_DIR] -- run under tools/failmalloc.c
+-- (LD_PRELOAD): for n = 1, 2, ... the n-th allocation counted during one collector intake
+-- (and COUNT - 1 after it; 0: every one after it) fails (scope: see failmalloc.c; a POST of five
 -- events, the second and the fourth invalid) fails, and every answer is checked against the contract: a
 -- status of the list, a 2xx whose "accepted" plus the indexes of "rejected" (real, increasing
 -- body positions) make the five events, each accepted event indexed exactly once, none that
@@ -8,7 +9,7 @@ local fm = require "failmalloc"
 local esx = require "esx"
 local cjson = require "cjson"
 
-local url, scope, spool = arg[1], arg[2] or "esx thread", arg[3]
+local url, scope, count, spool = arg[1], arg[2] or "esx thread", tonumber(arg[3]) or 1, arg[4]
 local es = assert(esx.client{ hosts = { url }, request_timeout = 5000 })
 local col = assert(esx.collector{ sink = es, rollup = false, flush_interval = 50,
                                   spool_dir = spool, dead_letter = "/dev/null" })
@@ -28,10 +29,10 @@ while clean < 3 and n < 400 do
     evs[#evs + 1] = e
   end
   local body = cjson.encode(evs)
-  fm.arm(n, 1, scope)
+  fm.arm(n, count, scope)
   local ok, status, _, rbody = pcall(col.handle, col, { method = "POST", body = body,
                                               headers = { ["content-type"] = "application/json" } })
-  local injected = fm.disarm()
+  local injected = fm.disarm(); if os.getenv("OOM_TRACE") then print(n, injected, ok, status, rbody) end
   injected_total = injected_total + injected
   if injected == 0 then clean = clean + 1 end
   if not ok then
@@ -40,6 +41,12 @@ while clean < 3 and n < 400 do
     for i = 0, 4 do refused_ids[id_of(n, i)] = "unknown" end
   elseif status == 200 then
     local r = cjson.decode(rbody)
+    if r.rejected == nil then -- the list could not be encoded: "accepted" and an error only
+      if type(r.accepted) ~= "number" or type(r.error) ~= "string" then fail(n, "200 body", rbody) end
+      r.rejected = {}
+      for i = 0, 4 do refused_ids[id_of(n, i)] = "unknown" end
+      goto continue
+    end
     local seen, last, total = {}, -1, r.accepted
     for _, rj in ipairs(r.rejected) do
       if type(rj.index) ~= "number" or rj.index < 0 or rj.index > 4 or rj.index <= last then
@@ -56,10 +63,12 @@ while clean < 3 and n < 400 do
       if seen[i] then refused_ids[id] = true else accepted_ids[id] = true end
     end
   elseif status == 503 then
+    if type(rbody) ~= "string" or not pcall(cjson.decode, rbody) then fail(n, "503 without a JSON body", rbody) end
     for i = 0, 4 do refused_ids[id_of(n, i)] = true end
   else
     fail(n, "unexpected status", status, rbody)
   end
+  ::continue::
 end
 
 -- a request without faults still works, and everything accepted ships
