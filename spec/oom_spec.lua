@@ -63,7 +63,7 @@ describe("allocation failure", function()
       clean(sweep("collector", srv.url, "esx thread", 1))
     end)
 
-    it("answers with a JSON body when memory runs out encoding it", function()
+    it("answers 503 when memory runs out before any event is queued, and a JSON body when it runs out encoding one", function()
       clean(sweep("collector", srv.url, "esx thread", 0))
     end)
   end)

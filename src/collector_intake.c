@@ -219,6 +219,16 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         /* out of memory midway: with a spool the record holds every event, and the segment
          * stays on disk (pending never reaches 0) for the next process that opens the
          * spool_dir to replay; without a spool, report them as refused */
+        if (!seg && queued == 0) {
+            /* none taken: a 200 that accepted nothing would have the tag drop events that
+             * a retry could deliver -- 503, as for memory that ran out parsing */
+            col->st.rejected[ESX_RJ_NOMEM] += (uint64_t)n;
+            pthread_mutex_unlock(&col->mu);
+            out->status = 503;
+            out->retry_after_ms = 1000;
+            snprintf(out->message, sizeof out->message, "out of memory");
+            return;
+        }
         if (!seg) {
             col->st.rejected[ESX_RJ_NOMEM] += (uint64_t)(n - queued);
             /* each at its position in the body, among the parse's rejects in increasing
