@@ -215,6 +215,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
             col->st.rollup_dropped = esx_rollups_dropped(col->rollups);
         queued++;
     }
+    int accepted = queued;
     if (queued < n) {
         /* out of memory midway: with a spool the record holds every event, and the segment
          * stays on disk (pending never reaches 0) for the next process that opens the
@@ -250,10 +251,29 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
                 }
             }
         } else {
-            seg->pending += n - queued;
+            /* the write-ahead record holds them all: they are accepted (the answer says so).
+             * The rest join the backlog as an overflow record of their own, loaded back by
+             * this process as memory allows; if that write fails they stay counted in the
+             * write-ahead segment, kept on disk (its pending never reaches 0) for the next
+             * process that opens the spool_dir to replay.  (A replay of both records is
+             * harmless: each event is a create with its own _id.) */
+            esx_segment *oseg = NULL;
+            size_t rest = offs[n] - offs[queued];
+            if (col->spool->bytes_on_disk + rest + 8 <= col->cfg.spool_max_bytes &&
+                esx_spool_append(col->spool, col->lines.data + offs[queued], rest, 1, &oseg,
+                                 why) == 0) {
+                col->st.spilled += (uint64_t)(n - queued);
+                pthread_cond_signal(&col->wake);
+            } else {
+                seg->pending += n - queued;
+            }
+            for (int i = queued; i < n; i++)
+                if (col->rollups && esx_rollups_add(col->rollups, received_at, &col->events[i]) != 0)
+                    col->st.rollup_dropped = esx_rollups_dropped(col->rollups);
+            accepted = n;
         }
     }
-    col->st.accepted += (uint64_t)queued;
+    col->st.accepted += (uint64_t)accepted;
     /* A wake-up only when a bulk slot is free (otherwise batch_done wakes the shipper when
      * one frees: a signal per request cost 20% of a worker's CPU with a stalled sink), and
      * only for a full batch or for the first event of an empty queue: the shipper, asleep
@@ -266,7 +286,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
     else if (seg && col->cfg.spool_sync_interval == 0)
         pthread_cond_signal(&col->wake); /* 0: the record is synced on the next pass, now */
     pthread_mutex_unlock(&col->mu);
-    out->accepted = queued;
+    out->accepted = accepted;
     out->status = out->n_rejects ? 200 : 204;
 }
 

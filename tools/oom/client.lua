@@ -13,7 +13,7 @@ local es = assert(esx.client{ hosts = { url }, request_timeout = 5000, compressi
                               compression_min_bytes = 200 })
 local fails = 0
 local function fail(...) fails = fails + 1; print("FAIL", ...) end
-local RUN = ("c%d%04d"):format(os.time(), math.random(0, 9999))
+local RUN = ("c%d%s"):format(os.time(), tostring({}):match("(%x+)$")) -- ASLR: one per process
 local allowed = { internal = true }
 
 local LARGE = ("y"):rep(70000)
