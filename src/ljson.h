@@ -14,8 +14,9 @@
 /* Adds json_decode to the table on top of the stack. */
 void esx_ljson_open(lua_State *L);
 
-/* Adds json_encode(v) -> text | nil, message to the table on top of the stack.  Raises only
- * on Lua memory errors. */
+/* Adds json_encode(v) -> text | nil, message [, "nomem"] to the table on top of the stack
+ * ("nomem" when memory ran out: esx's failure, not the value's).  Raises only on Lua memory
+ * errors. */
 void esx_ljson_encode_open(lua_State *L);
 
 /* Writes the finite number v to out (room for 32 bytes, no NUL needed) as json_encode does:
