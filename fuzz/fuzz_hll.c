@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    esx_hll *h = esx_hll_deserialize(data, size);
+    esx_hll *h = esx_hll_deserialize(data, size, NULL);
     if (h) {
         size_t n = esx_hll_serialize(h, NULL, 0);
         check(n == size);

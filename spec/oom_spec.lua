@@ -58,6 +58,13 @@ describe("allocation failure", function()
     end)
   end)
 
+  describe("esx.core", function()
+    it("returns nil, err of kind nomem or internal, not decode, when memory runs out decoding a sketch", function()
+      clean(sweep("core", "esx thread", 1))
+      clean(sweep("core", "esx thread", 0))
+    end)
+  end)
+
   describe("col:handle", function()
     it("names the events it could not queue by their positions in the body", function()
       clean(sweep("collector", srv.url, "esx thread", 1))

@@ -271,22 +271,30 @@ size_t esx_hll_serialize(const esx_hll *h, unsigned char *out, size_t outlen)
     return need;
 }
 
-esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len)
+esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len, int *nomem)
 {
+    int dummy;
+    if (!nomem)
+        nomem = &dummy;
+    *nomem = 0;
     if (!in || len < HDR || in[0] != 'E' || in[1] != 'H' || in[2] != 1 || in[3] != ESX_HLL_P ||
         in[4] > 1)
         return NULL;
     const unsigned char *p = in + HDR;
     size_t rest = len - HDR;
     esx_hll *h = esx_hll_new();
-    if (!h)
+    if (!h) {
+        *nomem = 1;
         return NULL;
+    }
     if (in[4] == 1) {
         if (rest != DENSE_BYTES)
             goto bad;
         h->regs = calloc(DENSE_BYTES + 1, 1);
-        if (!h->regs)
+        if (!h->regs) {
+            *nomem = 1;
             goto bad;
+        }
         memcpy(h->regs, p, DENSE_BYTES);
         for (uint32_t i = 0; i < ESX_HLL_M; i++)
             if (get_reg(h->regs, i) > MAX_RANK)
@@ -302,8 +310,10 @@ esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len)
         goto bad;
     if (n) {
         h->sparse = malloc(n * sizeof *h->sparse);
-        if (!h->sparse)
+        if (!h->sparse) {
+            *nomem = 1;
             goto bad;
+        }
         h->cap = n;
     }
     for (uint32_t i = 0; i < n; i++, p += 3) {

@@ -48,8 +48,9 @@ size_t esx_hll_serialize(const esx_hll *h, unsigned char *out, size_t outlen);
 
 /* Parses a serialised sketch (untrusted bytes: every length and value is checked).
  * Returns a new sketch (the caller frees it with esx_hll_free), or NULL when the bytes are
- * not a valid sketch or memory runs out.  A valid serialisation is canonical: serialising
- * the result gives back exactly the same bytes. */
-esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len);
+ * not a valid sketch or memory runs out; *nomem (may be NULL) is then set to 1 for the
+ * latter, 0 for the former.  A valid serialisation is canonical: serialising the result
+ * gives back exactly the same bytes. */
+esx_hll *esx_hll_deserialize(const unsigned char *in, size_t len, int *nomem);
 
 #endif

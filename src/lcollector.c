@@ -332,9 +332,10 @@ static int hll_union(lua_State *L)
         }
         unsigned char *raw = malloc(len / 4 * 3 + 3);
         size_t rlen = raw ? esx_base64_decode(s, len, raw) : (size_t)-1;
-        esx_hll *h = rlen == (size_t)-1 ? NULL : esx_hll_deserialize(raw, rlen);
-        /* out of memory: no buffer, or a merge failed (it fails for nothing else) */
-        int nomem = raw == NULL || (h != NULL && esx_hll_merge(acc, h) != 0);
+        int nomem = 0;
+        esx_hll *h = rlen == (size_t)-1 ? NULL : esx_hll_deserialize(raw, rlen, &nomem);
+        /* out of memory: no buffer, no sketch, or a merge failed (it fails for nothing else) */
+        nomem = raw == NULL || nomem || (h != NULL && esx_hll_merge(acc, h) != 0);
         free(raw);
         lua_pop(L, 1);
         if (h == NULL || nomem) {

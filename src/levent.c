@@ -12,7 +12,8 @@
  *     nil for a successful item) | nil, err (kind "decode").
  * core.hll_new() -> esx.hll;  h:add(str) -> true | nil, err("nomem");  h:merge(other) ->
  *     true | nil, err;  h:estimate() -> integer;  h:memory() -> bytes;  h:serialize() ->
- *     binary string;  core.hll_deserialize(s) -> esx.hll | nil, err (kind "decode").
+ *     binary string;  core.hll_deserialize(s) -> esx.hll | nil, err (kind "decode", or
+ *     "nomem" when memory runs out).
  * Values are hashed with XXH64 and seed 0 (as rollup.c does), so sketches built anywhere merge.
  */
 #include <math.h>
@@ -196,7 +197,10 @@ static int l_hll_deserialize(lua_State *L)
     size_t len;
     const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &len);
     esx_hll **ud = hll_push(L);
-    *ud = esx_hll_deserialize(s, len);
+    int nomem;
+    *ud = esx_hll_deserialize(s, len, &nomem);
+    if (*ud == NULL && nomem)
+        return esx_lerror_fail(L, "nomem", "out of memory");
     if (*ud == NULL)
         return esx_lerror_fail(L, "decode", "not a serialised esx.hll sketch");
     return 1;
