@@ -58,6 +58,21 @@ describe("allocation failure", function()
     end)
   end)
 
+  describe("col:flush", function()
+    it("ships every accepted event exactly once when memory runs out while shipping", function()
+      clean(sweep("ship", srv.url, "esx", 1))
+    end)
+  end)
+
+  describe("cache:read_articles", function()
+    -- esx's own allocations only: libroaring 0.2.66 does not check its own (see the report
+    -- in tools/oom/cache.lua)
+    it("answers right or returns nil, err when memory runs out in esx's cache core", function()
+      clean(sweep("cache", "esx thread", 1))
+      clean(sweep("cache", "esx thread", 0))
+    end)
+  end)
+
   describe("esx.core", function()
     it("returns nil, err of kind nomem or internal, not decode, when memory runs out decoding a sketch", function()
       clean(sweep("core", "esx thread", 1))

@@ -34,19 +34,30 @@ local function round(n)
   local bi = es:bulk_indexer{ flush_bytes = 1048576 }
   local r = { pcall(bi.add, bi, "index", { _index = RUN, _id = "large3" }, { text = LARGE }) }
   if r[1] and r[2] then r = { pcall(bi.flush, bi) } end
-  bi:close()
   out[9] = r
-  return out
+  return out, bi -- closed once memory is back: close() waits out the retries of what failed
 end
 
 local n, injected_total, clean = 0, 0, 0
 -- warm up (index created, d1 there)
-for _, r in ipairs(round(1)) do if not (r[1] and r[2]) then fail("warm-up", tostring(r[2]), tostring(r[3])) end end
+local warm, wbi = round(1)
+wbi:close()
+for _, r in ipairs(warm) do if not (r[1] and r[2]) then fail("warm-up", tostring(r[2]), tostring(r[3])) end end
 while clean < 3 and n < 3000 do
   n = n + 1
   fm.arm(n, count, scope)
-  local out = round(n)
+  local out, bi = round(n)
   local injected = fm.disarm()
+  local sum = bi:close()
+  if sum.added ~= sum.indexed + sum.failed then
+    fail(n, "bulk indexer: added ~= indexed + failed", sum.added, sum.indexed, sum.failed,
+         tostring(out[9][2]), tostring(out[9][3]))
+  end
+  if os.getenv("OOM_TRACE") then
+    local t = {}
+    for i, r in ipairs(out) do t[i] = r[2] == nil and tostring(r[3]):sub(1, 60) or (r[1] and "ok" or tostring(r[2]):sub(1, 60)) end
+    print(n, injected, os.clock(), table.concat(t, " | "))
+  end
   injected_total = injected_total + injected
   if injected == 0 then clean = clean + 1 end
   for i, r in ipairs(out) do
