@@ -58,6 +58,13 @@ describe("allocation failure", function()
     end)
   end)
 
+  describe("esx.client, esx.collector, esx.cache", function()
+    it("return an object or nil, err of kind internal when memory runs out", function()
+      clean(sweep("new", srv.url, "esx", 1, dir .. "/new1"))
+      clean(sweep("new", srv.url, "esx", 0, dir .. "/new0"))
+    end)
+  end)
+
   describe("col:flush", function()
     it("ships every accepted event exactly once when memory runs out while shipping", function()
       clean(sweep("ship", srv.url, "esx", 1))

@@ -18,6 +18,7 @@
 #include "lcache.h"
 #include "lcache_page.h"
 #include "lclass.h"
+#include "lerror.h"
 
 #define CACHE_MT "esx.cache"
 
@@ -741,7 +742,8 @@ static int getnum(lua_State *L, int t, const char *name, lua_Number *out)
     return ok;
 }
 
-/* core.cache_new(cfg, pages) -> ud; raises when the core cannot be created (no memory).
+/* core.cache_new(cfg, pages) -> ud | nil, err (kind "internal") when the core cannot be
+ * created (no memory, no shared mapping or mutex): a run-time failure, not the caller's.
  * cfg = {max_bytes=, page_ttl=, readers_ttl=, max_pages=, shared=}, already validated by
  * lua/esx/cache.lua; pages is the Lua table that will hold cached pages. */
 static int l_new(lua_State *L)
@@ -771,7 +773,7 @@ static int l_new(lua_State *L)
     char err[160];
     lc->core = esx_cache_new(&cfg, err, sizeof err);
     if (lc->core == NULL)
-        return luaL_error(L, "esx.cache: %s", err);
+        return esx_lerror_fail(L, "internal", "cannot create the cache: %s", err);
     /* __gc only once the core exists, and before luaL_ref, which raises when out of memory:
      * the collector then frees the core (release skips a pages_ref still LUA_NOREF) */
     luaL_setmetatable(L, CACHE_MT);

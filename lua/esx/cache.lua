@@ -357,14 +357,16 @@ end
 
 -- ---- the public API ---------------------------------------------------------------------
 
---- esx.cache(opts) -> cache.  Raises on a bad option.
+--- esx.cache(opts) -> cache | nil, err (kind "internal": the core cannot be created, e.g.
+-- out of memory).  Raises on a bad option.
 function _M.new(opts)
   local o = options.check("esx.cache", schema, opts, 3)
   local pages = {}
-  local cc = core.cache_new({
+  local cc, err = core.cache_new({
     max_bytes = o.max_bytes, page_ttl = o.page_ttl, readers_ttl = o.readers_ttl,
     max_pages = o.max_pages, shared = o.shared,
   }, pages)
+  if not cc then return nil, err end
   local self = setmetatable({
     _cc = cc,
     _pages = pages, -- page_no -> list; entries dropped by the core are removed from C
