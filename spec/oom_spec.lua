@@ -77,6 +77,8 @@ describe("allocation failure", function()
     it("answers right or returns nil, err when memory runs out in esx's cache core", function()
       clean(sweep("cache", "esx thread", 1))
       clean(sweep("cache", "esx thread", 0))
+      clean(sweep("cache", "esx thread", 1, "shared"))
+      clean(sweep("cache", "esx thread", 0, "shared"))
     end)
   end)
 

@@ -1,9 +1,10 @@
--- tools/oom/cache.lua SCOPE COUNT -- run under tools/failmalloc.c (LD_PRELOAD): for n = 1,
+-- tools/oom/cache.lua SCOPE COUNT [shared] -- run under tools/failmalloc.c (LD_PRELOAD): for n = 1,
 -- 2, ... the n-th allocation counted during one round of cache calls (misses that load pages
 -- and reader sets, hits, read_articles_json, has_read, mark_read, a transaction, invalidations;
 -- and COUNT - 1 after it, 0: every one after it) fails.  Each call must give the right answer,
 -- return nil, err (a documented kind), or raise Lua's "not enough memory"; never a wrong
--- answer, a crash or a hang.  After each round the cache must answer right again.
+-- answer, a crash or a hang.  After each round the cache must answer right again.  Two passes:
+-- a new cache per round (its first loads), then one cache for every round.
 -- Prints "FAIL ..." per violation, then "done <sweeps> <injected> <failures>".
 --
 -- Scope "esx thread" (esx's own allocations) is what the spec runs.  Any scope that also
@@ -13,7 +14,7 @@
 local fm = require "failmalloc"
 local esx = require "esx"
 
-local scope, count = arg[1] or "esx", tonumber(arg[2]) or 1
+local scope, count, shared = arg[1] or "esx", tonumber(arg[2]) or 1, arg[3] == "shared"
 local fails = 0
 local function fail(...) fails = fails + 1; print("FAIL", ...) end
 
@@ -28,7 +29,7 @@ local function readers(a)
 end
 local function is_reader(a, u) return (u - a) % 1000 == 0 and u >= a and u < a + 100000 or (marked[a] or {})[u] == true end
 
-local cache = esx.cache{
+local function make() return assert(esx.cache{
   load_page = function(p)
     local list = {}
     for i = 1, 20 do
@@ -38,8 +39,9 @@ local cache = esx.cache{
     return list
   end,
   load_readers = readers,
-  max_bytes = 1048576,
-}
+  max_bytes = 1048576, shared = shared,
+}) end
+local cache = make()
 
 local kinds = { load = true, internal = true, nomem = true }
 
@@ -96,11 +98,15 @@ local function round(n, checked)
   outcome(n, "tx:commit", pcall(tx.commit, tx))
 end
 
-local n, injected_total, clean = 0, 0, 0
+local n, injected_total, seq = 0, 0, 0
 round(0)
-while clean < 3 and n < 5000 do
-  n = n + 1
-  fm.arm(n, count, scope)
+for pass = 1, 2 do
+local clean, at = 0, 0
+while clean < 3 and at < 5000 do
+  at, seq = at + 1, seq + 1
+  n = seq
+  if pass == 1 then cache:close(); cache = make(); marked = {} end
+  fm.arm(at, count, scope)
   round(n)
   local injected = fm.disarm()
   injected_total = injected_total + injected
@@ -113,6 +119,7 @@ while clean < 3 and n < 5000 do
   end
   local list, err = cache:read_articles(user, 1)
   if not list then fail(n, "after the round: read_articles", tostring(err)) else check_list(n, "after", list, user, 1) end
+end
 end
 local st = cache:stats()
 print("stats", st.bytes, st.max_bytes)
