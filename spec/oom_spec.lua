@@ -65,6 +65,14 @@ describe("allocation failure", function()
     end)
   end)
 
+  describe("col:handle in a forked child", function()
+    -- (fork through LuaJIT's FFI)
+    local luajit_it = jit and it or pending
+    luajit_it("refuses, counted as nomem, until it has the rollup table memory denied it", function()
+      clean(sweep("fork", srv.url))
+    end)
+  end)
+
   describe("col:flush", function()
     it("ships every accepted event exactly once when memory runs out while shipping", function()
       clean(sweep("ship", srv.url, "esx", 1))

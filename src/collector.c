@@ -186,6 +186,15 @@ int esx_col_ensure_running(esx_collector *col, char *why)
 {
     if (col->pid != esx_pid())
         adopt(col);
+    if (col->cfg.rollup_window > 0 && col->rollups == NULL) {
+        /* a forked child whose table could not be made above: no event may be accepted
+         * uncounted for the rest of its life -- refused until the table is made */
+        col->rollups = esx_rollups_new(col->cfg.rollup_window, col->cfg.rollup_max_rows);
+        if (col->rollups == NULL) {
+            snprintf(why, 256, "out of memory for the rollup table");
+            return -2;
+        }
+    }
     if (col->running || col->closed)
         return 0;
     if (col->auto_instance) {
@@ -214,9 +223,9 @@ int esx_col_ensure_running(esx_collector *col, char *why)
     if (rc == 0)
         col->running = 1;
     else
-        snprintf(why, 256, "cannot start the shipper thread");
+        snprintf(why, 256, "cannot start the shipper thread: %s", strerror(rc));
     pthread_mutex_unlock(&col->mu);
-    return rc == 0 ? 0 : -1;
+    return rc == 0 ? 0 : -2;
 }
 
 /* ---------------------------------------------------------------- flush, stats, close */

@@ -160,7 +160,8 @@ void *esx_col_shipper_main(void *arg);
 
 /* First use in this process: adopts a collector inherited through fork, opens the spool and
  * starts the shipper (collector.c).  Called by the intake's thread without mu.  Returns 0, or
- * -1 with a message in why (256 bytes). */
+ * with a message in why (256 bytes) -1 when the spool cannot be opened, -2 when memory or a
+ * thread could not be had. */
 int esx_col_ensure_running(esx_collector *col, char *why);
 
 /* Drops a reference (a batch in flight holds one); the last frees the collector.  Called

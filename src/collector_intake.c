@@ -302,8 +302,9 @@ void esx_collector_ingest(esx_collector *col, const char *body, size_t len, int 
         out->retry_after_ms = 1000;
         return;
     }
-    if (esx_col_ensure_running(col, why) != 0) {
-        refuse(out, 503, ESX_RJ_SPOOL, col, 0, "");
+    int erc = esx_col_ensure_running(col, why);
+    if (erc != 0) {
+        refuse(out, 503, erc == -2 ? ESX_RJ_NOMEM : ESX_RJ_SPOOL, col, 0, "");
         unusable(out, why);
         out->retry_after_ms = 1000;
         return;
