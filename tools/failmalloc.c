@@ -15,6 +15,7 @@
  *       fm.arm(n [, count [, scope]])   counting starts now
  *       fm.disarm() -> injected, counted    failures injected and calls counted since arm
  *       fm.injected() -> injected           without disarming
+ *       fm.inuse() -> bytes                 the heap's bytes in use (mallinfo2), for leaks
  *     It is compiled against Lua 5.4's headers and links no Lua: it uses only functions
  *     LuaJIT's API has with the same ABI (lua_createtable, lua_setfield, lua_pushcclosure,
  *     lua_pushinteger, luaL_checkinteger, luaL_optinteger, lua_tolstring).
@@ -234,6 +235,13 @@ static int l_disarm(lua_State *L)
     return 2;
 }
 
+static int l_inuse(lua_State *L)
+{
+    struct mallinfo2 mi = mallinfo2();
+    lua_pushinteger(L, (lua_Integer)mi.uordblks);
+    return 1;
+}
+
 static int l_injected(lua_State *L)
 {
     lua_pushinteger(L, (lua_Integer)atomic_load(&injected));
@@ -244,12 +252,14 @@ int luaopen_failmalloc(lua_State *L);
 
 int luaopen_failmalloc(lua_State *L)
 {
-    lua_createtable(L, 0, 3);
+    lua_createtable(L, 0, 4);
     lua_pushcclosure(L, l_arm, 0);
     lua_setfield(L, -2, "arm");
     lua_pushcclosure(L, l_disarm, 0);
     lua_setfield(L, -2, "disarm");
     lua_pushcclosure(L, l_injected, 0);
     lua_setfield(L, -2, "injected");
+    lua_pushcclosure(L, l_inuse, 0);
+    lua_setfield(L, -2, "inuse");
     return 1;
 }
