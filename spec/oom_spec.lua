@@ -74,7 +74,7 @@ describe("allocation failure", function()
   end)
 
   describe("col:flush", function()
-    it("ships every accepted event exactly once when memory runs out while shipping", function()
+    it("ships every accepted event exactly once, and returns true only once the rollup rows are written, when memory runs out while shipping", function()
       clean(sweep("ship", srv.url, "esx", 1))
     end)
   end)

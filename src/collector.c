@@ -248,7 +248,10 @@ static int wait_empty(esx_collector *col, int64_t timeout_ms)
 
 /* Has the shipper queue every rollup row (emit_now), then waits until the queue is empty,
  * both within timeout_ms (< 0: no limit).  Without the first wait an empty queue would look
- * done before the rows are in it.  Called with mu held; returns wait_empty's answer. */
+ * done before the rows are in it.  Called with mu held; returns wait_empty's answer, or 0
+ * when the rows could not all be queued in time (memory ran out: the shipper keeps emit_now
+ * set and tries again on each wake; given up here, the rows stay dirty for the next
+ * rollup.interval). */
 static int emit_and_wait(esx_collector *col, int64_t timeout_ms)
 {
     col->emit_now = 1;
@@ -259,9 +262,14 @@ static int emit_and_wait(esx_collector *col, int64_t timeout_ms)
            (timeout_ms < 0 || esx_now_ms() - start < timeout_ms)) {
         struct timespec ts = esx_mono_after(5);
         pthread_cond_timedwait(&col->idle, &col->mu, &ts);
+        if (col->emit_now)
+            pthread_cond_signal(&col->wake); /* (a pass that ran out of memory: again) */
     }
+    int emitted = !col->emit_now;
+    col->emit_now = 0;
     int64_t left = timeout_ms < 0 ? -1 : timeout_ms - (esx_now_ms() - start);
-    return wait_empty(col, left < 0 && timeout_ms >= 0 ? 0 : left);
+    int empty = wait_empty(col, left < 0 && timeout_ms >= 0 ? 0 : left);
+    return empty && emitted;
 }
 
 int esx_collector_flush(esx_collector *col, int64_t timeout_ms, char *why)

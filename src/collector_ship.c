@@ -477,6 +477,7 @@ static void housekeeping(esx_collector *col, int64_t now)
         esx_col_ready_prepend_run(col, r);
         free(r);
     }
+    int emit_failed = 0;
     if (col->rollups) {
         /* The table is walked only when there is something to write: every rollup.interval
          * (dirty rows of the open window), or once a window has ended -- not on every wake. */
@@ -496,10 +497,14 @@ static void housekeeping(esx_collector *col, int64_t now)
                 col->rollup_window_seen = current;
                 if (all)
                     col->last_rollup_emit = now;
+            } else {
+                emit_failed = 1; /* out of memory: the rows not queued stay dirty */
             }
         }
     }
-    if (col->emit_now) {
+    /* flush() and close() wait until every row is queued: after a failure emit_now stays set,
+     * and the next pass (their wait keeps waking this thread) tries again */
+    if (col->emit_now && !emit_failed) {
         col->emit_now = 0;
         pthread_cond_broadcast(&col->idle); /* flush() waits for the rows to be queued */
     }

@@ -2,7 +2,8 @@
 -- (LD_PRELOAD): the collector's shipping.  For n = 1, 2, ... five events are accepted, then
 -- the n-th allocation counted (and COUNT - 1 after it; 0: every one after it) fails while
 -- col:flush() ships them (the shipper thread, the client's I/O thread: scope "esx").  At the
--- end every accepted event must be indexed exactly once and the rollup rows must count them.
+-- end every accepted event must be indexed exactly once and the rollup rows must count them;
+-- and whenever col:flush() returns true, the rows written so far count every event.
 -- Prints "FAIL ..." per violation, then "done <sweeps> <injected> <failures>".
 local fm = require "failmalloc"
 local esx = require "esx"
@@ -37,6 +38,15 @@ while clean < 3 and n < 2000 do
   injected_total = injected_total + injected
   if injected == 0 then clean = clean + 1 end
   if not ok then fail(n, "flush raised", tostring(err)) end
+  if os.getenv("OOM_TRACE") then print(n, injected, tostring(err)) end
+  if ok and err == true then
+    -- flush() said done: the events and the rollup rows are acknowledged, now
+    es:refresh("rollups-*")
+    local t = esx.collector.totals(es, { site_id = RUN })
+    local c = 0
+    for _, row in ipairs(t or {}) do c = c + (row.count or 0) end
+    if c ~= n * 5 then fail(n, "flush() returned true, the rollup rows count " .. c .. " of " .. n * 5) end
+  end
 end
 
 local ok, err = col:flush(15000)
