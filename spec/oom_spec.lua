@@ -58,6 +58,14 @@ describe("allocation failure", function()
     end)
   end)
 
+  describe("bi:close", function()
+    -- scope "thread": Lua 5.4's own allocations fail too (count 2: the n-th and the retry Lua
+    -- makes after an emergency collection), so bi:add and bi:flush raise "not enough memory"
+    it("accounts for every operation bi:add took when Lua ran out of memory in add or flush", function()
+      clean(sweep("indexer", srv.url, "thread", 2))
+    end)
+  end)
+
   describe("esx.client, esx.collector, esx.cache", function()
     it("return an object or nil, err of kind internal when memory runs out", function()
       clean(sweep("new", srv.url, "esx", 1, dir .. "/new1"))

@@ -18,6 +18,7 @@ local registry = require "esx.registry"
 local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, remove, concat, random, floor =
   type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, table.remove, table.concat,
   math.random, math.floor
+local insert = table.insert
 
 local _M = {}
 
@@ -360,12 +361,26 @@ end
 local function pump(self, splits_only)
   while self.splits[1] or (not splits_only and self.buf[1]) do
     while #self.inflight >= self.o.concurrency do settle_oldest(self) end
-    local batch = remove(self.splits, 1)
+    local batch, from_buf = remove(self.splits, 1), false
     if not batch then
       if splits_only or not self.buf[1] then break end
-      batch = cut_batch(self)
+      batch, from_buf = cut_batch(self), true
     end
-    send_now(self, batch)
+    -- Lua out of memory in send_now (building the body, in client:send) raises with the batch
+    -- in neither buf nor inflight: it goes back where it came from, or close() would never
+    -- account for its items (added ~= indexed + failed), and the error goes on
+    local ok, err = pcall(send_now, self, batch)
+    if not ok then
+      if from_buf then
+        local back, bytes = {}, 0
+        for i, it in ipairs(batch) do back[i] = it; bytes = bytes + #it.line end
+        for _, it in ipairs(self.buf) do back[#back + 1] = it end
+        self.buf, self.buf_bytes = back, self.buf_bytes + bytes
+      else
+        insert(self.splits, 1, batch)
+      end
+      error(err, 0)
+    end
   end
 end
 
@@ -432,8 +447,10 @@ function Indexer:add(action, meta, doc)
   -- = row.id; bi:add("index", meta, row)) must not see its drops reported under the last _id
   local m = {}
   for k, v in pairs(meta) do m[k] = v end
-  self.counters.added = self.counters.added + 1
+  -- counted once buffered: Lua out of memory building or storing the item raises with
+  -- nothing counted, so that close()'s added == indexed + failed still holds
   self.buf[#self.buf + 1] = { action = action, meta = m, line = line, attempts = 0 }
+  self.counters.added = self.counters.added + 1
   self.buf_bytes = self.buf_bytes + #line
   if #self.buf >= self.o.flush_count or self.buf_bytes >= self.o.flush_bytes then
     self:flush()
