@@ -217,9 +217,8 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
     }
     int accepted = queued;
     if (queued < n) {
-        /* out of memory midway: with a spool the record holds every event, and the segment
-         * stays on disk (pending never reaches 0) for the next process that opens the
-         * spool_dir to replay; without a spool, report them as refused */
+        /* out of memory midway: with a spool the record holds every event (accepted, see
+         * below); without a spool, report the others as refused */
         if (!seg && queued == 0) {
             /* none taken: a 200 that accepted nothing would have the tag drop events that
              * a retry could deliver -- 503, as for memory that ran out parsing */
