@@ -339,9 +339,9 @@ local function send_now(self, items)
   self.inflight[#self.inflight + 1] = { pending = p, items = items }
 end
 
--- Takes the next batch off the front of the buffer: it closes at the operation that reaches
--- flush_count or flush_bytes.
-local function cut_batch(self)
+-- The next batch at the front of the buffer (a copy: the buffer is not touched): it closes at
+-- the operation that reaches flush_count or flush_bytes.  Returns it and its bytes.
+local function next_batch(self)
   local buf, count, max_bytes = self.buf, self.o.flush_count, self.o.flush_bytes
   local batch, bytes, n = {}, 0, #buf
   repeat
@@ -349,10 +349,17 @@ local function cut_batch(self)
     batch[#batch + 1] = it
     bytes = bytes + #it.line
   until #batch == n or #batch >= count or bytes >= max_bytes
-  local rest, k = {}, #batch
-  for i = k + 1, n do rest[i - k] = buf[i] end
-  self.buf, self.buf_bytes = rest, self.buf_bytes - bytes
-  return batch
+  return batch, bytes
+end
+
+-- Takes k operations (of bytes) off the front of the buffer, in place: nothing is allocated,
+-- so this cannot fail once their batch is in flight.
+local function drop_front(self, k, bytes)
+  local buf = self.buf
+  local n = #buf
+  for i = 1, n - k do buf[i] = buf[i + k] end
+  for i = n, n - k + 1, -1 do buf[i] = nil end
+  self.buf_bytes = self.buf_bytes - bytes
 end
 
 -- Sends the halves of refused batches, then (unless splits_only) the buffer, a batch per free
@@ -361,25 +368,25 @@ end
 local function pump(self, splits_only)
   while self.splits[1] or (not splits_only and self.buf[1]) do
     while #self.inflight >= self.o.concurrency do settle_oldest(self) end
-    local batch, from_buf = remove(self.splits, 1), false
-    if not batch then
-      if splits_only or not self.buf[1] then break end
-      batch, from_buf = cut_batch(self), true
-    end
-    -- Lua out of memory in send_now (building the body, in client:send) raises with the batch
-    -- in neither buf nor inflight: it goes back where it came from, or close() would never
-    -- account for its items (added ~= indexed + failed), and the error goes on
-    local ok, err = pcall(send_now, self, batch)
-    if not ok then
-      if from_buf then
-        local back, bytes = {}, 0
-        for i, it in ipairs(batch) do back[i] = it; bytes = bytes + #it.line end
-        for _, it in ipairs(self.buf) do back[#back + 1] = it end
-        self.buf, self.buf_bytes = back, self.buf_bytes + bytes
-      else
+    -- Lua out of memory (building the batch or its body, in client:send) raises: the batch
+    -- must then still be listed (buf, splits), or close() would never account for its items
+    -- (added ~= indexed + failed).  A batch from the buffer leaves it only once sent, without
+    -- allocating; a split is put back (its list exists: the put-back does not grow a table
+    -- beyond what it held).
+    local batch = self.splits[1]
+    if batch then
+      remove(self.splits, 1)
+      local ok, err = pcall(send_now, self, batch)
+      if not ok then
         insert(self.splits, 1, batch)
+        error(err, 0)
       end
-      error(err, 0)
+    else
+      if splits_only or not self.buf[1] then break end
+      local bytes
+      batch, bytes = next_batch(self)
+      send_now(self, batch)
+      drop_front(self, #batch, bytes)
     end
   end
 end
