@@ -144,6 +144,38 @@ describe("esx.collector", function()
     f:close()
   end)
 
+  it("returns nil, err (internal) when a live collector of this process uses the spool_dir", function()
+    -- a second live collector on one spool_dir took the first one's segments (this pid's, not
+    -- its own) for a closed collector's, claimed them and replayed events the first one was
+    -- still shipping
+    local dir = tmpdir()
+    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    local A = new{ sink = c2, spool_dir = dir, rollup = false }
+    local idle = new{ sink = c2, spool_dir = dir, rollup = false } -- not started: holds nothing
+    finally(function() A:close(0) idle:close(0) c2:close() os.execute("rm -rf " .. dir) end)
+    assert.equal(204, (post(A, cjson.encode(ev({ event_id = "a1" })))))
+    for _, name in ipairs{ dir, dir .. "/", dir .. "/." } do -- one directory, any name
+      local col, err = esx.collector{ sink = client, spool_dir = name }
+      assert.is_nil(col)
+      assert.equal("internal", err.kind)
+      assert.truthy(err.message:find("another collector of this process uses it", 1, true), err.message)
+    end
+    -- one made before A started cannot start on it either: it refuses events (503, spool)
+    assert.equal(503, (post(idle, cjson.encode(ev({ event_id = "i1" })))))
+    assert.equal(1, idle:stats().rejected.spool)
+    socket.sleep(0.1)
+    assert.equal(1, segments(dir)) -- A's write-ahead segment, its own name, not claimed
+    assert.equal(0, A:stats().replayed)
+    -- once A is closed (its event left in the spool), a replacement takes the directory over
+    assert.is_true(A:close(0))
+    local B = new{ spool_dir = dir, rollup = false }
+    assert.is_true(B:flush(5000 * SCALE))
+    assert.equal(1, B:stats().replayed)
+    assert.is_truthy(client:get(B.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "a1"))
+    B:close()
+    assert.equal(0, segments(dir))
+  end)
+
   it("raises when queue_max_bytes is below max_body without spool_dir", function()
     assert.has_error(function() esx.collector{ sink = client, queue_max_bytes = 8192 } end,
       "esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)")

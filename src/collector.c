@@ -105,6 +105,13 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
                                 : strerror(errno));
         goto fail;
     }
+    /* one spool_dir serves one live collector per process: a second one would claim the
+     * first one's segments as a closed collector's and replay events it is still shipping */
+    if (cfg->spool_dir[0] && esx_spool_dir_held(cfg->spool_dir)) {
+        snprintf(why, 256, "cannot use spool_dir %.150s: another collector of this process uses it "
+                 "(close it first)", cfg->spool_dir);
+        goto fail;
+    }
     if (open_dead_letter(col) != 0) {
         snprintf(why, 256, "cannot open dead_letter file %.150s: %.60s", cfg->dead_letter_path,
                  errno == EPERM ? "not a regular file of this user only (a link, or another's)"
@@ -434,6 +441,9 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
         adopt(col);
     pthread_mutex_lock(&col->mu);
     col->closed = 1;
+    /* the directory is free for a collector that replaces this one (which claims and
+     * replays what this one leaves), even while a bulk in flight keeps the spool open */
+    esx_spool_unhold(col->spool);
     int64_t left = 0;
     if (col->running) {
         /* the open window's rows are written even when the queue is already empty (the

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -34,6 +35,56 @@ static unsigned long long next_seq(void)
     return atomic_fetch_add(&segment_seq, 1) + 1;
 }
 
+/* The directories held by live spools of the process (entries a forked child inherited carry
+ * the parent's pid: not this process's, ignored until esx_spool_forget drops them).  A second
+ * live spool on one directory took the first one's segments -- not its own, of this pid --
+ * for a closed collector's orphans: it claimed (renamed) and replayed events the first was
+ * still shipping, and the first then read and deleted by names that were gone. */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static esx_spool *held_head;
+static pthread_once_t held_once = PTHREAD_ONCE_INIT;
+
+static void held_lock(void) { pthread_mutex_lock(&held_mu); }
+static void held_unlock(void) { pthread_mutex_unlock(&held_mu); }
+static void held_install(void) { pthread_atfork(held_lock, held_unlock, held_unlock); }
+
+/* Under held_mu: this process's spool holding the directory, or NULL. */
+static esx_spool *holder(dev_t dev, ino_t ino)
+{
+    for (esx_spool *h = held_head; h; h = h->held_next)
+        if (h->pid == esx_pid() && h->dir_dev == dev && h->dir_ino == ino)
+            return h;
+    return NULL;
+}
+
+int esx_spool_dir_held(const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return 0;
+    pthread_once(&held_once, held_install);
+    held_lock();
+    int held = holder(st.st_dev, st.st_ino) != NULL;
+    held_unlock();
+    return held;
+}
+
+void esx_spool_unhold(esx_spool *sp)
+{
+    if (sp == NULL || !sp->held)
+        return;
+    held_lock();
+    for (esx_spool **p = &held_head; *p; p = &(*p)->held_next) {
+        if (*p == sp) {
+            *p = sp->held_next;
+            break;
+        }
+    }
+    sp->held = 0;
+    sp->held_next = NULL;
+    held_unlock();
+}
+
 esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
 {
     if (strlen(dir) >= sizeof(((esx_spool *)0)->dir) - 64) {
@@ -54,6 +105,26 @@ esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
     snprintf(sp->dir, sizeof sp->dir, "%s", dir);
     sp->pid = esx_pid();
     sp->max_segment_bytes = max_segment_bytes;
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        snprintf(why, 256, "cannot use spool_dir %.150s: %.80s", dir, strerror(errno));
+        free(sp);
+        return NULL;
+    }
+    sp->dir_dev = st.st_dev;
+    sp->dir_ino = st.st_ino;
+    pthread_once(&held_once, held_install);
+    held_lock();
+    if (holder(st.st_dev, st.st_ino) != NULL) {
+        held_unlock();
+        snprintf(why, 256, "cannot use spool_dir %.150s: another collector of this process uses it", dir);
+        free(sp);
+        return NULL;
+    }
+    sp->held = 1;
+    sp->held_next = held_head;
+    held_head = sp;
+    held_unlock();
     return sp;
 }
 
@@ -509,6 +580,7 @@ void esx_spool_close(esx_spool *sp)
 {
     if (sp == NULL)
         return;
+    esx_spool_unhold(sp);
     int dfd = sp->dir_dirty ? open(sp->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     if (dfd >= 0) {
         fdatasync(dfd);
@@ -539,6 +611,7 @@ void esx_spool_forget(esx_spool *sp)
 {
     if (sp == NULL)
         return;
+    esx_spool_unhold(sp); /* (the parent's entry, in our copy of the list) */
     /* our copies of the parent's descriptors and memory: close and free, never unlink */
     for (int i = 0; i < sp->n_unsynced; i++)
         close(sp->unsynced[i]);

@@ -55,15 +55,30 @@ typedef struct esx_spool {
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged),
                              * or whose file was gone (segments_gone) */
     uint64_t segments_gone; /* backlog segments whose file could not be read any more */
+    dev_t dir_dev;          /* the directory, as one live spool of the process holds it */
+    ino_t dir_ino;
+    int held;               /* in the process's list of held directories */
+    struct esx_spool *held_next;
 } esx_spool;
 
 /* The largest record esx_spool_append takes (bytes of bulk lines). */
 #define ESX_SPOOL_MAX_RECORD ((size_t)64 << 20)
 
 /* Opens (creating if needed, mode 0700) the spool directory for this process; it must be a
- * directory of this user's that no one else may write to (private.h).  Returns NULL with a
- * reason in why (256 bytes). */
+ * directory of this user's that no one else may write to (private.h), and one that no other
+ * spool of this process holds (the same directory under any name): two live spools of one
+ * process on one directory would each claim and replay the other's segments as orphans.
+ * The spool holds the directory until esx_spool_unhold or esx_spool_close.  Returns NULL
+ * with a reason in why (256 bytes). */
 esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why);
+
+/* 1 when a spool of this process holds dir (the same directory under any name), else 0. */
+int esx_spool_dir_held(const char *dir);
+
+/* Lets another spool of this process open the directory (a closed collector whose spool
+ * stays open for the acknowledgements of bulks in flight: its segments are left to the
+ * next one, to be claimed and replayed). */
+void esx_spool_unhold(esx_spool *sp);
 
 /* Appends one record.  With overflow = 0 the events are also in memory: *seg receives the
  * segment (the caller adds the events it queues to seg->pending).  With overflow = 1 the
@@ -106,8 +121,8 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
 
 /* Claims (atomic rename) the segments left by processes that no longer exist, and those of
  * this process that no live spool of it owns (a collector closed earlier), adding them to
- * the backlog.  One spool_dir must serve one collector per process.  Returns the number of
- * segments claimed. */
+ * the backlog.  One spool_dir serves one live spool per process (esx_spool_open refuses a
+ * second).  Returns the number of segments claimed. */
 int esx_spool_claim_orphans(esx_spool *sp);
 
 /* Closes the files (segments with pending events stay on disk for replay) and frees. */
