@@ -1822,27 +1822,49 @@ describe("spool", function()
     if not (has == true or has == 0) then return pending("needs strace") end
     local dir = tmpdir()
     local spool = dir .. "/spool"
+    -- the child runs until the parent has seen what it looks for in the trace (or for 15 s):
+    -- a fixed 0.3 s left little margin for a traced process on a busy machine
     local run = child_script(dir, "dirsync", ([[
       local esx = require "esx"
+      local socket = require "socket"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
       local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 20 }
       assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
         body = '{"site_id":"s1","type":"view"}' } == 204)
-      require("socket").sleep(0.3) -- a few sync intervals
+      local deadline = socket.gettime() + 15
+      while not io.open("%s/done") and socket.gettime() < deadline do socket.sleep(0.02) end
       os.exit(0)
-    ]]):format(spool))
+    ]]):format(spool, dir))
     local trace = dir .. "/trace"
-    assert(os.execute("strace -f -qq -e trace=openat,fdatasync,fsync -o " .. trace .. " " .. run ..
-                      " >/dev/null 2>&1"))
-    local f = assert(io.open(trace))
-    local text = f:read("*a")
-    f:close()
+    local quoted = spool:gsub("%p", "%%%0")
+    local function dir_synced(text)
+      local fd = text:match('openat%(AT_FDCWD, "' .. quoted .. '", O_RDONLY|O_CLOEXEC|O_DIRECTORY%) = (%d+)')
+        or text:match('openat%(AT_FDCWD, "' .. quoted .. '", O_RDONLY|O_DIRECTORY|O_CLOEXEC%) = (%d+)')
+      return fd, fd and (text:find("fdatasync(" .. fd .. ")", 1, true) or text:find("fsync(" .. fd .. ")", 1, true))
+    end
+    -- -ff: a file per thread (trace.<tid>).  In one file, a call another thread's call
+    -- interrupts is cut in two lines ("fdatasync(11 <unfinished ...>", "<... fdatasync
+    -- resumed>) = 0"), which the patterns missed now and then under load.
+    local function read_trace()
+      local f = io.popen("cat " .. trace .. ".* 2>/dev/null")
+      local t = f:read("*a")
+      f:close()
+      return t
+    end
+    local p = io.popen("strace -ff -qq -e trace=openat,fdatasync,fsync -o " .. trace .. " " .. run ..
+                       " >/dev/null 2>&1")
+    local deadline, text = socket.gettime() + 15 * SCALE, ""
+    repeat
+      socket.sleep(0.05)
+      text = read_trace()
+    until select(2, dir_synced(text)) or socket.gettime() > deadline
+    io.open(dir .. "/done", "w"):close()
+    p:close()
+    text = read_trace()
     os.execute("rm -rf " .. dir)
-    local fd = text:match('openat%(AT_FDCWD, "' .. spool:gsub("%p", "%%%0") .. '", O_RDONLY|O_CLOEXEC|O_DIRECTORY%) = (%d+)')
-      or text:match('openat%(AT_FDCWD, "' .. spool:gsub("%p", "%%%0") .. '", O_RDONLY|O_DIRECTORY|O_CLOEXEC%) = (%d+)')
+    local fd, synced = dir_synced(text)
     assert.is_string(fd, "the spool directory was never opened to be synced")
-    assert.truthy(text:find("fdatasync(" .. fd .. ")", 1, true) or text:find("fsync(" .. fd .. ")", 1, true),
-      "the spool directory was opened but not synced")
+    assert.truthy(synced, "the spool directory was opened but not synced")
   end)
 
   it("does not spin its shipper with spool_sync_interval = 0 (sync on every pass)", function()
