@@ -441,9 +441,6 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
         adopt(col);
     pthread_mutex_lock(&col->mu);
     col->closed = 1;
-    /* the directory is free for a collector that replaces this one (which claims and
-     * replays what this one leaves), even while a bulk in flight keeps the spool open */
-    esx_spool_unhold(col->spool);
     int64_t left = 0;
     if (col->running) {
         /* the open window's rows are written even when the queue is already empty (the
@@ -462,6 +459,10 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
     left = col->queue_events - col->queue_rollups;
     if (col->spool && col->queue_rollups > 0)
         spool_rollups(col);
+    /* the directory is free for a collector that replaces this one (which claims and
+     * replays what this one left), even while a bulk in flight keeps the spool open --
+     * once this one writes nothing more to it */
+    esx_spool_unhold(col->spool);
     if (col->inflight == 0 && col->spool) {
         /* nothing can acknowledge an item any more: acknowledged segments go now, the
          * rest stay on disk for the next process to replay */
