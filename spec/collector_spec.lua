@@ -2204,6 +2204,14 @@ describe("spool", function()
     assert.is_true(B:close(5000 * SCALE))
   end)
 
+  it("lets one process claim a dead one's segment without RENAME_NOREPLACE, never two (tools/unit)", function()
+    -- the link-then-unlink fallback ignored a failed unlink: a process that had linked the
+    -- old name too, between, and removed it first, replayed the segment as well
+    local out = unit("spool_claim_race", "src/spool.c src/private.c src/proc.c -lz -lpthread")
+    assert.falsy(out:find("FAIL", 1, true), out)
+    assert.equal(5, select(2, out:gsub("ok ", "")))
+  end)
+
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
     local ids = {}

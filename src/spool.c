@@ -551,8 +551,15 @@ int esx_spool_claim_orphans(esx_spool *sp)
                      next_seq());
             rc = renameat2(AT_FDCWD, from, AT_FDCWD, seg->path, RENAME_NOREPLACE);
             if (rc != 0 && (errno == EINVAL || errno == ENOSYS) &&
-                (rc = link(from, seg->path)) == 0)
-                unlink(from); /* a file system (or a kernel) without RENAME_NOREPLACE */
+                (rc = link(from, seg->path)) == 0 && unlink(from) != 0) {
+                /* a file system (or a kernel) without RENAME_NOREPLACE: link, then unlink
+                 * the old name -- which another process removed first (it linked it too,
+                 * between our look and our link): the segment is its, and our name only a
+                 * second link to it, to be given back (or both replayed it) */
+                unlink(seg->path);
+                rc = -1;
+                errno = ENOENT;
+            }
             if (rc == 0 || errno != EEXIST)
                 break;
         }

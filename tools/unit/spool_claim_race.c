@@ -1,0 +1,126 @@
+/*
+ * spool_claim_race.c -- two processes claiming one dead process's segment on a file system
+ * without RENAME_NOREPLACE, run by spec/collector_spec.lua.  The claim falls back to
+ * link(2) then unlink(2) of the old name; a second claimer that links the old name between
+ * the two must not replay the segment too: only the one whose unlink removed the old name
+ * has it.  The second claimer is run from inside the first one's link (here: a second
+ * spool, as another process, with a pid of its own).  (That second claimer looks at the
+ * old name before the first one's link: after it, the name has two links and is not
+ * claimed.)  Prints "ok <name>" per check; exits
+ * 1 on a failure.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "spool.h"
+
+static esx_spool *second; /* claims from inside the first claimer's link, once */
+static int second_claimed;
+
+/* a file system without RENAME_NOREPLACE */
+int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath,
+              unsigned int flags)
+{
+    (void)olddirfd, (void)oldpath, (void)newdirfd, (void)newpath, (void)flags;
+    errno = EINVAL;
+    return -1;
+}
+
+/* The first claimer's link runs the second claimer, which has already looked at the old
+ * name (one link: an orphan) when its own link comes: the first one's link is made then,
+ * just before.  Order: second's lstat, first's link, second's link and unlink, first's
+ * unlink (which finds the old name gone). */
+static const char *first_from, *first_to;
+static int first_rc = -1;
+
+int link(const char *from, const char *to)
+{
+    if (second) {
+        esx_spool *sp = second;
+        second = NULL;
+        first_from = from;
+        first_to = to;
+        second_claimed = esx_spool_claim_orphans(sp);
+        if (first_from) { /* the second claimer made no link: make the first one's now */
+            first_rc = linkat(AT_FDCWD, from, AT_FDCWD, to, 0);
+            first_from = NULL;
+        }
+        return first_rc;
+    }
+    if (first_from) {
+        first_rc = linkat(AT_FDCWD, first_from, AT_FDCWD, first_to, 0);
+        first_from = NULL;
+    }
+    return linkat(AT_FDCWD, from, AT_FDCWD, to, 0);
+}
+
+static int count_segments(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL)
+        n += strncmp(de->d_name, "seg-", 4) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static int in_backlog(const esx_spool *sp)
+{
+    return esx_spool_has_backlog(sp);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/esx-claim-XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    /* a process that no longer exists */
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return 1;
+    static const char rec[] = "{\"create\":{}}\n{}\n";
+    unsigned char head[8] = {(unsigned char)(sizeof rec - 1)};
+    if (write(fd, head, 8) != 8 || write(fd, rec, sizeof rec - 1) != (ssize_t)sizeof rec - 1)
+        return 1;
+    close(fd);
+
+    char why[256];
+    /* the other process: a pid of its own that is alive (1), so that neither takes the
+     * other's segments for orphans */
+    esx_spool *b = esx_spool_open(dir, 1 << 20, why);
+    if (b == NULL)
+        return 1;
+    b->pid = 1;
+    esx_spool *a = esx_spool_open(dir, 1 << 20, why);
+    if (a == NULL)
+        return 1;
+    second = b;
+    int a_claimed = esx_spool_claim_orphans(a);
+    check(second == NULL, "the second claimer ran between the first one's link and unlink");
+    check(first_rc == 0, "the first claimer's link was made");
+    check(a_claimed + second_claimed == 1, "one of the two claimed the segment, not both");
+    check(in_backlog(a) + in_backlog(b) == 1, "one backlog holds it");
+    check(count_segments(dir) == 1, "one name is left for it");
+    esx_spool_close(a);
+    esx_spool_close(b);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        return 1;
+    return fails ? 1 : 0;
+}
