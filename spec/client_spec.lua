@@ -1460,6 +1460,7 @@ describe("esx.client defaults (API.md's table, read back through behaviour)", fu
       assert.is_nil(res)
       assert.same({ "http", status }, { err.kind, err.status })
       assert.equal(status == 500 and 0 or 3, c:stats().retries - retries, status)
+      assert.equal(status == 500 and 0 or 3, err.retries, status) -- as transport failures say
       srv:clear_faults()
     end
     c:close()

@@ -245,7 +245,7 @@ local function check_status(self, res, method, path, ok_status)
   local summary = error_summary(res.body)
   return nil, new_error(kind, format("%s %s: HTTP %d%s", method, path, status,
     summary and (" " .. summary) or ""), { status = status, body = res.body, node = res.node,
-    headers = res.headers })
+    headers = res.headers, retries = res.retries })
 end
 
 function Pending:ready()
