@@ -146,6 +146,25 @@ describe("client:bulk_indexer", function()
     srv:clear_faults()
   end)
 
+  it("gives on_drop the number of times the item was sent as item.attempts", function()
+    -- before, an item dropped at an answer it could not retry (a 400) did not count the send
+    -- that got that answer: attempts = 0 for an item sent once, while one dropped after
+    -- max_retries = 2 (sent three times) said 3
+    srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
+    local got = {}
+    local bi = c:bulk_indexer{ on_drop = function(item) got[#got + 1] = item.attempts end }
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    bi:close()
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    bi = c:bulk_indexer{ max_retries = 2, backoff_min = 1, backoff_max = 5,
+                         on_drop = function(item) got[#got + 1] = item.attempts end }
+    bi:add("index", { _index = "p", _id = "2" }, { n = 2 })
+    bi:close()
+    srv:clear_faults()
+    assert.same({ 1, 3 }, got)
+    assert.equal(1 + 3, srv:requests("/_bulk").counts["/_bulk"])
+  end)
+
   it("holds the producer while retries worth concurrency batches wait out a 429 back-off", function()
     -- before, add() only waited for a free batch slot: under a sustained 429 every document
     -- given went on the retry list (60,000 of them, 126 MB, in the review's run)

@@ -133,6 +133,7 @@ end
 -- (notify), so that a callback that yields (in nginx, a log sent on a cosocket) cannot leave the
 -- rest of the batch unaccounted for while another light thread runs (and closes the indexer).
 local function drop(self, item, reason)
+  item.attempts = item.attempts + 1 -- the send whose outcome drops it: attempts = sends
   self.counters.failed = self.counters.failed + 1
   if #self.dropped < self.o.keep_dropped then
     self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
@@ -156,11 +157,11 @@ end
 
 -- not_before: the least wait the server asked for (Retry-After), in ms
 local function retry_later(self, item, reason, not_before)
-  item.attempts = item.attempts + 1
-  if item.attempts > self.o.max_retries then
+  if item.attempts >= self.o.max_retries then
     drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
     return
   end
+  item.attempts = item.attempts + 1 -- the sends so far, all failed (drop counts the last one)
   self.counters.retried = self.counters.retried + 1
   local wait = backoff(self, item.attempts)
   if not_before and not_before > wait then wait = not_before end
