@@ -2492,6 +2492,25 @@ describe("col:stats and esx.metrics", function()
   end)
 end)
 
+describe("col:leave", function()
+  it("raises when no request is in progress, and keeps max_concurrent", function()
+    -- before, a leave() without its enter() (a second leave, or a handle(req, true) of a
+    -- request never entered) took in_progress below 0, and the collector then let
+    -- max_concurrent + 1 requests in for each such call
+    local col = new{ max_concurrent = 1 }
+    assert.is_true(col:enter())
+    col:leave()
+    local ok, err = pcall(col.leave, col)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("no request in progress", 1, true), tostring(err))
+    assert.equal(0, col:stats().in_progress)
+    assert.is_true(col:enter())
+    assert.is_false(col:enter())
+    col:leave()
+    col:close()
+  end)
+end)
+
 describe("col:close", function()
   it("is not needed to keep the shippers of collectors dropped without it from piling up in a big Lua heap", function()
     -- Lua's collector sees a small userdata per collector, not its shipper thread: with a few

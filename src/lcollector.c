@@ -171,11 +171,21 @@ static int col_enter(lua_State *L)
     return 1;
 }
 
+/* col:leave() -> true when it ended a request in progress; false (nothing counted) when none
+ * was: a leave without its enter must not take the count below 0, where it would let that many
+ * requests past max_concurrent */
 static int col_leave(lua_State *L)
 {
     lcollector *u = check_col(L, 1);
-    atomic_fetch_sub(&u->in_progress, 1);
-    return 0;
+    int n = atomic_load(&u->in_progress);
+    do {
+        if (n <= 0) {
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+    } while (!atomic_compare_exchange_weak(&u->in_progress, &n, n - 1));
+    lua_pushboolean(L, 1);
+    return 1;
 }
 
 /* A timeout in ms for the core: < 0 (and nil, NaN, infinity) means no limit.  Beyond 2^53

@@ -503,7 +503,12 @@ function Collector:_enter(reclaim, origin_fn)
 end
 
 function Collector:leave()
-  self.c:leave()
+  -- a caller's mistake (a second leave, or handle(req, true) of a request never entered):
+  -- counted, it would take in_progress below 0 and let requests past max_concurrent
+  if not self.c:leave() then
+    error("bad call to 'leave' (no request in progress: each col:leave() ends one col:enter() " ..
+          "that returned true)", 2)
+  end
 end
 
 -- A timeout argument: nil (no limit), or a number of ms; a negative one -- a deadline
