@@ -56,6 +56,9 @@ describe("esx.nginx.metrics #nginx", function()
         init_by_lua_block {
           local esx = require "esx"
           es = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "es", max_retries = 0 }
+          -- a natural mistake: called where the objects are made, in the master
+          local _, err = pcall(require("esx.nginx").share_metrics, "esx_metrics")
+          init_share_err = err
         }
         init_worker_by_lua_block { require("esx.nginx").share_metrics("esx_metrics", 100) }
       ]],
@@ -64,6 +67,7 @@ describe("esx.nginx.metrics #nginx", function()
         location = /metrics {
           content_by_lua_block { ngx.print(require("esx.nginx").metrics("esx_metrics")) }
         }
+        location = /init_err { content_by_lua_block { ngx.say(init_share_err) } }
         location = /bad {
           content_by_lua_block {
             local ok, err = pcall(require("esx.nginx").metrics, "nope")
@@ -99,6 +103,13 @@ describe("esx.nginx.metrics #nginx", function()
     -- a family's samples are together, right after its TYPE line
     assert.truthy(body:find('# TYPE esx_client_requests_total counter\nesx_client_requests_total{worker="%d",name="es"} %d+\n' ..
       'esx_client_requests_total{worker="%d",name="es"} %d+\n'), body)
+  end)
+
+  it("raises saying where to call it when share_metrics is called in init_by_lua", function()
+    local _, body = srv:get("/init_err")
+    -- before: "lua/esx/nginx.lua:375: no request" (ngx.timer.every in the master)
+    assert.matches("^esx.nginx.share_metrics: call it in init_worker_by_lua %(init_by_lua runs " ..
+                   "in the master", body)
   end)
 
   it("raises naming a lua_shared_dict that is not there", function()

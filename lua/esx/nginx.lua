@@ -369,6 +369,12 @@ function _M.share_metrics(name, interval)
     error("bad argument #2 to 'share_metrics' (interval in ms, 10-3600000, expected)", 2)
   end
   if published_dicts[name] then return true end
+  if ngx.get_phase() == "init" then
+    -- the master: no worker id to publish under, and no timers (ngx.timer.every raised "no
+    -- request", which did not say what was wrong)
+    error("esx.nginx.share_metrics: call it in init_worker_by_lua (init_by_lua runs in the " ..
+          "master, which has no worker to publish for)", 2)
+  end
   local function tick(premature)
     if not premature then publish(dict, name, interval) end
   end
