@@ -118,6 +118,39 @@ describe("esx.nginx.metrics #nginx", function()
   end)
 end)
 
+-- esx.nginx.share_metrics against a stand-in for nginx's API in the privileged agent
+-- (ngx.process.enable_privileged_agent, OpenResty's patched nginx): a process that runs
+-- init_worker_by_lua but serves no request, and whose ngx.worker.id() is nil.
+describe("esx.nginx.share_metrics in the privileged agent", function()
+  it("publishes nothing and raises nothing, neither at the call nor at each interval", function()
+    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
+    finally(function()
+      rawset(_G, "ngx", saved_ngx)
+      package.loaded["esx.nginx"] = saved_nginx
+    end)
+    local ticks, stored, logged = {}, {}, {}
+    local dict = { safe_set = function(_, k, v) stored[#stored + 1] = k return true end }
+    rawset(_G, "ngx", {
+      ERR = 4,
+      get_phase = function() return "init_worker" end,
+      worker = { id = function() return nil end, count = function() return 2 end },
+      shared = { esx_metrics = dict },
+      log = function(_, ...) logged[#logged + 1] = table.concat({ ... }) end,
+      timer = {
+        every = function(_, fn) ticks[#ticks + 1] = fn return true end,
+        at = function(_, fn) ticks[#ticks + 1] = fn return true end,
+      },
+    })
+    package.loaded["esx.nginx"] = nil
+    assert.is_true(require("esx.nginx").share_metrics("esx_metrics"))
+    -- before: every tick raised "attempt to concatenate a nil value" (one error.log line each
+    -- interval, for the life of the agent)
+    for _, tick in ipairs(ticks) do tick(false) end
+    assert.same({}, stored)
+    assert.same({}, logged)
+  end)
+end)
+
 -- esx.nginx.await against a stand-in for nginx's API: what it does when the waiter socket
 -- wakes it before the request is done.
 describe("esx.nginx.await", function()

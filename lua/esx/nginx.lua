@@ -375,6 +375,9 @@ function _M.share_metrics(name, interval)
     error("esx.nginx.share_metrics: call it in init_worker_by_lua (init_by_lua runs in the " ..
           "master, which has no worker to publish for)", 2)
   end
+  -- OpenResty's privileged agent runs init_worker_by_lua too, but serves no request and has
+  -- no worker id: its publisher raised at every interval (a nil id in the key).  Nothing to do.
+  if ngx.worker.id() == nil then return true end
   local function tick(premature)
     if not premature then publish(dict, name, interval) end
   end
