@@ -197,6 +197,43 @@ describe("esx.client in nginx #nginx", function()
     assert.truthy(log:find("log wait: false esx.nginx.wait: cannot wait in nginx's log phase", 1, true), log)
   end)
 
+  it("does not advise a timer in init_by_lua and exit_worker_by_lua, where none can start", function()
+    es:fault{ path = "/nophase/_search", stall_ms = 300, count = 2 } -- not done before wait is called
+    local srv = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local c = assert(require("esx").client{ hosts = { "%s" } })
+          package.loaded.exit_client = c
+          local _, err = pcall(require("esx.nginx").wait, assert(c:send("GET", "/nophase/_search")))
+          ngx.log(ngx.ERR, "init wait: ", err)
+        }
+        exit_worker_by_lua_block {
+          local c = package.loaded.exit_client
+          local _, err = pcall(require("esx.nginx").wait, assert(c:send("GET", "/nophase/_search")))
+          ngx.log(ngx.ERR, "exit_worker wait: ", err)
+        }
+      ]]):format(es.url),
+    }
+    local pid = srv:pid()
+    os.execute("kill -QUIT " .. pid)
+    for _ = 1, 250 do
+      if not os.execute("kill -0 " .. pid .. " 2>/dev/null") then break end
+      socket.sleep(0.02)
+    end
+    local log = srv:error_log()
+    srv:stop()
+    for _, phase in ipairs({ "init", "exit_worker" }) do
+      local line = log:match(phase .. " wait: ([^\n]*)")
+      assert.truthy(line, log)
+      assert.truthy(line:find("esx.nginx.wait: cannot wait in nginx's " .. phase ..
+                              " phase (it cannot yield): block the worker with pending:wait()", 1, true), line)
+      -- before: "wait in a timer (ngx.timer.at)", which raises in both ("no request",
+      -- "API disabled in the context of exit_worker_by_lua*")
+      assert.falsy(line:find("timer", 1, true), line)
+    end
+  end)
+
   it("waits for 900 requests of one worker at once (the waiter socket's backlog overflows)", function()
     -- the light threads connect to the waiter socket faster than the I/O thread (busy
     -- opening 900 connections) accepts: past its listen backlog, connect() fails with EAGAIN

@@ -78,6 +78,10 @@ local function check_pending(pending, fname)
   end
 end
 
+-- Phases in which ngx.timer.at raises ("no request", "API disabled"): the master's init and
+-- a worker's exit.
+local no_timer_phase = { init = true, exit_worker = true }
+
 function _M.await(pending, timeout)
   check_pending(pending, "await")
   timeout = check_timeout(timeout, "await")
@@ -88,7 +92,13 @@ function _M.await(pending, timeout)
   local deadline = timeout and (now_ms() + timeout)
   local made, sock = pcall(ngx.socket.tcp)
   if not made then -- a phase without cosockets: it cannot yield either
-    error("esx.nginx.wait: cannot wait in nginx's " .. tostring(ngx.get_phase()) .. " phase " ..
+    local phase = tostring(ngx.get_phase())
+    -- no timer can start in the master (init) or in an exiting worker: do not advise one
+    if no_timer_phase[phase] then
+      error("esx.nginx.wait: cannot wait in nginx's " .. phase .. " phase (it cannot yield): " ..
+            "block the worker with pending:wait()", 0)
+    end
+    error("esx.nginx.wait: cannot wait in nginx's " .. phase .. " phase " ..
           "(it cannot yield): wait in a timer (ngx.timer.at), or block the worker with " ..
           "pending:wait()", 0)
   end
