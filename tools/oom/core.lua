@@ -11,13 +11,16 @@ local scope, count = arg[1] or "esx", tonumber(arg[2]) or 1
 local fails = 0
 local function fail(...) fails = fails + 1; print("FAIL", ...) end
 
-local function gz(s)
+-- s through a shell filter (gzip -c, base64 -w0): the bytes it prints
+local function filter(cmd, s)
   local tmp = os.tmpname()
   local f = assert(io.open(tmp, "wb")); f:write(s); f:close()
-  local p = io.popen("gzip -c < " .. tmp)
+  local p = io.popen(cmd .. " < " .. tmp)
   local out = p:read("*a"); p:close(); os.remove(tmp)
   return out
 end
+local function gz(s) return filter("gzip -c", s) end
+local function b64(s) return filter("base64 -w0", s) end
 
 local doc = { hits = { total = { value = 3 }, hits = {} } }
 local parts = {}
@@ -36,13 +39,6 @@ local function raised(n, what, e)
   if not tostring(e):find("not enough memory", 1, true) then fail(n, what, "raised", tostring(e)) end
 end
 
-local function b64(s)
-  local tmp = os.tmpname()
-  local f = assert(io.open(tmp, "wb")); f:write(s); f:close()
-  local p = io.popen("base64 -w0 < " .. tmp)
-  local out = p:read("*a"); p:close(); os.remove(tmp)
-  return out
-end
 SKETCHES = {}
 for k = 0, 1 do
   local h = core.hll_new()
