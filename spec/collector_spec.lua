@@ -2559,4 +2559,41 @@ describe("col:close", function()
     assert.equal(5, hits[1]._source.count)
   end)
 
+  it("spools the rollup rows of a bulk in flight at close that then fails, as it does its events", function()
+    -- rows still queued at close were spooled, but rows in a bulk in flight were left to that
+    -- bulk's answer: a failure then lost them (events in that bulk are on disk, and replayed)
+    local dir = tmpdir()
+    local cA = assert(esx.client{ hosts = { srv.url }, max_retries = 0, request_timeout = 60000 * SCALE })
+    local A = new{ sink = cA, spool_dir = dir, flush_interval = 10, create_index = false,
+                   rollup = { window = 3600000, interval = 3600000 } }
+    local B
+    finally(function()
+      if B then B:close(0) end
+      A:close(0)
+      cA:close()
+      os.execute("rm -rf " .. dir)
+    end)
+    clear_of_window_end(3600000, 10000)
+    for i = 1, 4 do
+      assert.equal(204, (post(A, cjson.encode(ev({ site_id = "inflight", user_id = "u" .. i })))))
+    end
+    local deadline = socket.gettime() + 5 * SCALE
+    while A:stats().shipped < 4 and socket.gettime() < deadline do socket.sleep(0.01) end
+    assert.equal(4, A:stats().shipped) -- the events are delivered; the row is not written yet
+    -- close's bulk (the row alone) hangs, then fails as a whole
+    srv:fault{ path = "/_bulk", status = 503, stall_ms = 1000 * SCALE, count = 1 }
+    assert.is_true(A:close(300 * SCALE))
+    deadline = socket.gettime() + 5 * SCALE + 1
+    while cA:stats().nodes[1].in_flight > 0 and socket.gettime() < deadline do socket.sleep(0.02) end
+    assert.equal(0, cA:stats().nodes[1].in_flight) -- its bulk failed: nothing was written
+    local bulks = srv:requests("/_bulk").requests
+    assert.equal(503, bulks[#bulks].status)
+    B = new{ spool_dir = dir, flush_interval = 10, rollup = false } -- replays A's spool
+    assert.is_true(B:flush(5000 * SCALE))
+    assert.equal(4, (indexed()))
+    local n, hits = indexed("rollups-*")
+    assert.equal(1, n) -- before: 0, the row was lost with its failed bulk
+    assert.equal(4, hits[1]._source.count)
+  end)
+
 end)

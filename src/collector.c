@@ -396,33 +396,44 @@ static int spool_rows(esx_collector *col, esx_buf *b, int64_t rows)
     return 0;
 }
 
+/* Adds one rollup row to the record being built in b, writing b out first when it is full.
+ * 0 or -1. */
+static int spool_row(esx_collector *col, esx_buf *b, int64_t *rows, const item *it)
+{
+    int rc = esx_buf_append(b, it->data, it->len);
+    if (rc == ESX_BUF_TOOBIG) {
+        if (spool_rows(col, b, *rows) != 0)
+            return -1;
+        *rows = 0;
+        rc = esx_buf_append(b, it->data, it->len);
+    }
+    if (rc != ESX_BUF_OK)
+        return -1;
+    (*rows)++;
+    return 0;
+}
+
 /* The rollup rows still queued once the shipper has stopped (the sink away at a graceful
  * stop or an nginx reload) go to the spool, so that the process that replays this one's
  * segments writes them too: without it they were lost, while the events they count were
- * replayed.  Rows in a bulk still in flight are not (that bulk's answer decides).  Called
- * with mu held, the shipper gone. */
+ * replayed.  So do the rows of bulks still in flight: should such a bulk fail, nothing
+ * would ship or spool them any more (its events are on disk already), and the spool is
+ * let go of below; should it succeed, the replayed copy is the same row at the same
+ * version, written again.  Called with mu held, the shipper gone. */
 static void spool_rollups(esx_collector *col)
 {
     esx_buf b;
     esx_buf_init(&b, ESX_SPOOL_MAX_RECORD);
     int64_t rows = 0;
     run ready = {.head = col->ready_head};
-    for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next) {
-        for (item *it = r->head; it; it = it->next) {
-            if (!it->rollup)
-                continue;
-            int rc = esx_buf_append(&b, it->data, it->len);
-            if (rc == ESX_BUF_TOOBIG) {
-                if (spool_rows(col, &b, rows) != 0)
-                    goto done;
-                rows = 0;
-                rc = esx_buf_append(&b, it->data, it->len);
-            }
-            if (rc != ESX_BUF_OK)
+    for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next)
+        for (item *it = r->head; it; it = it->next)
+            if (it->rollup && spool_row(col, &b, &rows, it) != 0)
                 goto done;
-            rows++;
-        }
-    }
+    for (batch *s = col->sent; s; s = s->next_sent)
+        for (int i = 0; i < s->n; i++)
+            if (s->items[i]->rollup && spool_row(col, &b, &rows, s->items[i]) != 0)
+                goto done;
     spool_rows(col, &b, rows);
 done:
     esx_buf_free(&b);
