@@ -709,6 +709,38 @@ describe("shipping", function()
       forgetful("http://127.0.0.1:1", 2))
   end)
 
+  it("waits 5 s in all, not 5 s each, for several collectors collected as the Lua state closes", function()
+    -- each one waited up to 5 s in turn: a state with N of them took 5 N s to close
+    local dir = tmpdir()
+    local errfile = dir .. "/stderr"
+    local run = child_script(dir, "several", [[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      keep = {}
+      for i = 1, 3 do
+        keep[i] = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
+        assert(keep[i]:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view"}' } == 204)
+      end
+    ]])
+    local t0 = socket.gettime()
+    local ok = os.execute(run .. " 2>" .. errfile)
+    local took = socket.gettime() - t0
+    assert.is_true(ok == true or ok == 0)
+    local f = assert(io.open(errfile))
+    local err = f:read("*a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    local lines = 0
+    for line in err:gmatch("[^\n]+") do
+      lines = lines + 1
+      assert.truthy(line:match("^esx%.collector: collected without close%(%): 1 accepted events were " ..
+                               "not delivered within %d+ ms$"), line)
+    end
+    assert.equal(3, lines)
+    assert.is_true(took > 4.5 and took < 8 * SCALE, "the process took " .. took .. " s")
+  end)
+
   it("does not wait out the 5 s flush when collected after its sink client was closed", function()
     -- nothing can be acknowledged any more (col:close() knows, and waits 0): a worker whose
     -- exit_worker_by_lua closed the client waited 5 s per such collector as its Lua state closed

@@ -1,6 +1,7 @@
 /*
  * lcollector.c -- Lua binding of the collector core (see lcollector.h).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,8 +94,37 @@ static int collector_new(lua_State *L)
  * says on stderr (nginx: the error log) how many events it could not deliver.  With a spool
  * they stay on disk for the next process.  With its sink client closed nothing can be
  * acknowledged: as close() does, it does not wait (a worker whose exit_worker_by_lua closed
- * the client waited 5 s per such collector while its Lua state closed). */
+ * the client waited 5 s per such collector while its Lua state closed).
+ *
+ * The bound is for the collectors collected together, not for each: finalizers run one
+ * after the other (a GC cycle, the state closing), and N collectors whose sink is away held
+ * that thread -- an nginx worker's exit -- for 5 N s.  A flush that starts within
+ * GC_BURST_GAP_MS of the end of the previous one shares its deadline. */
 #define GC_FLUSH_MS 5000
+#define GC_BURST_GAP_MS 100
+
+static pthread_mutex_t gc_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t gc_deadline, gc_last_end; /* monotonic ms; 0: none yet */
+
+/* The ms a collector being collected may wait: what is left of its burst's deadline. */
+static int64_t gc_flush_budget(void)
+{
+    int64_t now = esx_now_ms();
+    pthread_mutex_lock(&gc_mu);
+    if (gc_deadline == 0 || now - gc_last_end > GC_BURST_GAP_MS)
+        gc_deadline = now + GC_FLUSH_MS;
+    int64_t left = gc_deadline - now;
+    gc_last_end = now; /* (a flush running counts as the burst going on) */
+    pthread_mutex_unlock(&gc_mu);
+    return left > 0 ? left : 0;
+}
+
+static void gc_flush_done(void)
+{
+    pthread_mutex_lock(&gc_mu);
+    gc_last_end = esx_now_ms();
+    pthread_mutex_unlock(&gc_mu);
+}
 
 static int col_gc(lua_State *L)
 {
@@ -102,13 +132,17 @@ static int col_gc(lua_State *L)
     esx_lthreaded_remove(&u->counted);
     if (u->col) {
         int sink_closed = esx_collector_sink_closed(u->col);
-        int64_t left = esx_collector_close(u->col, sink_closed ? 0 : GC_FLUSH_MS);
+        int64_t budget = sink_closed ? 0 : gc_flush_budget();
+        int64_t left = esx_collector_close(u->col, budget);
+        if (!sink_closed)
+            gc_flush_done();
         if (left > 0 && !esx_collector_has_spool(u->col) && sink_closed)
             fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
                             "were not delivered (its sink client is closed)\n", (long long)left);
         else if (left > 0 && !esx_collector_has_spool(u->col))
             fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
-                            "were not delivered within %d ms\n", (long long)left, GC_FLUSH_MS);
+                            "were not delivered within %lld ms\n", (long long)left,
+                    (long long)budget);
         esx_collector_free(u->col);
         u->col = NULL;
     }
