@@ -1502,6 +1502,13 @@ describe("col:rollups", function()
     assert.equal(11, select(2, out:gsub("ok ", "")))
   end)
 
+  it("tells a site over its rate to wait until its bucket has room, not a ms more (tools/unit)", function()
+    -- a wait of exactly 1000 ms was told as 1001: Retry-After 2 for a bucket full in 1 s
+    local out = unit("ratelimit_wait", "src/ratelimit.c src/hash.c")
+    assert.falsy(out:find("FAIL", 1, true), out)
+    assert.equal(7, select(2, out:gsub("ok ", "")))
+  end)
+
   it("builds col:rollups() without the collector's lock (a finalizer may call the collector)", function()
     -- the rows were pushed as Lua tables under the lock: a __gc that read stats() during
     -- those allocations locked it again, and the process hung

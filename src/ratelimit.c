@@ -152,7 +152,12 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
          * more tokens than the bucket holds would refuse it for ever. */
         double need = counts[i] > rl->burst ? rl->burst : counts[i];
         if (b->tokens < need) {
-            int64_t ms = (int64_t)((need - b->tokens) * 1000.0 / rl->rate) + 1;
+            /* rounded up to a whole ms, and no further: esx.collector rounds it up to
+             * seconds for Retry-After, and 1 ms more made a wait of exactly 1 s one of 2 */
+            double exact = (need - b->tokens) * 1000.0 / rl->rate;
+            int64_t ms = (int64_t)exact;
+            if ((double)ms < exact)
+                ms++;
             if (ms > wait)
                 wait = ms;
         }
