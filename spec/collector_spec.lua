@@ -2251,6 +2251,42 @@ describe("spool", function()
     assert.equal(5, select(2, out:gsub("ok ", "")))
   end)
 
+  it("replays a dead process's segment at once while its overflow segment waits for acknowledgements", function()
+    -- the overflow segment at the backlog's head, read to its end but with events still in
+    -- flight, stopped the load there: segments claimed behind it waited until every event
+    -- loaded from it was acknowledged (for ever, while requests kept appending to it)
+    local dir = tmpdir()
+    local col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10, bulk_concurrency = 1,
+                     rollup = false }
+    finally(function()
+      col:close(0)
+      os.execute("rm -rf " .. dir)
+    end)
+    srv:fault{ path = "/_bulk", stall_ms = 500 * SCALE, count = 1 }
+    srv:fault{ path = "/_bulk", stall_ms = 6000 * SCALE, count = 1 }
+    local function wait(cond)
+      local deadline = socket.gettime() + 5 * SCALE
+      while not cond() and socket.gettime() < deadline do socket.sleep(0.01) end
+      return cond()
+    end
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "big", pad = string.rep("p", 3300) })))))
+    assert.is_true(wait(function() return col:stats().in_flight == 1 end))
+    -- memory is full: these two wait on disk, in an overflow segment
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "o1", pad = string.rep("p", 500) })))))
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "o2" })))))
+    assert.equal(2, col:stats().spilled)
+    -- the first bulk answers; the overflow is loaded, and its bulk hangs 6 s
+    assert.is_true(wait(function() local t = col:stats() return t.replayed == 2 and t.in_flight == 1 end))
+    spool_victim(dir, { "v1", "v2", "v3" }) -- claimed within 2 s, and there is room for it
+    local t0 = socket.gettime()
+    assert.is_true(wait(function() return col:stats().replayed == 5 end),
+                   "the dead process's events were not loaded")
+    assert.is_true(socket.gettime() - t0 < 4 * SCALE)
+    assert.equal(1, col:stats().in_flight) -- (the overflow's bulk still hangs)
+    assert.is_true(col:flush(15000 * SCALE))
+    assert.equal(6, (indexed()))
+  end)
+
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
     local ids = {}

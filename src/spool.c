@@ -439,8 +439,18 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
             continue;
         }
         if (rc == REC_NONE) {
-            if (seg == sp->overflow)
-                break; /* still being written: more may come */
+            if (seg == sp->overflow) {
+                /* still being written: more may come -- after the segments behind it (a
+                 * dead process's, claimed meanwhile), which are older: stopping here held
+                 * them until every event loaded from this one was acknowledged, and while
+                 * requests kept coming (they go to it as long as there is a backlog) until
+                 * it was full */
+                if (sp->backlog_tail == seg)
+                    break;
+                backlog_remove(sp, seg);
+                backlog_append(sp, seg);
+                continue;
+            }
             /* fewer than 8 bytes left: a torn tail cut short inside its header */
             sp->bytes_skipped += seg->bytes - seg->read_off;
             seg->read_off = seg->bytes;
