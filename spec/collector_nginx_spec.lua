@@ -290,6 +290,45 @@ describe("esx.nginx.collect #nginx", function()
     roomy:stop()
   end)
 
+  it("lets a collector with an aborted upload counted in be collected once it is dropped", function()
+    -- the adapter's table of requests in progress held the collector of an upload nginx
+    -- ended until that collector reclaimed it: one dropped meanwhile never was collected
+    -- (its shipper thread, its memory and its spool_dir's hold stayed for the worker's life)
+    local dropper = nginx.start{
+      workers = 1,
+      http = ([[
+        init_by_lua_block {
+          local esx = require "esx"
+          package.loaded.drop_sink = assert(esx.client{ hosts = { "%s" } })
+          package.loaded.drop_col = assert(esx.collector{ sink = package.loaded.drop_sink,
+            abandoned_after = 60000 })
+          package.loaded.drop_weak = setmetatable({ package.loaded.drop_col }, { __mode = "v" })
+        }
+      ]]):format(es.url),
+      server = [[
+        location = /collect {
+          content_by_lua_block { require("esx.nginx").collect(package.loaded.drop_col) }
+        }
+        location = /drop { content_by_lua_block {
+          local before = package.loaded.drop_col:stats().in_progress
+          package.loaded.drop_col = nil
+          collectgarbage()
+          collectgarbage()
+          ngx.say(before, " ", package.loaded.drop_weak[1] and "pinned" or "collected") } }
+      ]],
+    }
+    local c = assert(socket.connect("127.0.0.1", dropper.port))
+    assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
+                  "Content-Length: 100\r\n\r\n0123"))
+    socket.sleep(0.1)
+    c:close()
+    socket.sleep(0.2)
+    local status, body = dropper:get("/drop")
+    dropper:stop()
+    assert.equal(200, status)
+    assert.equal("1 collected\n", body)
+  end)
+
   it("answers 413 at once, by its Content-Length, to a body over max_body that nginx would take", function()
     local roomy = nginx.start{
       workers = 1,

@@ -210,17 +210,21 @@ end
 -- nothing else that waits: a live request that old is an upload slower than any beacon).
 -- An entry leaves exactly once: with its request, or here.  (Not keyed by the coroutine: the
 -- lua module reuses the coroutine of a request it ended for a later one, whose entry then
--- took the abandoned one's place, and that slot never came back.)
-local holder_col, holder_since = {}, {}
+-- took the abandoned one's place, and that slot never came back.)  The entries are kept per
+-- collector, weakly: an abandoned request's entry held its collector -- its shipper thread,
+-- its memory, its spool_dir -- for the worker's life once the user dropped it.
+local holders = setmetatable({}, { __mode = "k" }) -- col -> { [id] = since (ms) }
 local holder_seq = 0
 
 local function reclaim(col)
+  local entries = holders[col]
+  if not entries then return false end
   local now = now_ms() -- (monotonic: a step of the wall clock must not hold or free slots)
   local limit = col.o.abandoned_after
   local n = 0
-  for id, c in pairs(holder_col) do
-    if c == col and now - holder_since[id] >= limit then
-      holder_col[id], holder_since[id] = nil, nil
+  for id, since in pairs(entries) do
+    if now - since >= limit then
+      entries[id] = nil
       col:leave()
       n = n + 1
     end
@@ -314,11 +318,16 @@ function _M.collect(col)
   if not ok then return send(status, headers, body) end
   holder_seq = holder_seq + 1
   local id = holder_seq
-  holder_col[id], holder_since[id] = col, now
+  local entries = holders[col]
+  if not entries then
+    entries = {}
+    holders[col] = entries
+  end
+  entries[id] = now
   local detail
   ok, status, headers, body, detail = pcall(collect_answer, col, method, early)
-  if holder_col[id] then
-    holder_col[id], holder_since[id] = nil, nil
+  if entries[id] then
+    entries[id] = nil
     col:leave()
   end
   if not ok then
