@@ -2634,6 +2634,31 @@ describe("col:close", function()
     assert.equal(5, hits[1]._source.count)
   end)
 
+  it("spools the open window's rollup rows at close(0), with the events its spool keeps", function()
+    -- close(0) stopped the shipper before it had queued the rows: the events stayed on disk
+    -- and were replayed, their counts were lost (as at a GC with the sink client closed)
+    local dir = tmpdir()
+    local A = new{ spool_dir = dir, flush_interval = 3600000, create_index = false,
+                   rollup = { window = 3600000, interval = 3600000 } }
+    local B
+    finally(function()
+      if B then B:close(0) end
+      A:close(0)
+      os.execute("rm -rf " .. dir)
+    end)
+    clear_of_window_end(3600000, 10000)
+    for i = 1, 3 do
+      assert.equal(204, (post(A, cjson.encode(ev({ site_id = "closed0", user_id = "u" .. i })))))
+    end
+    assert.is_true(A:close(0))
+    B = new{ spool_dir = dir, flush_interval = 10, rollup = false } -- replays A's spool
+    assert.is_true(B:flush(5000 * SCALE))
+    assert.equal(3, (indexed()))
+    local n, hits = indexed("rollups-*")
+    assert.equal(1, n) -- before: 0
+    assert.equal(3, hits[1]._source.count)
+  end)
+
   it("spools the rollup rows of a bulk in flight at close that then fails, as it does its events", function()
     -- rows still queued at close were spooled, but rows in a bulk in flight were left to that
     -- bulk's answer: a failure then lost them (events in that bulk are on disk, and replayed)

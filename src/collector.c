@@ -468,6 +468,10 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
         col->running = 0;
     }
     left = col->queue_events - col->queue_rollups;
+    /* rows the shipper did not queue within timeout_ms (close(0) gives it no time) are
+     * queued here, to be spooled with the rest: the events they count are on disk */
+    if (col->spool)
+        esx_col_queue_rollups(col);
     if (col->spool && col->queue_rollups > 0)
         spool_rollups(col);
     /* the directory is free for a collector that replaces this one (which claims and

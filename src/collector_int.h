@@ -158,6 +158,11 @@ void esx_col_free_runs(run *r);
 /* The shipper thread's body (collector_ship.c); arg is the collector.  Called without mu. */
 void *esx_col_shipper_main(void *arg);
 
+/* Queues every dirty rollup row at once, room in the queue or not (close(), once the
+ * shipper is gone: the rows it did not queue in time go to the spool with the others).
+ * Returns 0, or -1 when memory ran out (the rows not queued stay dirty). */
+int esx_col_queue_rollups(esx_collector *col);
+
 /* First use in this process: adopts a collector inherited through fork, opens the spool and
  * starts the shipper (collector.c).  Called by the intake's thread without mu.  Returns 0, or
  * with a message in why (256 bytes) -1 when the spool cannot be opened, -2 when memory or a

@@ -424,6 +424,18 @@ static int emit_rollup_line(void *ud, const char *line, size_t len)
     return 0;
 }
 
+int esx_col_queue_rollups(esx_collector *col)
+{
+    if (col->rollups == NULL)
+        return 0;
+    int was = col->emit_now;
+    col->emit_now = 1; /* every dirty row, whatever the queue holds */
+    int rc = esx_rollups_emit(col->rollups, esx_wall_ms(), 1, col->cfg.instance,
+                              col->cfg.rollup_index_fmt, emit_rollup_line, col);
+    col->emit_now = was;
+    return rc < 0 ? -1 : 0;
+}
+
 /* Splits a replayed spool record into items (pairs of lines), all or none: returns the
  * number queued, or -1 with nothing queued when memory ran out (the spool reads the record
  * again later).  Called under mu. */
