@@ -151,7 +151,9 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
          * full, leaving it in debt (the site's next requests wait the debt off); waiting for
          * more tokens than the bucket holds would refuse it for ever. */
         double need = counts[i] > rl->burst ? rl->burst : counts[i];
-        if (b->tokens < need) {
+        /* a billionth of an event of slack: the refill after a wait of exactly the ms said
+         * below may round to a hair under `need`, which would refuse the client that waited */
+        if (b->tokens < need - 1e-9) {
             /* rounded up to a whole ms, and no further: esx.collector rounds it up to
              * seconds for Retry-After, and 1 ms more made a wait of exactly 1 s one of 2 */
             double exact = (need - b->tokens) * 1000.0 / rl->rate;

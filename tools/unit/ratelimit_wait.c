@@ -24,6 +24,17 @@ int main(void)
     check(esx_ratelimit_take(rl, a, one, 1, 1000) == 0, "after 1000 ms it goes");
     esx_ratelimit_free(rl);
 
+    /* a request that waited exactly what it was told goes, even where the refill's floating
+     * point lands a hair short: 2 events leave a debt of 1; at 72 ms the wait is 1928 ms, and
+     * -1 + 0.072 + 1.928 is 0.9999999999999999 in doubles */
+    rl = esx_ratelimit_new(1.0, 1.0, 16);
+    if (rl == NULL)
+        return 1;
+    check(esx_ratelimit_take(rl, a, two, 1, 0) == 0, "2 events go at once, leaving a debt");
+    check(esx_ratelimit_take(rl, a, one, 1, 72) == 1928, "72 ms later, 1928 ms");
+    check(esx_ratelimit_take(rl, a, one, 1, 2000) == 0, "having waited them, it goes");
+    esx_ratelimit_free(rl);
+
     /* 3 events/s, bursts of 2: a fractional wait rounds up to the next ms */
     rl = esx_ratelimit_new(3.0, 2.0, 16);
     if (rl == NULL)
