@@ -2009,6 +2009,62 @@ describe("TLS", function()
     assert(c:info())
     c:close()
   end)
+
+  for _, protocol in ipairs{ "tlsv1_2", "tlsv1_3" } do
+    it("never takes what a server sent on an idle " .. protocol .. " connection for the next answer", function()
+      -- libcurl 7.88 takes a kept-alive TLS connection with records waiting as alive and read
+      -- a 408 the server sent there before closing as the answer to a PUT it never saw
+      local ssl = require "ssl"
+      local dir = tls.ca_file:match("^(.*)/[^/]+$")
+      local params = { mode = "server", protocol = protocol, options = "all",
+                       key = dir .. "/key.pem", certificate = tls.ca_file }
+      local l = assert(socket.bind("127.0.0.1", 0))
+      local _, port = l:getsockname()
+      local function accept()
+        l:settimeout(5)
+        local s = assert(l:accept(), "no connection")
+        s = assert(ssl.wrap(s, params))
+        s:settimeout(5)
+        assert(s:dohandshake())
+        return s
+      end
+      local OK = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n" ..
+        '{"ok":true}'
+      local c = client{ hosts = { "https://127.0.0.1:" .. port }, tls_verify = false,
+                        max_retries = 0, connect_timeout = 10000, request_timeout = 10000 }
+      local function exchange(method, path, body, conn)
+        local p = assert(c:send(method, path, body))
+        conn = conn or accept()
+        local req = assert(net.read_request(conn))
+        assert(conn:send(OK))
+        assert.is_true(p:wait(10000))
+        local res, err = p:result()
+        return res, err, req, conn
+      end
+      local _, err, _, conn = exchange("GET", "/a")
+      assert.is_nil(err)
+      for i = 1, 3 do -- kept alive: (session tickets waiting would make every reuse a new connection)
+        socket.sleep(0.05)
+        local res, err2, req = exchange("GET", "/k" .. i, nil, conn)
+        assert.is_nil(err2)
+        assert.equal("/k" .. i, req.target)
+        assert.equal(200, res.status)
+      end
+      socket.sleep(0.1)
+      conn:send("HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 4\r\n\r\nidle")
+      conn:close()
+      socket.sleep(0.2)
+      local res, err2, req, conn2 = exchange("PUT", "/idx/_doc/1", { n = 1 }) -- a new connection
+      assert.is_nil(err2)
+      assert.equal(200, res.status)
+      assert.equal('{"ok":true}', res.body)
+      assert.equal("/idx/_doc/1", req.target)
+      assert.equal(0, res.retries)
+      c:close()
+      conn2:close()
+      l:close()
+    end)
+  end
 end)
 
 describe("pending:waiter_path", function()

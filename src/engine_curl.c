@@ -60,17 +60,19 @@ static int socket_on_ports(esx_engine *e, int lport, int rport)
     return -1;
 }
 
-/* 1 when libcurl reused an idle plain-HTTP connection that has bytes waiting: whatever a
- * server sent on an idle connection (a 408 before it closed, the rest of a faulty answer)
- * answers nothing esx asked, but libcurl 7.88 takes such a connection as alive and would read
- * those bytes as this request's answer (esx's own HTTP/1.1 drops the connection as soon as
- * they come).  Not for TLS: a session ticket may be waiting there.  libcurl gives no socket
- * before the request is sent (CURLINFO_ACTIVESOCKET), so it is found by its ports. */
+/* 1 when libcurl reused an idle connection that has bytes waiting: whatever a server sent on
+ * an idle connection (a 408 before it closed, the rest of a faulty answer) answers nothing esx
+ * asked, but libcurl 7.88 takes such a connection as alive and would read those bytes as this
+ * request's answer (esx's own HTTP/1.1 drops the connection as soon as they come).  Over TLS
+ * too: the bytes cannot be told from other TLS records there, but a server sends its session
+ * tickets (TLS 1.3) before its first answer, which read them; a record that comes to an idle
+ * connection (an answer, a close_notify, a rare key update) costs at worst a new connection.
+ * libcurl gives no socket before the request is sent (CURLINFO_ACTIVESOCKET), so it is found
+ * by its ports. */
 static int reused_with_bytes_waiting(esx_request *req, int lport, int rport)
 {
     long made = 1;
-    if (strncmp(esx_request_node(req), "http://", 7) != 0 ||
-        curl_easy_getinfo(req->easy, CURLINFO_NUM_CONNECTS, &made) != CURLE_OK || made != 0)
+    if (curl_easy_getinfo(req->easy, CURLINFO_NUM_CONNECTS, &made) != CURLE_OK || made != 0)
         return 0;
     int fd = socket_on_ports(req->eng, lport, rport);
     struct pollfd p = {.fd = fd, .events = POLLIN};
