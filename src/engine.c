@@ -745,6 +745,10 @@ static void expire(esx_engine *e, int64_t now)
         }
         int timed_out = req->deadline > 0 && now >= req->deadline;
         int silent = silence_watched(e, req) && now - req->last_activity >= cfg->socket_timeout;
+        if (silent && req->easy) {
+            esx_eng_curl_heard(req, now); /* bytes libcurl holds back (part of a line) */
+            silent = now - req->last_activity >= cfg->socket_timeout;
+        }
         if (timed_out || silent) {
             *p = req->next;
             req->next = NULL;

@@ -5,6 +5,9 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +93,8 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
         return CURL_PREREQFUNC_ABORT;
     }
     req->curl_connecting = 0;
+    req->curl_lport = (unsigned short)conn_local_port;
+    req->curl_rport = (unsigned short)conn_primary_port;
     req->last_activity = esx_now_ms();
     return CURL_PREREQFUNC_OK;
 }
@@ -134,6 +139,26 @@ static int on_close_socket(void *ud, curl_socket_t fd)
 {
     esx_eng_sock_forget(ud, fd);
     return close(fd);
+}
+
+/* Bytes that reached the transfer's socket are activity even when libcurl holds them: it
+ * passes the headers on line by line, so a header line arriving byte by byte would look like
+ * silence.  The kernel knows when the connection last received data (TCP_INFO, in ms).
+ * libcurl 7.88 gives no socket during a transfer (CURLINFO_ACTIVESOCKET), so it is found by
+ * the ports on_prereq noted. */
+void esx_eng_curl_heard(esx_request *req, int64_t now)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (req->easy == NULL || req->curl_connecting || req->curl_lport == 0)
+        return;
+    int fd = socket_on_ports(req->eng, req->curl_lport, req->curl_rport);
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_last_data_recv) + sizeof ti.tcpi_last_data_recv)
+        return;
+    int64_t at = now - (int64_t)ti.tcpi_last_data_recv;
+    if (at > req->last_activity)
+        req->last_activity = at;
 }
 
 /* ---------------------------------------------------------------- transfers */
@@ -191,6 +216,7 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
     req->eng = e;
     req->local_errno = 0;
+    req->curl_lport = req->curl_rport = 0;
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, req);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, e);

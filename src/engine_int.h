@@ -197,6 +197,10 @@ int esx_eng_curl_start(esx_engine *e, esx_request *req, const esx_node *node, in
 /* A libcurl transfer ended (CURLMSG_DONE with rc): finishes req or schedules its retry. */
 void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64_t now);
 
+/* Moves req->last_activity forward to the last time its connection received bytes that
+ * libcurl has not passed on yet (part of a header line: libcurl gives whole lines only). */
+void esx_eng_curl_heard(esx_request *req, int64_t now);
+
 /* ---------------------------------------------------------------- engine_h1.c */
 
 /* Fills hn from a node URL; hn->fast stays 0 (use libcurl) when the URL does not suit. */

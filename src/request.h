@@ -47,6 +47,9 @@ struct esx_request {
     size_t body_len;
     size_t body_raw_len;        /* before compression */
     int body_gzip;
+    unsigned short curl_lport, curl_rport; /* engine-private (here: in the padding before
+                                            * headers): the libcurl attempt's connection's
+                                            * local and remote ports, 0 before it has one */
     struct curl_slist *headers; /* per-request headers, owned */
     int max_retries;            /* attempts after the first */
     int64_t timeout_ms;         /* whole call, retries included; 0 = none */
