@@ -883,11 +883,14 @@ static void *io_main(void *arg)
 
         /* the poll set beyond libcurl's sockets: waiter socket, waiters, h1 connections */
         int want = 1 + (e->nconns < 64 ? e->nconns : 64) + e->nh1;
+        int short_of_room = 0;
         if (want > e->cappfd) {
             struct curl_waitfd *v = realloc(e->pfd, (size_t)want * sizeof *v);
             if (v) {
                 e->pfd = v;
                 e->cappfd = want;
+            } else {
+                short_of_room = 1; /* (the next pass tries again) */
             }
         }
         struct curl_waitfd *extra = e->pfd;
@@ -903,6 +906,9 @@ static void *io_main(void *arg)
         }
         for (int i = 0; i < e->nconns && i < 64 && nextra < cap; i++)
             extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
+        /* a connection nobody polls would be blamed on its node: out of memory is esx's */
+        if (short_of_room && esx_eng_h1_fit(e, cap - nextra) > 0)
+            timeout = 0; /* freed slots go to waiting requests */
         esx_eng_h1_poll_set(e, extra, &nextra, cap);
         /* Asleep from here: a request queued after the check below sends a wakeup.  While the
          * thread works, submitters send none (one system call saved per request under load). */

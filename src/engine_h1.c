@@ -406,6 +406,39 @@ void esx_eng_h1_service(esx_engine *e, int64_t now)
     }
 }
 
+/* Makes the connections fit in room poll entries, when the poll set could not grow (out of
+ * memory): idle connections are closed first, then the attempts on the others end with
+ * "internal" -- a connection left out of the poll would sit until connect_timeout or
+ * socket_timeout, blamed on its node.  Returns how many it closed. */
+int esx_eng_h1_fit(esx_engine *e, unsigned int room)
+{
+    unsigned int need = 0;
+    int closed = 0;
+    for (int i = 0; i < e->nh1; i++)
+        need += e->h1c[i]->fd >= 0;
+    for (int pass = 0; pass < 2 && need > room; pass++) {
+        for (int i = e->nh1 - 1; i >= 0 && need > room; i--) {
+            if (i >= e->nh1)
+                continue;
+            esx_h1_conn *c = e->h1c[i];
+            if (c->fd < 0 || (pass == 0 && c->req))
+                continue;
+            need--;
+            closed++;
+            esx_request *req = c->req;
+            if (req == NULL) {
+                h1_remove(e, c);
+                continue;
+            }
+            esx_eng_list_remove(&e->active, req);
+            esx_eng_release_attempt(e, req); /* closes c */
+            esx_eng_finish(e, req, ESX_EINTERNAL, "out of memory polling the connection (%.180s)",
+                           esx_request_node(req));
+        }
+    }
+    return closed;
+}
+
 /* Adds the connections to the poll set (from index *n, at most cap entries). */
 void esx_eng_h1_poll_set(esx_engine *e, struct curl_waitfd *set, unsigned int *n,
                          unsigned int cap)

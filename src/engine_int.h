@@ -220,6 +220,10 @@ void esx_eng_h1_fail_detached(esx_engine *e, esx_h1_conn *c, const char *kind, i
  * h1_kick is set. */
 void esx_eng_h1_service(esx_engine *e, int64_t now);
 
+/* Closes idle connections, then ends the attempts on others with "internal", until the
+ * connections fit in room poll entries (the poll set could not grow).  Returns how many. */
+int esx_eng_h1_fit(esx_engine *e, unsigned int room);
+
 /* Adds the h1 connections to the poll set at set[*n], up to cap entries. */
 void esx_eng_h1_poll_set(esx_engine *e, struct curl_waitfd *set, unsigned int *n,
                          unsigned int cap);
