@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -109,6 +110,15 @@ int esx_h1_conn_recv(esx_h1_conn *c, char *buf, size_t cap, const char **why)
         if ((size_t)r < cap)
             return ESX_H1_MORE; /* the socket is drained for now */
     }
+}
+
+int esx_h1_conn_stale(const esx_h1_conn *c)
+{
+    char b;
+    ssize_t r;
+    while ((r = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT)) < 0 && errno == EINTR)
+        ;
+    return r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 void esx_h1_conn_close(esx_h1_conn *c)

@@ -57,6 +57,10 @@ int esx_h1_conn_send(esx_h1_conn *c);
  * parser callback stopped), or ESX_H1C_BROKEN (*why set; errno-based or an early close). */
 int esx_h1_conn_recv(esx_h1_conn *c, char *buf, size_t cap, const char **why);
 
+/* 1 when an idle connection is not fit to carry a request: its peer closed it or sent
+ * something (an answer nobody asked for), as far as the socket tells now (one recv). */
+int esx_h1_conn_stale(const esx_h1_conn *c);
+
 /* Closes the socket (if open) and frees the connection's buffers; c can be opened again. */
 void esx_h1_conn_close(esx_h1_conn *c);
 
