@@ -41,11 +41,14 @@ static int port_of(const struct sockaddr_storage *ss)
     return 0;
 }
 
-/* The engine's socket connected from local port lport to remote port rport, or -1.  Each
+/* The engine's sockets connected from local port lport to remote port rport: up to max of
+ * them in fds, and how many there are.  Usually one; but Linux gives one local port to
+ * connections to different addresses, so two nodes on one port can share a pair.  Each
  * entry's ports are looked up once (a socket not connected yet has none, and is looked at
  * again next time). */
-static int socket_on_ports(esx_engine *e, int lport, int rport)
+static int sockets_on_ports(esx_engine *e, int lport, int rport, int *fds, int max)
 {
+    int n = 0;
     for (int i = 0; i < e->nsockets; i++) {
         esx_sock *s = &e->sockets[i];
         if (s->lport == 0) {
@@ -57,10 +60,33 @@ static int socket_on_ports(esx_engine *e, int lport, int rport)
                 s->rport = port_of(&b);
             }
         }
-        if (s->lport != 0 && s->lport == lport && s->rport == rport)
-            return s->fd;
+        if (s->lport != 0 && s->lport == lport && s->rport == rport) {
+            if (n < max)
+                fds[n] = s->fd;
+            n++;
+        }
     }
-    return -1;
+    return n;
+}
+
+/* 1 when fd is connected from address local to address remote (as libcurl writes them). */
+static int socket_on_addresses(int fd, const char *local, const char *remote)
+{
+    struct sockaddr_storage a[2];
+    socklen_t len[2] = {sizeof a[0], sizeof a[1]};
+    if (getsockname(fd, (struct sockaddr *)&a[0], &len[0]) != 0 ||
+        getpeername(fd, (struct sockaddr *)&a[1], &len[1]) != 0)
+        return 0;
+    for (int k = 0; k < 2; k++) {
+        char text[INET6_ADDRSTRLEN];
+        const void *addr = a[k].ss_family == AF_INET
+                               ? (const void *)&((struct sockaddr_in *)&a[k])->sin_addr
+                               : (const void *)&((struct sockaddr_in6 *)&a[k])->sin6_addr;
+        if (inet_ntop(a[k].ss_family, addr, text, sizeof text) == NULL ||
+            strcmp(text, k == 0 ? local : remote) != 0)
+            return 0;
+    }
+    return 1;
 }
 
 /* 1 when libcurl reused an idle connection that has bytes waiting: whatever a server sent on
@@ -71,13 +97,22 @@ static int socket_on_ports(esx_engine *e, int lport, int rport)
  * tickets (TLS 1.3) before its first answer, which read them; a record that comes to an idle
  * connection (an answer, a close_notify, a rare key update) costs at worst a new connection.
  * libcurl gives no socket before the request is sent (CURLINFO_ACTIVESOCKET), so it is found
- * by its ports. */
-static int reused_with_bytes_waiting(esx_request *req, int lport, int rport)
+ * by its ports (and, when another socket has the same, its addresses). */
+static int reused_with_bytes_waiting(esx_request *req, const char *lip, int lport,
+                                     const char *rip, int rport)
 {
     long made = 1;
     if (curl_easy_getinfo(req->easy, CURLINFO_NUM_CONNECTS, &made) != CURLE_OK || made != 0)
         return 0;
-    int fd = socket_on_ports(req->eng, lport, rport);
+    int fds[8];
+    int n = sockets_on_ports(req->eng, lport, rport, fds, 8);
+    int fd = n > 0 ? fds[0] : -1;
+    for (int i = 0; n > 1 && i < n && i < 8; i++) {
+        if (socket_on_addresses(fds[i], lip, rip)) {
+            fd = fds[i];
+            break;
+        }
+    }
     struct pollfd p = {.fd = fd, .events = POLLIN};
     return fd >= 0 && poll(&p, 1, 0) > 0;
 }
@@ -87,8 +122,8 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
                      int conn_local_port)
 {
     esx_request *req = ud;
-    (void)conn_primary_ip, (void)conn_local_ip;
-    if (reused_with_bytes_waiting(req, conn_local_port, conn_primary_port)) {
+    if (reused_with_bytes_waiting(req, conn_local_ip, conn_local_port, conn_primary_ip,
+                                  conn_primary_port)) {
         req->curl_stale = 1; /* libcurl closes the connection; esx_eng_on_transfer_done restarts */
         return CURL_PREREQFUNC_ABORT;
     }
@@ -145,18 +180,27 @@ static int on_close_socket(void *ud, curl_socket_t fd)
  * passes the headers on line by line, so a header line arriving byte by byte would look like
  * silence.  The kernel knows when the connection last received data (TCP_INFO, in ms).
  * libcurl 7.88 gives no socket during a transfer (CURLINFO_ACTIVESOCKET), so it is found by
- * the ports on_prereq noted. */
+ * the ports on_prereq noted; when other sockets have the same (sockets_on_ports), the one
+ * that heard least recently speaks for them all: another connection's bytes never keep a
+ * silent transfer alive. */
 void esx_eng_curl_heard(esx_request *req, int64_t now)
 {
-    struct tcp_info ti;
-    socklen_t len = sizeof ti;
     if (req->easy == NULL || req->curl_connecting || req->curl_lport == 0)
         return;
-    int fd = socket_on_ports(req->eng, req->curl_lport, req->curl_rport);
-    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
-        len < offsetof(struct tcp_info, tcpi_last_data_recv) + sizeof ti.tcpi_last_data_recv)
+    int fds[8];
+    int n = sockets_on_ports(req->eng, req->curl_lport, req->curl_rport, fds, 8);
+    if (n < 1 || n > 8)
         return;
-    int64_t at = now - (int64_t)ti.tcpi_last_data_recv;
+    int64_t at = now;
+    for (int i = 0; i < n; i++) {
+        struct tcp_info ti;
+        socklen_t len = sizeof ti;
+        if (getsockopt(fds[i], IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+            len < offsetof(struct tcp_info, tcpi_last_data_recv) + sizeof ti.tcpi_last_data_recv)
+            return;
+        if (now - (int64_t)ti.tcpi_last_data_recv < at)
+            at = now - (int64_t)ti.tcpi_last_data_recv;
+    }
     if (at > req->last_activity)
         req->last_activity = at;
 }
