@@ -2125,6 +2125,31 @@ describe("pending:waiter_path", function()
     c:close()
   end)
 
+  it("hears a waiter at once while more than 64 others have not named their request yet", function()
+    -- only the first 64 connections without an id were polled: the rest were read when the
+    -- loop woke for something else, up to a second later on an idle client
+    local c = client()
+    local p = assert(c:send("GET", "/"))
+    assert.is_true(p:wait(5000))
+    local silent = {}
+    for i = 1, 70 do
+      silent[i] = assert(require("socket.unix")())
+      assert(silent[i]:connect(assert(p:waiter_path())))
+    end
+    local w = assert(require("socket.unix")())
+    assert(w:connect(assert(p:waiter_path())))
+    socket.sleep(0.2) -- all accepted, none has sent its id
+    local t0 = socket.gettime()
+    assert(w:send(p:id() .. "\n"))
+    w:settimeout(5)
+    assert.equal("1", w:receive(1)) -- done already: woken as soon as heard
+    local took = socket.gettime() - t0
+    assert.is_true(took < 0.25, ("woken after %.3f s"):format(took))
+    w:close()
+    for _, s in ipairs(silent) do s:close() end
+    c:close()
+  end)
+
   it("does not wake a waiter that registers before the I/O thread has taken its request in", function()
     -- esx.nginx.await registers right after c:send: often before the loop has taken the
     -- submission (about half the time here), which used to wake it at once as "unknown",

@@ -882,7 +882,7 @@ static void *io_main(void *arg)
             timeout = 0;
 
         /* the poll set beyond libcurl's sockets: waiter socket, waiters, h1 connections */
-        int want = 1 + (e->nconns < 64 ? e->nconns : 64) + e->nh1;
+        int want = 1 + e->nconns + e->nh1; /* nconns <= MAX_WAITER_CONNS */
         int short_of_room = 0;
         if (want > e->cappfd) {
             struct curl_waitfd *v = realloc(e->pfd, (size_t)want * sizeof *v);
@@ -904,7 +904,7 @@ static void *io_main(void *arg)
                    e->accept_paused_until - now < timeout) {
             timeout = e->accept_paused_until - now; /* accepting again then */
         }
-        for (int i = 0; i < e->nconns && i < 64 && nextra < cap; i++)
+        for (int i = 0; i < e->nconns && nextra < cap; i++)
             extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
         /* a connection nobody polls would be blamed on its node: out of memory is esx's */
         if (short_of_room && esx_eng_h1_fit(e, cap - nextra) > 0)
