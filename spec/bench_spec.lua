@@ -1,7 +1,7 @@
 -- spec/bench_spec.lua -- the benchmark harnesses count what they say they count (bench/).
 -- The benchmarks themselves are never run here (their figures depend on the machine); these
 -- specs run tiny pieces of the harnesses against stand-ins.
-local socket = require "socket"
+local closed_port = require("spec.support.net").closed_port
 local flavour = require("esx.core").flavour
 local lua = flavour == "luajit" and "luajit" or "lua5.4"
 
@@ -10,13 +10,6 @@ local function sh(cmd)
   local out = p:read("*a")
   p:close()
   return out
-end
-
-local function closed_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return port
 end
 
 -- a stand-in for the server process: burns CPU all the time, for at most `seconds`
@@ -40,7 +33,7 @@ describe("bench/client search peers", function()
   local function check(cmd)
     local pid = burner(10)
     local ok, out = pcall(sh, "BENCH_SERVER_PID=" .. pid .. " BENCH_SERVER_HZ=$(getconf CLK_TCK) " .. cmd
-                              .. " http://127.0.0.1:" .. closed_port() .. " 16 0.5 1 2>&1")
+                              .. " " .. closed_port() .. " 16 0.5 1 2>&1")
     os.execute("kill " .. pid .. " 2>/dev/null")
     assert(ok, out)
     local r = result_line(out)

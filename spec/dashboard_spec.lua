@@ -7,6 +7,7 @@
 -- never a reason to skip it.
 local ds = require "spec.support.devserver"
 local socket = require "socket"
+local free_port = require("spec.support.net").free_port
 local cjson = require "cjson"
 local esx = require "esx"
 local collector = require "esx.collector"
@@ -39,13 +40,6 @@ local function prerequisites()
     local ok, out = run("cd " .. TEST_DIR .. " && npm ci --no-audit --no-fund")
     assert(ok, "npm ci in " .. TEST_DIR .. " failed:\n" .. out)
   end
-end
-
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
 end
 
 describe("the rollups dashboard in headless Chromium #nginx", function()

@@ -3,6 +3,7 @@
 -- tested; the example nginx end to end and `examples/demo/run --no-wait` once (#nginx).
 local ds = require "spec.support.devserver"
 local socket = require "socket"
+local free_port = require("spec.support.net").free_port
 local cjson = require "cjson"
 
 local LUA = os.getenv("ESX_TEST_FLAVOUR") or "lua5.4"
@@ -14,13 +15,6 @@ local function run(cmd)
   p:close()
   local code = tonumber(out:match("exit=(%d+)\n?$"))
   return code == 0, (out:gsub("exit=%d+\n?$", ""))
-end
-
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
 end
 
 -- GET/POST on 127.0.0.1:port -> status, body

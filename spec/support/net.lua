@@ -1,6 +1,7 @@
 -- spec/support/net.lua -- loopback endpoints that fail in known ways, for client specs.
 --
 --   local net = require "spec.support.net"
+--   local port = net.free_port()               -- a loopback port free now (for a server)
 --   local url = net.closed_port()              -- connection refused
 --   local url, close = net.full_backlog()      -- connects time out (SYNs go unanswered)
 --   local l = net.listener()                   -- a server the spec answers by hand
@@ -8,12 +9,18 @@ local socket = require "socket"
 
 local _M = {}
 
---- A loopback URL nothing listens on.
-function _M.closed_port()
+--- A loopback port nothing listens on now (the kernel's pick), as a number: for a server a
+-- spec is about to start, or for a port that refuses connections.
+function _M.free_port()
   local s = assert(socket.bind("127.0.0.1", 0))
   local _, port = s:getsockname()
   s:close()
-  return "http://127.0.0.1:" .. port
+  return tonumber(port)
+end
+
+--- A loopback URL nothing listens on.
+function _M.closed_port()
+  return "http://127.0.0.1:" .. _M.free_port()
 end
 
 --- A loopback URL whose listener never accepts and whose accept queue is full, and the

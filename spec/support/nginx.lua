@@ -10,19 +10,13 @@
 --   srv:stop()
 
 local socket = require "socket"
+local free_port = require("spec.support.net").free_port
 
 local _M = {}
 local Server = {}
 Server.__index = Server
 
 local root = assert(io.popen("pwd")):read("*l")
-
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
 
 local function sh(cmd)
   local ok = os.execute(cmd)
