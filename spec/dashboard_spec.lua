@@ -8,6 +8,7 @@
 local ds = require "spec.support.devserver"
 local socket = require "socket"
 local free_port = require("spec.support.net").free_port
+local run = require("spec.support.shell").run
 local cjson = require "cjson"
 local esx = require "esx"
 local collector = require "esx.collector"
@@ -17,14 +18,6 @@ local traffic = require "traffic"
 
 local TEST_DIR = "examples/dashboard/test"
 local SHOT = "build/dashboard-screenshot.png"
-
-local function run(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("exit=(%d+)\n?$"))
-  return code == 0, (out:gsub("exit=%d+\n?$", ""))
-end
 
 local function have(cmd) return (run("command -v " .. cmd)) end
 

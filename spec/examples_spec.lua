@@ -4,18 +4,10 @@
 local ds = require "spec.support.devserver"
 local socket = require "socket"
 local free_port = require("spec.support.net").free_port
+local run = require("spec.support.shell").run
 local cjson = require "cjson"
 
 local LUA = os.getenv("ESX_TEST_FLAVOUR") or "lua5.4"
-
--- runs a shell command -> ok (exit status 0), output (stdout and stderr)
-local function run(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("exit=(%d+)\n?$"))
-  return code == 0, (out:gsub("exit=%d+\n?$", ""))
-end
 
 -- GET/POST on 127.0.0.1:port -> status, body
 local function http(port, method, path, body, headers)
