@@ -1,5 +1,6 @@
 -- esx inside nginx: the module loads in a content_by_lua_block under the lua module's LuaJIT.
 local nginx = require "spec.support.nginx"
+local fake = require "spec.support.ngx"
 
 describe("require 'esx' inside nginx #nginx", function()
   local srv
@@ -123,14 +124,9 @@ end)
 -- init_worker_by_lua but serves no request, and whose ngx.worker.id() is nil.
 describe("esx.nginx.share_metrics in the privileged agent", function()
   it("publishes nothing and raises nothing, neither at the call nor at each interval", function()
-    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
-    finally(function()
-      rawset(_G, "ngx", saved_ngx)
-      package.loaded["esx.nginx"] = saved_nginx
-    end)
     local ticks, stored, logged = {}, {}, {}
     local dict = { safe_set = function(_, k, v) stored[#stored + 1] = k return true end }
-    rawset(_G, "ngx", {
+    local nx = fake.load_nginx({
       ERR = 4,
       get_phase = function() return "init_worker" end,
       worker = { id = function() return nil end, count = function() return 2 end },
@@ -141,8 +137,7 @@ describe("esx.nginx.share_metrics in the privileged agent", function()
         at = function(_, fn) ticks[#ticks + 1] = fn return true end,
       },
     })
-    package.loaded["esx.nginx"] = nil
-    assert.is_true(require("esx.nginx").share_metrics("esx_metrics"))
+    assert.is_true(nx.share_metrics("esx_metrics"))
     -- before: every tick raised "attempt to concatenate a nil value" (one error.log line each
     -- interval, for the life of the agent)
     for _, tick in ipairs(ticks) do tick(false) end
@@ -155,39 +150,22 @@ end)
 -- wakes it before the request is done.
 describe("esx.nginx.await", function()
   it("pauses, growing, between early wake-ups rather than reconnecting in a busy loop", function()
-    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
-    finally(function()
-      rawset(_G, "ngx", saved_ngx)
-      package.loaded["esx.nginx"] = saved_nginx
-    end)
     local done, connects, naps, clock = false, 0, {}, 0
     -- an engine with no room for one more waiter: every connection is woken at once
-    local sock = {
+    local sock = fake.socket{
       connect = function()
         connects = connects + 1
         if connects > 1000 then error("busy loop: " .. connects .. " connections") end
         return true
       end,
-      send = function() return true end,
-      settimeout = function() end,
-      receive = function() return "1" end,
-      close = function() end,
     }
-    rawset(_G, "ngx", {
-      get_phase = function() return "content" end,
-      now = function() return clock end,
-      update_time = function() end,
-      socket = { tcp = function() return sock end },
-      sleep = function(s)
-        naps[#naps + 1] = s
-        clock = clock + s
-        done = #naps == 9 -- the request ends while the ninth pause runs
-      end,
-    })
-    package.loaded["esx.nginx"] = nil
-    local pending = { ready = function() return done end, id = function() return 7 end,
-                      waiter_path = function() return "/nonexistent" end }
-    assert.is_true(require("esx.nginx").await(pending))
+    local nx = fake.load_nginx(fake.content(function() return clock end, function(s)
+      naps[#naps + 1] = s
+      clock = clock + s
+      done = #naps == 9 -- the request ends while the ninth pause runs
+    end, sock))
+    local pending = fake.pending(function() return done end)
+    assert.is_true(nx.await(pending))
     assert.same({ 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.064, 0.064 }, naps)
     assert.equal(9, connects)
   end)
@@ -198,11 +176,8 @@ describe("esx.nginx.wait", function()
   -- started, as NTP or an operator may step it; the waiter socket sleeps for real for its
   -- timeout and wakes (the request done) after `answer_after` reads, or never.
   local function stepped_ngx(step, answer_after)
-    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
     local wall, reads, slept, timeout, done = 1.8e9, 0, 0, 0, false
-    local sock = {
-      connect = function() return true end,
-      send = function() return true end,
+    local sock = fake.socket{
       settimeout = function(_, ms) timeout = ms end,
       receive = function()
         reads = reads + 1
@@ -213,22 +188,9 @@ describe("esx.nginx.wait", function()
         slept = slept + timeout
         return nil, "timeout"
       end,
-      close = function() end,
     }
-    rawset(_G, "ngx", {
-      get_phase = function() return "content" end,
-      now = function() return wall end,
-      update_time = function() end,
-      socket = { tcp = function() return sock end },
-      sleep = function(s) require("socket").sleep(s) end,
-    })
-    package.loaded["esx.nginx"] = nil
-    local nx = require("esx.nginx")
-    rawset(_G, "ngx", saved_ngx)
-    package.loaded["esx.nginx"] = saved_nginx
-    local pending = { ready = function() return done end, id = function() return 7 end,
-                      waiter_path = function() return "/nonexistent" end,
-                      result = function() return { status = 200 } end }
+    local nx = fake.load_nginx(fake.content(function() return wall end, require("socket").sleep, sock))
+    local pending = fake.pending(function() return done end, function() return { status = 200 } end)
     return nx, pending
   end
 
@@ -305,7 +267,6 @@ describe("esx.nginx.collect", function()
     -- entries were stamped with ngx.now(), the wall clock: stepped back an hour, a slot that
     -- nginx abandoned stayed taken for an hour, and with max_concurrent = 1 every request
     -- got 503 meanwhile
-    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
     local wall, answers = 1.8e9, {}
     local stub = {
       OK = 0, WARN = 5, ERR = 4, status = 0, header = {},
@@ -318,21 +279,13 @@ describe("esx.nginx.collect", function()
       exit = function() end,
     }
     setmetatable(stub.header, { __newindex = function() end })
-    rawset(_G, "ngx", stub)
-    package.loaded["esx.nginx"] = nil
-    local ok, nx = pcall(require, "esx.nginx")
-    rawset(_G, "ngx", saved_ngx)
-    package.loaded["esx.nginx"] = saved_nginx
-    assert(ok, nx)
+    local nx = fake.load_nginx(stub)
     local esx = require("esx")
     local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
     local col = esx.collector{ sink = c, max_concurrent = 1, abandoned_after = 50, rollup = false }
     finally(function() col:close(0) c:close() end)
     local function collect()
-      rawset(_G, "ngx", stub)
-      local okc, err = pcall(nx.collect, col)
-      rawset(_G, "ngx", saved_ngx)
-      assert(okc, err)
+      fake.with(stub, nx.collect, col)
       answers[#answers + 1] = stub.status
     end
     -- a request that nginx ends without resuming its handler (the client aborted while its
@@ -343,9 +296,7 @@ describe("esx.nginx.collect", function()
       if abandon then abandon = false coroutine.yield() end
       return "site_id=s1&type=view"
     end })
-    rawset(_G, "ngx", stub)
-    coroutine.resume(coroutine.create(function() nx.collect(col) end))
-    rawset(_G, "ngx", saved_ngx)
+    fake.with(stub, coroutine.resume, coroutine.create(function() nx.collect(col) end))
     assert.equal(1, col:stats().in_progress)
     wall = wall - 3600 -- the wall clock steps back an hour
     require("socket").sleep(0.2) -- past abandoned_after
