@@ -17,17 +17,9 @@ package.cpath = here .. "/../build/" .. (jit and "luajit" or "lua5.4") .. "/?.so
 local esx = require "esx"
 local articles = require "articles"
 
-local opts = { es = "http://127.0.0.1:9200", articles = 60, users = 20000, ["max-readers"] = 4000, seed = 1 }
-local i = 1
-while arg[i] do
-  local name = arg[i]:match("^%-%-(.+)$")
-  if not name or opts[name] == nil or not arg[i + 1] then
-    io.stderr:write("usage: bulk_load.lua [--es URL] [--articles N] [--users N] [--max-readers N] [--seed N]\n")
-    os.exit(2)
-  end
-  opts[name] = name == "es" and arg[i + 1] or assert(tonumber(arg[i + 1]), name .. ": number expected")
-  i = i + 2
-end
+local opts = require("args").parse(arg,
+  { es = "http://127.0.0.1:9200", articles = 60, users = 20000, ["max-readers"] = 4000, seed = 1 },
+  "usage: bulk_load.lua [--es URL] [--articles N] [--users N] [--max-readers N] [--seed N]")
 local max_readers = math.min(opts["max-readers"], opts.users)
 
 local client = assert(esx.client{ hosts = { opts.es }, compression = true,

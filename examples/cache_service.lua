@@ -19,17 +19,8 @@ local cjson = require "cjson.safe"
 local esx = require "esx"
 local articles = require "articles"
 
-local o = { es = "http://127.0.0.1:9200", port = 8081, requests = 0 }
-local i = 1
-while arg[i] do
-  local name = arg[i]:match("^%-%-(.+)$")
-  if not name or o[name] == nil or not arg[i + 1] then
-    io.stderr:write("usage: cache_service.lua [--es URL] [--port P] [--requests N]\n")
-    os.exit(2)
-  end
-  o[name] = name == "es" and arg[i + 1] or assert(tonumber(arg[i + 1]), name .. ": number expected")
-  i = i + 2
-end
+local o = require("args").parse(arg, { es = "http://127.0.0.1:9200", port = 8081, requests = 0 },
+  "usage: cache_service.lua [--es URL] [--port P] [--requests N]")
 
 local client = assert(esx.client{ hosts = { o.es }, request_timeout = 10000 })
 local function call(method, path, body)

@@ -18,19 +18,9 @@ local cjson = require "cjson.safe"
 local traffic = require "traffic"
 local report = require "report"
 
-local o = { url = "http://127.0.0.1:8080", es = "http://127.0.0.1:9200", duration = 24, rate = 400,
-            concurrency = 32, users = 20000, articles = 60, site = "news" }
-local i = 1
-while arg[i] do
-  local name = arg[i]:match("^%-%-(.+)$")
-  if not name or o[name] == nil or not arg[i + 1] then
-    io.stderr:write("usage: demo.lua --url URL --es URL [--duration s] [--rate n] [--concurrency n] [--users n] [--articles n] [--site id]\n")
-    os.exit(2)
-  end
-  local v = arg[i + 1]
-  o[name] = type(o[name]) == "number" and assert(tonumber(v), name .. ": number expected") or v
-  i = i + 2
-end
+local o = require("args").parse(arg, { url = "http://127.0.0.1:8080", es = "http://127.0.0.1:9200",
+  duration = 24, rate = 400, concurrency = 32, users = 20000, articles = 60, site = "news" },
+  "usage: demo.lua --url URL --es URL [--duration s] [--rate n] [--concurrency n] [--users n] [--articles n] [--site id]")
 
 math.randomseed(os.time())
 local run = "r" .. os.time() .. math.random(1000, 9999) -- tags this run's events
