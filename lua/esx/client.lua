@@ -417,24 +417,36 @@ function Client:send(method, path, body, opts)
   return send(self, "send", method, path, body, opts)
 end
 
---- c:request(method, path, body?, opts?) -> res = {status, headers, body} | nil, err
-function Client:request(method, path, body, opts)
-  local p, err = send(self, "request", method, path, body, opts)
+-- Sends, then waits for the answer -> the pending request, done | nil, err (not sent, or the
+-- nginx waiter failed: then the request goes on).
+local function sent(self, fname, method, path, body, opts)
+  local p, err = send(self, fname, method, path, body, opts)
   if not p then return nil, err end
   local _, werr = await(p)
-  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
+  if not p:ready() then return nil, werr end
+  return p
+end
+
+--- c:request(method, path, body?, opts?) -> res = {status, headers, body} | nil, err
+function Client:request(method, path, body, opts)
+  local p, err = sent(self, "request", method, path, body, opts)
+  if not p then return nil, err end
   return p:result()
+end
+
+-- A response that is not what the call reads (not JSON, not an object, no count, ...): counted
+-- with the decode failures, and returned as nil, err of kind "decode" with the response's
+-- status, body and node.
+local function decode_failure(self, res, message)
+  self.http_failures.decode = self.http_failures.decode + 1
+  return nil, new_error("decode", message, { status = res.status, body = res.body, node = res.node })
 end
 
 local function decode(self, res, err)
   if not res then return nil, err end
   if res.body == "" then return {} end
   local doc, derr = json_decode(res.body)
-  if doc == nil then
-    self.http_failures.decode = self.http_failures.decode + 1
-    return nil, new_error("decode", "response is not valid JSON: " .. derr.message,
-      { status = res.status, body = res.body, node = res.node })
-  end
+  if doc == nil then return decode_failure(self, res, "response is not valid JSON: " .. derr.message) end
   return doc
 end
 
@@ -459,19 +471,14 @@ local function decoded_table(self, p)
   local doc, err = p:json()
   if doc == nil then return nil, err end
   if type(doc) ~= "table" then
-    local res = p:result()
-    self.http_failures.decode = self.http_failures.decode + 1
-    return nil, new_error("decode", "response is JSON but not an object or array",
-      { status = res.status, body = res.body, node = res.node })
+    return decode_failure(self, p:result(), "response is JSON but not an object or array")
   end
   return doc
 end
 
 local function call(self, fname, method, path, body, opts)
-  local p, err = send(self, fname, method, path, body, opts)
+  local p, err = sent(self, fname, method, path, body, opts)
   if not p then return nil, err end
-  local _, werr = await(p)
-  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
   return decoded_table(self, p)
 end
 
@@ -545,20 +552,16 @@ end
 
 --- c:count(index, query) -> count, decoded response | nil, err
 function Client:count(index, query, opts)
-  local p, err = send(self, "count", "POST", search_path(index, "_count", "count"), query or {}, opts)
+  local p, err = sent(self, "count", "POST", search_path(index, "_count", "count"), query or {}, opts)
   if not p then return nil, err end
-  local _, werr = await(p)
-  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
   local doc, derr = decoded_table(self, p)
   if not doc then return nil, derr end
   -- a 2xx without a count (an empty body, a proxy's own answer) must fail as a run-time
   -- failure does: nil and the response in err's place was an err without a kind
   local n = doc.count
   if type(n) ~= "number" or n < 0 or n ~= floor(n) then
-    local res = p:result()
-    self.http_failures.decode = self.http_failures.decode + 1
-    return nil, new_error("decode", "not a count response: no \"count\" that is a non-negative integer",
-      { status = res.status, body = res.body, node = res.node })
+    return decode_failure(self, p:result(),
+      "not a count response: no \"count\" that is a non-negative integer")
   end
   return n, doc
 end
@@ -699,10 +702,8 @@ function Client:bulk(ops, opts)
     path = path .. "?refresh=" .. r
     o.refresh = nil
   end
-  local p, err = send(self, "bulk", "POST", path, body, o)
+  local p, err = sent(self, "bulk", "POST", path, body, o)
   if not p then return nil, err end
-  local _, werr = await(p)
-  if not p:ready() then return nil, werr end -- the nginx waiter failed; the request goes on
   local doc, derr = decoded_table(self, p)
   if not doc then return nil, derr end
   -- A 2xx that is not a bulk response -- an empty body ({}), no "items", or (for a list) not one
@@ -712,10 +713,8 @@ function Client:bulk(ops, opts)
   if type(items) ~= "table" or n and #items ~= n then
     local res = p:result()
     if res and res.status >= 200 and res.status < 300 then
-      self.http_failures.decode = self.http_failures.decode + 1
-      return nil, new_error("decode", type(items) ~= "table" and "not a bulk response: no \"items\" list"
-        or format("bulk response lists %d results for %d operations", #items, n),
-        { status = res.status, body = res.body, node = res.node })
+      return decode_failure(self, res, type(items) ~= "table" and "not a bulk response: no \"items\" list"
+        or format("bulk response lists %d results for %d operations", #items, n))
     end
   end
   return doc
