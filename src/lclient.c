@@ -376,17 +376,23 @@ static int client_stats(lua_State *L)
     return 1;
 }
 
+/* Pushes the path of c's waiter socket -> 1, or nil, err -> 2. */
+static int push_waiter_path(lua_State *L, esx_client *c)
+{
+    char why[256], path[128];
+    if (esx_client_waiter_path(c, path, sizeof path, why) == NULL)
+        return esx_lerror_fail(L, c->closed ? ESX_ECLOSED : ESX_EINTERNAL, "%s", why);
+    lua_pushstring(L, path);
+    return 1;
+}
+
 /* client:waiter_path() -> path of the unix socket nginx waiters connect to | nil, err */
 static int client_waiter_path(lua_State *L)
 {
     lclient *u = check_client(L, 1);
     if (u->c == NULL)
         return esx_lerror_fail(L, ESX_ECLOSED, "the client is closed");
-    char why[256], path[128];
-    if (esx_client_waiter_path(u->c, path, sizeof path, why) == NULL)
-        return esx_lerror_fail(L, u->c->closed ? ESX_ECLOSED : ESX_EINTERNAL, "%s", why);
-    lua_pushstring(L, path);
-    return 1;
+    return push_waiter_path(L, u->c);
 }
 
 /* client:debug_kill_io_thread() -- test hook: the I/O thread exits as if it had crashed */
@@ -465,12 +471,7 @@ static int pending_id(lua_State *L)
 /* pending:waiter_path() -> the unix socket that pokes nginx waiters of this request */
 static int pending_waiter_path(lua_State *L)
 {
-    lpending *p = check_pending(L, 1);
-    char why[256], path[128];
-    if (esx_client_waiter_path(p->c, path, sizeof path, why) == NULL)
-        return esx_lerror_fail(L, p->c->closed ? ESX_ECLOSED : ESX_EINTERNAL, "%s", why);
-    lua_pushstring(L, path);
-    return 1;
+    return push_waiter_path(L, check_pending(L, 1)->c);
 }
 
 /* Joins the values of the repeated headers, which push_headers gathered in lists (the table
