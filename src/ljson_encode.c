@@ -35,15 +35,21 @@ static int fail(enc *e, const char *why)
     return -1;
 }
 
-/* Makes room for n more bytes (and the NUL esx_buf keeps after them). */
-static int grow(enc *e, size_t n)
+/* A write to e->out that returned rc: 0 when it went through, else the failure recorded (past
+ * MAX_TEXT: the value's; otherwise out of memory: esx's) and -1. */
+static int written(enc *e, int rc)
 {
-    int rc = esx_buf_reserve(&e->out, n);
     if (rc == ESX_BUF_OK)
         return 0;
     if (rc != ESX_BUF_TOOBIG && !e->err[0])
         e->nomem = 1;
     return fail(e, rc == ESX_BUF_TOOBIG ? "the JSON text would pass 1 GiB" : "out of memory");
+}
+
+/* Makes room for n more bytes (and the NUL esx_buf keeps after them). */
+static int grow(enc *e, size_t n)
+{
+    return written(e, esx_buf_reserve(&e->out, n));
 }
 
 static inline int room(enc *e, size_t n)
@@ -72,12 +78,7 @@ static inline int put1(enc *e, char c)
 /* Bytes are copied as they are (like cjson, UTF-8 is not checked: Elasticsearch does). */
 static int string(enc *e, const char *s, size_t n)
 {
-    int rc = esx_json_write_str(&e->out, s, n);
-    if (rc == ESX_BUF_OK)
-        return 0;
-    if (rc != ESX_BUF_TOOBIG && !e->err[0])
-        e->nomem = 1;
-    return fail(e, rc == ESX_BUF_TOOBIG ? "the JSON text would pass 1 GiB" : "out of memory");
+    return written(e, esx_json_write_str(&e->out, s, n));
 }
 
 size_t esx_json_number_text(double v, char *out)
