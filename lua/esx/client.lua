@@ -283,17 +283,9 @@ end
 Pending.id = function(self) return self.p:id() end
 Pending.waiter_path = function(self) return self.p:waiter_path() end
 
-local function describe_type(v)
-  if type(v) == "number" and v ~= floor(v) then return "non-integer number" end
-  return type(v)
-end
-
-local function integer_in(v, min, max)
-  if not options.is_integer(v) then return "integer expected, got " .. describe_type(v) end
-  if v < min then return "must be >= " .. min end
-  if v > max then return "must be <= " .. max end
-  return nil
-end
+local violation = options.violation
+local RETRIES = { type = "integer", min = 0, max = 100 }
+local TIMEOUT = { type = "integer", min = 0, max = MAX_SAFE }
 
 -- Per-call options, each with the reason a value is wrong (nil when it is right): a typo or a
 -- value out of range raises, as the constructor's options do, instead of being ignored.
@@ -309,9 +301,9 @@ local send_opts = {
   end,
   retries = function(v)
     if type(v) == "boolean" then return nil end
-    return integer_in(v, 0, 100)
+    return violation(RETRIES, v)
   end,
-  timeout = function(v) return integer_in(v, 0, MAX_SAFE) end,
+  timeout = function(v) return violation(TIMEOUT, v) end,
   headers = function(v)
     if type(v) ~= "table" then return "table expected" end
     local _, why = check_headers(v)

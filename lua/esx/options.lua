@@ -147,6 +147,9 @@ function _M.is_sequence(t)
 end
 
 _M.is_integer = is_integer
+-- violation(spec, v) -> nil, or why v does not satisfy spec (as check words it), for values
+-- checked outside an options table (the client's per-call options)
+_M.violation = violation
 _M.MAX_SAFE_INTEGER = MAX_SAFE
 _M.INFINITY = huge
 
