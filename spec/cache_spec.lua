@@ -966,6 +966,28 @@ describe("cache:transaction()", function()
     assert.has_error(function() tx2:invalidate_pages() end,
       "bad call to 'invalidate_pages' (the transaction is already rolled back)")
   end)
+
+  it("raises at the line of the call made after commit or rollback", function()
+    -- mark_read and the invalidations raised one level too high, at the line that called
+    -- the function that made the call (commit and rollback were right)
+    local c = new_cache(sample_db())
+    local tx = c:transaction()
+    tx:commit()
+    local calls = {
+      function() tx:mark_read(1, 1) end,
+      function() tx:invalidate_article(1) end,
+      function() tx:invalidate_pages() end,
+      function() tx:commit() end,
+      function() tx:rollback() end,
+    }
+    for _, call in ipairs(calls) do
+      local line = debug.getinfo(call, "S").linedefined
+      local ok, err = pcall(function() call() end)
+      assert.is_false(ok)
+      assert.matches("cache_spec%.lua:" .. line .. ": bad call to '[%w_]+' %(the transaction is already committed%)$",
+        err)
+    end
+  end)
 end)
 
 describe("cache:stats()", function()

@@ -557,10 +557,16 @@ end
 
 -- ---- transactions -------------------------------------------------------------------------
 
-local function tx_add(tx, fname, op, a, b)
+-- Raises when tx was committed or rolled back, at the line that called the method: called by
+-- the method itself, or by tx_add, which the methods tail-call (their frame is tx_add's).
+local function check_live(tx, fname)
   if tx._done then
     error("bad call to '" .. fname .. "' (the transaction is already " .. tx._done .. ")", 3)
   end
+end
+
+local function tx_add(tx, fname, op, a, b)
+  check_live(tx, fname)
   local ops = tx._ops
   local n = #ops
   ops[n + 1], ops[n + 2], ops[n + 3] = op, a, b
@@ -595,9 +601,7 @@ end
 -- last), and adding the mark to a set loaded since would put back a read the database no
 -- longer holds.  Dropping the set is right either way: the next read loads it.
 function Tx:commit()
-  if self._done then
-    error("bad call to 'commit' (the transaction is already " .. self._done .. ")", 2)
-  end
+  check_live(self, "commit")
   self._done = "committed"
   local cc = self._cache._cc
   if not cc then return closed_error() end
@@ -612,9 +616,7 @@ end
 
 --- tx:rollback() -> true: drops the collected changes.
 function Tx:rollback()
-  if self._done then
-    error("bad call to 'rollback' (the transaction is already " .. self._done .. ")", 2)
-  end
+  check_live(self, "rollback")
   self._done = "rolled back"
   self._ops, self._since = nil, nil
   return true
