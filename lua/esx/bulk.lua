@@ -200,6 +200,15 @@ local function batch_failed(self, items, err)
   end
 end
 
+-- A 2xx whose results cannot be read item by item: what became of each item is unknown, so
+-- each is marked (a 409 for the retry may be this attempt's own write) and retried.
+local function outcome_unknown(self, items, reason)
+  for _, it in ipairs(items) do
+    it.maybe_applied = true
+    retry_later(self, it, reason)
+  end
+end
+
 -- Reads a finished batch's outcome: per-item results, or a whole-request failure.
 local function settle(self, entry)
   local items = entry.items
@@ -235,11 +244,7 @@ local function settle(self, entry)
   end
   local doc = core.json_decode(res.body)
   if type(doc) ~= "table" or type(doc.items) ~= "table" or #doc.items ~= #items then
-    for _, it in ipairs(items) do
-      it.maybe_applied = true
-      retry_later(self, it, "bulk response does not list one result per item")
-    end
-    return
+    return outcome_unknown(self, items, "bulk response does not list one result per item")
   end
   -- Results come in request order, each under its operation's action and with its _id: one
   -- that is not (a proxy or a broken server that reordered or mixed them) would credit an
@@ -252,12 +257,8 @@ local function settle(self, entry)
     local id = it.meta._id
     if type(action) == "string" and (action ~= it.action or type(id) == "string" and
         type(r) == "table" and type(r._id) == "string" and r._id ~= id) then
-      for _, each in ipairs(items) do
-        each.maybe_applied = true
-        retry_later(self, each, "bulk response results are not in request order (item " .. i ..
-          " is the result of another operation)")
-      end
-      return
+      return outcome_unknown(self, items, "bulk response results are not in request order (item " ..
+        i .. " is the result of another operation)")
     end
   end
   for i, it in ipairs(items) do
