@@ -420,13 +420,17 @@ local function one_coding(v)
   return first(v)
 end
 
-local function handle(self, req)
-  local h = req.headers or {}
-  local status, list, body = self:_answer(req.method, req.query, req.body, first(h["content-type"]),
-                                          one_coding(h["content-encoding"]), first(h.origin))
+-- An answer as handle gives it: the headers' name, value list made a table.
+local function with_header_table(status, list, body)
   local headers = {}
   for i = 1, #list, 2 do headers[list[i]] = list[i + 1] end
   return status, headers, body
+end
+
+local function handle(self, req)
+  local h = req.headers or {}
+  return with_header_table(self:_answer(req.method, req.query, req.body, first(h["content-type"]),
+                                        one_coding(h["content-encoding"]), first(h.origin)))
 end
 
 -- The headers handle reads, and whether a value is one it can read: absent, a string, or a
@@ -468,11 +472,7 @@ function Collector:handle(req, entered)
   if not entered then
     if not self.c:enter(self.o.max_concurrent) then
       count(self, "concurrency")
-      local h = req.headers or {}
-      local status, list, body = busy_answer(self, first(h.origin))
-      local headers = {}
-      for i = 1, #list, 2 do headers[list[i]] = list[i + 1] end
-      return status, headers, body
+      return with_header_table(busy_answer(self, first((req.headers or {}).origin)))
     end
   end
   local ok, status, headers, body = pcall(handle, self, req)
