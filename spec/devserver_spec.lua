@@ -148,6 +148,39 @@ describe("esxd", function()
         caused_by = { type = "mapper_parsing_exception", reason = msg } }, status = 400 }, b)
       assert.equal(404, (req("HEAD", "/idxm")))
     end)
+    it("refuses mapping parameters ES does not know, as ES's mapper_parsing_exception", function()
+      local function refused(mappings, msg)
+        local st, b = jreq("PUT", "/idxp", { mappings = mappings })
+        assert.equal(400, st, msg)
+        assert.same({ error = { root_cause = { { type = "mapper_parsing_exception", reason = msg } },
+          type = "mapper_parsing_exception", reason = "Failed to parse mapping: " .. msg,
+          caused_by = { type = "mapper_parsing_exception", reason = msg } }, status = 400 }, b)
+        assert.equal(404, (req("HEAD", "/idxp")))
+      end
+      -- FieldMapper.Builder.parse
+      refused({ properties = { a = { type = "keyword", bogus = 1 } } },
+        "unknown parameter [bogus] on mapper [a] of type [keyword]")
+      refused({ properties = { o = { properties = { n = { type = "long", format = "x" } } } } },
+        "unknown parameter [format] on mapper [n] of type [long]")
+      refused({ properties = { t = { type = "text", fields = { raw = { type = "keyword", analyzer = "standard" } } } } },
+        "unknown parameter [analyzer] on mapper [raw] of type [keyword]")
+      refused({ properties = { k = { type = "keyword", boost = 2 } } }, "Unknown parameter [boost] on mapper [k]")
+      -- MappingParser.checkNoRemainingFields (objects and the root)
+      refused({ properties = { o = { type = "object", bogus = "x", properties = {} } } },
+        "Mapping definition for [o] has unsupported parameters:  [bogus : x]")
+      refused({ properties = { a = { type = "keyword" } }, bogus = { x = 1 } },
+        "Root mapping definition has unsupported parameters:  [bogus : {x=1}]")
+      -- what ES takes
+      local st = jreq("PUT", "/idxok", { mappings = { dynamic = "strict", date_detection = false, _source = { enabled = true },
+        properties = { k = { type = "keyword", ignore_above = 10, doc_values = true, fields = { t = { type = "text" } } },
+          t = { type = "text", analyzer = "standard", copy_to = "all" }, all = { type = "text" },
+          d = { type = "date", format = "epoch_millis", ignore_malformed = true }, n = { type = "long", coerce = false },
+          b = { type = "boolean", null_value = false }, ip = { type = "ip" }, bin = { type = "binary" },
+          nested = { type = "nested", include_in_parent = true, properties = { x = { type = "integer", index = false } } },
+          o = { dynamic = false, enabled = true, properties = { y = { type = "scaled_float", scaling_factor = 100 } } },
+          g = { type = "geo_point", ignore_z_value = true } } } })
+      assert.equal(200, st)
+    end)
     it("number_of_shards / number_of_replicas shape the _shards numbers as in a one-node ES", function()
       assert.equal(200, (jreq("PUT", "/sh1", { settings = { number_of_shards = 2, number_of_replicas = 0 } })))
       assert.equal(200, (jreq("PUT", "/sh2", { settings = { index = { number_of_replicas = "2" } } })))

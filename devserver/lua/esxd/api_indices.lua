@@ -29,9 +29,8 @@ function _M.create(ctx)
     end
   end
   if body ~= nil and type(body.mappings) == "table" then
-    local field, ty = mapping.unknown_type(body.mappings.properties)
-    if field then
-      local msg = "No handler for type [" .. ty .. "] declared on field [" .. field .. "]"
+    local msg = mapping.mapping_error(body.mappings)
+    if msg then
       error(errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
         { caused_by = { type = "mapper_parsing_exception", reason = msg },
           root_cause = { { type = "mapper_parsing_exception", reason = msg } } }), 0)

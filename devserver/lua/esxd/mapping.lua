@@ -30,21 +30,134 @@ local function each_field(def, fn)
   end
 end
 
--- Returns nil, or the field path and type name of the first mapping whose type ES does not know.
-function _M.unknown_type(props, prefix)
+-- The parameters each field type's mapper takes (ES 8's FieldMapper.Builder getParameters(),
+-- plus "type", "fields" and "copy_to", which every field mapper parses). Types not listed
+-- here are not checked.
+local function set_of(s)
+  local t = { type = true, fields = true, copy_to = true, synthetic_source_keep = true }
+  for w in s:gmatch("%S+") do t[w] = true end
+  return t
+end
+local NUMBER_PARAMS = set_of([[index doc_values store ignore_malformed coerce null_value script
+  on_script_error meta time_series_dimension time_series_metric]])
+local DATE_PARAMS = set_of([[index doc_values store format locale null_value ignore_malformed script
+  on_script_error meta]])
+local PARAMS = {
+  keyword = set_of([[index doc_values store null_value eager_global_ordinals ignore_above index_options
+    norms similarity normalizer split_queries_on_whitespace script on_script_error meta
+    time_series_dimension]]),
+  text = set_of([[analyzer search_analyzer search_quote_analyzer index store index_options index_phrases
+    index_prefixes norms term_vector position_increment_gap similarity eager_global_ordinals fielddata
+    fielddata_frequency_filter meta]]),
+  long = NUMBER_PARAMS, integer = NUMBER_PARAMS, short = NUMBER_PARAMS, byte = NUMBER_PARAMS,
+  double = NUMBER_PARAMS, float = NUMBER_PARAMS, half_float = NUMBER_PARAMS,
+  scaled_float = set_of([[index doc_values store ignore_malformed coerce null_value meta scaling_factor
+    time_series_dimension time_series_metric]]),
+  unsigned_long = set_of([[index doc_values store ignore_malformed null_value meta time_series_dimension
+    time_series_metric]]),
+  date = DATE_PARAMS, date_nanos = DATE_PARAMS,
+  boolean = set_of([[index doc_values store null_value script on_script_error meta ignore_malformed
+    time_series_dimension]]),
+  ip = set_of([[index doc_values store ignore_malformed null_value script on_script_error meta
+    time_series_dimension]]),
+  binary = set_of("doc_values store meta"),
+}
+-- ObjectMapper / NestedObjectMapper / RootObjectMapper: what they consume; anything left is
+-- MappingParser.checkNoRemainingFields's error.
+local OBJECT_PARAMS = { type = true, properties = true, dynamic = true, enabled = true, subobjects = true,
+  store_array_source = true, synthetic_source_keep = true }
+local NESTED_PARAMS = { include_in_parent = true, include_in_root = true }
+for k in pairs(OBJECT_PARAMS) do NESTED_PARAMS[k] = true end
+local ROOT_PARAMS = { date_detection = true, numeric_detection = true, dynamic_date_formats = true,
+  dynamic_templates = true, runtime = true }
+for k in pairs(OBJECT_PARAMS) do if k ~= "type" then ROOT_PARAMS[k] = true end end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do if type(k) == "string" then keys[#keys + 1] = k end end
+  table.sort(keys)
+  return keys
+end
+
+-- A decoded JSON value as Java's toString prints the parsed map (Map {k=v, ...}, List [a, b]).
+local function java_string(v)
+  if v == null then return "null" end
+  if type(v) == "number" and math.floor(v) == v and math.abs(v) < 2 ^ 53 then
+    return string.format("%d", v)
+  end
+  if type(v) ~= "table" then return tostring(v) end
+  local parts = {}
+  if #v > 0 then
+    for _, e in ipairs(v) do parts[#parts + 1] = java_string(e) end
+    return "[" .. table.concat(parts, ", ") .. "]"
+  end
+  for _, k in ipairs(sorted_keys(v)) do parts[#parts + 1] = k .. "=" .. java_string(v[k]) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+-- "Mapping definition for [x] has unsupported parameters:  [k : v]" (two spaces, as ES). At
+-- the root, "_" keys are metadata fields (_source, _routing, _meta, ...), not checked here.
+local function remaining(prefix, def, allowed)
+  local out = {}
+  for _, k in ipairs(sorted_keys(def)) do
+    if not allowed[k] and not (allowed == ROOT_PARAMS and k:sub(1, 1) == "_") then
+      out[#out + 1] = " [" .. k .. " : " .. java_string(def[k]) .. "]"
+    end
+  end
+  if #out > 0 then return prefix .. " has unsupported parameters: " .. table.concat(out) end
+end
+
+-- The field mapper's parameter check (FieldMapper.Builder.parse): nil, or ES's message.
+local function field_params(name, def, ty)
+  local allowed = PARAMS[ty]
+  if not allowed then return nil end
+  for _, k in ipairs(sorted_keys(def)) do
+    if k == "boost" then return "Unknown parameter [boost] on mapper [" .. name .. "]" end
+    if not allowed[k] then
+      return "unknown parameter [" .. k .. "] on mapper [" .. name .. "] of type [" .. ty .. "]"
+    end
+  end
+  if type(def.fields) == "table" then
+    for _, sub in ipairs(sorted_keys(def.fields)) do
+      local sdef = def.fields[sub]
+      if type(sdef) == "table" and type(sdef.type) == "string" then
+        local msg = field_params(sub, sdef, sdef.type)
+        if msg then return msg end
+      end
+    end
+  end
+end
+
+local properties_error
+-- Returns nil, or the reason of ES's mapper_parsing_exception for mappings ES refuses (the
+-- part after "Failed to parse mapping: "): a field type ES does not know, a parameter the
+-- field's mapper does not take, an object or root mapping key ES does not know.
+function _M.mapping_error(mappings)
+  if type(mappings) ~= "table" then return nil end
+  local msg = properties_error(mappings.properties)
+  if msg then return msg end
+  return remaining("Root mapping definition", mappings, ROOT_PARAMS)
+end
+
+properties_error = function(props)
   if type(props) ~= "table" then return nil end
-  local names = {}
-  for name in pairs(props) do names[#names + 1] = name end
-  table.sort(names)
-  for _, name in ipairs(names) do
+  for _, name in ipairs(sorted_keys(props)) do
     local def = props[name]
-    local path = prefix and (prefix .. "." .. name) or name
     if type(def) == "table" then
-      if type(def.type) == "string" and not ES_TYPES[def.type] then return name, def.type end
-      local p, t = _M.unknown_type(def.properties, path)
-      if p then return p, t end
-      p, t = each_field(def, function(sub, ty) if not ES_TYPES[ty] then return sub, ty end end)
-      if p then return p, t end
+      local ty = def.type
+      if type(ty) == "string" and not ES_TYPES[ty] then
+        return "No handler for type [" .. ty .. "] declared on field [" .. name .. "]"
+      end
+      if ty == nil or ty == "object" or ty == "nested" then
+        local msg = properties_error(def.properties)
+          or remaining("Mapping definition for [" .. name .. "]", def, ty == "nested" and NESTED_PARAMS or OBJECT_PARAMS)
+        if msg then return msg end
+      else
+        local sub, sty = each_field(def, function(s, t) if not ES_TYPES[t] then return s, t end end)
+        if sub then return "No handler for type [" .. sty .. "] declared on field [" .. sub .. "]" end
+        local msg = field_params(name, def, ty)
+        if msg then return msg end
+      end
     end
   end
 end
