@@ -6,6 +6,7 @@ local search = require "esxd.search"
 local dates = require "esxd.dates"
 local mapping = require "esxd.mapping"
 local active_shards = require "esxd.active_shards"
+local names = require "esxd.names"
 
 local _M = {}
 
@@ -163,6 +164,65 @@ function _M.get(ctx)
         creation_date_string = human and dates.format(idx.created) or nil } }))
   end
   return 200, out
+end
+
+-- GET /_mapping, GET /{index}/_mapping (indices.get_mapping): {"<index>":{"mappings":{...}}}
+-- for each resolved index, the mappings as GET /{index} shows them.
+function _M.get_mapping(ctx)
+  local list = resolve_strict(ctx.vars.index or "_all", ctx)
+  local out = json.obj()
+  for _, idx in ipairs(list) do json.set(out, idx.name, json.obj("mappings", mappings_of(idx))) end
+  return 200, out
+end
+
+-- The field mappers of a mappings tree: full path -> {leaf = name, def = node}; objects are
+-- not field mappers, a field's multi-fields ("fields") are.
+local function field_mappers(props, prefix, out)
+  if type(props) ~= "table" then return out end
+  for name, def in pairs(props) do
+    if type(def) == "table" then
+      local path = prefix and (prefix .. "." .. name) or name
+      if def.properties ~= nil or def.type == nil or def.type == "object" or def.type == "nested" then
+        field_mappers(def.properties, path, out)
+      else
+        out[path] = { leaf = name, def = def }
+        if type(def.fields) == "table" then
+          for sub, sdef in pairs(def.fields) do
+            if type(sdef) == "table" then out[path .. "." .. sub] = { leaf = sub, def = sdef } end
+          end
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- GET [/{index}]/_mapping/field/{fields} (indices.get_field_mapping): for each resolved index,
+-- {"mappings":{"<full name>":{"full_name":..,"mapping":{"<leaf name>":{...}}}}} for the
+-- fields named or matched by a wildcard (unknown names are left out); 404 when no index matched.
+function _M.get_field_mapping(ctx)
+  local list = resolve_strict(ctx.vars.index or "_all", ctx)
+  local wanted = {}
+  for f in ctx.vars.fields:gmatch("[^,]+") do wanted[#wanted + 1] = f end
+  local out = json.obj()
+  for _, idx in ipairs(list) do
+    local fields = field_mappers(mappings_of(idx).properties, nil, {})
+    local paths = {}
+    for path in pairs(fields) do paths[#paths + 1] = path end
+    table.sort(paths)
+    local picked, m = {}, json.obj()
+    for _, f in ipairs(wanted) do
+      local pat = f:find("*", 1, true) and names.glob_to_pattern(f)
+      for _, path in ipairs(paths) do
+        if not picked[path] and (path == f or (pat and path:match(pat))) then
+          picked[path] = true
+          json.set(m, path, json.obj("full_name", path, "mapping", json.obj(fields[path].leaf, fields[path].def)))
+        end
+      end
+    end
+    json.set(out, idx.name, json.obj("mappings", m))
+  end
+  return #list == 0 and #wanted > 0 and 404 or 200, out
 end
 
 function _M.refresh(ctx)

@@ -67,6 +67,10 @@ _M.APIS = {
   ["indices.get"] = { index = "path", ["local"] = "bool", ignore_unavailable = "bool", allow_no_indices = "bool",
     expand_wildcards = "ok", flat_settings = "no", include_defaults = "no", master_timeout = "time",
     features = "no" },
+  ["indices.get_mapping"] = { index = "path", ["local"] = "bool", ignore_unavailable = "bool",
+    allow_no_indices = "bool", expand_wildcards = "ok", master_timeout = "time" },
+  ["indices.get_field_mapping"] = { index = "path", fields = "path", ["local"] = "bool",
+    ignore_unavailable = "bool", allow_no_indices = "bool", expand_wildcards = "ok", include_defaults = "no" },
   ["indices.refresh"] = { index = "path", ignore_unavailable = "bool", allow_no_indices = "bool",
     expand_wildcards = "ok" },
   msearch = api(SEARCH_COMMON, { index = "path", search_type = "search_type", max_concurrent_searches = "int",
@@ -89,7 +93,7 @@ _M.APIS = {
 -- APIs whose handler never reads a body: ES answers a body with 400 (BaseRestHandler).
 _M.BODYLESS = { info = true, ping = true, ["cluster.health"] = true, delete = true, get = true, exists = true,
   get_source = true, ["indices.delete"] = true, ["indices.exists"] = true, ["indices.get"] = true,
-  ["indices.refresh"] = true }
+  ["indices.refresh"] = true, ["indices.get_mapping"] = true, ["indices.get_field_mapping"] = true }
 
 -- ES's Booleans.parseBoolean as used by RestRequest.paramAsBoolean ("" means true).
 function _M.bool(v, name)

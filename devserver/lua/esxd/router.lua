@@ -16,6 +16,7 @@ local API = {
   [api_docs.create] = "create", [api_docs.update] = "update", [api_docs.source] = "get_source",
   [api_indices.create] = "indices.create", [api_indices.delete] = "indices.delete",
   [api_indices.exists] = "indices.exists", [api_indices.get] = "indices.get",
+  [api_indices.get_mapping] = "indices.get_mapping", [api_indices.get_field_mapping] = "indices.get_field_mapping",
 }
 _M.API = API
 
@@ -28,11 +29,15 @@ local routes = {
   { { "_count" }, { GET = api_search.count, POST = api_search.count } },
   { { "_msearch" }, { GET = api_search.msearch, POST = api_search.msearch } },
   { { "_refresh" }, { GET = api_indices.refresh, POST = api_indices.refresh } },
+  { { "_mapping" }, { GET = api_indices.get_mapping } },
+  { { "_mapping", "field", ":fields" }, { GET = api_indices.get_field_mapping } },
   { { ":index", "_bulk" }, { POST = api_search.bulk, PUT = api_search.bulk } },
   { { ":index", "_search" }, { GET = api_search.search, POST = api_search.search } },
   { { ":index", "_count" }, { GET = api_search.count, POST = api_search.count } },
   { { ":index", "_msearch" }, { GET = api_search.msearch, POST = api_search.msearch } },
   { { ":index", "_refresh" }, { GET = api_indices.refresh, POST = api_indices.refresh } },
+  { { ":index", "_mapping" }, { GET = api_indices.get_mapping } },
+  { { ":index", "_mapping", "field", ":fields" }, { GET = api_indices.get_field_mapping } },
   { { ":index", "_doc" }, { POST = api_docs.index } },
   { { ":index", "_doc", ":id" }, { PUT = api_docs.index, POST = api_docs.index, GET = api_docs.get,
     HEAD = api_docs.exists, DELETE = api_docs.delete } },
