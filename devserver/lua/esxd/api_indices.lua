@@ -30,6 +30,12 @@ function _M.create(ctx)
     end
   end
   if body ~= nil and type(body.mappings) == "table" then
+    -- CreateIndexRequest.mapping / MappingParser: {"_doc": {...}} (the one type name ES 8
+    -- still takes) is the same mapping as {...}
+    local first = next(body.mappings)
+    if first == "_doc" and next(body.mappings, first) == nil and type(body.mappings._doc) == "table" then
+      body.mappings = body.mappings._doc
+    end
     local msg = mapping.mapping_error(body.mappings)
     if msg then
       error(errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
