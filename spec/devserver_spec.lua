@@ -711,6 +711,37 @@ describe("esxd", function()
       assert.equal(400, b.items[1].index.status)
       assert.equal("document_parsing_exception", b.items[1].index.error.type)
     end)
+    it("\"ignore_malformed\" keeps a malformed value in _source only, as ES does", function()
+      assert.equal(200, (jreq("PUT", "/imal", { mappings = { properties = {
+        n = { type = "long", ignore_malformed = true }, d = { type = "date", ignore_malformed = true },
+        strict_n = { type = "long" } } } })))
+      local st, b = jreq("PUT", "/imal/_doc/1?refresh=true", { n = "abc", d = "not a date", t = "x" })
+      assert.equal(201, st, cjson.encode(b))
+      put_doc("imal", "2", { n = 5, d = "2024-01-01" })
+      _, b = jreq("GET", "/imal/_doc/1")
+      assert.same({ n = "abc", d = "not a date", t = "x" }, b._source)
+      -- the malformed values are not indexed: no query or aggregation sees them
+      _, b = jreq("POST", "/imal/_search", { query = { exists = { field = "n" } } })
+      assert.same({ "2" }, ids(b))
+      _, b = jreq("POST", "/imal/_search", { query = { exists = { field = "d" } } })
+      assert.same({ "2" }, ids(b))
+      _, b = jreq("POST", "/imal/_search", { query = { term = { t = "x" } } })
+      assert.same({ "1" }, ids(b))
+      _, b = jreq("POST", "/imal/_search", { size = 0, aggs = { s = { sum = { field = "n" } } } })
+      assert.equal(5, b.aggregations.s.value)
+      -- a field without it still refuses the document
+      st, b = jreq("PUT", "/imal/_doc/3", { strict_n = "abc" })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
+      -- index.mapping.ignore_malformed: every field that takes it, dynamic ones included
+      assert.equal(200, (jreq("PUT", "/imal2", { settings = { index = { mapping = { ignore_malformed = true } } },
+        mappings = { properties = { n = { type = "integer" }, off = { type = "long", ignore_malformed = false } } } })))
+      put_doc("imal2", "1", { c = 1 })
+      st = jreq("PUT", "/imal2/_doc/2", { n = "x", c = "y" })
+      assert.equal(201, st)
+      st = jreq("PUT", "/imal2/_doc/3", { off = "x" })
+      assert.equal(400, st)
+    end)
     it("\"dynamic\": \"strict\" refuses unmapped fields with ES's strict_dynamic_mapping_exception", function()
       -- ES: StrictDynamicMappingException "mapping set to strict, dynamic introduction of [f]
       -- within [path] is not allowed" (400), for index, _update and _bulk items alike; an

@@ -163,9 +163,9 @@ properties_error = function(props)
 end
 
 -- Load explicit "properties" into the flat types table (and, when formats is given, the
--- date fields' "format" strings into formats, and the objects' "dynamic" settings into
--- dynamic).
-function _M.load(types, props, prefix, formats, dynamic)
+-- date fields' "format" strings into formats, the objects' "dynamic" settings into
+-- dynamic, and the fields' "ignore_malformed" into malformed).
+function _M.load(types, props, prefix, formats, dynamic, malformed)
   if type(props) ~= "table" then return end
   for name, def in pairs(props) do
     if type(def) == "table" then
@@ -174,10 +174,11 @@ function _M.load(types, props, prefix, formats, dynamic)
       if dynamic and def.enabled == false then dynamic[path] = false end -- not parsed at all
       if def.properties then
         types[path] = def.type or "object"
-        _M.load(types, def.properties, path, formats, dynamic)
+        _M.load(types, def.properties, path, formats, dynamic, malformed)
       elseif type(def.type) == "string" then
         types[path] = def.type
         if formats and type(def.format) == "string" then formats[path] = def.format end
+        if malformed and def.ignore_malformed ~= nil then malformed[path] = def.ignore_malformed end
         each_field(def, function(sub, ty) types[path .. "." .. sub] = ty end)
       end
     end
@@ -315,7 +316,29 @@ end
 -- Validate a document against explicit/learned numeric, date and boolean types (formats:
 -- the date fields' mapping formats, or nil).
 -- Returns nil or an error description {field=, type=, value=}.
-local function check(types, obj, prefix, formats)
+-- Does a scalar value fit a field of type ty (format: a date field's mapping format)?
+local function fits(ty, e, format)
+  if NUMERIC[ty] then return type(e) == "number" or (type(e) == "string" and tonumber(e) ~= nil) end
+  if ty == "date" then return date_fits(e, format) end
+  if ty == "boolean" then return type(e) == "boolean" or e == "true" or e == "false" or e == "" end
+  return true
+end
+
+-- "ignore_malformed": the field types whose mappers take it, and the index's settings by
+-- path ("" holds the index.mapping.ignore_malformed default), registered by types table
+-- like the date formats. A malformed value of such a field is kept in _source only.
+local TAKES_IGNORE_MALFORMED = { date = true, date_nanos = true, boolean = true, ip = true }
+for t in pairs(NUMERIC) do TAKES_IGNORE_MALFORMED[t] = true end
+local malformed_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_malformed(types, malformed) malformed_by_types[types] = malformed end
+local function ignores_malformed(malformed, path, ty)
+  if not malformed or not TAKES_IGNORE_MALFORMED[ty] then return false end
+  local v = malformed[path]
+  if v == nil then v = malformed[""] end
+  return v == true or v == "true"
+end
+
+local function check(types, obj, prefix, formats, malformed)
   for k, v in pairs(obj) do
     if type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
@@ -327,17 +350,12 @@ local function check(types, obj, prefix, formats)
             if ty and ty ~= "object" and ty ~= "nested" and ty ~= "flattened" then
               return { field = path, type = ty, value = e, object = true }
             end
-            local bad = check(types, e, path, formats)
+            local bad = check(types, e, path, formats, malformed)
             if bad then return bad end
           end
-        elseif e ~= null and ty then
-          if NUMERIC[ty] and not (type(e) == "number" or (type(e) == "string" and tonumber(e))) then
-            return { field = path, type = ty, value = e }
-          elseif ty == "date" and not date_fits(e, formats and formats[path]) then
-            return { field = path, type = ty, value = e }
-          elseif ty == "boolean" and not (type(e) == "boolean" or e == "true" or e == "false" or e == "") then
-            return { field = path, type = ty, value = e }
-          end
+        elseif e ~= null and ty and not fits(ty, e, formats and formats[path])
+          and not ignores_malformed(malformed, path, ty) then
+          return { field = path, type = ty, value = e }
         end
       end
     end
@@ -373,12 +391,22 @@ end
 
 -- types (the index's): a path the index has not mapped has no values, as in ES, where a
 -- field kept only in _source ("dynamic": false, "enabled": false) matches nothing.
+-- A malformed value of an "ignore_malformed" field is not indexed: it has no value either.
 function _M.values(source, path, types)
   if types and _M.type_of(types, path) == nil then return {} end
   local out = {}
   collect(source, split(path), 1, out)
   if #out == 0 and path:sub(-8) == ".keyword" then
     collect(source, split(path:sub(1, -9)), 1, out)
+  end
+  local ty = types and types[path]
+  if ty and ignores_malformed(malformed_by_types[types], path, ty) then
+    local format = _M.format_of(types, path)
+    local kept = {}
+    for _, v in ipairs(out) do
+      if type(v) == "table" or fits(ty, v, format) then kept[#kept + 1] = v end
+    end
+    out = kept
   end
   return out
 end

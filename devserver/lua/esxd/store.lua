@@ -80,11 +80,21 @@ function _M.create(name, body)
     return tonumber(v)
   end
   mapping.register_formats(idx.types, idx.formats)
+  -- index.mapping.ignore_malformed (flat, or nested as {"index":{"mapping":{...}}} /
+  -- {"mapping":{...}}): the default of every field that takes "ignore_malformed"
+  idx.malformed = {}
+  mapping.register_malformed(idx.types, idx.malformed)
+  local function sub(t, k) return type(t) == "table" and t[k] or nil end
+  local im = st["index.mapping.ignore_malformed"] or st["mapping.ignore_malformed"]
+  if im == nil then im = sub(st.index, "mapping.ignore_malformed") end
+  if im == nil then im = sub(st.mapping, "ignore_malformed") end
+  if im == nil then im = sub(sub(st.index, "mapping"), "ignore_malformed") end
+  if im ~= nil then idx.malformed[""] = im end
   idx.shards = math.max(1, math.floor(setting("number_of_shards") or 1))
   idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
-    mapping.load(idx.types, body.mappings.properties, nil, idx.formats, idx.dynamic)
+    mapping.load(idx.types, body.mappings.properties, nil, idx.formats, idx.dynamic, idx.malformed)
     if body.mappings.dynamic ~= nil then idx.dynamic[""] = body.mappings.dynamic end
     idx.no_date_detection = body.mappings.date_detection == false
   end
@@ -263,7 +273,7 @@ local function doc_parse_error(id, bad)
 end
 
 local function put(idx, id, source, raw, cur, opts, external)
-  local bad = mapping.check(idx.types, source, nil, idx.formats)
+  local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed)
   if bad then return nil, doc_parse_error(id, bad) end
   local new = mapping.strict(idx.types, idx.dynamic, source)
   if new then
