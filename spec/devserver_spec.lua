@@ -711,6 +711,45 @@ describe("esxd", function()
       assert.equal(400, b.items[1].index.status)
       assert.equal("document_parsing_exception", b.items[1].index.error.type)
     end)
+    it("_update keeps empty arrays and objects in _source as they were sent", function()
+      put_doc("ea", "1", { n = 1 })
+      -- cjson would decode [] and {} alike: compare the raw text
+      assert.equal(200, (req("PUT", "/ea/_doc/1", '{"tags":[],"o":{},"l":[[],1]}', JSON)))
+      assert.equal(200, (req("POST", "/ea/_update/1", '{"doc":{"x":1}}', JSON)))
+      local _, _, body = req("GET", "/ea/_source/1")
+      assert.same({ '"tags":[]', '"o":{}', '"l":[[],1]', '"x":1' }, {
+        body:match('"tags":%[%]'), body:match('"o":{}'), body:match('"l":%[%[%],1%]'), body:match('"x":1') })
+      assert.equal(201, (req("POST", "/ea/_update/2", '{"doc":{"tags":[]},"doc_as_upsert":true}', JSON)))
+      _, _, body = req("GET", "/ea/_source/2")
+      assert.equal('{"tags":[]}', body)
+      assert.equal(201, (req("POST", "/ea/_update/3", '{"doc":{"a":1},"upsert":{"tags":[],"o":{}}}', JSON)))
+      _, _, body = req("GET", "/ea/_source/3")
+      assert.matches('"tags":[]', body, 1, true)
+      -- a field that is an empty array takes a partial object by replacement, as ES does
+      assert.equal(200, (req("POST", "/ea/_update/2", '{"doc":{"tags":{"k":"v"}}}', JSON)))
+      _, _, body = req("GET", "/ea/_source/2")
+      assert.equal('{"tags":{"k":"v"}}', body)
+      -- and the same in _bulk
+      local st = req("POST", "/_bulk", '{"update":{"_index":"ea","_id":"4"}}\n{"doc":{"e":[]},"doc_as_upsert":true}\n', NDJSON)
+      assert.equal(200, st)
+      _, _, body = req("GET", "/ea/_source/4")
+      assert.equal('{"e":[]}', body)
+      -- a doc that is an array is ES's parse error
+      local b
+      st, b = jreq("POST", "/ea/_update/1", '{"doc":[]}', JSON)
+      assert.equal(400, st)
+      assert.equal("[1:8] [UpdateRequest] doc doesn't support values of type: START_ARRAY", b.error.reason)
+    end)
+    it("filter_path keeps empty arrays as arrays", function()
+      jreq("PUT", "/fpe")
+      local _, _, body = req("GET", "/fpe/_search?filter_path=-took")
+      assert.matches('"hits":[]', body, 1, true)
+      _, _, body = req("GET", "/fpe/_search?filter_path=hits.hits")
+      assert.equal('{"hits":{"hits":[]}}', body)
+      -- a path below an empty array matches nothing in it
+      _, _, body = req("GET", "/fpe/_search?filter_path=hits.hits._id")
+      assert.equal("{}", body)
+    end)
     it("\"ignore_malformed\" keeps a malformed value in _source only, as ES does", function()
       assert.equal(200, (jreq("PUT", "/imal", { mappings = { properties = {
         n = { type = "long", ignore_malformed = true }, d = { type = "date", ignore_malformed = true },

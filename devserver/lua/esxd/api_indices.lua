@@ -88,7 +88,7 @@ local function deep_copy(t)
   if type(t) ~= "table" then return t end
   local c = {}
   for k, v in pairs(t) do c[k] = deep_copy(v) end
-  return c
+  return setmetatable(c, getmetatable(t)) -- json.array(): an empty array stays one
 end
 
 -- The index's mappings as ES shows them: the explicit mappings as given, plus the dynamic

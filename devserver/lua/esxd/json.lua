@@ -134,11 +134,63 @@ function _M.encode(v)
   return concat(buf)
 end
 
--- Decode; returns value or nil, message.
-function _M.decode(s)
-  local v, err = cjson.decode(s)
-  if v == nil and err then return nil, err end
+-- cjson 2.1.0 decodes [] and {} alike (an empty table), so a decoded value re-encoded (an
+-- updated _source, a filter_path'd response) would turn [] into {}. Empty arrays are
+-- therefore replaced by a marker string before decoding and by json.array() after.
+local EMPTY = "\0esxd-empty-array\0"
+local find, sub, match = string.find, string.sub, string.match
+
+local function mark_empty_arrays(s)
+  if not find(s, "%[%s*%]") then return nil end
+  local out, pos, i = {}, 1, 1
+  while true do
+    local j = find(s, '["%[]', i)
+    if not j then break end
+    if sub(s, j, j) == '"' then
+      local k = j + 1
+      while true do
+        local q = find(s, '["\\]', k)
+        if not q then return nil end -- an unterminated string: cjson reports it
+        if sub(s, q, q) == "\\" then k = q + 2 else i = q + 1; break end
+      end
+    else
+      local close = match(s, "^%s*()%]", j + 1)
+      if close then
+        out[#out + 1] = sub(s, pos, j - 1)
+        out[#out + 1] = '"\\u0000esxd-empty-array\\u0000"'
+        pos, i = close + 1, close + 1
+      else
+        i = j + 1
+      end
+    end
+  end
+  out[#out + 1] = sub(s, pos)
+  return concat(out)
+end
+
+local function unmark(v)
+  if v == EMPTY then return _M.array() end
+  if type(v) == "table" then
+    for k, e in pairs(v) do
+      if e == EMPTY then v[k] = _M.array() elseif type(e) == "table" then unmark(e) end
+    end
+  end
   return v
 end
+
+-- Decode; returns value or nil, message. Empty arrays come back as json.array() tables.
+function _M.decode(s)
+  local marked = type(s) == "string" and mark_empty_arrays(s)
+  local v, err = cjson.decode(marked or s)
+  if v == nil and err then
+    if marked then return nil, select(2, cjson.decode(s)) end -- positions as in the text sent
+    return nil, err
+  end
+  if marked then v = unmark(v) end
+  return v
+end
+
+-- Is t an array made by json.array() (as decode makes every empty one)?
+function _M.is_array(t) return type(t) == "table" and getmetatable(t) == ARRAY end
 
 return _M

@@ -374,7 +374,9 @@ local function deep_equal(a, b)
   return true
 end
 
-local function is_object(t) return type(t) == "table" and t ~= null and (next(t) == nil or #t == 0) end
+local function is_object(t)
+  return type(t) == "table" and t ~= null and not json.is_array(t) and (next(t) == nil or #t == 0)
+end
 
 local function merge(dst, src)
   for k, v in pairs(src) do
@@ -387,7 +389,7 @@ local function copy(t)
   if type(t) ~= "table" or t == null then return t end
   local c = {}
   for k, v in pairs(t) do c[k] = copy(v) end
-  return c
+  return setmetatable(c, getmetatable(t)) -- json.array(): an empty array stays one
 end
 
 -- The "get" object of an update response when the source was asked for (_source):
@@ -411,7 +413,8 @@ function _M.update_body_error(body)
     end
   end
   if body.doc ~= nil and not is_object(body.doc) then
-    return errors.x_content_parse("[1:8] [UpdateRequest] doc doesn't support values of type: VALUE_" .. type(body.doc):upper())
+    return errors.x_content_parse("[1:8] [UpdateRequest] doc doesn't support values of type: " ..
+      (type(body.doc) == "table" and "START_ARRAY" or "VALUE_" .. type(body.doc):upper()))
   end
 end
 
