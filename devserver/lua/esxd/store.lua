@@ -378,9 +378,11 @@ local function is_object(t)
   return type(t) == "table" and t ~= null and not json.is_array(t) and (next(t) == nil or #t == 0)
 end
 
+-- XContentHelper.update: two objects merge (an empty one changes nothing), anything else
+-- replaces
 local function merge(dst, src)
   for k, v in pairs(src) do
-    if is_object(v) and is_object(dst[k]) and next(v) ~= nil then merge(dst[k], v)
+    if is_object(v) and is_object(dst[k]) then merge(dst[k], v)
     else dst[k] = v end
   end
 end
