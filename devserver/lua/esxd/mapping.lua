@@ -371,7 +371,8 @@ local function collect(node, parts, i, out)
     return
   end
   if i > #parts then
-    if node ~= null then out[#out + 1] = node end
+    -- an empty array (or object) holds no value: exists does not match it, as in ES
+    if node ~= null and not (type(node) == "table" and next(node) == nil) then out[#out + 1] = node end
     return
   end
   if type(node) ~= "table" then return end
