@@ -164,8 +164,9 @@ end
 
 -- Load explicit "properties" into the flat types table (and, when formats is given, the
 -- date fields' "format" strings into formats, the objects' "dynamic" settings into
--- dynamic, and the fields' "ignore_malformed" into malformed).
-function _M.load(types, props, prefix, formats, dynamic, malformed)
+-- dynamic, the fields' "ignore_malformed" into malformed, and their "copy_to" into
+-- copy_from: target path -> list of source paths).
+function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from)
   if type(props) ~= "table" then return end
   for name, def in pairs(props) do
     if type(def) == "table" then
@@ -174,11 +175,19 @@ function _M.load(types, props, prefix, formats, dynamic, malformed)
       if dynamic and def.enabled == false then dynamic[path] = false end -- not parsed at all
       if def.properties then
         types[path] = def.type or "object"
-        _M.load(types, def.properties, path, formats, dynamic, malformed)
+        _M.load(types, def.properties, path, formats, dynamic, malformed, copy_from)
       elseif type(def.type) == "string" then
         types[path] = def.type
         if formats and type(def.format) == "string" then formats[path] = def.format end
         if malformed and def.ignore_malformed ~= nil then malformed[path] = def.ignore_malformed end
+        if copy_from and def.copy_to ~= nil then
+          for _, t in ipairs(type(def.copy_to) == "table" and def.copy_to or { def.copy_to }) do
+            if type(t) == "string" then
+              copy_from[t] = copy_from[t] or {}
+              table.insert(copy_from[t], path)
+            end
+          end
+        end
         each_field(def, function(sub, ty) types[path .. "." .. sub] = ty end)
       end
     end
@@ -331,6 +340,9 @@ local TAKES_IGNORE_MALFORMED = { date = true, date_nanos = true, boolean = true,
 for t in pairs(NUMERIC) do TAKES_IGNORE_MALFORMED[t] = true end
 local malformed_by_types = setmetatable({}, { __mode = "k" })
 function _M.register_malformed(types, malformed) malformed_by_types[types] = malformed end
+-- "copy_to": the fields whose values each target field indexes too, by types table.
+local copy_from_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_copy_to(types, copy_from) copy_from_by_types[types] = copy_from end
 local function ignores_malformed(malformed, path, ty)
   if not malformed or not TAKES_IGNORE_MALFORMED[ty] then return false end
   local v = malformed[path]
@@ -400,6 +412,12 @@ function _M.values(source, path, types)
   if #out == 0 and path:sub(-8) == ".keyword" then
     collect(source, split(path:sub(1, -9)), 1, out)
   end
+  -- copy_to: the target indexes the source fields' values as its own (_source is unchanged)
+  local from = types and copy_from_by_types[types]
+  from = from and from[path]
+  if from then
+    for _, src in ipairs(from) do collect(source, split(src), 1, out) end
+  end
   local ty = types and types[path]
   if ty and ignores_malformed(malformed_by_types[types], path, ty) then
     local format = _M.format_of(types, path)
@@ -418,6 +436,20 @@ function _M.type_of(types, path)
   if t then return t end
   if path:sub(-8) == ".keyword" and types[path:sub(1, -9)] == "text" then return "keyword" end
   return nil
+end
+
+-- dst: a types table merged from several indices' (aggregations run over all searched
+-- indices at once); it takes src's per-field registrations too (date formats,
+-- ignore_malformed, copy_to), the first index's winning for a path as for the types.
+function _M.inherit(dst, src)
+  for _, reg in ipairs({ formats_by_types, malformed_by_types, copy_from_by_types }) do
+    local s = reg[src]
+    if s then
+      local d = reg[dst] or {}
+      reg[dst] = d
+      for k, v in pairs(s) do if d[k] == nil then d[k] = v end end
+    end
+  end
 end
 
 -- ES standard analyzer, approximately: lowercase, split on non-alphanumeric (UTF-8 bytes kept).

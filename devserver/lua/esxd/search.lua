@@ -242,6 +242,7 @@ function _M.search(expr, params, body, started, path)
     local matcher = compile_on(q, idx)
     local pf = post and query.compile(post, idx.types)
     for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
+    mapping.inherit(agg_types, idx.types)
     for _, rec in ipairs(idx.visible_list) do
       local ok, score = false, 0
       if not rec.dead then ok, score = matcher(rec) end
