@@ -164,9 +164,9 @@ end
 
 -- Load explicit "properties" into the flat types table (and, when formats is given, the
 -- date fields' "format" strings into formats, the objects' "dynamic" settings into
--- dynamic, the fields' "ignore_malformed" into malformed, and their "copy_to" into
--- copy_from: target path -> list of source paths).
-function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from)
+-- dynamic, the fields' "ignore_malformed" into malformed, their "copy_to" into
+-- copy_from: target path -> list of source paths, and their "null_value" into null_values).
+function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, null_values)
   if type(props) ~= "table" then return end
   for name, def in pairs(props) do
     if type(def) == "table" then
@@ -175,11 +175,12 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from)
       if dynamic and def.enabled == false then dynamic[path] = false end -- not parsed at all
       if def.properties then
         types[path] = def.type or "object"
-        _M.load(types, def.properties, path, formats, dynamic, malformed, copy_from)
+        _M.load(types, def.properties, path, formats, dynamic, malformed, copy_from, null_values)
       elseif type(def.type) == "string" then
         types[path] = def.type
         if formats and type(def.format) == "string" then formats[path] = def.format end
         if malformed and def.ignore_malformed ~= nil then malformed[path] = def.ignore_malformed end
+        if null_values and def.null_value ~= nil and def.null_value ~= null then null_values[path] = def.null_value end
         if copy_from and def.copy_to ~= nil then
           for _, t in ipairs(type(def.copy_to) == "table" and def.copy_to or { def.copy_to }) do
             if type(t) == "string" then
@@ -343,6 +344,9 @@ function _M.register_malformed(types, malformed) malformed_by_types[types] = mal
 -- "copy_to": the fields whose values each target field indexes too, by types table.
 local copy_from_by_types = setmetatable({}, { __mode = "k" })
 function _M.register_copy_to(types, copy_from) copy_from_by_types[types] = copy_from end
+-- "null_value": what a field indexes for a JSON null, by types table.
+local null_values_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_null_values(types, null_values) null_values_by_types[types] = null_values end
 local function ignores_malformed(malformed, path, ty)
   if not malformed or not TAKES_IGNORE_MALFORMED[ty] then return false end
   local v = malformed[path]
@@ -376,10 +380,15 @@ end
 _M.check = check
 
 -- All values at a dotted path (arrays flattened). "x.keyword" falls back to "x".
-local function collect(node, parts, i, out)
-  if node == nil or node == null then return end
+-- keep_null: a null at the path is collected too (as json.null).
+local function collect(node, parts, i, out, keep_null)
+  if node == nil then return end
+  if node == null then
+    if keep_null and i > #parts then out[#out + 1] = null end
+    return
+  end
   if type(node) == "table" and #node > 0 then
-    for _, e in ipairs(node) do collect(e, parts, i, out) end
+    for _, e in ipairs(node) do collect(e, parts, i, out, keep_null) end
     return
   end
   if i > #parts then
@@ -392,7 +401,7 @@ local function collect(node, parts, i, out)
   for j = #parts, i, -1 do
     local key = table.concat(parts, ".", i, j)
     local child = node[key]
-    if child ~= nil then collect(child, parts, j + 1, out) end
+    if child ~= nil then collect(child, parts, j + 1, out, keep_null) end
   end
 end
 
@@ -408,7 +417,12 @@ end
 function _M.values(source, path, types)
   if types and _M.type_of(types, path) == nil then return {} end
   local out = {}
-  collect(source, split(path), 1, out)
+  local nv = types and null_values_by_types[types]
+  nv = nv and nv[path]
+  collect(source, split(path), 1, out, nv ~= nil)
+  if nv ~= nil then -- ES indexes null_value for each null
+    for i, v in ipairs(out) do if v == null then out[i] = nv end end
+  end
   if #out == 0 and path:sub(-8) == ".keyword" then
     collect(source, split(path:sub(1, -9)), 1, out)
   end
@@ -440,9 +454,9 @@ end
 
 -- dst: a types table merged from several indices' (aggregations run over all searched
 -- indices at once); it takes src's per-field registrations too (date formats,
--- ignore_malformed, copy_to), the first index's winning for a path as for the types.
+-- ignore_malformed, copy_to, null_value), the first index's winning for a path as for the types.
 function _M.inherit(dst, src)
-  for _, reg in ipairs({ formats_by_types, malformed_by_types, copy_from_by_types }) do
+  for _, reg in ipairs({ formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types }) do
     local s = reg[src]
     if s then
       local d = reg[dst] or {}

@@ -86,6 +86,8 @@ function _M.create(name, body)
   mapping.register_malformed(idx.types, idx.malformed)
   idx.copy_from = {}
   mapping.register_copy_to(idx.types, idx.copy_from)
+  idx.null_values = {}
+  mapping.register_null_values(idx.types, idx.null_values)
   local function sub(t, k) return type(t) == "table" and t[k] or nil end
   local im = st["index.mapping.ignore_malformed"] or st["mapping.ignore_malformed"]
   if im == nil then im = sub(st.index, "mapping.ignore_malformed") end
@@ -96,7 +98,8 @@ function _M.create(name, body)
   idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
-    mapping.load(idx.types, body.mappings.properties, nil, idx.formats, idx.dynamic, idx.malformed, idx.copy_from)
+    mapping.load(idx.types, body.mappings.properties, nil, idx.formats, idx.dynamic, idx.malformed, idx.copy_from,
+      idx.null_values)
     if body.mappings.dynamic ~= nil then idx.dynamic[""] = body.mappings.dynamic end
     idx.no_date_detection = body.mappings.date_detection == false
   end
