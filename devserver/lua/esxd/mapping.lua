@@ -411,6 +411,17 @@ local function split(path)
   return parts
 end
 
+-- The parent field of a multi-field path ("t" for "t.raw" where t is a text, keyword, ...
+-- field), else nil. Without types, any "x.keyword" is taken as one.
+function _M.multi_field_parent(types, path)
+  local parent = path:match("^(.*)%.[^%.]+$")
+  if not parent then return nil end
+  if not types then return path:sub(-8) == ".keyword" and parent or nil end
+  local pty = types[parent]
+  if pty and pty ~= "object" and pty ~= "nested" and pty ~= "flattened" then return parent end
+  if path:sub(-8) == ".keyword" and pty == nil then return parent end
+end
+
 -- types (the index's): a path the index has not mapped has no values, as in ES, where a
 -- field kept only in _source ("dynamic": false, "enabled": false) matches nothing.
 -- A malformed value of an "ignore_malformed" field is not indexed: it has no value either.
@@ -423,8 +434,10 @@ function _M.values(source, path, types)
   if nv ~= nil then -- ES indexes null_value for each null
     for i, v in ipairs(out) do if v == null then out[i] = nv end end
   end
-  if #out == 0 and path:sub(-8) == ".keyword" then
-    collect(source, split(path:sub(1, -9)), 1, out)
+  if #out == 0 then
+    -- a multi-field ("t.raw" of a text field t, dynamic "x.keyword") indexes its parent's values
+    local parent = _M.multi_field_parent(types, path)
+    if parent then collect(source, split(parent), 1, out) end
   end
   -- copy_to: the target indexes the source fields' values as its own (_source is unchanged)
   local from = types and copy_from_by_types[types]

@@ -137,6 +137,8 @@ local function sort_value(hit, it)
       "Fielddata is disabled on [" .. it.field .. "] in [" .. hit.index .. "]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. it.field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
   end
   local vals = mapping.values(hit.rec.source, it.field)
+  local parent = #vals == 0 and hit.types and mapping.multi_field_parent(hit.types, it.field)
+  if parent then vals = mapping.values(hit.rec.source, parent) end
   local best
   for _, v in ipairs(vals) do
     local x = v
