@@ -162,6 +162,18 @@ properties_error = function(props)
   end
 end
 
+-- "ignore_above" of keyword fields (explicit, and ES's 256 on a dynamic text field's
+-- "keyword" sub-field), by types table: longer strings are kept in _source only.
+local ignore_above_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_ignore_above(types, limits) ignore_above_by_types[types] = limits end
+
+-- A dynamic text field's "keyword" sub-field (ES's default dynamic template for strings).
+local function dynamic_keyword(types, path)
+  types[path .. ".keyword"] = "keyword"
+  local limits = ignore_above_by_types[types]
+  if limits then limits[path .. ".keyword"] = 256 end
+end
+
 -- Load explicit "properties" into the flat types table (and, when formats is given, the
 -- date fields' "format" strings into formats, the objects' "dynamic" settings into
 -- dynamic, the fields' "ignore_malformed" into malformed, their "copy_to" into
@@ -190,6 +202,15 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, n
           end
         end
         each_field(def, function(sub, ty) types[path .. "." .. sub] = ty end)
+        local limits = ignore_above_by_types[types]
+        if limits then
+          if tonumber(def.ignore_above) then limits[path] = tonumber(def.ignore_above) end
+          for sub, sdef in pairs(type(def.fields) == "table" and def.fields or {}) do
+            if type(sdef) == "table" and tonumber(sdef.ignore_above) then
+              limits[path .. "." .. sub] = tonumber(sdef.ignore_above)
+            end
+          end
+        end
       end
     end
   end
@@ -242,7 +263,7 @@ local function learn(types, obj, prefix, no_dates, dynamic)
               learn(types, e, path, no_dates, dynamic)
             elseif types[path] == nil then
               local ty = infer(e, no_dates)
-              if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
+              if ty then types[path] = ty; if ty == "text" then dynamic_keyword(types, path) end end
             end
           end
         else
@@ -251,7 +272,7 @@ local function learn(types, obj, prefix, no_dates, dynamic)
         end
       elseif v ~= null and types[path] == nil then
         local ty = infer(v, no_dates)
-        if ty then types[path] = ty; if ty == "text" then types[path .. ".keyword"] = "keyword" end end
+        if ty then types[path] = ty; if ty == "text" then dynamic_keyword(types, path) end end
       end
     end
   end
@@ -424,6 +445,12 @@ end
 
 -- types (the index's): a path the index has not mapped has no values, as in ES, where a
 -- field kept only in _source ("dynamic": false, "enabled": false) matches nothing.
+-- Code points in a UTF-8 string (bytes that are not continuation bytes).
+local function utf8_len(str)
+  local _, n = str:gsub("[^\128-\191]", "")
+  return n
+end
+
 -- A malformed value of an "ignore_malformed" field is not indexed: it has no value either.
 function _M.values(source, path, types)
   if types and _M.type_of(types, path) == nil then return {} end
@@ -444,6 +471,15 @@ function _M.values(source, path, types)
   from = from and from[path]
   if from then
     for _, src in ipairs(from) do collect(source, split(src), 1, out) end
+  end
+  local limit = types and ignore_above_by_types[types]
+  limit = limit and limit[path]
+  if limit then -- a longer string is not indexed (ES counts UTF-16 units; esxd code points)
+    local kept = {}
+    for _, v in ipairs(out) do
+      if not (type(v) == "string" and utf8_len(v) > limit) then kept[#kept + 1] = v end
+    end
+    out = kept
   end
   local ty = types and types[path]
   if ty and ignores_malformed(malformed_by_types[types], path, ty) then
@@ -467,9 +503,10 @@ end
 
 -- dst: a types table merged from several indices' (aggregations run over all searched
 -- indices at once); it takes src's per-field registrations too (date formats,
--- ignore_malformed, copy_to, null_value), the first index's winning for a path as for the types.
+-- ignore_malformed, copy_to, null_value, ignore_above), the first index's winning for a path as for the types.
 function _M.inherit(dst, src)
-  for _, reg in ipairs({ formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types }) do
+  for _, reg in ipairs({ formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types,
+    ignore_above_by_types }) do
     local s = reg[src]
     if s then
       local d = reg[dst] or {}

@@ -88,6 +88,8 @@ function _M.create(name, body)
   mapping.register_copy_to(idx.types, idx.copy_from)
   idx.null_values = {}
   mapping.register_null_values(idx.types, idx.null_values)
+  idx.ignore_above = {}
+  mapping.register_ignore_above(idx.types, idx.ignore_above)
   local function sub(t, k) return type(t) == "table" and t[k] or nil end
   local im = st["index.mapping.ignore_malformed"] or st["mapping.ignore_malformed"]
   if im == nil then im = sub(st.index, "mapping.ignore_malformed") end
