@@ -840,6 +840,33 @@ describe("esxd", function()
       _, b = jreq("GET", "/ia/_doc/2")
       assert.equal("toolong", b._source.k)
     end)
+    it("dynamic_templates map new fields, as in ES", function()
+      assert.equal(200, (jreq("PUT", "/dt", { mappings = { dynamic_templates = {
+        { ids = { match = "*_id", mapping = { type = "keyword" } } },
+        { longs_as_int = { match_mapping_type = "long", unmatch = "big_*", mapping = { type = "integer" } } },
+        { meta = { path_match = "meta.*", match_mapping_type = "string", mapping = { type = "keyword", ignore_above = 3 } } },
+        { strings = { match_mapping_type = "string", mapping = { type = "text", fields = { raw = { type = "keyword" } } } } },
+      } } })))
+      put_doc("dt", "1", { user_id = "Ab 1", n = 5, big_n = 7, title = "Hello World", meta = { src = "web", long = "abcdef" },
+        ts = "2024-01-01T00:00:00Z" })
+      local _, b = jreq("GET", "/dt/_mapping")
+      local props = b.dt.mappings.properties
+      assert.same({ type = "keyword" }, props.user_id)
+      assert.same({ type = "integer" }, props.n)
+      assert.same({ type = "long" }, props.big_n)
+      assert.same({ type = "text", fields = { raw = { type = "keyword" } } }, props.title)
+      assert.same({ type = "keyword", ignore_above = 3 }, props.meta.properties.src)
+      assert.same({ type = "date" }, props.ts) -- a date-looking string is a date, not a "string"
+      local function search(q) local _, r = jreq("POST", "/dt/_search", { query = q }) return ids(r) end
+      assert.same({ "1" }, search({ term = { user_id = "Ab 1" } }))
+      assert.same({ "1" }, search({ term = { ["title.raw"] = "Hello World" } }))
+      assert.same({}, search({ term = { ["title.keyword"] = "Hello World" } }))
+      assert.same({}, search({ term = { ["meta.long"] = "abcdef" } })) -- ignore_above 3 from the template
+      assert.same({ "1" }, search({ term = { ["meta.src"] = "web" } }))
+      -- the mapping applies to later documents: user_id is a keyword, n an integer
+      local st = jreq("PUT", "/dt/_doc/2", { n = "x" })
+      assert.equal(400, st)
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

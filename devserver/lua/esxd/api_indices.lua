@@ -148,7 +148,8 @@ local function mappings_of(idx)
         container = out.properties
       end
       if container and container[last] == nil then
-        local node = { type = ty }
+        -- a dynamic template's mapping as it was applied, else ES's default dynamic one
+        local node = deep_copy(mapping.template_def(idx.types, path)) or { type = ty }
         if ty == "object" then dyn_object[node] = true end
         container[last] = node
       end

@@ -165,6 +165,8 @@ end
 -- "ignore_above" of keyword fields (explicit, and ES's 256 on a dynamic text field's
 -- "keyword" sub-field), by types table: longer strings are kept in _source only.
 local ignore_above_by_types = setmetatable({}, { __mode = "k" })
+-- the other per-field registries (defined with their users below)
+local formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types
 function _M.register_ignore_above(types, limits) ignore_above_by_types[types] = limits end
 
 -- A dynamic text field's "keyword" sub-field (ES's default dynamic template for strings).
@@ -248,6 +250,81 @@ end
 
 -- Record types of fields first seen in this document (dynamic: the index's "dynamic"
 -- settings by object path, as mapping.load fills them; nil: all true).
+-- "dynamic_templates" of the root mapping, by types table (a list as given).
+local templates_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_templates(types, templates) templates_by_types[types] = templates end
+
+-- Regex.simpleMatch: "*" wildcards; pattern may be a list (any of them).
+local function simple_match(pattern, s)
+  if type(pattern) == "table" then
+    for _, p in ipairs(pattern) do if simple_match(p, s) then return true end end
+    return false
+  end
+  if type(pattern) ~= "string" then return false end
+  return s:match("^" .. pattern:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$") ~= nil
+end
+
+-- The match_mapping_type name of a dynamically detected type.
+local MATCH_TYPE = { text = "string", long = "long", float = "double", boolean = "boolean", date = "date" }
+
+-- The first dynamic template matching a new leaf field (ES's RootObjectMapper.findTemplate):
+-- its mapping, or nil. match_pattern "regex" (Java regular expressions) is not supported:
+-- such templates never match.
+local function template_for(types, path, name, ty)
+  local list = templates_by_types[types]
+  if type(list) ~= "table" then return nil end
+  for _, entry in ipairs(list) do
+    local _, t = next(type(entry) == "table" and entry or {})
+    if type(t) == "table" and type(t.mapping) == "table" and t.match_pattern ~= "regex" then
+      local mmt = t.match_mapping_type
+      local ok = mmt == nil or mmt == "*" or mmt == MATCH_TYPE[ty]
+        or (type(mmt) == "table" and (simple_match(mmt, MATCH_TYPE[ty] or "") or simple_match(mmt, "*")))
+      ok = ok and (t.match == nil or simple_match(t.match, name))
+        and (t.unmatch == nil or not simple_match(t.unmatch, name))
+        and (t.path_match == nil or simple_match(t.path_match, path))
+        and (t.path_unmatch == nil or not simple_match(t.path_unmatch, path))
+      if t.unmatch_mapping_type ~= nil and simple_match(t.unmatch_mapping_type, MATCH_TYPE[ty] or "") then ok = false end
+      if ok then return t.mapping end
+    end
+  end
+end
+
+-- The mappings dynamic templates made, by types table and path (for GET _mapping).
+local template_defs_by_types = setmetatable({}, { __mode = "k" })
+function _M.template_def(types, path)
+  local d = template_defs_by_types[types]
+  return d and d[path]
+end
+
+-- Map a new leaf field (name: its key, path: its full path) for the value v: a matching
+-- dynamic template's mapping ("{name}" / "{dynamic_type}" replaced), else ES's defaults.
+local function map_new(types, path, name, v, no_dates)
+  local ty = infer(v, no_dates)
+  if not ty then return end
+  local def = template_for(types, path, name, ty)
+  if def then
+    local function subst(x)
+      if type(x) == "string" then return (x:gsub("{name}", name):gsub("{dynamic_type}", ty)) end
+      if type(x) ~= "table" or x == null then return x end
+      local c = {}
+      for k2, e in pairs(x) do c[k2] = subst(e) end
+      return c
+    end
+    def = subst(def)
+    if def.type == nil then def.type = ty end
+    if def.type ~= "object" and def.type ~= "nested" and def.properties == nil then
+      local prefix = #path > #name and path:sub(1, #path - #name - 1) or nil
+      _M.load(types, { [name] = def }, prefix, formats_by_types[types], nil,
+        malformed_by_types[types], copy_from_by_types[types], null_values_by_types[types])
+      template_defs_by_types[types] = template_defs_by_types[types] or {}
+      template_defs_by_types[types][path] = def
+      return
+    end
+  end
+  types[path] = ty
+  if ty == "text" then dynamic_keyword(types, path) end
+end
+
 local function learn(types, obj, prefix, no_dates, dynamic)
   local new_ok = maps_new(dynamic, prefix)
   for k, v in pairs(obj) do
@@ -262,8 +339,7 @@ local function learn(types, obj, prefix, no_dates, dynamic)
               if types[path] == nil then types[path] = "object" end
               learn(types, e, path, no_dates, dynamic)
             elseif types[path] == nil then
-              local ty = infer(e, no_dates)
-              if ty then types[path] = ty; if ty == "text" then dynamic_keyword(types, path) end end
+              map_new(types, path, k, e, no_dates)
             end
           end
         else
@@ -271,8 +347,7 @@ local function learn(types, obj, prefix, no_dates, dynamic)
           learn(types, v, path, no_dates, dynamic)
         end
       elseif v ~= null and types[path] == nil then
-        local ty = infer(v, no_dates)
-        if ty then types[path] = ty; if ty == "text" then dynamic_keyword(types, path) end end
+        map_new(types, path, k, v, no_dates)
       end
     end
   end
@@ -337,7 +412,7 @@ _M.date_fits = date_fits
 
 -- The date fields' mapping formats of an index, by its types table (store.create registers
 -- them), so that the query DSL parses a date field's values with the field's format.
-local formats_by_types = setmetatable({}, { __mode = "k" })
+formats_by_types = setmetatable({}, { __mode = "k" })
 function _M.register_formats(types, formats) formats_by_types[types] = formats end
 function _M.format_of(types, path)
   local f = types and formats_by_types[types]
@@ -360,13 +435,13 @@ end
 -- like the date formats. A malformed value of such a field is kept in _source only.
 local TAKES_IGNORE_MALFORMED = { date = true, date_nanos = true, boolean = true, ip = true }
 for t in pairs(NUMERIC) do TAKES_IGNORE_MALFORMED[t] = true end
-local malformed_by_types = setmetatable({}, { __mode = "k" })
+malformed_by_types = setmetatable({}, { __mode = "k" })
 function _M.register_malformed(types, malformed) malformed_by_types[types] = malformed end
 -- "copy_to": the fields whose values each target field indexes too, by types table.
-local copy_from_by_types = setmetatable({}, { __mode = "k" })
+copy_from_by_types = setmetatable({}, { __mode = "k" })
 function _M.register_copy_to(types, copy_from) copy_from_by_types[types] = copy_from end
 -- "null_value": what a field indexes for a JSON null, by types table.
-local null_values_by_types = setmetatable({}, { __mode = "k" })
+null_values_by_types = setmetatable({}, { __mode = "k" })
 function _M.register_null_values(types, null_values) null_values_by_types[types] = null_values end
 local function ignores_malformed(malformed, path, ty)
   if not malformed or not TAKES_IGNORE_MALFORMED[ty] then return false end
@@ -493,12 +568,10 @@ function _M.values(source, path, types)
   return out
 end
 
--- Field type of a path in an index ("keyword" for x.keyword of dynamic text fields).
+-- Field type of a path in an index (nil: not mapped; an explicit text field has no
+-- "keyword" sub-field unless its mapping gives one).
 function _M.type_of(types, path)
-  local t = types[path]
-  if t then return t end
-  if path:sub(-8) == ".keyword" and types[path:sub(1, -9)] == "text" then return "keyword" end
-  return nil
+  return types[path]
 end
 
 -- dst: a types table merged from several indices' (aggregations run over all searched

@@ -104,6 +104,9 @@ function _M.create(name, body)
       idx.null_values)
     if body.mappings.dynamic ~= nil then idx.dynamic[""] = body.mappings.dynamic end
     idx.no_date_detection = body.mappings.date_detection == false
+    if type(body.mappings.dynamic_templates) == "table" then
+      mapping.register_templates(idx.types, body.mappings.dynamic_templates)
+    end
   end
   indices[name] = idx
   return idx
