@@ -426,7 +426,8 @@ function _M.update_body_error(body)
   end
   if body.doc ~= nil and not is_object(body.doc) then
     return errors.x_content_parse("[1:8] [UpdateRequest] doc doesn't support values of type: " ..
-      (type(body.doc) == "table" and "START_ARRAY" or "VALUE_" .. type(body.doc):upper()))
+      (body.doc == null and "VALUE_NULL" or type(body.doc) == "table" and "START_ARRAY"
+        or "VALUE_" .. type(body.doc):upper()))
   end
 end
 
