@@ -1250,6 +1250,10 @@ describe("esxd", function()
         { '{"index":"t"}\n{}\n', "Malformed action/metadata line [1], expected START_OBJECT but found [VALUE_STRING]" },
         { '{"index":{"_index":"t","bogus":1}}\n{}\n', "Action/metadata line [1] contains an unknown parameter [bogus]" },
         { '{"index":{"_index":"t","x":{"a":1}}}\n{}\n', "Malformed action/metadata line [1], expected a simple value for field [x] but found [START_OBJECT]" },
+        -- empty arrays are arrays, not objects
+        { '[]\n{}\n', "Malformed action/metadata line [1], expected START_OBJECT but found [START_ARRAY]" },
+        { '{"index":[]}\n{}\n', "Malformed action/metadata line [1], expected START_OBJECT but found [START_ARRAY]" },
+        { '{"index":{"_index":"t","x":[]}}\n{}\n', "Malformed action/metadata line [1], expected a simple value for field [x] but found [START_ARRAY]" },
       }
       for _, c in ipairs(cases) do
         local st, b = bulk(c[1])

@@ -20,6 +20,7 @@ local META_OBJECTS = { dynamic_templates = true, _source = true }
 
 local function kind(v)
   if type(v) == "table" and v ~= null then
+    if json.is_array(v) then return "START_ARRAY" end -- [] (json.decode marks empty arrays)
     if next(v) == nil or #v == 0 then return "START_OBJECT" end
     return "START_ARRAY"
   end
