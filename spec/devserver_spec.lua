@@ -870,6 +870,24 @@ describe("esxd", function()
       local st = jreq("PUT", "/dt/_doc/2", { n = "x" })
       assert.equal(400, st)
     end)
+    it("_search tells an empty array from an object in the body, as ES's parser does", function()
+      jreq("PUT", "/sa")
+      local cases = {
+        { "[]", "Unknown key for a START_ARRAY in [body]." },
+        { '{"query":[]}', "[_na] query malformed, must start with start_object" },
+        { '{"aggs":[]}', "Expected [START_OBJECT] under [aggregations], but got a [START_ARRAY]" },
+      }
+      for _, c in ipairs(cases) do
+        local st, b = jreq("POST", "/sa/_search", c[1], JSON)
+        assert.equal(400, st, c[1])
+        assert.same(es_error(400, "parsing_exception", c[2]), b, c[1])
+      end
+      -- an empty clause list is no clause
+      put_doc("sa", "1", { a = 1 })
+      local st, b = jreq("POST", "/sa/_search", '{"query":{"bool":{"must":[],"filter":[]}}}', JSON)
+      assert.equal(200, st)
+      assert.same({ "1" }, ids(b))
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

@@ -13,7 +13,10 @@ local values = mapping.values
 
 local function perr(reason) errors.raise(400, "parsing_exception", reason) end
 
-local function is_obj(t) return type(t) == "table" and t ~= null and (next(t) == nil or #t == 0) end
+-- an object (json.decode marks empty arrays, so [] is not one)
+local function is_obj(t)
+  return type(t) == "table" and t ~= null and not json.is_array(t) and (next(t) == nil or #t == 0)
+end
 
 -- single "field": value-or-object entry of a leaf query (ignoring known options)
 local function field_entry(qname, body)

@@ -15,7 +15,10 @@ local _M = {}
 local null = json.null
 local MAX_WINDOW = 10000
 
-local function is_obj(t) return type(t) == "table" and t ~= null and (next(t) == nil or #t == 0) end
+-- an object (json.decode marks empty arrays, so [] is not one)
+local function is_obj(t)
+  return type(t) == "table" and t ~= null and not json.is_array(t) and (next(t) == nil or #t == 0)
+end
 
 local function truthy(v) return v == "" or v == "true" or v == true end
 
