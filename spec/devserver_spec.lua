@@ -873,9 +873,13 @@ describe("esxd", function()
     it("_search tells an empty array from an object in the body, as ES's parser does", function()
       jreq("PUT", "/sa")
       local cases = {
-        { "[]", "Unknown key for a START_ARRAY in [body]." },
-        { '{"query":[]}', "[_na] query malformed, must start with start_object" },
-        { '{"aggs":[]}', "Expected [START_OBJECT] under [aggregations], but got a [START_ARRAY]" },
+        -- SearchSourceBuilder.parseXContent's messages
+        { "[]", "Expected [START_OBJECT] but found [START_ARRAY]" },
+        { "[1]", "Expected [START_OBJECT] but found [START_ARRAY]" },
+        { '{"query":[]}', "Unknown key for a START_ARRAY in [query]." },
+        { '{"query":"x"}', "Unknown key for a VALUE_STRING in [query]." },
+        { '{"aggs":[]}', "Unknown key for a START_ARRAY in [aggs]." },
+        { '{"aggregations":5}', "Unknown key for a VALUE_NUMBER in [aggregations]." },
       }
       for _, c in ipairs(cases) do
         local st, b = jreq("POST", "/sa/_search", c[1], JSON)

@@ -194,7 +194,8 @@ end
 
 function _M.search(expr, params, body, started, path)
   body = body or {}
-  if not is_obj(body) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(body) .. " in [body].") end
+  -- SearchSourceBuilder.parseXContent
+  if not is_obj(body) then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] but found [" .. json_kind(body) .. "]") end
   for k, v in pairs(body) do
     if not KNOWN[k] or (UNSUPPORTED[k] and not (UNSUPPORTED[k] == "unless_false" and v == false)) then
       errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(v) .. " in [" .. k .. "].")
@@ -229,14 +230,15 @@ function _M.search(expr, params, body, started, path)
     params._source_includes, params._source_excludes)
   local agg_spec = body.aggs or body.aggregations
   if agg_spec ~= nil and not is_obj(agg_spec) then
-    errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [aggregations], but got a [" .. json_kind(agg_spec) .. "]")
+    errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(agg_spec) .. " in [" ..
+      (body.aggs ~= nil and "aggs" or "aggregations") .. "].")
   end
   local idxs = _M.targets(expr, params)
   local q = body.query
   -- the URL's q replaces the body's query (RestSearchAction applies it after the body)
   local uq = _M.url_query(params, path)
   if uq then q = uq end
-  if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "[_na] query malformed, must start with start_object") end
+  if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(q) .. " in [query].") end
   local post = body.post_filter
   local min_score = tonumber(body.min_score)
 
