@@ -202,6 +202,28 @@ describe("esxd", function()
       _, b = jreq("GET", "/_cluster/health/sh1")
       assert.equal(2, b.active_primary_shards)
     end)
+    it("refuses shard and replica counts ES refuses", function()
+      local cases = {
+        { { number_of_shards = 0 }, "Failed to parse value [0] for setting [index.number_of_shards] must be >= 1" },
+        { { index = { number_of_shards = 2000 } }, "Failed to parse value [2000] for setting [index.number_of_shards] must be <= 1024" },
+        { { ["index.number_of_replicas"] = -1 }, "Failed to parse value [-1] for setting [index.number_of_replicas] must be >= 0" },
+      }
+      for _, c in ipairs(cases) do
+        local st, b = jreq("PUT", "/shx", { settings = c[1] })
+        assert.equal(400, st, c[2])
+        assert.same(es_error(400, "illegal_argument_exception", c[2]), b)
+      end
+      local st, b = jreq("PUT", "/shx", { settings = { number_of_shards = "two" } })
+      assert.equal(400, st)
+      assert.same({ error = { root_cause = { { type = "illegal_argument_exception",
+        reason = "Failed to parse value [two] for setting [index.number_of_shards]" } },
+        type = "illegal_argument_exception", reason = "Failed to parse value [two] for setting [index.number_of_shards]",
+        caused_by = { type = "number_format_exception", reason = 'For input string: "two"' } }, status = 400 }, b)
+      assert.equal(404, (req("HEAD", "/shx")))
+      assert.equal(200, (jreq("PUT", "/shx", { settings = { number_of_shards = "3", number_of_replicas = 0 } })))
+      _, b = jreq("GET", "/shx")
+      assert.equal("3", b.shx.settings.index.number_of_shards)
+    end)
     it("creates without a body", function()
       local st, b = jreq("PUT", "/idx2")
       assert.equal(200, st)

@@ -73,12 +73,30 @@ function _M.create(name, body)
   -- number_of_shards / number_of_replicas (also as index.* or {"index":{...}}): all documents
   -- live in one table whatever the count, but the _shards numbers ES reports follow them
   local st = type(body) == "table" and type(body.settings) == "table" and body.settings or {}
-  local function setting(name)
+  -- Setting.intSetting's parse: nil (not given), the number, or nil and ES's 400
+  local function setting(name, min, max)
     local v = st[name]
     if v == nil and type(st.index) == "table" then v = st.index[name] end
     if v == nil then v = st["index." .. name] end
-    return tonumber(v)
+    if v == nil or v == null then return nil end
+    local s, key = tostring(v), "index." .. name
+    local n = s:match("^[+-]?%d+$") and tonumber(s)
+    if not n or n > 2147483647 or n < -2147483648 then
+      return nil, errors.new(400, "illegal_argument_exception", "Failed to parse value [" .. s .. "] for setting [" .. key .. "]",
+        nil, { caused_by = { type = "number_format_exception", reason = 'For input string: "' .. s .. '"' } })
+    end
+    if n < min then
+      return nil, errors.illegal_argument("Failed to parse value [" .. s .. "] for setting [" .. key .. "] must be >= " .. min)
+    end
+    if max and n > max then
+      return nil, errors.illegal_argument("Failed to parse value [" .. s .. "] for setting [" .. key .. "] must be <= " .. max)
+    end
+    return n
   end
+  local nshards, serr = setting("number_of_shards", 1, 1024)
+  if serr then return nil, serr end
+  local nreplicas, rerr = setting("number_of_replicas", 0)
+  if rerr then return nil, rerr end
   mapping.register_formats(idx.types, idx.formats)
   -- index.mapping.ignore_malformed (flat, or nested as {"index":{"mapping":{...}}} /
   -- {"mapping":{...}}): the default of every field that takes "ignore_malformed"
@@ -96,8 +114,8 @@ function _M.create(name, body)
   if im == nil then im = sub(st.mapping, "ignore_malformed") end
   if im == nil then im = sub(sub(st.index, "mapping"), "ignore_malformed") end
   if im ~= nil then idx.malformed[""] = im end
-  idx.shards = math.max(1, math.floor(setting("number_of_shards") or 1))
-  idx.replicas = math.max(0, math.floor(setting("number_of_replicas") or 1))
+  idx.shards = nshards or 1
+  idx.replicas = nreplicas or 1
   if type(body) == "table" and type(body.mappings) == "table" then
     idx.mappings = body.mappings
     mapping.load(idx.types, body.mappings.properties, nil, idx.formats, idx.dynamic, idx.malformed, idx.copy_from,
