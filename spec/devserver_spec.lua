@@ -914,6 +914,29 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("refuses a value where an object is mapped, as ES's document parser does", function()
+      put_doc("ov", "1", { a = { b = 1 } })
+      local msg = "[1:1] object mapping for [a] tried to parse field [a] as object, but found a concrete value"
+      for _, doc in ipairs({ '{"a":5}', '{"a":"x"}', '{"a":[1]}', '{"a":true}' }) do
+        local st, b = jreq("PUT", "/ov/_doc/2", doc, JSON)
+        assert.equal(400, st, doc)
+        assert.same(es_error(400, "document_parsing_exception", msg), b, doc)
+      end
+      assert.equal(201, (req("PUT", "/ov/_doc/3", '{"a":null}', JSON)))
+      -- explicit objects and nested ones too, in _bulk as well; not an "enabled": false object
+      assert.equal(200, (jreq("PUT", "/ov2", { mappings = { properties = {
+        o = { properties = { x = { type = "keyword" } } }, n = { type = "nested" }, off = { type = "object", enabled = false } } } })))
+      local _, b = jreq("POST", "/_bulk?refresh=true", '{"index":{"_index":"ov2","_id":"1"}}\n{"o":{"x":{"y":1}}}\n' ..
+        '{"index":{"_index":"ov2","_id":"2"}}\n{"n":"v"}\n{"index":{"_index":"ov2","_id":"3"}}\n{"off":"anything"}\n', NDJSON)
+      assert.equal("document_parsing_exception", b.items[1].index.error.type)
+      assert.equal("[1:1] object mapping for [n] tried to parse field [n] as object, but found a concrete value",
+        b.items[2].index.error.reason)
+      assert.equal(201, b.items[3].index.status)
+      -- arrays of arrays are flattened, as in ES: [[], 1] holds one long, not an object
+      assert.equal(201, (req("PUT", "/ov3/_doc/1", '{"l":[[],[1,[2]]]}', JSON)))
+      _, b = jreq("GET", "/ov3/_mapping")
+      assert.same({ type = "long" }, b.ov3.mappings.properties.l)
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

@@ -165,6 +165,9 @@ end
 -- "ignore_above" of keyword fields (explicit, and ES's 256 on a dynamic text field's
 -- "keyword" sub-field), by types table: longer strings are kept in _source only.
 local ignore_above_by_types = setmetatable({}, { __mode = "k" })
+-- objects mapped with "enabled": false (ES skips whatever they hold), by types table
+local disabled_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_disabled(types, disabled) disabled_by_types[types] = disabled end
 -- the other per-field registries (defined with their users below)
 local formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types
 function _M.register_ignore_above(types, limits) ignore_above_by_types[types] = limits end
@@ -187,6 +190,7 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, n
       local path = prefix and (prefix .. "." .. name) or name
       if dynamic and def.dynamic ~= nil then dynamic[path] = def.dynamic end
       if dynamic and def.enabled == false then dynamic[path] = false end -- not parsed at all
+      if def.enabled == false and disabled_by_types[types] then disabled_by_types[types][path] = true end
       if def.properties then
         types[path] = def.type or "object"
         _M.load(types, def.properties, path, formats, dynamic, malformed, copy_from, null_values)
@@ -334,7 +338,16 @@ local function learn(types, obj, prefix, no_dates, dynamic)
         -- unmapped, and not mapped now: kept in _source only (nor is anything under it)
       elseif type(v) == "table" and v ~= null then
         if #v > 0 or next(v) == nil then
-          for _, e in ipairs(v) do
+          -- ES flattens arrays of arrays: [[], 1] holds one long
+          local flat = {}
+          local function flatten(a)
+            for _, e in ipairs(a) do
+              if type(e) == "table" and e ~= null and (#e > 0 or json.is_array(e)) then flatten(e)
+              else flat[#flat + 1] = e end
+            end
+          end
+          flatten(v)
+          for _, e in ipairs(flat) do
             if type(e) == "table" then
               if types[path] == nil then types[path] = "object" end
               learn(types, e, path, no_dates, dynamic)
@@ -465,6 +478,10 @@ local function check(types, obj, prefix, formats, malformed)
             local bad = check(types, e, path, formats, malformed)
             if bad then return bad end
           end
+        elseif e ~= null and (ty == "object" or ty == "nested") then
+          -- DocumentParser.parseObjectOrNested: a value where an object is mapped
+          local disabled = disabled_by_types[types]
+          if not (disabled and disabled[path]) then return { field = path, key = k, value = e, concrete = true } end
         elseif e ~= null and ty and not fits(ty, e, formats and formats[path])
           and not ignores_malformed(malformed, path, ty) then
           return { field = path, type = ty, value = e }

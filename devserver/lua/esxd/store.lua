@@ -108,6 +108,7 @@ function _M.create(name, body)
   mapping.register_null_values(idx.types, idx.null_values)
   idx.ignore_above = {}
   mapping.register_ignore_above(idx.types, idx.ignore_above)
+  mapping.register_disabled(idx.types, {})
   local function sub(t, k) return type(t) == "table" and t[k] or nil end
   local im = st["index.mapping.ignore_malformed"] or st["mapping.ignore_malformed"]
   if im == nil then im = sub(st.index, "mapping.ignore_malformed") end
@@ -289,6 +290,11 @@ local function check_version(idx, id, cur, opts)
 end
 
 local function doc_parse_error(id, bad)
+  if bad.concrete then
+    return errors.new(400, "document_parsing_exception",
+      ("[1:1] object mapping for [%s] tried to parse field [%s] as object, but found a concrete value")
+        :format(bad.field, bad.key))
+  end
   local preview = type(bad.value) == "table" and "{...}" or tostring(bad.value)
   if bad.object then
     return errors.new(400, "document_parsing_exception",
