@@ -772,6 +772,12 @@ describe("esxd", function()
       assert.equal("noop", b.result)
       local _, _, body = req("GET", "/em/_source/1")
       assert.same({ o = { a = 1 }, p = "x" }, cjson.decode(body))
+      -- [] is not {}: changing one into the other is an update, not a noop
+      req("PUT", "/em/_doc/2", '{"o":{}}', JSON)
+      st, b = jreq("POST", "/em/_update/2", '{"doc":{"o":[]}}', JSON)
+      assert.equal("updated", b.result)
+      _, _, body = req("GET", "/em/_source/2")
+      assert.equal('{"o":[]}', body)
       -- an empty object still replaces what is not an object
       st, b = jreq("POST", "/em/_update/1", '{"doc":{"p":{}}}', JSON)
       assert.equal("updated", b.result)

@@ -403,6 +403,7 @@ end
 local function deep_equal(a, b)
   if a == b then return true end
   if type(a) ~= "table" or type(b) ~= "table" then return false end
+  if json.is_array(a) ~= json.is_array(b) and next(a) == nil and next(b) == nil then return false end -- [] vs {}
   for k, v in pairs(a) do if not deep_equal(v, b[k]) then return false end end
   for k in pairs(b) do if a[k] == nil then return false end end
   return true
