@@ -337,7 +337,7 @@ local function learn(types, obj, prefix, no_dates, dynamic)
       if types[path] == nil and not new_ok then
         -- unmapped, and not mapped now: kept in _source only (nor is anything under it)
       elseif type(v) == "table" and v ~= null then
-        if #v > 0 or next(v) == nil then
+        if #v > 0 or json.is_array(v) then
           -- ES flattens arrays of arrays: [[], 1] holds one long
           local flat = {}
           local function flatten(a)
@@ -375,7 +375,7 @@ local function strict(types, dynamic, obj, prefix)
     if type(k) == "string" and v ~= null then
       local path = prefix and (prefix .. "." .. k) or k
       local is_table = type(v) == "table"
-      if types[path] == nil and not (is_table and next(v) == nil)
+      if types[path] == nil and not (is_table and next(v) == nil and json.is_array(v))
         and dynamic_of(dynamic, prefix) == "strict" then
         return { field = k, within = prefix or "_doc" }
       end
