@@ -953,6 +953,21 @@ describe("esxd", function()
       _, b = jreq("GET", "/ov3/_mapping")
       assert.same({ type = "long" }, b.ov3.mappings.properties.l)
     end)
+    it("refuses numbers out of an integer type's range, as ES does", function()
+      assert.equal(200, (jreq("PUT", "/rng", { mappings = { properties = { b = { type = "byte" }, s = { type = "short" },
+        i = { type = "integer" }, l = { type = "long" }, u = { type = "unsigned_long" } } } })))
+      for _, c in ipairs({ { "b", 128 }, { "b", -129 }, { "s", 32768 }, { "i", 2147483648 }, { "i", "30000000000" },
+        { "l", 1e19 }, { "u", -1 } }) do
+        local st, b = jreq("PUT", "/rng/_doc/1", { [c[1]] = c[2] })
+        assert.equal(400, st, c[1] .. " " .. tostring(c[2]))
+        assert.equal("document_parsing_exception", b.error.type)
+      end
+      for _, c in ipairs({ { "b", 127 }, { "b", -128 }, { "b", 127.9 }, { "s", 32767 }, { "i", -2147483648 },
+        { "l", 9007199254740992 }, { "u", 1e19 } }) do
+        local st = jreq("PUT", "/rng/_doc/1", { [c[1]] = c[2] })
+        assert.is_true(st == 200 or st == 201, c[1] .. " " .. tostring(c[2]))
+      end
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

@@ -436,8 +436,23 @@ end
 -- the date fields' mapping formats, or nil).
 -- Returns nil or an error description {field=, type=, value=}.
 -- Does a scalar value fit a field of type ty (format: a date field's mapping format)?
+-- The integer types' ranges (NumberFieldMapper: "Value [x] is out of range for an integer").
+local RANGE = { byte = { -128, 127 }, short = { -32768, 32767 }, integer = { -2147483648, 2147483647 },
+  long = { -2 ^ 63, 2 ^ 63 }, unsigned_long = { 0, 2 ^ 64 } }
+
 local function fits(ty, e, format)
-  if NUMERIC[ty] then return type(e) == "number" or (type(e) == "string" and tonumber(e) ~= nil) end
+  if NUMERIC[ty] then
+    local n = (type(e) == "number" or type(e) == "string") and tonumber(e)
+    if not n or n ~= n then return false end
+    local r = RANGE[ty]
+    -- coerce (the default) truncates a fraction: 127.9 is 127 for a byte
+    if r then
+      local t = n < 0 and math.ceil(n) or math.floor(n)
+      -- (a double cannot tell 2^63 - 1 from 2^63: long's and unsigned_long's maxima pass)
+      if t < r[1] or t > r[2] then return false end
+    end
+    return true
+  end
   if ty == "date" then return date_fits(e, format) end
   if ty == "boolean" then return type(e) == "boolean" or e == "true" or e == "false" or e == "" end
   return true
