@@ -2065,6 +2065,58 @@ describe("TLS", function()
       l:close()
     end)
   end
+
+  it("keeps a TLS 1.3 connection on which the server sent a record of its own while it was idle", function()
+    -- TLS 1.3 servers send session tickets after their first answers (Netty, Elasticsearch's
+    -- HTTP layer, does) and key updates at any time: taken for an unasked answer, they made
+    -- every https request a new handshake.  openssl s_server sends a key update on "k".
+    local dir = tls.ca_file:match("^(.*)/[^/]+$")
+    local port = net.free_port()
+    local out, pidfile = os.tmpname(), os.tmpname()
+    local srv = assert(io.popen("echo $$ > " .. pidfile .. "; exec openssl s_server -accept 127.0.0.1:" .. port ..
+      " -tls1_3 -crlf -ign_eof -cert " .. tls.ca_file .. " -key " .. dir .. "/key.pem > " .. out .. " 2>&1", "w"))
+    finally(function() -- (a failed spec must not leave it running: closing srv waits for it)
+      local f = io.open(pidfile)
+      local pid = f and f:read("*l")
+      if f then f:close() end
+      if pid then os.execute("kill " .. pid .. " 2>/dev/null") end
+      srv:close()
+      os.remove(pidfile)
+      os.remove(out)
+    end)
+    local function output()
+      local f = io.open(out)
+      local text = f and f:read("*a") or ""
+      if f then f:close() end
+      return text
+    end
+    local function wait_for(text)
+      for _ = 1, 100 do
+        if output():find(text, 1, true) then return end
+        socket.sleep(0.05)
+      end
+      error("s_server never showed " .. text .. ":\n" .. output())
+    end
+    wait_for("ACCEPT")
+    local c = client{ hosts = { "https://127.0.0.1:" .. port }, tls_verify = false,
+                      max_retries = 0, connect_timeout = 10000, request_timeout = 10000 }
+    for i = 1, 3 do
+      local p = assert(c:send("GET", "/k" .. i))
+      wait_for("GET /k" .. i)
+      srv:write('HTTP/1.1 200 OK\nContent-Type: application/json\nContent-Length: 11\n\n{"ok":true}')
+      srv:flush()
+      assert.is_true(p:wait(10000))
+      local res, err = p:result()
+      assert.is_nil(err)
+      assert.equal(200, res.status)
+      srv:write("k\n") -- a key update on the idle connection
+      srv:flush()
+      socket.sleep(0.2)
+    end
+    c:close()
+    local _, handshakes = output():gsub("CIPHER is", "")
+    assert.equal(1, handshakes) -- one connection for the three requests
+  end)
 end)
 
 describe("pending:waiter_path", function()

@@ -89,15 +89,29 @@ static int socket_on_addresses(int fd, const char *local, const char *remote)
     return 1;
 }
 
-/* 1 when libcurl reused an idle connection that has bytes waiting: whatever a server sent on
- * an idle connection (a 408 before it closed, the rest of a faulty answer) answers nothing esx
- * asked, but libcurl 7.88 takes such a connection as alive and would read those bytes as this
- * request's answer (esx's own HTTP/1.1 drops the connection as soon as they come).  Over TLS
- * too: the bytes cannot be told from other TLS records there, but a server sends its session
- * tickets (TLS 1.3) before its first answer, which read them; a record that comes to an idle
- * connection (an answer, a close_notify, a rare key update) costs at worst a new connection.
- * libcurl gives no socket before the request is sent (CURLINFO_ACTIVESOCKET), so it is found
- * by its ports (and, when another socket has the same, its addresses). */
+/* 1 when the peer of TCP socket fd has closed its side (FIN received: CLOSE_WAIT). */
+static int peer_closed(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    return getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+           len >= offsetof(struct tcp_info, tcpi_state) + sizeof ti.tcpi_state &&
+           ti.tcpi_state == TCP_CLOSE_WAIT;
+}
+
+/* 1 when libcurl reused an idle connection that the server wrote to while it was idle:
+ * whatever a server sends there (a 408 before it closed, the rest of a faulty answer) answers
+ * nothing esx asked, but libcurl 7.88 takes such a connection as alive and would read those
+ * bytes as this request's answer (esx's own HTTP/1.1 drops the connection as soon as they
+ * come).  Over plain HTTP any byte waiting tells it.  Over TLS bytes waiting are no sign: a
+ * TLS 1.3 server may send its session tickets after its first answers (Netty, on which
+ * Elasticsearch's HTTP layer runs, does) and a key update at any time, and at the socket they
+ * look like an answer -- dropping such connections would make every https request a new
+ * handshake.  There a server that wrote and then closed (a 408 with Connection: close, the
+ * common case) is told by its FIN; one that writes a stray answer and keeps the connection
+ * open cannot be told from a ticket (docs/client.md).  libcurl gives no socket before the
+ * request is sent (CURLINFO_ACTIVESOCKET), so it is found by its ports (and, when another
+ * socket has the same, its addresses). */
 static int reused_with_bytes_waiting(esx_request *req, const char *lip, int lport,
                                      const char *rip, int rport)
 {
@@ -114,7 +128,9 @@ static int reused_with_bytes_waiting(esx_request *req, const char *lip, int lpor
         }
     }
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    return fd >= 0 && poll(&p, 1, 0) > 0;
+    if (fd < 0 || poll(&p, 1, 0) <= 0)
+        return 0;
+    return strncmp(esx_request_node(req), "https://", 8) != 0 || peer_closed(fd);
 }
 
 /* libcurl has a connection for the transfer (new, or reused): socket silence counts from now. */
