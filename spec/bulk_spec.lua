@@ -438,20 +438,15 @@ end)
 
 describe("bi:close (in nginx)", function()
   local core = require "esx.core"
-  local saved_ngx, saved_nginx
-  before_each(function() saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"] end)
-  after_each(function()
-    rawset(_G, "ngx", saved_ngx)
-    package.loaded["esx.nginx"] = saved_nginx
-  end)
+  local fake = require "spec.support.ngx"
+  local failing_waiter = { wait = function()
+    return nil, core.error("internal", "cannot reach the esx waiter socket")
+  end }
 
   it("waits for a batch the nginx waiter failed to wait for, and loses none", function()
     srv:fault{ path = "/_bulk", stall_ms = 200 }
-    rawset(_G, "ngx", { get_phase = function() return "content" end,
-                        sleep = function(s) core.sleep(s * 1000) end })
-    package.loaded["esx.nginx"] = { wait = function()
-      return nil, core.error("internal", "cannot reach the esx waiter socket")
-    end }
+    finally(fake.install({ get_phase = function() return "content" end,
+                           sleep = function(s) core.sleep(s * 1000) end }, failing_waiter))
     local bi = c:bulk_indexer()
     for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
     local s = bi:close()
@@ -465,11 +460,9 @@ describe("bi:close (in nginx)", function()
     -- on it) for as long as the batch takes: here 300 ms, up to socket_timeout in general
     srv:fault{ path = "/_bulk", stall_ms = 300 }
     local naps = 0
-    rawset(_G, "ngx", { get_phase = function() return "timer" end,
-                        sleep = function(s) naps = naps + 1; core.sleep(s * 1000) end })
-    package.loaded["esx.nginx"] = { wait = function()
-      return nil, core.error("internal", "cannot reach the esx waiter socket")
-    end }
+    finally(fake.install({ get_phase = function() return "timer" end,
+                           sleep = function(s) naps = naps + 1; core.sleep(s * 1000) end },
+                         failing_waiter))
     local bi = c:bulk_indexer()
     for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
     local s = bi:close()
@@ -480,8 +473,8 @@ describe("bi:close (in nginx)", function()
 
   it("sleeps out a back-off without ngx.sleep in a phase that cannot yield", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
-    rawset(_G, "ngx", { get_phase = function() return "log" end,
-                        sleep = function() error("API disabled in the context of log_by_lua*") end })
+    finally(fake.install({ get_phase = function() return "log" end,
+                           sleep = function() error("API disabled in the context of log_by_lua*") end }))
     local bi = c:bulk_indexer{ backoff_min = 200, backoff_max = 200 }
     bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
     local s = bi:close()
@@ -492,23 +485,21 @@ end)
 
 describe("bi:add and bi:close (light threads sharing an indexer in nginx)", function()
   local core = require "esx.core"
-  local saved_ngx, saved_nginx
+  local fake = require "spec.support.ngx"
+  local restore
   -- nginx's light threads, in plain Lua: esx.nginx.wait and ngx.sleep yield the coroutine, and
   -- run() resumes every live one in turn until all are done
   before_each(function()
-    saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
-    rawset(_G, "ngx", { get_phase = function() return "timer" end, sleep = function(s)
+    restore = fake.install({ get_phase = function() return "timer" end, sleep = function(s)
       local t = core.now() + s * 1000
       repeat coroutine.yield() until core.now() >= t
-    end })
-    package.loaded["esx.nginx"] = { wait = function(p)
+    end }, { wait = function(p)
       while not p:ready() do coroutine.yield() end
       return p:result()
-    end }
+    end })
   end)
   after_each(function()
-    rawset(_G, "ngx", saved_ngx)
-    package.loaded["esx.nginx"] = saved_nginx
+    restore()
     srv:clear_faults()
   end)
   local function run(...)

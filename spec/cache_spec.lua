@@ -215,14 +215,9 @@ describe("cache:read_articles(user_id, page_no)", function()
     -- the default clock in nginx was ngx.now(), the wall clock: stepped back an hour (NTP,
     -- an operator), a page of page_ttl = 100 ms was served for an hour and 100 ms
     local core = require "esx.core"
-    local saved_ngx, saved_mod = rawget(_G, "ngx"), package.loaded["esx.cache"]
     local wall = 1.8e9
-    rawset(_G, "ngx", { now = function() return wall end, sleep = function() end })
-    package.loaded["esx.cache"] = nil
-    local ok, mod = pcall(require, "esx.cache")
-    rawset(_G, "ngx", saved_ngx)
-    package.loaded["esx.cache"] = saved_mod
-    assert(ok, mod)
+    local mod = require("spec.support.ngx").load("esx.cache", { now = function() return wall end,
+                                                                sleep = function() end })
     local db = sample_db()
     local c = mod.new{ load_page = db.load_page, load_readers = db.load_readers, page_ttl = 100,
                        readers_ttl = 100 }

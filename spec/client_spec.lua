@@ -521,16 +521,11 @@ describe("client:request", function()
   it("returns nil, err when the nginx waiter fails before the request is done", function()
     srv:fault{ path = "/", stall_ms = 300 }
     local c = client()
-    local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
-    finally(function()
-      rawset(_G, "ngx", saved_ngx)
-      package.loaded["esx.nginx"] = saved_nginx
-      c:close()
-    end)
-    rawset(_G, "ngx", { get_phase = function() return "content" end })
-    package.loaded["esx.nginx"] = { await = function()
-      return nil, require("esx.core").error("internal", "cannot reach the esx waiter socket")
-    end }
+    local restore = require("spec.support.ngx").install({ get_phase = function() return "content" end },
+      { await = function()
+        return nil, require("esx.core").error("internal", "cannot reach the esx waiter socket")
+      end })
+    finally(function() restore(); c:close() end)
     local res, err = c:request("GET", "/")
     assert.is_nil(res)
     assert.equal("internal", err.kind)

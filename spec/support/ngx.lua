@@ -8,20 +8,40 @@
 --   fake.with(stub, nx.collect, col)       -- a call made with stub as the global ngx
 --   local sock = fake.socket{ receive = function() return nil, "timeout" end }
 --   local nx = fake.load_nginx(fake.content(now, sleep, sock))   -- a handler that waits
+--   local mod = fake.load("esx.cache", stub)  -- any module that keeps the ngx it finds
+--   finally(fake.install(stub, { wait = ... }))  -- ngx and esx.nginx for the rest of an it()
 
 local _M = {}
 
---- esx.nginx loaded afresh with stub as the global ngx -> that module.  When it returns (or
--- raises), the global ngx and package.loaded["esx.nginx"] are what they were before.
+--- The module name loaded afresh with stub as the global ngx -> that module.  When it returns
+-- (or raises), the global ngx and package.loaded[name] are what they were before.
+function _M.load(name, stub)
+  local saved_ngx, saved_mod = rawget(_G, "ngx"), package.loaded[name]
+  rawset(_G, "ngx", stub)
+  package.loaded[name] = nil
+  local ok, mod = pcall(require, name)
+  rawset(_G, "ngx", saved_ngx)
+  package.loaded[name] = saved_mod
+  if not ok then error(mod, 0) end
+  return mod
+end
+
+--- esx.nginx loaded afresh with stub as the global ngx -> that module (see load).
 function _M.load_nginx(stub)
+  return _M.load("esx.nginx", stub)
+end
+
+--- Makes stub the global ngx and, when nginx is given, what require "esx.nginx" returns (both
+-- read at the time of a call, as esx.client and esx.bulk do) -> a function that puts both back
+-- as they were, for finally() or after_each().
+function _M.install(stub, nginx)
   local saved_ngx, saved_nginx = rawget(_G, "ngx"), package.loaded["esx.nginx"]
   rawset(_G, "ngx", stub)
-  package.loaded["esx.nginx"] = nil
-  local ok, nx = pcall(require, "esx.nginx")
-  rawset(_G, "ngx", saved_ngx)
-  package.loaded["esx.nginx"] = saved_nginx
-  if not ok then error(nx, 0) end
-  return nx
+  if nginx ~= nil then package.loaded["esx.nginx"] = nginx end
+  return function()
+    rawset(_G, "ngx", saved_ngx)
+    package.loaded["esx.nginx"] = saved_nginx
+  end
 end
 
 local function put_back(saved, ok, ...)
