@@ -49,19 +49,13 @@ local function child_script(dir, name, code)
   return lua .. " " .. path
 end
 
--- Builds tools/unit/<name>.c with the C sources it tests, runs it, returns what it printed
--- (a line "ok <check>" or "FAIL <check>" per check).
-local function unit(name, sources)
-  local bin = os.tmpname()
-  local ok = os.execute("gcc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc tools/unit/" .. name ..
-    ".c " .. sources .. " -o " .. bin)
-  assert.truthy(ok == true or ok == 0, "cannot build tools/unit/" .. name .. ".c")
-  local p = io.popen(bin)
-  local out = p:read("*a")
-  p:close()
-  os.remove(bin)
-  return out
-end
+local unit = require("spec.support.unit").run
+
+-- what the tools/unit programs that drive a client's engine are built with
+local ENGINE_SOURCES = "-Wno-unused-parameter src/client.c src/config.c " ..
+  "src/engine.c src/engine_curl.c src/engine_exit.c src/engine_h1.c src/engine_waiters.c " ..
+  "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
+  "src/base64.c src/proc.c -lcurl -lz -pthread"
 
 -- A 64 KiB tmpfs mounted on a new directory (a disk to fill), or nil when it cannot be
 -- mounted (not root); the caller unmounts it.
@@ -1438,23 +1432,13 @@ describe("shipping", function()
     -- exit() stops the I/O threads before OpenSSL's exit handler frees its state; the
     -- shipper, which goes on running, found its client's engine stopped and rebuilt it: a
     -- new I/O thread (and TLS connects) under OpenSSL's cleanup
-    local out = unit("exit_rebuild", "-Wno-unused-parameter src/client.c src/config.c " ..
-      "src/engine.c src/engine_curl.c src/engine_exit.c src/engine_h1.c src/engine_waiters.c " ..
-      "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
-      "src/base64.c src/proc.c -lcurl -lz -pthread")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(8, select(2, out:gsub("ok ", "")))
+    unit("exit_rebuild", ENGINE_SOURCES, 8)
   end)
 
   it("builds one engine in a forked child whose shipper and Lua thread use the client at once (tools/unit)", function()
     -- each thread that saw the parent's pid re-initialised the client's lock, the second
     -- while the first held it: both built an engine, and one was lost with its I/O thread
-    local out = unit("fork_adopt", "-Wno-unused-parameter src/client.c src/config.c " ..
-      "src/engine.c src/engine_curl.c src/engine_exit.c src/engine_h1.c src/engine_waiters.c " ..
-      "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
-      "src/base64.c src/proc.c -lcurl -lz -pthread")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(3, select(2, out:gsub("ok ", "")))
+    unit("fork_adopt", ENGINE_SOURCES, 3)
   end)
 end)
 
@@ -1472,41 +1456,31 @@ describe("col:rollups", function()
   it("goes on counting in a row whose window ended a moment before a late event (tools/unit)", function()
     -- an event counts under its request's received_at, stamped before parsing: a row freed
     -- as its window ended came back from such a count at 1, under the same _id
-    local out = unit("rollup_grace", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(8, select(2, out:gsub("ok ", "")))
+    unit("rollup_grace", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 8)
   end)
 
   it("writes a row counted after its window's rows were forgotten under an _id of its own (tools/unit)", function()
     -- the wall clock stepped back past a window already written and forgotten: its row
     -- came back at count 1 under the same _id, and was refused (409, a lower version) or
     -- replaced the row written before
-    local out = unit("rollup_forgotten", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(9, select(2, out:gsub("ok ", "")))
+    unit("rollup_forgotten", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 9)
   end)
 
   it("makes room at max_rows for a new window's rows from rows already written (tools/unit)", function()
     -- a written row of an ended window stayed 10 s or more for late counts: with over half
     -- of max_rows keys per window, the first 10-20 s of every window were refused
-    local out = unit("rollup_full", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(8, select(2, out:gsub("ok ", "")))
+    unit("rollup_full", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 8)
   end)
 
   it("charges every site of a request whose last site made the rate table purge (tools/unit)", function()
     -- the purge that made room for a new site dropped an earlier site's refilled bucket,
     -- and that site's events went uncharged
-    local out = unit("ratelimit_purge", "src/ratelimit.c src/hash.c")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(11, select(2, out:gsub("ok ", "")))
+    unit("ratelimit_purge", "src/ratelimit.c src/hash.c", 11)
   end)
 
   it("tells a site over its rate to wait until its bucket has room, not a ms more (tools/unit)", function()
     -- a wait of exactly 1000 ms was told as 1001: Retry-After 2 for a bucket full in 1 s
-    local out = unit("ratelimit_wait", "src/ratelimit.c src/hash.c")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(10, select(2, out:gsub("ok ", "")))
+    unit("ratelimit_wait", "src/ratelimit.c src/hash.c", 10)
   end)
 
   it("builds col:rollups() without the collector's lock (a finalizer may call the collector)", function()
@@ -2246,9 +2220,7 @@ describe("spool", function()
   it("lets one process claim a dead one's segment without RENAME_NOREPLACE, never two (tools/unit)", function()
     -- the link-then-unlink fallback ignored a failed unlink: a process that had linked the
     -- old name too, between, and removed it first, replayed the segment as well
-    local out = unit("spool_claim_race", "src/spool.c src/private.c src/proc.c -lz -lpthread")
-    assert.falsy(out:find("FAIL", 1, true), out)
-    assert.equal(5, select(2, out:gsub("ok ", "")))
+    unit("spool_claim_race", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
   end)
 
   it("replays a dead process's segment at once while its overflow segment waits for acknowledgements", function()
