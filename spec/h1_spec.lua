@@ -17,13 +17,21 @@ local function client(opts)
 end
 
 -- Sends method/path on c, accepts its connection (or takes `conn`), reads the request and
--- answers `raw` (a string, or a function(conn, req)).  Returns res, err, req, conn.
-local function exchange(c, method, path, body, raw, conn, opts)
+-- answers `raw` (a string, or a function(conn, req)).  Returns the pending request, done,
+-- req, conn.
+local function answered(c, method, path, body, raw, conn, opts)
   local p = assert(c:send(method, path, body, opts))
   conn = conn or assert(l:accept(), "no connection")
   local req = assert(net.read_request(conn))
   if type(raw) == "function" then raw(conn, req) else assert(conn:send(raw)) end
   assert.is_true(p:wait(5000))
+  return p, req, conn
+end
+
+-- answered(...), and the request's result: res, err, req, conn.
+local function exchange(c, method, path, body, raw, conn, opts)
+  local p, req
+  p, req, conn = answered(c, method, path, body, raw, conn, opts)
   local res, err = p:result()
   return res, err, req, conn
 end
@@ -723,11 +731,7 @@ describe("pending:json", function()
 
   it("returns nil, err decode when the body is not JSON", function()
     local c = client()
-    local p = assert(c:send("GET", "/"))
-    local conn = assert(l:accept())
-    assert(net.read_request(conn))
-    conn:send("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nnot")
-    assert.is_true(p:wait(5000))
+    local p = answered(c, "GET", "/", nil, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nnot")
     local doc, err = p:json()
     assert.is_nil(doc)
     assert.equal("decode", err.kind)
@@ -736,11 +740,7 @@ describe("pending:json", function()
 
   it("returns nil, err with the result's error on an HTTP failure", function()
     local c = client()
-    local p = assert(c:send("GET", "/"))
-    local conn = assert(l:accept())
-    assert(net.read_request(conn))
-    conn:send("HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
-    assert.is_true(p:wait(5000))
+    local p = answered(c, "GET", "/", nil, "HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
     local doc, err = p:json()
     assert.is_nil(doc)
     assert.equal("not_found", err.kind)
