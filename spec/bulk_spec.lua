@@ -13,6 +13,11 @@ before_each(function()
 end)
 after_each(function() c:close() end)
 
+-- Adds n "index" operations to bi: documents { n = i } with _id i (1 to n) in index "p".
+local function add_docs(bi, n)
+  for i = 1, n do assert(bi:add("index", { _index = "p", _id = tostring(i) }, { n = i })) end
+end
+
 local function count(index)
   assert(c:refresh(index))
   return (c:count(index, { query = { match_all = {} } }))
@@ -56,7 +61,7 @@ describe("client:bulk_indexer", function()
 
   it("flushes by count and indexes everything", function()
     local bi = c:bulk_indexer{ flush_count = 100, concurrency = 2 }
-    for i = 1, 250 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 250)
     local s = bi:close()
     assert.equal(250, s.added)
     assert.equal(250, s.indexed)
@@ -76,7 +81,7 @@ describe("client:bulk_indexer", function()
   it("retries items rejected with 429 and loses none", function()
     srv:fault{ path = "/_bulk", item_status = 429, item_count = 5, count = 1 }
     local bi = c:bulk_indexer{ flush_count = 50, backoff_min = 10, backoff_max = 50 }
-    for i = 1, 50 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 50)
     local s = bi:close()
     assert.equal(50, s.indexed)
     assert.equal(5, s.retried)
@@ -90,7 +95,7 @@ describe("client:bulk_indexer", function()
     local bi = c:bulk_indexer{ flush_count = 10, on_drop = function(item, reason)
       seen[#seen + 1] = item.meta._id .. " " .. reason
     end }
-    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 10)
     local s = bi:close()
     assert.equal(7, s.indexed)
     assert.equal(3, s.failed)
@@ -187,7 +192,7 @@ describe("client:bulk_indexer", function()
   it("splits a batch the server refuses as too large (413)", function()
     srv:fault{ path = "/_bulk", status = 413, count = 1 }
     local bi = c:bulk_indexer{ flush_count = 8 }
-    for i = 1, 8 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 8)
     local s = bi:close()
     assert.equal(8, s.indexed)
     assert.equal(1, s.split)
@@ -197,7 +202,7 @@ describe("client:bulk_indexer", function()
   it("retries a whole batch after a transport failure", function()
     srv:fault{ path = "/_bulk", status = 503, count = 1 }
     local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
-    for i = 1, 5 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 5)
     local s = bi:close()
     assert.equal(5, s.indexed)
     assert.equal(5, s.retried)
@@ -207,7 +212,7 @@ describe("client:bulk_indexer", function()
     for _, status in ipairs({ 401, 403, 404 }) do
       srv:fault{ path = "/_bulk", status = status, count = -1 }
       local bi = c:bulk_indexer{ flush_count = 2 }
-      for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+      add_docs(bi, 3)
       local s = bi:close()
       assert.equal(3, s.failed)
       assert.equal(0, s.retried)
@@ -287,7 +292,7 @@ describe("bi:flush and bi:stats", function()
 
   it("exports an open indexer's counters in esx.metrics(), and no more once it is closed", function()
     local bi = c:bulk_indexer{ name = "loader", flush_count = 2 }
-    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 3)
     local text = esx.metrics()
     assert.truthy(text:find('# TYPE esx_bulk_added_total counter\nesx_bulk_added_total{name="loader"} 3\n',
       1, true), text)
@@ -308,7 +313,7 @@ describe("bi:close", function()
       calls = calls + 1
       error("on_drop failed")
     end }
-    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 10)
     local s = bi:close()
     assert.equal(8, s.indexed)
     assert.equal(2, s.failed)
@@ -322,7 +327,7 @@ describe("bi:close", function()
     srv:fault{ path = "/_bulk", status = 200, count = 1, body =
       '{"took":1,"errors":true,"items":[1,{"index":{"status":"201"}},{"index":null},{}]}' }
     local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
-    for i = 1, 4 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 4)
     local s = bi:close()
     assert.equal(4, s.indexed)
     assert.equal(0, s.failed)
@@ -388,7 +393,7 @@ describe("bi:close (client closed)", function()
   it("drops the items at once, with the reason, when the client is closed", function()
     local bi = c:bulk_indexer{ flush_count = 2 }
     c:close()
-    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 3)
     local t0 = require("esx.core").now()
     local s = bi:close()
     assert.is_true(require("esx.core").now() - t0 < 500, "close took " .. (require("esx.core").now() - t0) .. " ms")
@@ -448,7 +453,7 @@ describe("bi:close (in nginx)", function()
     finally(fake.install({ get_phase = function() return "content" end,
                            sleep = function(s) core.sleep(s * 1000) end }, failing_waiter))
     local bi = c:bulk_indexer()
-    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 3)
     local s = bi:close()
     assert.equal(3, s.indexed)
     assert.equal(0, s.failed)
@@ -464,7 +469,7 @@ describe("bi:close (in nginx)", function()
                            sleep = function(s) naps = naps + 1; core.sleep(s * 1000) end },
                          failing_waiter))
     local bi = c:bulk_indexer()
-    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 3)
     local s = bi:close()
     assert.equal(3, s.indexed)
     assert.equal(0, s.retried)
@@ -547,7 +552,7 @@ describe("bi:add and bi:close (light threads sharing an indexer in nginx)", func
     srv:fault{ path = "/_bulk", stall_ms = 100, count = -1 }
     local bi = c:bulk_indexer{ concurrency = 1, flush_count = 2 }
     local s
-    run(function() for i = 1, 4 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end end,
+    run(function() add_docs(bi, 4) end,
         function() s = bi:close() end)
     assert.equal(4, s.added)
     assert.equal(4, s.indexed)
@@ -563,7 +568,7 @@ describe("bi:add and bi:close (light threads sharing an indexer in nginx)", func
       ngx.sleep(0.05)
     end }
     local s
-    run(function() for i = 1, 8 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end end,
+    run(function() add_docs(bi, 8) end,
         function()
           while bi:stats().added < 8 do ngx.sleep(0.001) end
           s = bi:close()
@@ -579,7 +584,7 @@ describe("bi:flush", function()
   it("sends retries in batches no bigger than flush_count", function()
     srv:fault{ path = "/_bulk", item_status = 429, count = 2 }
     local bi = c:bulk_indexer{ flush_count = 10, backoff_min = 0, backoff_max = 0 }
-    for i = 1, 20 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    add_docs(bi, 20)
     local s = bi:close()
     assert.equal(20, s.indexed)
     assert.equal(20, s.retried)
