@@ -10,14 +10,18 @@ local function parse(body, max)
   return core.events_parse(body, NOW, max)
 end
 
--- the one reject of a one-event body
-local function reason(body)
-  local docs, rejects = parse(body)
+-- the error of the one reject of a parse (docs, rejects) that accepted nothing
+local function only_reject(docs, rejects)
   assert(docs, rejects and tostring(rejects))
   assert.equal(0, #docs)
   assert.equal(1, #rejects)
   assert.equal(0, rejects[1].index)
   return rejects[1].error
+end
+
+-- the one reject of a one-event body
+local function reason(body)
+  return only_reject(parse(body))
 end
 
 local function accepted(body)
@@ -534,12 +538,7 @@ describe("core.event_from_query", function()
   end
 
   local function qreason(s)
-    local docs, rejects = q(s)
-    assert(docs, rejects and tostring(rejects))
-    assert.equal(0, #docs)
-    assert.equal(1, #rejects)
-    assert.equal(0, rejects[1].index)
-    return rejects[1].error
+    return only_reject(q(s))
   end
 
   it("builds one event: values as strings, ts as a number, received_at and event_id added", function()
