@@ -410,11 +410,7 @@ describe("bi:close (never called)", function()
   -- returns what it wrote on stderr.
   local function forgetful(n, close)
     srv:fault{ path = "/_bulk", stall_ms = 1500, count = 2 }
-    local path = os.tmpname()
-    local f = assert(io.open(path, "w"))
-    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
-            'package.cpath = "./build/', jit and "luajit" or "lua5.4", '/?.so;" .. package.cpath\n',
-            ([[
+    local run, path = require("spec.support.child").script(([[
       local esx = require "esx"
       local c = assert(esx.client{ hosts = { "%s" } })
       local bi = assert(c:bulk_indexer{ flush_count = 3, concurrency = 4, name = "nightly" })
@@ -425,8 +421,7 @@ describe("bi:close (never called)", function()
       collectgarbage()
       c:close()
     ]]):format(srv.url, n, tostring(close)))
-    f:close()
-    local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. path .. " 2>&1")
+    local p = io.popen(run .. " 2>&1")
     local out = p:read("*a")
     p:close()
     os.remove(path)

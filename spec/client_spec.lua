@@ -1976,22 +1976,16 @@ describe("TLS", function()
   it("lets the process exit cleanly with TLS requests in flight", function()
     -- os.exit() runs OpenSSL's exit handler; an I/O thread still inside a TLS call crashed
     -- about one exit in four before esx stopped its threads first (src/engine_exit.c)
-    local flavour = require("esx.core").flavour
-    local script = os.tmpname()
-    local f = assert(io.open(script, "w"))
-    f:write([[
-      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-      package.cpath = "./build/]] .. flavour .. [[/?.so;" .. package.cpath
+    local run, script = require("spec.support.child").script([[
       local c = assert(require("esx").client{ hosts = { arg[1] }, tls_verify = false,
                                               max_total = 20, max_per_route = 20 })
       for _ = 1, 20 do c:send("POST", "/_search", { size = 1 }) end
       require("socket").sleep(tonumber(arg[2]))
       os.exit(0)
     ]])
-    f:close()
     local failed = {}
     for i = 1, 40 do
-      local ok, how, code = os.execute(flavour .. " " .. script .. " " .. tls.url .. " " ..
+      local ok, how, code = os.execute(run .. " " .. tls.url .. " " ..
                                        (i % 10) * 0.003 .. " 2>/dev/null")
       if not (ok == true or ok == 0) then failed[#failed + 1] = table.concat({ tostring(ok), tostring(how), tostring(code) }, " ") end
     end

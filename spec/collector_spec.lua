@@ -4,6 +4,7 @@ local esx = require "esx"
 local core = require "esx.core"
 local ds = require "spec.support.devserver"
 local proc = require "spec.support.proc"
+local child = require "spec.support.child"
 local cjson = require "cjson"
 local socket = require "socket"
 local SCALE = tonumber(os.getenv("ESX_TEST_TIME_SCALE")) or 1
@@ -40,13 +41,7 @@ end
 -- Writes `code` to dir/name.lua after the lines that make it load this tree's esx; returns
 -- the command that runs it with the interpreter of this run.
 local function child_script(dir, name, code)
-  local lua = jit and "luajit" or "lua5.4"
-  local path = dir .. "/" .. name .. ".lua"
-  local f = assert(io.open(path, "w"))
-  f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
-          'package.cpath = "./build/', lua, '/?.so;" .. package.cpath\n', code)
-  f:close()
-  return lua .. " " .. path
+  return (child.script(code, dir .. "/" .. name .. ".lua"))
 end
 
 local unit = require("spec.support.unit").run
@@ -1369,11 +1364,7 @@ describe("shipping", function()
     -- The bulk's completion drops the last reference to the client on the client's own I/O
     -- thread, which then ends its engine.  A separate process: a crash would kill busted.
     srv:fault{ path = "/_bulk", stall_ms = 600, count = 1 }
-    local script = os.tmpname()
-    local f = assert(io.open(script, "w"))
-    f:write(([[
-      package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-      package.cpath = "./build/%s/?.so;" .. package.cpath
+    local run, script = child.script(([[
       local esx = require "esx"
       local socket = require "socket"
       local pid = io.open("/proc/self/stat"):read("*l"):match("^(%%d+)")
@@ -1394,9 +1385,8 @@ describe("shipping", function()
       deadline = socket.gettime() + 10
       while threads() > before and socket.gettime() < deadline do socket.sleep(0.05) end
       print("threads left " .. (threads() - before))
-    ]]):format(jit and "luajit" or "lua5.4", srv.url))
-    f:close()
-    local p = io.popen((jit and "luajit" or "lua5.4") .. " " .. script .. " 2>&1")
+    ]]):format(srv.url))
+    local p = io.popen(run .. " 2>&1")
     local out = p:read("*a")
     p:close()
     os.remove(script)

@@ -296,17 +296,11 @@ end)
 -- esx.collector against API.md's conventions (the collector's own behaviour is in
 -- collector_spec.lua).  A call that would hang runs in a child process under `timeout`.
 describe("esx.collector's API", function()
-  local flavour = jit and "luajit" or "lua5.4"
-
   -- Runs Lua code in a child process (this checkout's modules), killed after 10 s; returns
   -- what it printed.
   local function child(code)
-    local script = os.tmpname()
-    local f = assert(io.open(script, "w"))
-    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
-            'package.cpath = "./build/', flavour, '/?.so;" .. package.cpath\n', code)
-    f:close()
-    local p = io.popen("timeout 10 " .. flavour .. " " .. script .. " 2>&1")
+    local run, script = require("spec.support.child").script(code)
+    local p = io.popen("timeout 10 " .. run .. " 2>&1")
     local out = p:read("*a")
     p:close()
     os.remove(script)

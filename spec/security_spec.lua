@@ -156,20 +156,15 @@ describe("a dead-letter path another user made a FIFO", function()
     -- writable by anyone, readable by no one: opened for writing, it waits for a reader
     local fifo = dir .. "/esx-dead-letter.ndjson"
     assert(os.execute("mkfifo -m 0222 " .. fifo))
-    local lua = jit and "luajit" or "lua5.4"
-    local script = dir .. "/child.lua"
-    local f = assert(io.open(script, "w"))
-    f:write('package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path\n',
-            'package.cpath = "./build/', lua, '/?.so;" .. package.cpath\n', ([[
+    local run, script = require("spec.support.child").script(([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
       local col, err = esx.collector{ sink = c, dead_letter = "%s" }
       print(col == nil, err and err.kind, err and err.message)
-    ]]):format(fifo))
-    f:close()
+    ]]):format(fifo), dir .. "/child.lua")
     assert(os.execute("chmod 0755 " .. dir .. " && chmod 0644 " .. script))
-    local p = io.popen("timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups " .. lua ..
-                       " " .. script .. " 2>&1; echo rc=$?")
+    local p = io.popen("timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups " .. run ..
+                       " 2>&1; echo rc=$?")
     local out = p:read("*a")
     p:close()
     assert.truthy(out:find("^true\tinternal\t.-cannot open dead_letter file .-not a regular file of this user only"), out)
