@@ -2117,13 +2117,6 @@ describe("pending:waiter_path", function()
     return s
   end
 
-  local function open_fds()
-    local h = io.popen("ls /proc/" .. io.open("/proc/self/stat"):read("*l"):match("^(%d+)") .. "/fd | wc -l")
-    local n = tonumber(h:read("*a"))
-    h:close()
-    return n
-  end
-
   it("lives in a directory of its own that only this user may enter, removed on close", function()
     local c = client()
     local p = assert(c:send("GET", "/"))
@@ -2217,14 +2210,14 @@ describe("pending:waiter_path", function()
     local first = waiter(p)
     first:close()
     socket.sleep(0.05)
-    local before = open_fds()
+    local before = proc.fds()
     for _ = 1, 100 do
       local w = waiter(p) -- as await does with a short timeout, over and over
       socket.sleep(0.002)
       w:close()
     end
     socket.sleep(0.05)
-    assert.is_true(open_fds() - before <= 4, "fds " .. before .. " -> " .. open_fds())
+    assert.is_true(proc.fds() - before <= 4, "fds " .. before .. " -> " .. proc.fds())
     local last = waiter(p)
     last:settimeout(5)
     assert.equal("1", last:receive(1))
