@@ -6,13 +6,7 @@
 local flavour = os.getenv("ESX_TEST_FLAVOUR")
 local TARGETS = { "event", "ndjson", "json", "gzip", "bulk_response", "retry_after", "hll", "h1", "rset" }
 
-local function sh(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("rc=(%d+)%s*$"))
-  return rc, out:gsub("rc=%d+%s*$", "")
-end
+local run = require("spec.support.shell").run
 
 describe("fuzz corpus replay", function()
   if flavour == "luajit" then
@@ -20,25 +14,26 @@ describe("fuzz corpus replay", function()
     return
   end
 
-  local built_rc, built_out
+  local built, built_out
   setup(function()
-    built_rc, built_out = sh("make -s -C fuzz replay")
+    built, built_out = run("make -s -C fuzz replay")
   end)
 
   it("builds the replay drivers", function()
-    assert.equal(0, built_rc, built_out)
+    assert.is_true(built, built_out)
   end)
 
   for _, t in ipairs(TARGETS) do
     it("replays fuzz/corpus/" .. t .. " without a sanitizer report or broken check", function()
-      assert.equal(0, built_rc, built_out)
-      local rc, out = sh("ASAN_OPTIONS=detect_leaks=1 build/fuzz-replay/" .. t
+      assert.is_true(built, built_out)
+      local ok, out = run("ASAN_OPTIONS=detect_leaks=1 build/fuzz-replay/" .. t
         .. " fuzz/corpus/" .. t .. " 2>&1 >/dev/null")
       -- the driver names each input on stderr before running it; keep the rest
+      assert.truthy(out:find("fuzz/corpus/" .. t .. "/", 1, true), "the driver's stderr was not read:\n" .. out)
       local last = out:match("([^\n]*)\n[^\n]*$") or ""
       out = out:gsub("fuzz/corpus/[^\n]*\n", "")
-      if rc ~= 0 then out = "last input: " .. last .. "\n" .. out end
-      assert.equal(0, rc, out)
+      if not ok then out = "last input: " .. last .. "\n" .. out end
+      assert.is_true(ok, out)
       assert.is_nil(out:find("ERROR: ", 1, true), out)
       assert.is_nil(out:find("runtime error", 1, true), out)
       if t == "rset" then -- a corrupt set is refused without a word from CRoaring on stderr
