@@ -24,13 +24,8 @@ _M.esxd = ROOT .. "/devserver/esxd"
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
-local function run(cmd)
-  local h = io.popen(cmd .. " 2>&1")
-  local out = h:read("*a")
-  local ok, _, code = h:close()
-  if type(ok) == "number" then code = ok; ok = (ok == 0) end -- Lua 5.1
-  return ok == true or code == 0, out
-end
+-- cmd in a shell -> ok (it exited 0), its output (stdout and stderr)
+local run = require("spec.support.shell").run
 
 local function port_free(port)
   local s = socket.tcp()
