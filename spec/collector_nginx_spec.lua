@@ -5,6 +5,7 @@ local nginx = require "spec.support.nginx"
 local esx = require "esx"
 local cjson = require "cjson"
 local socket = require "socket"
+local shell_ok = require("spec.support.shell").ok
 
 local es, web, client, spool
 
@@ -698,7 +699,7 @@ describe("a collector made by a root master for workers of another user #nginx",
     local dir = base .. "/spool"
     -- as the docs say: the spool_dir belongs to the workers' user, in a directory of root's
     -- (before: root's master made the file 0600, root's, and the workers lost every line)
-    assert(os.execute("chmod 755 " .. base .. " && mkdir " .. dir .. " && chown nobody:nogroup " ..
+    assert(shell_ok("chmod 755 " .. base .. " && mkdir " .. dir .. " && chown nobody:nogroup " ..
       dir .. " && chmod 700 " .. dir))
     dead_letter_as_nobody(('spool_dir = "%s"'):format(dir), dir .. "/dead-letter.ndjson", "nobody1")
   end)
@@ -708,7 +709,7 @@ describe("a collector made by a root master for workers of another user #nginx",
     -- of another user cannot open again after the fork
     local base = tmpdir()
     finally(function() os.execute("rm -rf " .. base) end)
-    assert(os.execute("chmod 755 " .. base))
+    assert(shell_ok("chmod 755 " .. base))
     dead_letter_as_nobody(('dead_letter = "%s"'):format(base .. "/dead.ndjson"), base .. "/dead.ndjson",
       "rootfile1")
   end)

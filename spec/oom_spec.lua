@@ -36,7 +36,7 @@ describe("allocation failure", function()
   setup(function()
     dir = os.tmpname()
     os.remove(dir)
-    assert(os.execute("mkdir -p " .. sh_quote(dir .. "/replay1") .. " " .. sh_quote(dir .. "/replay0")))
+    assert(require("spec.support.shell").ok("mkdir -p " .. sh_quote(dir .. "/replay1") .. " " .. sh_quote(dir .. "/replay0")))
     local ok = os.execute("cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -shared -fPIC -O1 " ..
       "-I/usr/include/lua5.4 tools/failmalloc.c -o " .. sh_quote(dir .. "/failmalloc.so"))
     assert.truthy(ok == true or ok == 0, "cannot build tools/failmalloc.c")

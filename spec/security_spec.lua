@@ -5,6 +5,7 @@ local esx = require "esx"
 local ds = require "spec.support.devserver"
 local nginx = require "spec.support.nginx"
 local socket = require "socket"
+local shell_ok = require("spec.support.shell").ok
 
 local SECRET = "pa55-Wd-s3cret"
 
@@ -79,7 +80,7 @@ describe("credentials in nginx #nginx", function()
 end)
 
 describe("spool and dead-letter files another user made", function()
-  local function sh(cmd) assert(os.execute(cmd)) end
+  local function sh(cmd) assert(shell_ok(cmd), cmd) end
 
   it("are refused by root in a directory others may write to (/tmp), taken where that user's own", function()
     if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to make another user's files") end
@@ -152,17 +153,17 @@ describe("a dead-letter path another user made a FIFO", function()
     local dir = os.tmpname()
     os.remove(dir)
     finally(function() os.execute("rm -rf " .. dir) end)
-    assert(os.execute("mkdir -m 1777 " .. dir))
+    assert(shell_ok("mkdir -m 1777 " .. dir))
     -- writable by anyone, readable by no one: opened for writing, it waits for a reader
     local fifo = dir .. "/esx-dead-letter.ndjson"
-    assert(os.execute("mkfifo -m 0222 " .. fifo))
+    assert(shell_ok("mkfifo -m 0222 " .. fifo))
     local run, script = require("spec.support.child").script(([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
       local col, err = esx.collector{ sink = c, dead_letter = "%s" }
       print(col == nil, err and err.kind, err and err.message)
     ]]):format(fifo), dir .. "/child.lua")
-    assert(os.execute("chmod 0755 " .. dir .. " && chmod 0644 " .. script))
+    assert(shell_ok("chmod 0755 " .. dir .. " && chmod 0644 " .. script))
     local p = io.popen("timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups " .. run ..
                        " 2>&1; echo rc=$?")
     local out = p:read("*a")

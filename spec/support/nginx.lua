@@ -18,10 +18,7 @@ Server.__index = Server
 
 local root = assert(io.popen("pwd")):read("*l")
 
-local function sh(cmd)
-  local ok = os.execute(cmd)
-  return ok == true or ok == 0
-end
+local sh = require("spec.support.shell").ok
 
 local function write(path, text)
   local f = assert(io.open(path, "w"))

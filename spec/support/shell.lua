@@ -2,8 +2,16 @@
 --
 --   local run = require("spec.support.shell").run
 --   local ok, out = run("lua5.4 examples/search.lua --es " .. url .. " x")
+--   assert(ok("mkdir -m 1777 " .. dir), dir)
 
 local _M = {}
+
+--- Runs cmd in a shell, its output not captured -> true when it exited 0.  (os.execute's own
+-- result cannot be asserted: LuaJIT returns the wait status, a number, true also on failure.)
+function _M.ok(cmd)
+  local ok = os.execute(cmd)
+  return ok == true or ok == 0
+end
 
 --- Runs cmd in a shell -> ok (its exit status was 0), output (stdout and stderr together).
 function _M.run(cmd)
