@@ -323,7 +323,7 @@ describe("esx.nginx.wait with few descriptors #nginx", function()
   it("pauses accepting instead of spinning when accept() fails with EMFILE", function()
     assert.equal(200, (es2:request("PUT", "/fd")))
     es2:fault{ path = "/fd/_search", stall_ms = 2000, count = 10 }
-    local worker = tonumber(assert(io.popen("pgrep -P " .. web2:pid())):read("*l"))
+    local worker = web2:workers()[1]
     local c0 = cpu_s(worker)
     local status, body = web2:get("/burst")
     local used = cpu_s(worker) - c0
@@ -353,25 +353,17 @@ describe("a client made in init_by_lua of a master that is not forked off (daemo
       ]],
       server = "location = /t { return 204; }",
     }
-    local function workers(master)
-      local p = io.popen("pgrep -P " .. master)
-      local pids = {}
-      for line in p:lines() do pids[#pids + 1] = line end
-      p:close()
-      return pids
-    end
     local ok, err = pcall(function()
-      local master = fg:pid()
       local deadline = socket.gettime() + 10
-      while #workers(master) < 4 and socket.gettime() < deadline do socket.sleep(0.02) end
+      while #fg:workers() < 4 and socket.gettime() < deadline do socket.sleep(0.02) end
       for try = 1, 40 do
         -- every worker at once: their deaths come in while the master respawns the first
-        os.execute("kill -9 " .. table.concat(workers(master), " "))
+        os.execute("kill -9 " .. table.concat(fg:workers(), " "))
         local n
         deadline = socket.gettime() + 2
         repeat
           socket.sleep(0.02)
-          n = #workers(master)
+          n = #fg:workers()
         until n == 4 or socket.gettime() > deadline
         assert.equal(4, n, "workers running after kill #" .. try)
       end

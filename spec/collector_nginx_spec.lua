@@ -16,14 +16,6 @@ local function tmpdir()
   return d
 end
 
-local function worker_pids(master)
-  local p = io.popen("pgrep -P " .. master)
-  local pids = {}
-  for line in p:lines() do pids[#pids + 1] = tonumber(line) end
-  p:close()
-  return pids
-end
-
 local function indexed(prefix)
   assert(client:refresh("events-*"))
   local q = prefix and { prefix = { event_id = prefix } } or { match_all = {} }
@@ -438,7 +430,7 @@ describe("esx.nginx.collect #nginx", function()
   it("ships every event exactly once across nginx -s reload (HUP), old workers and new", function()
     es:reset()
     local master = web:pid()
-    local old = worker_pids(master)
+    local old = web:workers()
     local function post(id)
       return web:request("POST", "/collect", cjson.encode({ site_id = "s1", type = "view", event_id = id }),
         { ["Content-Type"] = "application/json" })
@@ -449,7 +441,7 @@ describe("esx.nginx.collect #nginx", function()
     local now
     repeat -- new workers from the new configuration (init_by_lua ran again in the master)
       socket.sleep(0.05)
-      now = worker_pids(master)
+      now = web:workers()
       local fresh = 0
       for _, pid in ipairs(now) do
         local was = false
@@ -481,7 +473,7 @@ describe("esx.nginx.collect #nginx", function()
       if status == 204 then accepted = accepted + 1 end
     end
     assert.equal(30, accepted)
-    for _, pid in ipairs(worker_pids(web:pid())) do os.execute("kill -9 " .. pid) end
+    for _, pid in ipairs(web:workers()) do os.execute("kill -9 " .. pid) end
     socket.sleep(0.3) -- the master starts new workers
     es = ds.start{ port = port }
     -- a new worker claims the dead workers' segments on its first request and replays them
@@ -533,10 +525,10 @@ describe("a reload (HUP) after a worker was killed #nginx", function()
           { ["Content-Type"] = "application/json" }))
       end
       local master = hup:pid()
-      local first = worker_pids(master)
+      local first = hup:workers()
       for _, pid in ipairs(first) do os.execute("kill -9 " .. pid) end
       local deadline = socket.gettime() + 10
-      repeat socket.sleep(0.05) until (#worker_pids(master) == 1 and worker_pids(master)[1] ~= first[1])
+      repeat socket.sleep(0.05) until (#hup:workers() == 1 and hup:workers()[1] ~= first[1])
         or socket.gettime() > deadline
       -- the reload frees the previous configuration's Lua state (and its collector) in the
       -- master; the killed worker's segment must stay a dead process's, for a worker to replay
@@ -746,8 +738,7 @@ describe("a worker killed with SIGKILL, with col:stats() in init_worker_by_lua #
           cjson.encode({ site_id = "s1", type = "view", event_id = "idle" .. i }),
           { ["Content-Type"] = "application/json" }))
       end
-      local master = idle:pid()
-      local killed = worker_pids(master)
+      local killed = idle:workers()
       os.execute("kill -9 " .. table.concat(killed, " "))
       sink = ds.start{ port = port }
       c = assert(esx.client{ hosts = { sink.url } })

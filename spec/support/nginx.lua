@@ -7,6 +7,7 @@
 --                            user = "nobody nogroup", -- (root only: workers of that user)
 --                            daemon = false }         -- (the master is not forked off)
 --   local status, body = srv:get("/t")
+--   local pids = srv:workers()
 --   srv:stop()
 
 local socket = require "socket"
@@ -93,6 +94,15 @@ end
 
 function Server:pid()
   return tonumber(read(self.dir .. "/nginx.pid") or "")
+end
+
+--- the pids (numbers) of the master's children, its workers (and cache processes, none here)
+function Server:workers()
+  local p = assert(io.popen("pgrep -P " .. assert(self:pid(), "nginx wrote no pid file")))
+  local pids = {}
+  for line in p:lines() do pids[#pids + 1] = tonumber(line) end
+  p:close()
+  return pids
 end
 
 function Server:error_log()
