@@ -119,21 +119,12 @@ local SERVER = [[
   }
 ]]
 
--- Sends GET path on n connections at once, then reads every answer.
+-- Sends GET path on n connections at once, then reads every answer -> the bodies.
 local function parallel_get(srv, path, n)
   local conns = {}
-  for i = 1, n do
-    local c = assert(socket.connect("127.0.0.1", srv.port))
-    c:settimeout(10)
-    assert(c:send("GET " .. path .. " HTTP/1.0\r\nHost: x\r\n\r\n"))
-    conns[i] = c
-  end
+  for i = 1, n do conns[i] = srv:start_get(path) end
   local bodies = {}
-  for i, c in ipairs(conns) do
-    local response = c:receive("*a")
-    c:close()
-    bodies[i] = response:match("\r\n\r\n(.*)$")
-  end
+  for i, c in ipairs(conns) do bodies[i] = select(2, nginx.answer(c)) end
   return bodies
 end
 

@@ -9,21 +9,6 @@ local es, web
 
 local function now_ms() return socket.gettime() * 1000 end
 
--- Sends a GET on a new connection without reading the answer; returns the socket.
-local function start_get(port, path)
-  local c = assert(socket.connect("127.0.0.1", port))
-  c:settimeout(10)
-  assert(c:send("GET " .. path .. " HTTP/1.0\r\nHost: x\r\n\r\n"))
-  return c
-end
-
-local function finish_get(c)
-  local data = c:receive("*a")
-  c:close()
-  local status = tonumber(data:match("^HTTP/%d%.%d (%d+)"))
-  return status, data:match("\r\n\r\n(.*)$")
-end
-
 setup(function()
   es = ds.start{}
   web = nginx.start{
@@ -251,7 +236,7 @@ describe("esx.client in nginx #nginx", function()
     if es:request("HEAD", "/slow") ~= 200 then assert.equal(200, (es:request("PUT", "/slow"))) end
     es:fault{ path = "/slow/_search", stall_ms = 1500, count = -1 }
     local slows = {}
-    for i = 1, 4 do slows[i] = start_get(web.port, path) end
+    for i = 1, 4 do slows[i] = web:start_get(path) end
     socket.sleep(0.1)
     local worst = 0
     for _ = 1, 10 do
@@ -262,7 +247,7 @@ describe("esx.client in nginx #nginx", function()
     end
     assert.is_true(worst < 500, "a /fast request took " .. worst .. " ms")
     for _, c in ipairs(slows) do
-      local status, body = finish_get(c)
+      local status, body = nginx.answer(c)
       assert.equal(200, status)
       assert.equal("ok\n", body)
     end

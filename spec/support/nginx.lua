@@ -8,6 +8,7 @@
 --                            daemon = false }         -- (the master is not forked off)
 --   local status, body = srv:get("/t")
 --   local pids = srv:workers()
+--   local conn = srv:start_get("/slow") ... local status, body = nginx.answer(conn)
 --   srv:stop()
 
 local socket = require "socket"
@@ -142,6 +143,23 @@ end
 
 function Server:get(path, headers)
   return self:request("GET", path, nil, headers)
+end
+
+--- Sends a GET on a new connection and leaves the answer unread (for requests that must be in
+-- flight together) -> the connection, for _M.answer.
+function Server:start_get(path)
+  local c = assert(socket.connect("127.0.0.1", self.port))
+  c:settimeout(10)
+  assert(c:send("GET " .. path .. " HTTP/1.0\r\nHost: x\r\n\r\n"))
+  return c
+end
+
+--- Reads the answer on a connection start_get made, and closes it -> status, body.
+function _M.answer(c)
+  local data = c:receive("*a")
+  c:close()
+  local status = tonumber(data:match("^HTTP/%d%.%d (%d+)"))
+  return status, data:match("\r\n\r\n(.*)$")
 end
 
 return _M
