@@ -730,6 +730,36 @@ describe("shipping", function()
     assert.is_true(took > 4.5 and took < 8 * SCALE, "the process took " .. took .. " s")
   end)
 
+  it("gives each collector collected in its own cycle its flush, when the ones before delivered in time", function()
+    -- the 5 s were counted from the first flush whenever the next started within 100 ms of
+    -- the previous one's end: collectors collected in cycles of their own, one after the
+    -- other, each delivering in 2 s, left the third 1 s -- its events were not delivered
+    srv:fault{ path = "/_bulk", method = "POST", stall_ms = 2000, count = -1 }
+    local dir = tmpdir()
+    local errfile = dir .. "/stderr"
+    local run = child_script(dir, "cycles", ([[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
+      for i = 1, 3 do
+        local col = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","event_id":"cycle-' .. i .. '"}' } == 204)
+        col = nil
+        collectgarbage() -- a cycle of its own collects it: its flush
+      end
+      c:close()
+    ]]):format(srv.url))
+    local ok = os.execute(run .. " 2>" .. errfile)
+    assert.is_true(ok == true or ok == 0)
+    local f = assert(io.open(errfile))
+    local err = f:read("*a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    srv:clear_faults()
+    assert.equal("", err)
+    assert.equal(3, (indexed()))
+  end)
+
   it("does not wait out the 5 s flush when collected after its sink client was closed", function()
     -- nothing can be acknowledged any more (col:close() knows, and waits 0): a worker whose
     -- exit_worker_by_lua closed the client waited 5 s per such collector as its Lua state closed

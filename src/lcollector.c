@@ -99,30 +99,40 @@ static int collector_new(lua_State *L)
  * The bound is for the collectors collected together, not for each: finalizers run one
  * after the other (a GC cycle, the state closing), and N collectors whose sink is away held
  * that thread -- an nginx worker's exit -- for 5 N s.  A flush that starts within
- * GC_BURST_GAP_MS of the end of the previous one shares its deadline. */
+ * GC_BURST_GAP_MS of the end of the previous one shares what is left of its burst's 5 s.
+ * Only a flush that runs out of its time spends it: one that delivered everything sooner
+ * gives its time back (counted from the first flush, collectors collected one after the
+ * other in cycles of their own, each delivering in 2 s, left the third 1 s and lost its
+ * events to a sink that was taking them). */
 #define GC_FLUSH_MS 5000
 #define GC_BURST_GAP_MS 100
 
 static pthread_mutex_t gc_mu = PTHREAD_MUTEX_INITIALIZER;
-static int64_t gc_deadline, gc_last_end; /* monotonic ms; 0: none yet */
+static int64_t gc_left = GC_FLUSH_MS; /* ms of the burst's wait not spent yet */
+static int64_t gc_last_end;           /* monotonic ms; 0: none yet */
 
-/* The ms a collector being collected may wait: what is left of its burst's deadline. */
-static int64_t gc_flush_budget(void)
+/* The ms a collector being collected may wait: what is left of its burst's; *start: now. */
+static int64_t gc_flush_budget(int64_t *start)
 {
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&gc_mu);
-    if (gc_deadline == 0 || now - gc_last_end > GC_BURST_GAP_MS)
-        gc_deadline = now + GC_FLUSH_MS;
-    int64_t left = gc_deadline - now;
+    if (gc_last_end == 0 || now - gc_last_end > GC_BURST_GAP_MS)
+        gc_left = GC_FLUSH_MS;
+    int64_t left = gc_left;
     gc_last_end = now; /* (a flush running counts as the burst going on) */
     pthread_mutex_unlock(&gc_mu);
+    *start = now;
     return left > 0 ? left : 0;
 }
 
-static void gc_flush_done(void)
+/* A flush given budget ms at start has ended: it spent the burst's time if it ran out. */
+static void gc_flush_done(int64_t start, int64_t budget)
 {
+    int64_t now = esx_now_ms();
     pthread_mutex_lock(&gc_mu);
-    gc_last_end = esx_now_ms();
+    gc_last_end = now;
+    if (now - start >= budget)
+        gc_left = gc_left > budget ? gc_left - budget : 0;
     pthread_mutex_unlock(&gc_mu);
 }
 
@@ -132,10 +142,11 @@ static int col_gc(lua_State *L)
     esx_lthreaded_remove(&u->counted);
     if (u->col) {
         int sink_closed = esx_collector_sink_closed(u->col);
-        int64_t budget = sink_closed ? 0 : gc_flush_budget();
+        int64_t start = 0;
+        int64_t budget = sink_closed ? 0 : gc_flush_budget(&start);
         int64_t left = esx_collector_close(u->col, budget);
         if (!sink_closed)
-            gc_flush_done();
+            gc_flush_done(start, budget);
         if (left > 0 && !esx_collector_has_spool(u->col) && sink_closed)
             fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
                             "were not delivered (its sink client is closed)\n", (long long)left);
