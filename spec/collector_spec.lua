@@ -730,6 +730,41 @@ describe("shipping", function()
     assert.is_true(took > 4.5 and took < 8 * SCALE, "the process took " .. took .. " s")
   end)
 
+  it("does not let a collector whose sink is away spend the flush of one whose sink takes its events", function()
+    -- the 5 s were shared by every collector collected in a row, whatever its sink: after
+    -- one whose sink was away had waited them out, one whose sink worked was given 0 ms and
+    -- its events were lost ("3 accepted events were not delivered within 0 ms")
+    local dir = tmpdir()
+    local errfile = dir .. "/stderr"
+    local run = child_script(dir, "sinks", ([[
+      local esx = require "esx"
+      local good = esx.client{ hosts = { "%s" }, max_retries = 0 }
+      local away = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local function accepting(sink, n)
+        local col = esx.collector{ sink = sink, flush_interval = 60000, rollup = false }
+        for i = 1, n do
+          assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+            body = '{"site_id":"s1","type":"view"}' } == 204)
+        end
+        return col
+      end
+      -- the one that works in the middle: one that does not is collected before it, in
+      -- whichever order the state's finalizers run
+      keep = { accepting(away, 1), accepting(good, 3), accepting(away, 1) }
+    ]]):format(srv.url))
+    local t0 = socket.gettime()
+    local ok = os.execute(run .. " 2>" .. errfile)
+    local took = socket.gettime() - t0
+    assert.is_true(ok == true or ok == 0)
+    local f = assert(io.open(errfile))
+    local err = f:read("*a")
+    f:close()
+    os.execute("rm -rf " .. dir)
+    assert.not_matches("3 accepted", err)
+    assert.equal(3, (indexed()))
+    assert.is_true(took < 8 * SCALE, "the process took " .. took .. " s") -- 5 s for the sink away
+  end)
+
   it("gives each collector collected in its own cycle its flush, when the ones before delivered in time", function()
     -- the 5 s were counted from the first flush whenever the next started within 100 ms of
     -- the previous one's end: collectors collected in cycles of their own, one after the

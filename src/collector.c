@@ -498,6 +498,11 @@ int esx_collector_sink_closed(const esx_collector *col)
     return esx_client_closed(col->client);
 }
 
+const void *esx_collector_sink(const esx_collector *col)
+{
+    return col->client;
+}
+
 void esx_col_unref(esx_collector *col)
 {
     if (atomic_fetch_sub(&col->refs, 1) != 1)

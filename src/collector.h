@@ -128,6 +128,9 @@ int esx_collector_has_spool(const esx_collector *col);
 /* 1 once the collector's sink client was closed: nothing queued can be acknowledged. */
 int esx_collector_sink_closed(const esx_collector *col);
 
+/* The collector's sink client, as an identity only (collectors that share one compare equal). */
+const void *esx_collector_sink(const esx_collector *col);
+
 /* Frees a closed collector. */
 void esx_collector_free(esx_collector *col);
 

@@ -99,40 +99,67 @@ static int collector_new(lua_State *L)
  * The bound is for the collectors collected together, not for each: finalizers run one
  * after the other (a GC cycle, the state closing), and N collectors whose sink is away held
  * that thread -- an nginx worker's exit -- for 5 N s.  A flush that starts within
- * GC_BURST_GAP_MS of the end of the previous one shares what is left of its burst's 5 s.
- * Only a flush that runs out of its time spends it: one that delivered everything sooner
- * gives its time back (counted from the first flush, collectors collected one after the
- * other in cycles of their own, each delivering in 2 s, left the third 1 s and lost its
- * events to a sink that was taking them). */
+ * GC_BURST_GAP_MS of the end of the previous one of the same sink client shares what is
+ * left of that sink's 5 s.  Only a flush that runs out of its time spends it: one that
+ * delivered everything sooner gives its time back (counted from the first flush,
+ * collectors collected one after the other in cycles of their own, each delivering in 2 s,
+ * left the third 1 s and lost its events to a sink that was taking them).  Per sink: a
+ * sink away says nothing of another, and sharing one 5 s among all left a collector whose
+ * sink worked 0 ms once one whose sink was away had waited them out -- its events lost. */
 #define GC_FLUSH_MS 5000
 #define GC_BURST_GAP_MS 100
+#define GC_SINKS 16 /* sinks with a burst going on; past that the oldest burst is forgotten */
 
 static pthread_mutex_t gc_mu = PTHREAD_MUTEX_INITIALIZER;
-static int64_t gc_left = GC_FLUSH_MS; /* ms of the burst's wait not spent yet */
-static int64_t gc_last_end;           /* monotonic ms; 0: none yet */
+static struct gc_burst {
+    const void *sink; /* NULL: a free entry */
+    int64_t left;     /* ms of the burst's wait not spent yet */
+    int64_t last_end; /* monotonic ms */
+} gc_bursts[GC_SINKS];
 
-/* The ms a collector being collected may wait: what is left of its burst's; *start: now. */
-static int64_t gc_flush_budget(int64_t *start)
+/* sink's burst (one made for it, in place of the oldest, when it has none).  Under gc_mu. */
+static struct gc_burst *gc_burst_of(const void *sink, int create)
+{
+    struct gc_burst *oldest = &gc_bursts[0];
+    for (int i = 0; i < GC_SINKS; i++) {
+        if (gc_bursts[i].sink == sink)
+            return &gc_bursts[i];
+        if (gc_bursts[i].sink == NULL || (oldest->sink && gc_bursts[i].last_end < oldest->last_end))
+            oldest = &gc_bursts[i];
+    }
+    if (!create)
+        return NULL;
+    *oldest = (struct gc_burst){.sink = sink};
+    return oldest;
+}
+
+/* The ms a collector of sink being collected may wait: what is left of its sink's burst;
+ * *start: now. */
+static int64_t gc_flush_budget(const void *sink, int64_t *start)
 {
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&gc_mu);
-    if (gc_last_end == 0 || now - gc_last_end > GC_BURST_GAP_MS)
-        gc_left = GC_FLUSH_MS;
-    int64_t left = gc_left;
-    gc_last_end = now; /* (a flush running counts as the burst going on) */
+    struct gc_burst *b = gc_burst_of(sink, 1);
+    if (b->last_end == 0 || now - b->last_end > GC_BURST_GAP_MS)
+        b->left = GC_FLUSH_MS;
+    int64_t left = b->left;
+    b->last_end = now; /* (a flush running counts as the burst going on) */
     pthread_mutex_unlock(&gc_mu);
     *start = now;
     return left > 0 ? left : 0;
 }
 
-/* A flush given budget ms at start has ended: it spent the burst's time if it ran out. */
-static void gc_flush_done(int64_t start, int64_t budget)
+/* A flush given budget ms at start has ended: it spent its sink's time if it ran out. */
+static void gc_flush_done(const void *sink, int64_t start, int64_t budget)
 {
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&gc_mu);
-    gc_last_end = now;
-    if (now - start >= budget)
-        gc_left = gc_left > budget ? gc_left - budget : 0;
+    struct gc_burst *b = gc_burst_of(sink, 0);
+    if (b) {
+        b->last_end = now;
+        if (now - start >= budget)
+            b->left = b->left > budget ? b->left - budget : 0;
+    }
     pthread_mutex_unlock(&gc_mu);
 }
 
@@ -143,10 +170,11 @@ static int col_gc(lua_State *L)
     if (u->col) {
         int sink_closed = esx_collector_sink_closed(u->col);
         int64_t start = 0;
-        int64_t budget = sink_closed ? 0 : gc_flush_budget(&start);
+        const void *sink = esx_collector_sink(u->col);
+        int64_t budget = sink_closed ? 0 : gc_flush_budget(sink, &start);
         int64_t left = esx_collector_close(u->col, budget);
         if (!sink_closed)
-            gc_flush_done(start, budget);
+            gc_flush_done(sink, start, budget);
         if (left > 0 && !esx_collector_has_spool(u->col) && sink_closed)
             fprintf(stderr, "esx.collector: collected without close(): %lld accepted events "
                             "were not delivered (its sink client is closed)\n", (long long)left);
