@@ -510,7 +510,9 @@ esx_rset *esx_rset_deserialize(const char *buf, size_t len)
         memcpy(&high, buf + off, 4);
         memcpy(&plen, buf + off + 4, 4);
         off += 8;
-        if (plen > len - off || high > (uint32_t)(ESX_RSET_MAX_ID >> 32))
+        /* (an empty part: the measure below says 0 bytes, as it is, and the deserialiser
+         * then writes a line to stderr; a bitmap serialises to 8 bytes at least) */
+        if (plen == 0 || plen > len - off || high > (uint32_t)(ESX_RSET_MAX_ID >> 32))
             goto bad;
         if (s->n > 0 && s->parts[s->n - 1].high >= high)
             goto bad; /* parts are written in increasing order */
