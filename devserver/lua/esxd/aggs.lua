@@ -381,6 +381,62 @@ local function check_agg_options(kind, body)
   end
 end
 
+-- The JSON token ES's parser sees at a value (json.decode marks empty arrays).
+local function token(v)
+  if v == null then return "VALUE_NULL" end
+  if type(v) == "table" then return (json.is_array(v) or #v > 0) and "START_ARRAY" or "START_OBJECT" end
+  if type(v) == "number" then return "VALUE_NUMBER" end
+  if type(v) == "boolean" then return "VALUE_BOOLEAN" end
+  return "VALUE_STRING"
+end
+
+local function perr(reason) errors.raise(400, "parsing_exception", reason) end
+
+local function sorted_names(t)
+  local names = {}
+  for k in pairs(t) do names[#names + 1] = k end
+  table.sort(names)
+  return names
+end
+
+-- AggregatorFactories.parseAggregators: ES parses the whole tree before any shard runs, so a
+-- malformed sub-aggregation fails the request even where no bucket would run it.
+local function parse_aggs(spec)
+  for _, name in ipairs(sorted_names(spec)) do
+    local def = spec[name]
+    if name:find("[%[%]>]") then
+      perr("Invalid aggregation name [" .. name .. "]. Aggregation names can contain any character except '[', ']', and '>'")
+    end
+    if token(def) ~= "START_OBJECT" then
+      perr("Aggregation definition for [" .. name .. " starts with a [" .. token(def) .. "], expected a [START_OBJECT].")
+    end
+    local kind, sub
+    for _, k in ipairs(sorted_names(def)) do
+      local v = def[k]
+      if token(v) ~= "START_OBJECT" then
+        perr("Expected [START_OBJECT] under [" .. k .. "], but got a [" .. token(v) .. "] in [" .. name .. "]")
+      end
+      if k == "aggs" or k == "aggregations" then
+        if sub then perr("Found two sub aggregation definitions under [" .. name .. "]") end
+        sub = v
+      elseif k ~= "meta" then
+        if kind then perr("Found two aggregation type definitions in [" .. name .. "]: [" .. kind .. "] and [" .. k .. "]") end
+        kind = k
+        if not bucket[k] and not metric[k] then
+          errors.raise(400, "x_content_parse_exception", "[1:1] Unknown aggregation type [" .. k .. "]", nil,
+            { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. k .. "]" } })
+        end
+        check_agg_options(k, v)
+      end
+    end
+    if not kind then perr("Missing definition for aggregation [" .. name .. "]") end
+    if sub and metric[kind] then
+      errors.raise(400, "aggregation_initialization_exception", "Aggregator [" .. name .. "] of type [" .. kind .. "] cannot accept sub-aggregations")
+    end
+    if sub then parse_aggs(sub) end
+  end
+end
+
 run_aggs = function(spec, docs, types)
   local out = json.obj()
   if type(spec) ~= "table" then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] under [aggs], but got a [VALUE]") end
@@ -416,6 +472,9 @@ run_aggs = function(spec, docs, types)
 end
 
 _M.run = run_aggs
+-- spec: the search body's "aggs" object (search.lua checks that it is one); raises ES's
+-- parse errors for the whole tree.
+_M.parse = parse_aggs
 
 -- ?typed_keys: ES prefixes every aggregation name with its result type ("sterms#by_site"):
 -- terms are sterms / lterms (integers, dates, booleans) / dterms (floating point) / umterms

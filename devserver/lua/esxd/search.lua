@@ -233,6 +233,8 @@ function _M.search(expr, params, body, started, path)
     errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(agg_spec) .. " in [" ..
       (body.aggs ~= nil and "aggs" or "aggregations") .. "].")
   end
+  -- before the indices are resolved, as RestSearchAction parses the body first
+  if agg_spec ~= nil then aggs.parse(agg_spec) end
   local idxs = _M.targets(expr, params)
   local q = body.query
   -- the URL's q replaces the body's query (RestSearchAction applies it after the body)
