@@ -1604,6 +1604,24 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "parsing_exception", "Unknown key for a VALUE_NUMBER in [bogus]."), b)
     end)
+    it("returns a parsing_exception for a malformed query before the indices are resolved", function()
+      -- RestSearchAction parses the body first: no index matching, or a missing one, changes nothing
+      local want = es_error(400, "parsing_exception", "[term] query malformed, no start_object after query name")
+      for _, path in ipairs({ "/nomatch-*/_search", "/missing/_search", "/missing/_count", "/nomatch-*/_count" }) do
+        local st, b = jreq("POST", path, '{"query":{"term":[]}}')
+        assert.equal(400, st, path)
+        assert.same(want, b, path)
+      end
+      local st, b = jreq("POST", "/nomatch-*/_search", '{"post_filter":{"bool":{"must":[[]]}}}')
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "query malformed, must start with start_object"), b)
+      st, b = jreq("POST", "/nomatch-*/_search", '{"query":{"fuzzy_thing":{}}}')
+      assert.equal(400, st)
+      assert.equal("unknown query [fuzzy_thing]", b.error.reason)
+      -- a value a field cannot parse is still a shard failure of an existing index only
+      st = jreq("POST", "/nomatch-*/_search", '{"query":{"range":{"ts":{"gte":"not a date"}}}}')
+      assert.equal(200, st)
+    end)
     it("malformed request bodies are ES 400s, never 500s", function()
       local bodies = { '{"query":"x"}', '{"query":{"term":"x"}}', '{"query":{"bool":{"must":"x"}}}', '{"sort":5}',
         '{"sort":[5]}', '{"sort":{"n":{"order":"up"}}}', '{"size":"abc"}', '{"from":-1}', '{"size":-1}',

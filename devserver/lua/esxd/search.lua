@@ -192,6 +192,18 @@ local function compile_on(q, idx)
   return matcher
 end
 
+-- RestSearchAction / RestCountAction parse the body before the indices are resolved: a query
+-- that does not parse is a 400 even when no index matches (or the index is missing). The
+-- query is compiled once without mappings for its parse errors; type-dependent failures
+-- (a value a field cannot parse) are left to each index's compile_on.
+local function parse_query(q)
+  if q == nil then return end
+  local ok, e = pcall(query.compile, q, {})
+  if not ok and errors.is(e) and (e.type == "parsing_exception" or e.type == "x_content_parse_exception") then
+    error(e, 0)
+  end
+end
+
 function _M.search(expr, params, body, started, path)
   body = body or {}
   -- SearchSourceBuilder.parseXContent
@@ -235,13 +247,15 @@ function _M.search(expr, params, body, started, path)
   end
   -- before the indices are resolved, as RestSearchAction parses the body first
   if agg_spec ~= nil then aggs.parse(agg_spec) end
-  local idxs = _M.targets(expr, params)
   local q = body.query
   -- the URL's q replaces the body's query (RestSearchAction applies it after the body)
   local uq = _M.url_query(params, path)
   if uq then q = uq end
   if q ~= nil and not is_obj(q) then errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(q) .. " in [query].") end
   local post = body.post_filter
+  parse_query(q)
+  parse_query(post)
+  local idxs = _M.targets(expr, params)
   local min_score = tonumber(body.min_score)
 
   local hits, all_docs = {}, {}
@@ -380,10 +394,11 @@ function _M.count(expr, params, body, path)
   for k, v in pairs(body) do
     if k ~= "query" then errors.raise(400, "parsing_exception", "request does not support [" .. k .. "]") end
   end
-  local idxs = _M.targets(expr, params)
   local q = body.query
   -- RestCountAction reads q (and df, ...) only without a body
   if not has_body then q = _M.url_query(params, path) end
+  parse_query(q)
+  local idxs = _M.targets(expr, params)
   local min_score = params.min_score and tonumber(params.min_score)
   local n = 0
   for _, idx in ipairs(idxs) do
