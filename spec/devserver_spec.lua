@@ -1614,13 +1614,28 @@ describe("esxd", function()
       end
       local st, b = jreq("POST", "/nomatch-*/_search", '{"post_filter":{"bool":{"must":[[]]}}}')
       assert.equal(400, st)
-      assert.same(es_error(400, "parsing_exception", "query malformed, must start with start_object"), b)
+      assert.same(es_error(400, "parsing_exception", "[_na] query malformed, must start with start_object"), b)
       st, b = jreq("POST", "/nomatch-*/_search", '{"query":{"fuzzy_thing":{}}}')
       assert.equal(400, st)
       assert.equal("unknown query [fuzzy_thing]", b.error.reason)
       -- a value a field cannot parse is still a shard failure of an existing index only
       st = jreq("POST", "/nomatch-*/_search", '{"query":{"range":{"ts":{"gte":"not a date"}}}}')
       assert.equal(200, st)
+    end)
+    it("returns illegal_argument_exception for an empty query clause ({}), as ES 6+ does", function()
+      local want = es_error(400, "illegal_argument_exception", "query malformed, empty clause found")
+      for _, body in ipairs({ '{"query":{}}', '{"query":{"bool":{"must":{}}}}', '{"query":{"bool":{"filter":[{}]}}}',
+        '{"query":{"constant_score":{"filter":{}}}}', '{"post_filter":{}}' }) do
+        local st, b = jreq("POST", "/events-a/_search", body)
+        assert.equal(400, st, body)
+        assert.same(want, b, body)
+      end
+      local st, b = jreq("POST", "/events-a/_count", '{"query":{}}')
+      assert.equal(400, st)
+      assert.same(want, b)
+      st, b = jreq("POST", "/events-a/_search", '{"query":{"bool":{"must":[5]}}}')
+      assert.same(es_error(400, "parsing_exception", "[_na] query malformed, must start with start_object"), b)
+      assert.equal(200, (jreq("POST", "/events-a/_search", '{"query":{"match_all":{}}}')))
     end)
     it("malformed request bodies are ES 400s, never 500s", function()
       local bodies = { '{"query":"x"}', '{"query":{"term":"x"}}', '{"query":{"bool":{"must":"x"}}}', '{"sort":5}',

@@ -499,8 +499,11 @@ builders.query_string = function(body, types)
   end
 end
 
+-- AbstractQueryBuilder.parseInnerQueryBuilder. ES's "empty clause" reason ends with the
+-- clause's position ("found at [1:11]"), which esxd does not track.
 compile = function(q, types)
-  if not is_obj(q) then perr("query malformed, must start with start_object") end
+  if not is_obj(q) then perr("[_na] query malformed, must start with start_object") end
+  if next(q) == nil then errors.raise(400, "illegal_argument_exception", "query malformed, empty clause found") end
   local name, body
   for k, v in pairs(q) do
     if name then perr("[" .. name .. "] malformed query, expected [END_OBJECT] but found [FIELD_NAME]") end

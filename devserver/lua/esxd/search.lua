@@ -195,11 +195,13 @@ end
 -- RestSearchAction / RestCountAction parse the body before the indices are resolved: a query
 -- that does not parse is a 400 even when no index matches (or the index is missing). The
 -- query is compiled once without mappings for its parse errors; type-dependent failures
--- (a value a field cannot parse) are left to each index's compile_on.
+-- (a value a field cannot parse) are left to each index's compile_on. (The parsers' own
+-- illegal_argument_exceptions, an empty clause or an unknown operator, are parse errors too.)
+local PARSE_ERRORS = { parsing_exception = true, x_content_parse_exception = true, illegal_argument_exception = true }
 local function parse_query(q)
   if q == nil then return end
   local ok, e = pcall(query.compile, q, {})
-  if not ok and errors.is(e) and (e.type == "parsing_exception" or e.type == "x_content_parse_exception") then
+  if not ok and errors.is(e) and PARSE_ERRORS[e.type] then
     error(e, 0)
   end
 end
