@@ -224,6 +224,32 @@ describe("esxd", function()
       _, b = jreq("GET", "/shx")
       assert.equal("3", b.shx.settings.index.number_of_shards)
     end)
+    it("returns illegal_argument_exception for an index setting ES does not know", function()
+      local tail = " please check that any required plugins are installed, or check the breaking changes documentation for removed settings"
+      local cases = {
+        { { bogus = 1 }, "unknown setting [index.bogus]" .. tail },
+        { { ["index.bogus"] = 1 }, "unknown setting [index.bogus]" .. tail },
+        { { index = { foo = { bar = { baz = 5 } } } }, "unknown setting [index.foo.bar.baz]" .. tail },
+        { { index = { mapping = { bogus = { limit = 5 } } } },
+          "unknown setting [index.mapping.bogus.limit] did you mean [index.mapping.depth.limit]?" },
+        { { number_of_shard = 1 }, "unknown setting [index.number_of_shard] did you mean [index.number_of_shards]?" },
+        { { index = { refresh_intervall = "1s" } }, "unknown setting [index.refresh_intervall] did you mean [index.refresh_interval]?" },
+      }
+      for _, c in ipairs(cases) do
+        local st, b = jreq("PUT", "/setx", { settings = c[1] })
+        assert.equal(400, st, cjson.encode(c[1]))
+        assert.same(es_error(400, "illegal_argument_exception", c[2]), b)
+        assert.equal(404, (req("HEAD", "/setx")))
+      end
+      local st, b = jreq("PUT", "/setx", { settings = { ["index.mapping.total_fields.ignore_dynamic_beyond_limit"] = true } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "esxd does not implement " ..
+        "[index.mapping.total_fields.ignore_dynamic_beyond_limit]: new fields beyond the limit fail the document"), b)
+      -- known ones, in the three spellings; analysis and other groups take any sub-key
+      assert.equal(200, (jreq("PUT", "/setx", { settings = { refresh_interval = "5s", ["index.max_result_window"] = 20000,
+        index = { mapping = { total_fields = { limit = 2000 }, depth = { limit = 5 } }, codec = "best_compression" },
+        analysis = { analyzer = { a = { type = "standard" } } }, ["index.routing.allocation.include._tier_preference"] = "data_hot" } })))
+    end)
     it("creates without a body", function()
       local st, b = jreq("PUT", "/idx2")
       assert.equal(200, st)

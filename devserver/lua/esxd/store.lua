@@ -6,6 +6,7 @@ local errors = require "esxd.errors"
 local names = require "esxd.names"
 local mapping = require "esxd.mapping"
 local source_filter = require "esxd.source_filter"
+local settings = require "esxd.settings"
 
 local _M = {}
 local null = json.null
@@ -70,32 +71,15 @@ function _M.create(name, body)
     visible = {}, visible_list = {}, dead = 0, changed = {}, dirty = false, seq_no = -1, tombstones = {}, formats = {},
     dynamic = {},
     settings = type(body) == "table" and body.settings or nil, mappings = nil }
-  -- number_of_shards / number_of_replicas (also as index.* or {"index":{...}}): all documents
-  -- live in one table whatever the count, but the _shards numbers ES reports follow them
-  local st = type(body) == "table" and type(body.settings) == "table" and body.settings or {}
-  -- Setting.intSetting's parse: nil (not given), the number, or nil and ES's 400
-  local function setting(name, min, max)
-    local v = st[name]
-    if v == nil and type(st.index) == "table" then v = st.index[name] end
-    if v == nil then v = st["index." .. name] end
-    if v == nil or v == null then return nil end
-    local s, key = tostring(v), "index." .. name
-    local n = s:match("^[+-]?%d+$") and tonumber(s)
-    if not n or n > 2147483647 or n < -2147483648 then
-      return nil, errors.new(400, "illegal_argument_exception", "Failed to parse value [" .. s .. "] for setting [" .. key .. "]",
-        nil, { caused_by = { type = "number_format_exception", reason = 'For input string: "' .. s .. '"' } })
-    end
-    if n < min then
-      return nil, errors.illegal_argument("Failed to parse value [" .. s .. "] for setting [" .. key .. "] must be >= " .. min)
-    end
-    if max and n > max then
-      return nil, errors.illegal_argument("Failed to parse value [" .. s .. "] for setting [" .. key .. "] must be <= " .. max)
-    end
-    return n
-  end
-  local nshards, serr = setting("number_of_shards", 1, 1024)
+  -- settings as ES reads them (dotted, "index." prefixed); unknown names are ES's 400
+  local flat = settings.flatten(type(body) == "table" and body.settings or nil)
+  local unknown = settings.validate(flat)
+  if unknown then return nil, unknown end
+  -- number_of_shards / number_of_replicas: all documents live in one table whatever the
+  -- count, but the _shards numbers ES reports follow them
+  local nshards, serr = settings.number(flat, "index.number_of_shards", 1, 1024)
   if serr then return nil, serr end
-  local nreplicas, rerr = setting("number_of_replicas", 0)
+  local nreplicas, rerr = settings.number(flat, "index.number_of_replicas", 0)
   if rerr then return nil, rerr end
   mapping.register_formats(idx.types, idx.formats)
   -- index.mapping.ignore_malformed (flat, or nested as {"index":{"mapping":{...}}} /
@@ -109,11 +93,7 @@ function _M.create(name, body)
   idx.ignore_above = {}
   mapping.register_ignore_above(idx.types, idx.ignore_above)
   mapping.register_disabled(idx.types, {})
-  local function sub(t, k) return type(t) == "table" and t[k] or nil end
-  local im = st["index.mapping.ignore_malformed"] or st["mapping.ignore_malformed"]
-  if im == nil then im = sub(st.index, "mapping.ignore_malformed") end
-  if im == nil then im = sub(st.mapping, "ignore_malformed") end
-  if im == nil then im = sub(sub(st.index, "mapping"), "ignore_malformed") end
+  local im = flat["index.mapping.ignore_malformed"]
   if im ~= nil then idx.malformed[""] = im end
   idx.shards = nshards or 1
   idx.replicas = nreplicas or 1
