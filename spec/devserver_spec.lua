@@ -956,6 +956,70 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("returns document_parsing_exception when new fields exceed index.mapping.total_fields.limit", function()
+      local function limit_error(msg)
+        local e = es_error(400, "document_parsing_exception", "[1:1] failed to parse: " .. msg)
+        e.error.caused_by = { type = "illegal_argument_exception", reason = msg }
+        return e
+      end
+      assert.equal(200, (jreq("PUT", "/tf", { settings = { index = { mapping = { total_fields = { limit = 5 } } } } })))
+      put_doc("tf", "1", { a = "x", b = "y" })            -- a, a.keyword, b, b.keyword
+      local st, b = jreq("PUT", "/tf/_doc/2", { c = "x" }) -- c and c.keyword: 6 > 5
+      assert.equal(400, st)
+      assert.same(limit_error("Limit of total fields [5] has been exceeded while adding new fields [2]"), b)
+      assert.equal(404, (jreq("GET", "/tf/_doc/2")))
+      _, b = jreq("GET", "/tf/_mapping")
+      assert.is_nil(b.tf.mappings.properties.c)
+      put_doc("tf", "3", { c = 5 })                       -- a long is one field: 5
+      put_doc("tf", "4", { a = "more", c = 6 })           -- nothing new
+      -- in _bulk each item is refused on its own
+      st, b = jreq("POST", "/_bulk", '{"index":{"_index":"tf","_id":"5"}}\n{"d":1}\n{"index":{"_index":"tf","_id":"6"}}\n{"a":"y"}\n', NDJSON)
+      assert.equal(200, st)
+      assert.is_true(b.errors)
+      assert.equal(400, b.items[1].index.status)
+      local item_error = limit_error("Limit of total fields [5] has been exceeded while adding new fields [1]").error
+      item_error.root_cause = nil
+      assert.same(item_error, b.items[1].index.error)
+      assert.equal(201, b.items[2].index.status)
+      -- the default 1000: 600 dynamic strings under an object are 1 + 1200 fields
+      local attrs = {}
+      for i = 1, 600 do attrs[("k%03d"):format(i)] = "yes" end
+      st, b = jreq("PUT", "/tfd/_doc/1", { attributes = attrs })
+      assert.equal(400, st)
+      assert.same(limit_error("Limit of total fields [1000] has been exceeded while adding new fields [1001]"), b)
+      -- explicit mappings over the limit fail the index creation
+      st, b = jreq("PUT", "/tfx", { settings = { ["index.mapping.total_fields.limit"] = 1 },
+        mappings = { properties = { a = { type = "long" }, b = { type = "long" } } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "Limit of total fields [1] has been exceeded"), b)
+      st, b = jreq("PUT", "/tfx", { settings = { ["index.mapping.total_fields.limit"] = "x" } })
+      assert.equal(400, st)
+      assert.equal("Failed to parse value [x] for setting [index.mapping.total_fields.limit]", b.error.reason)
+    end)
+    it("returns document_parsing_exception when a new object exceeds index.mapping.depth.limit", function()
+      local function nest(n)
+        local d = 1
+        for _ = 1, n do d = { a = d } end
+        return d
+      end
+      put_doc("dl", "1", nest(20))                        -- 19 objects: depth 20
+      local st, b = jreq("PUT", "/dl1/_doc/1", nest(21))  -- the 20th object is at depth 21
+      assert.equal(400, st)
+      local path = ("a."):rep(19) .. "a"
+      local msg = "Limit of mapping depth [20] has been exceeded due to object field [" .. path .. "]"
+      local want = es_error(400, "document_parsing_exception", "[1:1] failed to parse: " .. msg)
+      want.error.caused_by = { type = "illegal_argument_exception", reason = msg }
+      assert.same(want, b)
+      assert.equal(200, (jreq("PUT", "/dl2", { settings = { ["index.mapping.depth.limit"] = 2 } })))
+      put_doc("dl2", "1", { x = { y = 1 } })
+      st, b = jreq("PUT", "/dl2/_doc/2", { x = { z = { w = 1 } } })
+      assert.equal(400, st)
+      assert.equal("Limit of mapping depth [2] has been exceeded due to object field [x.z]", b.error.caused_by.reason)
+      st, b = jreq("PUT", "/dl3", { settings = { ["index.mapping.depth.limit"] = 2 },
+        mappings = { properties = { x = { properties = { y = { properties = { z = { type = "long" } } } } } } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "Limit of mapping depth [2] has been exceeded due to object field [x.y]"), b)
+    end)
     it("refuses a value where an object is mapped, as ES's document parser does", function()
       put_doc("ov", "1", { a = { b = 1 } })
       local msg = "[1:1] object mapping for [a] tried to parse field [a] as object, but found a concrete value"

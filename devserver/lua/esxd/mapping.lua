@@ -367,6 +367,72 @@ local function learn(types, obj, prefix, no_dates, dynamic)
 end
 _M.learn = learn
 
+-- ES's mapping limits (MappingLookup.checkFieldLimit / checkObjectDepthLimit). The total
+-- counts every object, field and multi-field (the types table's entries; the root and the
+-- metadata fields are not counted). An object at path p is at depth (dots in p) + 2.
+local function too_deep(path, limit)
+  local _, dots = path:gsub("%.", "")
+  return dots + 2 > limit
+end
+
+local function count(types)
+  local n = 0
+  for _ in next, types do n = n + 1 end
+  return n
+end
+
+-- nil, or the reason of ES's error for mappings (explicit, at index creation) over the limits.
+function _M.limits_error(types, total_limit, depth_limit)
+  local deep
+  for path, ty in next, types do
+    if (ty == "object" or ty == "nested") and too_deep(path, depth_limit) and (not deep or #path < #deep or #path == #deep and path < deep) then
+      deep = path
+    end
+  end
+  if deep then return "Limit of mapping depth [" .. depth_limit .. "] has been exceeded due to object field [" .. deep .. "]" end
+  if count(types) > total_limit then return "Limit of total fields [" .. total_limit .. "] has been exceeded" end
+end
+
+-- nil, or the reason of ES's error for a document whose new fields would take the mappings
+-- over the limits (DocumentParserContext.addDynamicMapper). The document is mapped on a
+-- scratch layer over types (learn writes there; reads fall through), so nothing changes.
+-- ES checks each new mapper in document order and reports the new fields counted so far
+-- ("while adding new fields [n]"); esxd goes in path order (objects before what they hold,
+-- a field together with its multi-fields), which gives ES's n unless the fields' order
+-- in the document changes which one crosses the limit.
+function _M.new_fields_error(types, obj, no_dates, dynamic, total_limit, depth_limit)
+  local trial = setmetatable({}, { __index = types })
+  templates_by_types[trial] = templates_by_types[types]
+  learn(trial, obj, nil, no_dates, dynamic)
+  local paths = {}
+  for path in next, trial do paths[#paths + 1] = path end
+  if #paths == 0 then return nil end
+  table.sort(paths)
+  for _, path in ipairs(paths) do
+    local ty = trial[path]
+    if (ty == "object" or ty == "nested") and too_deep(path, depth_limit) then
+      return "Limit of mapping depth [" .. depth_limit .. "] has been exceeded due to object field [" .. path .. "]"
+    end
+  end
+  local remaining = total_limit - count(types)
+  if #paths <= remaining then return nil end
+  -- a new field's multi-fields are added with it, as one mapper
+  local size = {}
+  for _, path in ipairs(paths) do
+    local parent = _M.multi_field_parent(trial, path)
+    if parent and rawget(trial, parent) then size[parent] = (size[parent] or 1) + 1; size[path] = 0 end
+  end
+  local n = 0
+  for _, path in ipairs(paths) do
+    if size[path] ~= 0 then
+      n = n + (size[path] or 1)
+      if n > remaining then
+        return "Limit of total fields [" .. total_limit .. "] has been exceeded while adding new fields [" .. n .. "]"
+      end
+    end
+  end
+end
+
 -- "dynamic": "strict": the first field of obj that is not mapped while new fields are
 -- refused where it sits, as {field=, within=} (within: the object's path, "_doc" at the
 -- root), or nil.

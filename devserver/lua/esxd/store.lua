@@ -81,6 +81,14 @@ function _M.create(name, body)
   if serr then return nil, serr end
   local nreplicas, rerr = settings.number(flat, "index.number_of_replicas", 0)
   if rerr then return nil, rerr end
+  -- the mapping limits a document's new fields (and the explicit mappings) must stay within
+  local lerr
+  idx.total_fields_limit, lerr = settings.number(flat, "index.mapping.total_fields.limit", 0, nil, 64)
+  if lerr then return nil, lerr end
+  idx.depth_limit, lerr = settings.number(flat, "index.mapping.depth.limit", 1, nil, 64)
+  if lerr then return nil, lerr end
+  idx.total_fields_limit = idx.total_fields_limit or 1000
+  idx.depth_limit = idx.depth_limit or 20
   mapping.register_formats(idx.types, idx.formats)
   -- index.mapping.ignore_malformed (flat, or nested as {"index":{"mapping":{...}}} /
   -- {"mapping":{...}}): the default of every field that takes "ignore_malformed"
@@ -106,6 +114,8 @@ function _M.create(name, body)
     if type(body.mappings.dynamic_templates) == "table" then
       mapping.register_templates(idx.types, body.mappings.dynamic_templates)
     end
+    local over = mapping.limits_error(idx.types, idx.total_fields_limit, idx.depth_limit)
+    if over then return nil, errors.illegal_argument(over) end
   end
   indices[name] = idx
   return idx
@@ -293,6 +303,12 @@ local function put(idx, id, source, raw, cur, opts, external)
   if new then
     return nil, errors.new(400, "strict_dynamic_mapping_exception",
       ("[1:1] mapping set to strict, dynamic introduction of [%s] within [%s] is not allowed"):format(new.field, new.within))
+  end
+  local over = mapping.new_fields_error(idx.types, source, idx.no_date_detection, idx.dynamic,
+    idx.total_fields_limit, idx.depth_limit)
+  if over then
+    return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. over, nil,
+      { caused_by = { type = "illegal_argument_exception", reason = over } })
   end
   mapping.learn(idx.types, source, nil, idx.no_date_detection, idx.dynamic)
   idx.seq_no = idx.seq_no + 1
