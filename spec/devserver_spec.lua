@@ -1058,6 +1058,34 @@ describe("esxd", function()
         assert.is_true(st == 200 or st == 201, c[1] .. " " .. tostring(c[2]))
       end
     end)
+    it("returns document_parsing_exception for a value an ip or date_nanos field cannot hold", function()
+      assert.equal(200, (jreq("PUT", "/ipx", { mappings = { properties = { ip = { type = "ip" }, dn = { type = "date_nanos" },
+        ipm = { type = "ip", ignore_malformed = true } } } })))
+      local st, b = jreq("PUT", "/ipx/_doc/1", { ip = "x" })
+      assert.equal(400, st)
+      local reason = "[1:1] failed to parse field [ip] of type [ip] in document with id '1'. Preview of field's value: 'x'"
+      local want = es_error(400, "document_parsing_exception", reason)
+      want.error.caused_by = { type = "illegal_argument_exception", reason = "'x' is not an IP string literal." }
+      assert.same(want, b)
+      for _, v in ipairs({ "1.2.3", "01.2.3.4", "256.0.0.1", "1::2::3", "1:2:3:4:5:6:7", "10.0.0.0/8", 5, true }) do
+        st, b = jreq("PUT", "/ipx/_doc/1", { ip = v })
+        assert.equal(400, st, tostring(v))
+        assert.equal("document_parsing_exception", b.error.type)
+      end
+      for _, v in ipairs({ "1969-12-31T23:59:59Z", "2262-04-12T00:00:00Z", "not a date" }) do
+        st, b = jreq("PUT", "/ipx/_doc/1", { dn = v })
+        assert.equal(400, st, v)
+        assert.equal("failed to parse field [dn] of type [date_nanos] in document with id '1'. Preview of field's value: '" .. v .. "'",
+          b.error.reason:gsub("^%[1:1%] ", ""))
+      end
+      assert.equal(404, (jreq("GET", "/ipx/_doc/1")))
+      for i, d in ipairs({ { ip = "192.168.0.1" }, { ip = "::1" }, { ip = "2001:db8::ff00:42:8329" }, { ip = "::ffff:10.0.0.1" },
+        { ip = { "10.0.0.1", "fe80::1%eth0" } }, { dn = "2024-01-01T00:00:00.123456789Z" }, { dn = 1704067200000 },
+        { ipm = "x" } }) do
+        st = jreq("PUT", "/ipx/_doc/" .. i, d)
+        assert.equal(201, st, cjson.encode(d))
+      end
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

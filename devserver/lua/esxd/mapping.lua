@@ -506,6 +506,76 @@ end
 local RANGE = { byte = { -128, 127 }, short = { -32768, 32767 }, integer = { -2147483648, 2147483647 },
   long = { -2 ^ 63, 2 ^ 63 }, unsigned_long = { 0, 2 ^ 64 } }
 
+-- ES's InetAddresses.forString (Guava's parser): dotted-quad IPv4 without leading zeros,
+-- IPv6 with at most one "::", an optional trailing dotted quad and a "%scope".
+local function ipv4(s)
+  local n = 0
+  for part in (s .. "."):gmatch("([^.]*)%.") do
+    n = n + 1
+    if not part:match("^%d%d?%d?$") or (#part > 1 and part:sub(1, 1) == "0") or tonumber(part) > 255 then
+      return false
+    end
+  end
+  return n == 4
+end
+
+local function ipv6(s)
+  local colons = select(2, s:gsub(":", ""))
+  if colons < 2 or colons > 8 then return false end
+  local skipped, skip = 8 - (colons + 1), false
+  local i = s:find("::", 1, true)
+  if i then
+    if s:find("::", i + 1, true) then return false end
+    skip, skipped = true, skipped + 1
+    if i == 1 then skipped = skipped + 1 end
+    if i == #s - 1 then skipped = skipped + 1 end
+  end
+  if s:sub(1, 1) == ":" and s:sub(2, 2) ~= ":" then return false end
+  if s:sub(-1) == ":" and s:sub(-2, -2) ~= ":" then return false end
+  if skip and skipped <= 0 then return false end
+  if not skip and colons + 1 ~= 8 then return false end
+  for part in (s .. ":"):gmatch("([^:]*):") do
+    if #part > 4 then return false end
+  end
+  -- empty parts only next to the "::"
+  local stripped = s:gsub("::", ":x:", 1)
+  for part in (stripped .. ":"):gmatch("([^:]*):") do
+    if part == "" and not (stripped:sub(1, 1) == ":" or stripped:sub(-1) == ":") then return false end
+  end
+  return true
+end
+
+local function is_ip(v)
+  if type(v) ~= "string" then return false end
+  local has_colon, has_dot, pct = false, false, nil
+  for i = 1, #v do
+    local c = v:sub(i, i)
+    if c == "." then has_dot = true
+    elseif c == ":" then
+      if has_dot then return false end
+      has_colon = true
+    elseif c == "%" then pct = i; break
+    elseif not c:match("%x") then return false end
+  end
+  if has_colon then
+    local s = pct and v:sub(1, pct - 1) or v
+    if pct and pct == #v then return false end
+    if has_dot then
+      local head, quad = s:match("^(.*:)([^:]*)$")
+      if not head or not ipv4(quad) then return false end
+      s = head .. "0:0"
+    end
+    return ipv6(s)
+  elseif has_dot then
+    return not pct and ipv4(v)
+  end
+  return false
+end
+_M.is_ip = is_ip
+
+-- date_nanos holds nanoseconds since the epoch in a long: 1970 .. 2262-04-11T23:47:16.854Z
+local NANOS_MAX_MS = 9223372036854
+
 local function fits(ty, e, format)
   if NUMERIC[ty] then
     local n = (type(e) == "number" or type(e) == "string") and tonumber(e)
@@ -520,6 +590,11 @@ local function fits(ty, e, format)
     return true
   end
   if ty == "date" then return date_fits(e, format) end
+  if ty == "date_nanos" then
+    local ms = date_fits(e, format) and dates.parse(e)
+    return ms ~= nil and ms ~= false and ms >= 0 and ms <= NANOS_MAX_MS
+  end
+  if ty == "ip" then return is_ip(e) end
   if ty == "boolean" then return type(e) == "boolean" or e == "true" or e == "false" or e == "" end
   return true
 end

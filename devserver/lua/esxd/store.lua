@@ -291,9 +291,12 @@ local function doc_parse_error(id, bad)
       ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
         :format(bad.field, bad.type, id, preview))
   end
+  -- an ip field's cause is InetAddresses.forString's
+  local cause = bad.type == "ip" and { caused_by = { type = "illegal_argument_exception",
+    reason = "'" .. tostring(bad.value) .. "' is not an IP string literal." } } or nil
   return errors.new(400, "document_parsing_exception",
     ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
-      :format(bad.field, bad.type, id, preview))
+      :format(bad.field, bad.type, id, preview), nil, cause)
 end
 
 local function put(idx, id, source, raw, cur, opts, external)
