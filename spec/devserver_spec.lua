@@ -1086,6 +1086,55 @@ describe("esxd", function()
         assert.equal(201, st, cjson.encode(d))
       end
     end)
+    it("honours the index, doc_values, fielddata and coerce mapping parameters, as ES does", function()
+      assert.equal(200, (jreq("PUT", "/mp", { mappings = { properties = {
+        k = { type = "keyword", index = false }, kn = { type = "keyword", index = false, doc_values = false },
+        kd = { type = "keyword", doc_values = false }, t = { type = "text", index = false },
+        tf = { type = "text", fielddata = true }, n = { type = "long", coerce = false },
+        ni = { type = "integer", coerce = false }, nm = { type = "long", coerce = false, ignore_malformed = true } } } })))
+      put_doc("mp", "1", { k = "a", kn = "b", kd = "c", t = "hello world", tf = "Quick brown fox", n = 5, ni = 3 })
+      local function shard_failure(index, reason)
+        local st, b = jreq("POST", "/mp/_search", index)
+        assert.equal(400, st, cjson.encode(index))
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.same({ { type = "illegal_argument_exception", reason = reason } }, b.error.root_cause)
+      end
+      -- index: false leaves keyword (and numeric, date, ...) fields searchable through doc values
+      local st, b = jreq("POST", "/mp/_search", { query = { term = { k = "a" } } })
+      assert.equal(200, st)
+      assert.same({ "1" }, ids(b))
+      shard_failure({ query = { term = { kn = "b" } } }, "Cannot search on field [kn] since it is not indexed nor has doc values.")
+      shard_failure({ query = { match = { t = "hello" } } }, "Cannot search on field [t] since it is not indexed nor has doc values.")
+      -- doc_values: false: searchable, but no sorting or aggregations
+      _, b = jreq("POST", "/mp/_search", { query = { term = { kd = "c" } } })
+      assert.same({ "1" }, ids(b))
+      local no_fd = "Can't load fielddata on [kd] because fielddata is unsupported on fields of type [keyword]. Use doc values instead."
+      shard_failure({ sort = { "kd" } }, no_fd)
+      shard_failure({ size = 0, aggs = { a = { terms = { field = "kd" } } } }, no_fd)
+      -- fielddata: true: a text field sorts and aggregates on its tokens
+      _, b = jreq("POST", "/mp/_search", { size = 0, aggs = { a = { terms = { field = "tf" } } } })
+      assert.same({ { key = "brown", doc_count = 1 }, { key = "fox", doc_count = 1 }, { key = "quick", doc_count = 1 } },
+        b.aggregations.a.buckets)
+      _, b = jreq("POST", "/mp/_search", { sort = { { tf = "desc" } } })
+      assert.same({ "quick" }, b.hits.hits[1].sort)
+      -- coerce: false refuses a string and a fraction for a number
+      local function refused(doc, field, ty, preview, cause)
+        st, b = jreq("PUT", "/mp/_doc/2", doc)
+        assert.equal(400, st)
+        local want = es_error(400, "document_parsing_exception", ("[1:1] failed to parse field [%s] of type [%s] in document " ..
+          "with id '2'. Preview of field's value: '%s'"):format(field, ty, preview))
+        want.error.caused_by = { type = "illegal_argument_exception", reason = cause }
+        assert.same(want, b)
+      end
+      refused({ n = "5" }, "n", "long", "5", "Long value passed as String")
+      refused({ ni = 5.5 }, "ni", "integer", "5.5", "5.5 cannot be converted to Integer without data loss")
+      assert.equal(201, (jreq("PUT", "/mp/_doc/3", { nm = "5" })))   -- ignore_malformed keeps it in _source only
+      assert.equal(200, (jreq("PUT", "/mpc", { settings = { index = { mapping = { coerce = false } } },
+        mappings = { properties = { n = { type = "long" }, m = { type = "long", coerce = true } } } })))
+      st = jreq("PUT", "/mpc/_doc/1", { n = "5" })
+      assert.equal(400, st)
+      assert.equal(201, (jreq("PUT", "/mpc/_doc/2", { m = "5" })))
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

@@ -16,6 +16,32 @@ local function fielddata_error(field)
     "Fielddata is disabled on [" .. field .. "] in [index]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
 end
 
+-- Sorting and aggregating need field data: a text field only has it with "fielddata": true
+-- (skip_text: the aggregation refuses text fields in its own way), and a field mapped with
+-- "doc_values": false has none (ES's shard failure).
+local function need_fielddata(types, field, skip_text)
+  local msg = mapping.fielddata_error(types, field)
+  if msg == "text" then
+    if not skip_text then fielddata_error(field) end
+  elseif msg then
+    error(errors.search_phase(nil, errors.new(400, "illegal_argument_exception", msg)), 0)
+  end
+end
+
+-- A field's values as its field data has them: a text field's (with "fielddata": true) are
+-- its tokens.
+local function fielddata_values(rec, field, types, ty)
+  local vals = mapping.values(rec.source, field, types)
+  if ty ~= "text" then return vals end
+  local out = {}
+  for _, v in ipairs(vals) do
+    if type(v) ~= "table" then
+      for _, tok in ipairs(mapping.tokens(v)) do out[#out + 1] = tok end
+    end
+  end
+  return out
+end
+
 local function need_field(kind, spec)
   if type(spec) ~= "table" or type(spec.field) ~= "string" then
     bad("Required one of fields [field, script], but none were specified. ")
@@ -34,7 +60,7 @@ local metric = {}
 
 local function collect_numbers(docs, field, types)
   local ty = mapping.type_of(types, field)
-  if ty == "text" then fielddata_error(field) end
+  need_fielddata(types, field)
   local out = {}
   for _, rec in ipairs(docs) do
     for _, v in ipairs(mapping.values(rec.source, field, types)) do
@@ -88,17 +114,19 @@ metric.stats = function(spec, docs, types)
 end
 metric.value_count = function(spec, docs, types)
   local field = need_field("value_count", spec)
+  need_fielddata(types, field)
+  local ty = mapping.type_of(types, field)
   local n = 0
-  for _, rec in ipairs(docs) do n = n + #mapping.values(rec.source, field, types) end
+  for _, rec in ipairs(docs) do n = n + #fielddata_values(rec, field, types, ty) end
   return json.obj("value", n)
 end
 metric.cardinality = function(spec, docs, types)
   local field = need_field("cardinality", spec)
   local ty = mapping.type_of(types, field)
-  if ty == "text" then fielddata_error(field) end
+  need_fielddata(types, field)
   local seen, n = {}, 0
   for _, rec in ipairs(docs) do
-    for _, v in ipairs(mapping.values(rec.source, field, types)) do
+    for _, v in ipairs(fielddata_values(rec, field, types, ty)) do
       local k = type(v) .. ":" .. tostring(v)
       if not seen[k] then seen[k] = true; n = n + 1 end
     end
@@ -132,7 +160,7 @@ end
 bucket.terms = function(spec, docs, types, subspec)
   local field = need_field("terms", spec)
   local ty = mapping.type_of(types, field)
-  if ty == "text" then fielddata_error(field) end
+  need_fielddata(types, field)
   local size = int_opt("terms", "size", spec.size, 10)
   if size < 1 then bad("[size] must be greater than 0. Found [" .. size .. "] in [terms]") end
   local min_doc = int_opt("terms", "min_doc_count", spec.min_doc_count, 1)
@@ -142,7 +170,7 @@ bucket.terms = function(spec, docs, types, subspec)
   local groups, order = {}, {}
   for _, rec in ipairs(docs) do
     local seen = {}
-    for _, v in ipairs(mapping.values(rec.source, field, types)) do
+    for _, v in ipairs(fielddata_values(rec, field, types, ty)) do
       if type(v) ~= "table" then
         local key = v
         if ty == "date" then key = dates.parse(v) elseif ty and mapping.NUMERIC[ty] then key = tonumber(v) end
@@ -267,6 +295,7 @@ bucket.date_histogram = function(spec, docs, types, subspec)
   local startf, nextf = interval_fns(spec)
   -- ES prints key_as_string only when the field has a date format (not for long fields)
   local fty = mapping.type_of(types, field)
+  need_fielddata(types, field, true)
   local with_string = not (fty and mapping.NUMERIC[fty])
   local min_doc = int_opt("date_histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
@@ -321,6 +350,7 @@ bucket.histogram = function(spec, docs, types, subspec)
   local interval = tonumber(spec.interval)
   if not interval or interval <= 0 then bad("[interval] must be >0 for histogram aggregation [histogram]") end
   local ty = mapping.type_of(types, field)
+  need_fielddata(types, field, true)
   local min_doc = int_opt("histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do

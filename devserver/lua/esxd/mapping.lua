@@ -171,6 +171,10 @@ function _M.register_disabled(types, disabled) disabled_by_types[types] = disabl
 -- the other per-field registries (defined with their users below)
 local formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types
 function _M.register_ignore_above(types, limits) ignore_above_by_types[types] = limits end
+-- the explicit (or template-made) mapping of each leaf field and multi-field, by types
+-- table and path, for the parameters read at search time (index, doc_values, fielddata, coerce)
+local defs_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_defs(types, defs) defs_by_types[types] = defs end
 
 -- A dynamic text field's "keyword" sub-field (ES's default dynamic template for strings).
 local function dynamic_keyword(types, path)
@@ -208,6 +212,11 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, n
           end
         end
         each_field(def, function(sub, ty) types[path .. "." .. sub] = ty end)
+        local defs = defs_by_types[types]
+        if defs then
+          defs[path] = def
+          each_field(def, function(sub) defs[path .. "." .. sub] = def.fields[sub] end)
+        end
         local limits = ignore_above_by_types[types]
         if limits then
           if tonumber(def.ignore_above) then limits[path] = tonumber(def.ignore_above) end
@@ -576,10 +585,21 @@ _M.is_ip = is_ip
 -- date_nanos holds nanoseconds since the epoch in a long: 1970 .. 2262-04-11T23:47:16.854Z
 local NANOS_MAX_MS = 9223372036854
 
-local function fits(ty, e, format)
+-- The Java class XContentParser's number readers name when "coerce": false refuses a value.
+local COERCE_CLASS = { long = "Long", integer = "Integer", short = "Short", byte = "Byte", double = "Double",
+  float = "Float", half_float = "Float", scaled_float = "Double" }
+
+-- Returns true, or false and (for some types) the reason of ES's caused_by.
+-- strict: the field's (or index's) "coerce" is false.
+local function fits(ty, e, format, strict)
   if NUMERIC[ty] then
     local n = (type(e) == "number" or type(e) == "string") and tonumber(e)
     if not n or n ~= n then return false end
+    local class = strict and COERCE_CLASS[ty]
+    if class and type(e) == "string" then return false, class .. " value passed as String" end
+    if class and RANGE[ty] and n ~= math.floor(n) then
+      return false, tostring(n) .. " cannot be converted to " .. class .. " without data loss"
+    end
     local r = RANGE[ty]
     -- coerce (the default) truncates a fraction: 127.9 is 127 for a byte
     if r then
@@ -594,7 +614,10 @@ local function fits(ty, e, format)
     local ms = date_fits(e, format) and dates.parse(e)
     return ms ~= nil and ms ~= false and ms >= 0 and ms <= NANOS_MAX_MS
   end
-  if ty == "ip" then return is_ip(e) end
+  if ty == "ip" then
+    if is_ip(e) then return true end
+    return false, "'" .. tostring(e) .. "' is not an IP string literal."
+  end
   if ty == "boolean" then return type(e) == "boolean" or e == "true" or e == "false" or e == "" end
   return true
 end
@@ -619,6 +642,15 @@ local function ignores_malformed(malformed, path, ty)
   return v == true or v == "true"
 end
 
+-- "coerce": false on the field, else the index.mapping.coerce setting (defs[""]).
+local function strict_numbers(types, path)
+  local defs = defs_by_types[types]
+  if not defs then return false end
+  local c = defs[path] and defs[path].coerce
+  if c == nil then c = defs[""] and defs[""].coerce end
+  return c == false or c == "false"
+end
+
 local function check(types, obj, prefix, formats, malformed)
   for k, v in pairs(obj) do
     if type(k) == "string" then
@@ -638,9 +670,9 @@ local function check(types, obj, prefix, formats, malformed)
           -- DocumentParser.parseObjectOrNested: a value where an object is mapped
           local disabled = disabled_by_types[types]
           if not (disabled and disabled[path]) then return { field = path, key = k, value = e, concrete = true } end
-        elseif e ~= null and ty and not fits(ty, e, formats and formats[path])
-          and not ignores_malformed(malformed, path, ty) then
-          return { field = path, type = ty, value = e }
+        elseif e ~= null and ty and not ignores_malformed(malformed, path, ty) then
+          local ok, cause = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path))
+          if not ok then return { field = path, type = ty, value = e, cause = cause } end
         end
       end
     end
@@ -734,7 +766,7 @@ function _M.values(source, path, types)
     local format = _M.format_of(types, path)
     local kept = {}
     for _, v in ipairs(out) do
-      if type(v) == "table" or fits(ty, v, format) then kept[#kept + 1] = v end
+      if type(v) == "table" or fits(ty, v, format, NUMERIC[ty] and strict_numbers(types, path)) then kept[#kept + 1] = v end
     end
     out = kept
   end
@@ -752,13 +784,49 @@ end
 -- ignore_malformed, copy_to, null_value, ignore_above), the first index's winning for a path as for the types.
 function _M.inherit(dst, src)
   for _, reg in ipairs({ formats_by_types, malformed_by_types, copy_from_by_types, null_values_by_types,
-    ignore_above_by_types }) do
+    ignore_above_by_types, defs_by_types }) do
     local s = reg[src]
     if s then
       local d = reg[dst] or {}
       reg[dst] = d
       for k, v in pairs(s) do if d[k] == nil then d[k] = v end end
     end
+  end
+end
+
+local function is_false(v) return v == false or v == "false" end
+
+-- The types whose fields have doc values unless "doc_values": false (text has none).
+local DOC_VALUES = { keyword = true, date = true, date_nanos = true, boolean = true, ip = true }
+for t in pairs(NUMERIC) do DOC_VALUES[t] = true end
+
+local function def_of(types, path)
+  local defs = types and defs_by_types[types]
+  return defs and defs[path]
+end
+
+-- nil, or ES's reason for a query on a field that is neither indexed ("index": false) nor
+-- has doc values: keyword, numeric, date, boolean and ip fields stay searchable through
+-- their doc values, as in ES 8.
+function _M.not_searchable(types, path)
+  local def = def_of(types, path)
+  if not def or not is_false(def.index) then return nil end
+  if DOC_VALUES[types[path]] and not is_false(def.doc_values) then return nil end
+  return "Cannot search on field [" .. path .. "] since it is not indexed nor has doc values."
+end
+
+-- Sorting and aggregating need field data: nil (there is), or "text" (a text field without
+-- "fielddata": true; the caller words ES's message with the index name), or ES's reason
+-- for a field mapped with "doc_values": false.
+function _M.fielddata_error(types, path)
+  local ty = types and types[path]
+  local def = def_of(types, path)
+  if ty == "text" then
+    if def and (def.fielddata == true or def.fielddata == "true") then return nil end
+    return "text"
+  end
+  if def and DOC_VALUES[ty] and is_false(def.doc_values) then
+    return "Can't load fielddata on [" .. path .. "] because fielddata is unsupported on fields of type [" .. ty .. "]. Use doc values instead."
   end
 end
 

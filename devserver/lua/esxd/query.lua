@@ -112,6 +112,12 @@ local function check_term_value(types, field, ty, v)
   end
 end
 
+-- A field neither indexed nor with doc values cannot be queried (a shard failure in ES).
+local function searchable(types, field)
+  local msg = mapping.not_searchable(types, field)
+  if msg then errors.raise(400, "illegal_argument_exception", msg) end
+end
+
 local compile
 
 local function compile_list(v, types, what)
@@ -150,6 +156,7 @@ builders.match_none = function() return function() return false, 0 end end
 builders.term = function(body, types)
   local field, v = field_entry("term", body)
   check_options("term", v)
+  searchable(types, field)
   local ci = false
   if is_obj(v) then
     ci = v.case_insensitive == true
@@ -169,6 +176,7 @@ end
 
 builders.terms = function(body, types)
   local field, list = field_entry("terms", body)
+  searchable(types, field)
   if type(list) ~= "table" or is_obj(list) and next(list) ~= nil then
     perr("[terms] query does not support [" .. field .. "]")
   end
@@ -206,6 +214,7 @@ end
 builders.prefix = function(body, types)
   local field, v = field_entry("prefix", body)
   check_options("prefix", v)
+  searchable(types, field)
   local ci = false
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value end
   v = tostring(v)
@@ -225,6 +234,7 @@ end
 builders.wildcard = function(body, types)
   local field, v = field_entry("wildcard", body)
   check_options("wildcard", v)
+  searchable(types, field)
   local ci = false
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value or v.wildcard end
   if ci then v = tostring(v):lower() end
@@ -257,6 +267,7 @@ builders.range = function(body, types)
     if k == "time_zone" and not UTC_ZONES[val] then perr("[range] query does not support [time_zone]") end
     if k == "format" and not ISO_FORMATS[val] then perr("[range] query does not support [format]") end
   end
+  searchable(types, field)
   local ty = mapping.type_of(types, field)
   local is_date = ty == "date"
   -- the query's format, else the field's mapping format (epoch_millis: numbers only), as ES
@@ -303,6 +314,7 @@ end
 builders.match = function(body, types)
   local field, v = field_entry("match", body)
   check_options("match", v)
+  searchable(types, field)
   local op = "or"
   local min_match
   if is_obj(v) then

@@ -135,13 +135,24 @@ local function sort_value(hit, it)
   if it.field == "_score" then return hit.score end
   if it.field == "_doc" then return hit.order end
   local ty = hit.types and mapping.type_of(hit.types, it.field)
-  if ty == "text" then
+  local fd = hit.types and mapping.fielddata_error(hit.types, it.field)
+  if fd and fd ~= "text" then
+    error(errors.search_phase(hit.index, errors.new(400, "illegal_argument_exception", fd)), 0)
+  end
+  if fd == "text" then
     error(errors.search_phase(hit.index, errors.new(400, "illegal_argument_exception",
       "Fielddata is disabled on [" .. it.field .. "] in [" .. hit.index .. "]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. it.field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
   end
   local vals = mapping.values(hit.rec.source, it.field)
   local parent = #vals == 0 and hit.types and mapping.multi_field_parent(hit.types, it.field)
   if parent then vals = mapping.values(hit.rec.source, parent) end
+  if ty == "text" then -- "fielddata": true: the field data are the tokens
+    local toks = {}
+    for _, v in ipairs(vals) do
+      if type(v) ~= "table" then for _, t in ipairs(mapping.tokens(v)) do toks[#toks + 1] = t end end
+    end
+    vals = toks
+  end
   local best
   for _, v in ipairs(vals) do
     local x = v

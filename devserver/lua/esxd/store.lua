@@ -101,6 +101,8 @@ function _M.create(name, body)
   idx.ignore_above = {}
   mapping.register_ignore_above(idx.types, idx.ignore_above)
   mapping.register_disabled(idx.types, {})
+  -- index.mapping.coerce: the default "coerce" of numeric fields
+  mapping.register_defs(idx.types, { [""] = { coerce = flat["index.mapping.coerce"] } })
   local im = flat["index.mapping.ignore_malformed"]
   if im ~= nil then idx.malformed[""] = im end
   idx.shards = nshards or 1
@@ -291,9 +293,8 @@ local function doc_parse_error(id, bad)
       ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
         :format(bad.field, bad.type, id, preview))
   end
-  -- an ip field's cause is InetAddresses.forString's
-  local cause = bad.type == "ip" and { caused_by = { type = "illegal_argument_exception",
-    reason = "'" .. tostring(bad.value) .. "' is not an IP string literal." } } or nil
+  -- the value parser's reason, where esxd words it (an ip, "coerce": false)
+  local cause = bad.cause and { caused_by = { type = "illegal_argument_exception", reason = bad.cause } } or nil
   return errors.new(400, "document_parsing_exception",
     ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
       :format(bad.field, bad.type, id, preview), nil, cause)
