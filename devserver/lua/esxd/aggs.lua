@@ -4,6 +4,7 @@ local errors = require "esxd.errors"
 local mapping = require "esxd.mapping"
 local dates = require "esxd.dates"
 local json = require "esxd.json"
+local suggest = require "esxd.suggest"
 
 local _M = {}
 local null = json.null
@@ -411,6 +412,29 @@ local function check_agg_options(kind, body)
   end
 end
 
+-- The aggregation types ES 8 registers (server, modules and the default distribution's
+-- plugins, pipelines included): the candidates of its "did you mean".
+local ES_AGGS = {}
+for w in ([[adjacency_matrix auto_date_histogram avg avg_bucket boxplot bucket_correlation
+  bucket_count_ks_test bucket_script bucket_selector bucket_sort cardinality categorize_text change_point
+  children composite cumulative_cardinality cumulative_sum date_histogram date_range derivative
+  diversified_sampler extended_stats extended_stats_bucket filter filters frequent_item_sets geo_bounds
+  geo_centroid geo_distance geo_line geohash_grid geohex_grid geotile_grid global histogram inference
+  ip_prefix ip_range matrix_stats max max_bucket median_absolute_deviation min min_bucket missing
+  moving_fn moving_percentiles multi_terms nested normalize parent percentile_ranks percentiles
+  percentiles_bucket random_sampler range rare_terms rate reverse_nested sampler scripted_metric
+  serial_diff significant_terms significant_text stats stats_bucket string_stats sum sum_bucket t_test
+  terms time_series top_hits top_metrics value_count variable_width_histogram weighted_avg]]):gmatch("%S+") do
+  ES_AGGS[#ES_AGGS + 1] = w
+end
+
+-- AggregatorFactories.parseAggregators: ES's parsing_exception caused by the registry's
+-- named_object_not_found_exception.
+local function unknown_type(kind)
+  errors.raise(400, "parsing_exception", "Unknown aggregation type [" .. kind .. "]" .. suggest.suffix(kind, ES_AGGS), nil,
+    { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. kind .. "]" } })
+end
+
 -- The JSON token ES's parser sees at a value (json.decode marks empty arrays).
 local function token(v)
   if v == null then return "VALUE_NULL" end
@@ -453,8 +477,7 @@ local function parse_aggs(spec)
         if kind then perr("Found two aggregation type definitions in [" .. name .. "]: [" .. kind .. "] and [" .. k .. "]") end
         kind = k
         if not bucket[k] and not metric[k] then
-          errors.raise(400, "x_content_parse_exception", "[1:1] Unknown aggregation type [" .. k .. "]", nil,
-            { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. k .. "]" } })
+          unknown_type(k)
         end
         check_agg_options(k, v)
       end
@@ -494,8 +517,7 @@ run_aggs = function(spec, docs, types)
       if sub then errors.raise(400, "aggregation_initialization_exception", "Aggregator [" .. name .. "] of type [" .. kind .. "] cannot accept sub-aggregations") end
       json.set(out, name, metric[kind](body, docs, types))
     else
-      errors.raise(400, "x_content_parse_exception", "[1:1] Unknown aggregation type [" .. kind .. "]", nil,
-        { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. kind .. "]" } })
+      unknown_type(kind)
     end
   end
   return out

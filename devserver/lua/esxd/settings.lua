@@ -3,6 +3,7 @@
 -- against the index-scoped settings ES knows (AbstractScopedSettings.validate).
 local errors = require "esxd.errors"
 local json = require "esxd.json"
+local suggest = require "esxd.suggest"
 
 local _M = {}
 local null = json.null
@@ -58,21 +59,6 @@ function _M.flatten(settings)
   return out
 end
 
--- Lucene's LevenshteinDistance.getDistance: 1 - edits / the longer length.
-local function similarity(a, b)
-  local la, lb = #a, #b
-  local prev = {}
-  for j = 0, lb do prev[j] = j end
-  for i = 1, la do
-    local cur, ca = { [0] = i }, a:byte(i)
-    for j = 1, lb do
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca == b:byte(j) and 0 or 1))
-    end
-    prev = cur
-  end
-  return 1 - prev[lb] / math.max(la, lb, 1)
-end
-
 local function known(key)
   if KNOWN[key] then return true end
   for _, g in ipairs(GROUPS) do
@@ -88,19 +74,14 @@ function _M.validate(flat)
   table.sort(keys)
   for _, key in ipairs(keys) do
     if not known(key) then
-      local scored = {}
-      for k in pairs(KNOWN) do
-        local d = similarity(key, k)
-        if d > 0.7 then scored[#scored + 1] = { d, k } end
-      end
-      table.sort(scored, function(a, b) if a[1] ~= b[1] then return a[1] > b[1] end return a[2] < b[2] end)
+      local names = {}
+      for k in pairs(KNOWN) do names[#names + 1] = k end
+      local close = suggest.close(key, names, 0.7)
       local msg = "unknown setting [" .. key .. "]"
-      if #scored == 1 then
-        msg = msg .. " did you mean [" .. scored[1][2] .. "]?"
-      elseif #scored > 1 then
-        local names = {}
-        for i, s in ipairs(scored) do names[i] = s[2] end
-        msg = msg .. " did you mean any of [" .. table.concat(names, ", ") .. "]?"
+      if #close == 1 then
+        msg = msg .. " did you mean [" .. close[1] .. "]?"
+      elseif #close > 1 then
+        msg = msg .. " did you mean any of [" .. table.concat(close, ", ") .. "]?"
       else
         msg = msg .. " please check that any required plugins are installed, or check the breaking changes documentation for removed settings"
       end
