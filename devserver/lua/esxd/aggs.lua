@@ -12,9 +12,19 @@ local floor = math.floor
 
 local function bad(reason) errors.raise(400, "illegal_argument_exception", reason) end
 
-local function fielddata_error(field)
-  error(errors.search_phase(nil, errors.new(400, "illegal_argument_exception",
-    "Fielddata is disabled on [" .. field .. "] in [index]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
+-- The searched indices, by the merged types table the aggregations run with (search.lua
+-- registers them): a shard failure names the first index whose field lacks field data.
+local indices_by_types = setmetatable({}, { __mode = "k" })
+function _M.set_indices(types, idxs) indices_by_types[types] = idxs end
+local function failing_index(types, field)
+  for _, idx in ipairs(indices_by_types[types] or {}) do
+    if mapping.fielddata_error(idx.types, field) then return idx.name end
+  end
+end
+
+local function fielddata_error(field, index)
+  error(errors.search_phase(index, errors.new(400, "illegal_argument_exception",
+    "Fielddata is disabled on [" .. field .. "] in [" .. tostring(index) .. "]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
 end
 
 -- Sorting and aggregating need field data: a text field only has it with "fielddata": true
@@ -23,9 +33,9 @@ end
 local function need_fielddata(types, field, skip_text)
   local msg = mapping.fielddata_error(types, field)
   if msg == "text" then
-    if not skip_text then fielddata_error(field) end
+    if not skip_text then fielddata_error(field, failing_index(types, field)) end
   elseif msg then
-    error(errors.search_phase(nil, errors.new(400, "illegal_argument_exception", msg)), 0)
+    error(errors.search_phase(failing_index(types, field), errors.new(400, "illegal_argument_exception", msg)), 0)
   end
 end
 

@@ -372,6 +372,7 @@ function _M.search(expr, params, body, started, path)
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
   local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(idxs), "hits", hits_obj)
   if agg_spec then
+    aggs.set_indices(agg_types, idxs)
     local ares = aggs.run(agg_spec, all_docs, agg_types)
     if truthy(params.typed_keys) then aggs.type_keys(agg_spec, ares, agg_types) end
     json.set(res, "aggregations", ares)
