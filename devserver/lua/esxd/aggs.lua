@@ -62,7 +62,7 @@ end
 
 -- numeric value of a doc value for metrics
 local function numeric(ty, v)
-  if ty == "date" then return dates.parse(v) end
+  if mapping.is_date(ty) then return dates.parse(v) end
   if type(v) == "boolean" then return v and 1 or 0 end
   return tonumber(v)
 end
@@ -83,7 +83,7 @@ local function collect_numbers(docs, field, types)
 end
 
 local function with_date_string(o, ty, v)
-  if ty == "date" and v ~= null then json.set(o, "value_as_string", dates.format(v)) end
+  if mapping.is_date(ty) and v ~= null then json.set(o, "value_as_string", dates.format(v)) end
   return o
 end
 
@@ -184,7 +184,7 @@ bucket.terms = function(spec, docs, types, subspec)
     for _, v in ipairs(fielddata_values(rec, field, types, ty)) do
       if type(v) ~= "table" then
         local key = v
-        if ty == "date" then key = dates.parse(v) elseif ty and mapping.NUMERIC[ty] then key = tonumber(v) end
+        if mapping.is_date(ty) then key = dates.parse(v) elseif ty and mapping.NUMERIC[ty] then key = tonumber(v) end
         if ty == "boolean" then key = (v == true or v == "true") and 1 or 0 end
         if key ~= nil then
           local gk = type(key) .. ":" .. tostring(key)
@@ -240,7 +240,7 @@ bucket.terms = function(spec, docs, types, subspec)
     if #g.docs >= min_doc then
       if #buckets < size then
         local b = json.obj("key", g.key)
-        if ty == "date" then json.set(b, "key_as_string", dates.format(g.key)) end
+        if mapping.is_date(ty) then json.set(b, "key_as_string", dates.format(g.key)) end
         if ty == "boolean" then json.set(b, "key_as_string", g.key == 1 and "true" or "false") end
         json.set(b, "doc_count", #g.docs)
         buckets[#buckets + 1] = add_subs(b, subspec, g.docs, types)
@@ -547,7 +547,7 @@ local function type_name(kind, body, types)
   local ty = type(body) == "table" and type(body.field) == "string" and mapping.type_of(types, body.field)
   if not ty then return "umterms" end
   if FLOATS[ty] then return "dterms" end
-  if mapping.NUMERIC[ty] or ty == "date" or ty == "boolean" then return "lterms" end
+  if mapping.NUMERIC[ty] or mapping.is_date(ty) or ty == "boolean" then return "lterms" end
   return "sterms"
 end
 

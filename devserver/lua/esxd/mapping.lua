@@ -472,6 +472,12 @@ function _M.strict(types, dynamic, obj)
   return strict(types, dynamic, obj, nil)
 end
 
+-- date and date_nanos fields hold instants (esxd keeps milliseconds for both)
+function _M.is_date(ty) return ty == "date" or ty == "date_nanos" end
+function _M.default_format(ty)
+  return ty == "date_nanos" and "strict_date_optional_time_nanos||epoch_millis" or "strict_date_optional_time||epoch_millis"
+end
+
 local NUMERIC = { long = true, integer = true, short = true, byte = true, double = true, float = true,
   half_float = true, scaled_float = true, unsigned_long = true }
 _M.NUMERIC = NUMERIC

@@ -65,7 +65,7 @@ end
 
 -- comparable form of a document value for a field type
 local function norm(ty, v)
-  if ty == "date" then return dates.parse(v) end
+  if mapping.is_date(ty) then return dates.parse(v) end
   if ty and mapping.NUMERIC[ty] then return tonumber(v) end
   if ty == "boolean" then
     if v == true or v == "true" then return true end
@@ -101,11 +101,11 @@ end
 -- ES's field types do when they build the query: one that does not parse fails the shard
 -- with the error range bounds get.
 local function check_term_value(types, field, ty, v)
-  if ty == "date" then
+  if mapping.is_date(ty) then
     local format = mapping.format_of(types, field)
     if not (mapping.date_fits(v, format) and dates.parse(v)) then
       errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(v) .. "] with format [" ..
-        (format or "strict_date_optional_time||epoch_millis") .. "]")
+        (format or mapping.default_format(ty)) .. "]")
     end
   elseif ty and mapping.NUMERIC[ty] and tonumber(v) == nil then
     errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(v) .. "\"")
@@ -269,7 +269,7 @@ builders.range = function(body, types)
   end
   searchable(types, field)
   local ty = mapping.type_of(types, field)
-  local is_date = ty == "date"
+  local is_date = mapping.is_date(ty)
   -- the query's format, else the field's mapping format (epoch_millis: numbers only), as ES
   local format = spec.format or mapping.format_of(types, field)
   local function conv(x)
@@ -280,7 +280,7 @@ builders.range = function(body, types)
       elseif mapping.date_fits(x, format) then ms = dates.parse(x) end
       if not ms then
         errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(x) .. "] with format [" ..
-          (format or "strict_date_optional_time||epoch_millis") .. "]")
+          (format or mapping.default_format(ty)) .. "]")
       end
       return ms
     end
@@ -439,11 +439,11 @@ builders.query_string = function(body, types)
       local phrase = value:match('^"(.*)"$')
       local ty = field and mapping.type_of(types, field)
       local skip = false
-      if field and ty and (mapping.NUMERIC[ty] or ty == "date") then
-        local ok = ty == "date" and dates.parse(value) or (ty ~= "date" and tonumber(value))
+      if field and ty and (mapping.NUMERIC[ty] or mapping.is_date(ty)) then
+        local ok = mapping.is_date(ty) and dates.parse(value) or (not mapping.is_date(ty) and tonumber(value))
         if not ok then
           if lenient then skip = true
-          elseif ty == "date" then errors.raise(400, "parse_exception", "failed to parse date field [" .. value .. "] with format [strict_date_optional_time||epoch_millis]")
+          elseif mapping.is_date(ty) then errors.raise(400, "parse_exception", "failed to parse date field [" .. value .. "] with format [" .. mapping.default_format(ty) .. "]")
           else errors.raise(400, "number_format_exception", 'For input string: "' .. value .. '"') end
         end
       end

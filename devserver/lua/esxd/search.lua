@@ -156,7 +156,7 @@ local function sort_value(hit, it)
   local best
   for _, v in ipairs(vals) do
     local x = v
-    if ty == "date" then x = dates.parse(v)
+    if mapping.is_date(ty) then x = dates.parse(v)
     elseif ty and mapping.NUMERIC[ty] then x = tonumber(v)
     elseif type(v) == "boolean" then x = v and 1 or 0 end
     if x ~= nil and type(x) ~= "table" then
@@ -360,6 +360,10 @@ function _M.search(expr, params, body, started, path)
       for k, it in ipairs(sorts) do
         local v = h.sv[k]
         if it.field == "_score" then v = json.float(v) end
+        -- a date_nanos field sorts on nanoseconds since the epoch (esxd keeps milliseconds)
+        if type(v) == "number" and v == math.floor(v) and h.types and mapping.type_of(h.types, it.field) == "date_nanos" then
+          v = json.raw(string.format("%d", v) .. (v ~= 0 and "000000" or ""))
+        end
         sv[k] = v == nil and null or v
       end
       json.set(hit, "sort", sv)
