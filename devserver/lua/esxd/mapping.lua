@@ -588,6 +588,60 @@ local function is_ip(v)
 end
 _M.is_ip = is_ip
 
+-- An IP string literal as the 16 bytes ES indexes (IPv4 as IPv4-mapped IPv6, so
+-- "::ffff:1.2.3.4" is "1.2.3.4"), or nil. Byte order is numeric order.
+function _M.ip_bytes(v)
+  if not is_ip(v) then return nil end
+  local s = v:gsub("%%.*$", "")
+  local function quad(q)
+    local a, b, c, d = q:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
+    return string.char(tonumber(a), tonumber(b), tonumber(c), tonumber(d))
+  end
+  if not s:find(":", 1, true) then return ("\0"):rep(10) .. "\255\255" .. quad(s) end
+  local head, q = s:match("^(.*:)([^:]*%.[^:]*)$")
+  if head then
+    local b4 = quad(q)
+    s = head .. string.format("%x:%x", b4:byte(1) * 256 + b4:byte(2), b4:byte(3) * 256 + b4:byte(4))
+  end
+  local left, right = s:match("^(.-)::(.*)$")
+  local function groups(part)
+    local out = {}
+    for g in part:gmatch("[^:]+") do out[#out + 1] = tonumber(g, 16) end
+    return out
+  end
+  local l, r = groups(left or s), groups(right or "")
+  local all = {}
+  for _, g in ipairs(l) do all[#all + 1] = g end
+  for _ = 1, 8 - #l - #r do all[#all + 1] = 0 end
+  for _, g in ipairs(r) do all[#all + 1] = g end
+  local bytes = {}
+  for i = 1, 8 do bytes[i] = string.char(math.floor(all[i] / 256), all[i] % 256) end
+  return table.concat(bytes)
+end
+
+-- "ip/prefix" (InetAddresses.parseCidr): the address's bytes and the prefix length in bits
+-- of the 16 bytes, or nil.
+function _M.ip_cidr(v)
+  if type(v) ~= "string" then return nil end
+  local addr, len = v:match("^([^/]+)/(%d+)$")
+  local b = addr and _M.ip_bytes(addr)
+  if not b then return nil end
+  len = tonumber(len)
+  local v4 = not addr:find(":", 1, true)
+  if len > (v4 and 32 or 128) then return nil end
+  return b, v4 and len + 96 or len
+end
+
+-- Does the 16-byte address a lie in the prefix (bytes p, bits n)?
+function _M.ip_in_prefix(a, p, n)
+  local full = math.floor(n / 8)
+  if a:sub(1, full) ~= p:sub(1, full) then return false end
+  local rest = n % 8
+  if rest == 0 then return true end
+  local shift = 2 ^ (8 - rest)
+  return math.floor(a:byte(full + 1) / shift) == math.floor(p:byte(full + 1) / shift)
+end
+
 -- date_nanos holds nanoseconds since the epoch in a long: 1970 .. 2262-04-11T23:47:16.854Z
 local NANOS_MAX_MS = 9223372036854
 

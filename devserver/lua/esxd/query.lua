@@ -67,6 +67,7 @@ end
 local function norm(ty, v)
   if mapping.is_date(ty) then return dates.parse(v) end
   if ty and mapping.NUMERIC[ty] then return tonumber(v) end
+  if ty == "ip" then return mapping.ip_bytes(v) end
   if ty == "boolean" then
     if v == true or v == "true" then return true end
     if v == false or v == "false" then return false end
@@ -84,6 +85,12 @@ local function term_matches(ty, docval, qval, ci)
       if tok == q or (ci and tok == q:lower()) then return true end
     end
     return false
+  end
+  if ty == "ip" and type(qval) == "string" and qval:find("/", 1, true) then
+    -- IpFieldType.termQuery: "ip/prefix" matches the addresses in the range
+    local p, n = mapping.ip_cidr(qval)
+    local a = mapping.ip_bytes(docval)
+    return p ~= nil and a ~= nil and mapping.ip_in_prefix(a, p, n)
   end
   local a, b = norm(ty, docval), norm(ty, qval)
   if a == nil or b == nil then
@@ -109,6 +116,16 @@ local function check_term_value(types, field, ty, v)
     end
   elseif ty and mapping.NUMERIC[ty] and tonumber(v) == nil then
     errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(v) .. "\"")
+  elseif ty == "ip" then
+    local s = tostring(v)
+    local addr, len = s:match("^(.-)/(.*)$")
+    if not mapping.ip_bytes(addr or s) then
+      errors.raise(400, "illegal_argument_exception", "'" .. (addr or s) .. "' is not an IP string literal.")
+    end
+    if addr and not mapping.ip_cidr(s) then
+      errors.raise(400, "illegal_argument_exception", "Illegal prefix length [" .. len .. "] in [" .. s ..
+        "]. Must be 0-32 for IPv4 ranges, 0-128 for IPv6 ranges")
+    end
   end
 end
 
@@ -289,6 +306,11 @@ builders.range = function(body, types)
       if not n then errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(x) .. "\"") end
       return n
     end
+    if ty == "ip" then
+      local b = mapping.ip_bytes(x)
+      if not b then errors.raise(400, "illegal_argument_exception", "'" .. tostring(x) .. "' is not an IP string literal.") end
+      return b
+    end
     if ty == nil and type(x) == "number" then return x end
     return tostring(x)
   end
@@ -299,6 +321,7 @@ builders.range = function(body, types)
     for _, dv in ipairs(values(rec.source, field, types)) do
       local x
       if is_date then x = dates.parse(dv)
+      elseif ty == "ip" then x = mapping.ip_bytes(dv)
       elseif type(gt or gte or lt or lte) == "number" then x = tonumber(dv)
       else x = tostring(dv) end
       if x ~= nil and type(x) == type(gt or gte or lt or lte or x)
