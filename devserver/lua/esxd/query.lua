@@ -6,6 +6,7 @@ local errors = require "esxd.errors"
 local mapping = require "esxd.mapping"
 local dates = require "esxd.dates"
 local json = require "esxd.json"
+local suggest = require "esxd.suggest"
 
 local _M = {}
 local null = json.null
@@ -135,7 +136,7 @@ local function searchable(types, field)
   if msg then errors.raise(400, "illegal_argument_exception", msg) end
 end
 
-local compile
+local compile, ES_QUERIES
 
 local function compile_list(v, types, what)
   if v == nil then return {} end
@@ -536,6 +537,19 @@ end
 
 -- AbstractQueryBuilder.parseInnerQueryBuilder. ES's "empty clause" reason ends with the
 -- clause's position ("found at [1:11]"), which esxd does not track.
+-- The queries ES 8 registers (server, modules, the default distribution's plugins): the
+-- candidates of its "did you mean" (esxd implements some of them, see README).
+ES_QUERIES = {}
+for w in ([[bool boosting combined_fields constant_score dis_max distance_feature exists
+  field_masking_span function_score fuzzy geo_bounding_box geo_distance geo_grid geo_polygon geo_shape
+  has_child has_parent ids intervals knn match match_all match_bool_prefix match_none match_phrase
+  match_phrase_prefix more_like_this multi_match nested parent_id percolate pinned prefix query_string
+  range rank_feature regexp rule script script_score semantic shape simple_query_string span_containing
+  span_field_masking span_first span_multi span_near span_not span_or span_term span_within
+  sparse_vector term terms terms_set text_expansion weighted_tokens wildcard wrapper]]):gmatch("%S+") do
+  ES_QUERIES[#ES_QUERIES + 1] = w
+end
+
 compile = function(q, types)
   if not is_obj(q) then perr("[_na] query malformed, must start with start_object") end
   if next(q) == nil then errors.raise(400, "illegal_argument_exception", "query malformed, empty clause found") end
@@ -547,7 +561,7 @@ compile = function(q, types)
   if not name then return builders.match_all() end
   local b = builders[name]
   if not b then
-    errors.raise(400, "parsing_exception", "unknown query [" .. name .. "]", nil,
+    errors.raise(400, "parsing_exception", "unknown query [" .. name .. "]" .. suggest.suffix(name, ES_QUERIES), nil,
       { caused_by = { type = "named_object_not_found_exception", reason = "[1:1] unknown field [" .. name .. "]" } })
   end
   return b(body, types)

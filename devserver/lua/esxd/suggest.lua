@@ -21,7 +21,8 @@ function _M.close(name, candidates, threshold)
   local scored = {}
   for _, c in ipairs(candidates) do
     local d = _M.similarity(name, c)
-    if d > threshold then scored[#scored + 1] = { d, c } end
+    -- (a name ES has but esxd lacks is not suggested to itself)
+    if d > threshold and c ~= name then scored[#scored + 1] = { d, c } end
   end
   table.sort(scored, function(a, b) if a[1] ~= b[1] then return a[1] > b[1] end return a[2] < b[2] end)
   local out = {}
