@@ -291,10 +291,14 @@ function _M.search(expr, params, body, started, path)
       end
     end
   end
-  if from + size > MAX_WINDOW then
-    error(errors.search_phase(idxs[1] and idxs[1].name, errors.new(400, "illegal_argument_exception",
-      ("Result window is too large, from + size must be less than or equal to: [%d] but was [%d]. See the scroll api for a more efficient way to request large data sets. This limit can be set by changing the [index.max_result_window] index level setting.")
-        :format(MAX_WINDOW, from + size))), 0)
+  -- each index's index.max_result_window (default 10000) bounds from + size on its shards
+  for _, idx in ipairs(idxs) do
+    local window = idx.max_result_window or MAX_WINDOW
+    if from + size > window then
+      error(errors.search_phase(idx.name, errors.new(400, "illegal_argument_exception",
+        ("Result window is too large, from + size must be less than or equal to: [%d] but was [%d]. See the scroll api for a more efficient way to request large data sets. This limit can be set by changing the [index.max_result_window] index level setting.")
+          :format(window, from + size))), 0)
+    end
   end
 
   -- sorting

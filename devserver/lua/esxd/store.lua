@@ -87,6 +87,8 @@ function _M.create(name, body)
   if lerr then return nil, lerr end
   idx.depth_limit, lerr = settings.number(flat, "index.mapping.depth.limit", 1, nil, 64)
   if lerr then return nil, lerr end
+  idx.max_result_window, lerr = settings.number(flat, "index.max_result_window", 1)
+  if lerr then return nil, lerr end
   idx.total_fields_limit = idx.total_fields_limit or 1000
   idx.depth_limit = idx.depth_limit or 20
   mapping.register_formats(idx.types, idx.formats)
