@@ -1020,6 +1020,19 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "illegal_argument_exception", "Limit of mapping depth [2] has been exceeded due to object field [x.y]"), b)
     end)
+    it("returns illegal_argument_exception for explicit mappings over index.mapping.nested_fields.limit", function()
+      local props = {}
+      for i = 1, 51 do props["n" .. i] = { type = "nested" } end
+      local st, b = jreq("PUT", "/nl", { mappings = { properties = props } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "Limit of nested fields [50] has been exceeded"), b)
+      props.n51 = nil
+      assert.equal(200, (jreq("PUT", "/nl", { mappings = { properties = props } })))
+      st, b = jreq("PUT", "/nl2", { settings = { ["index.mapping.nested_fields.limit"] = 1 },
+        mappings = { properties = { a = { type = "nested" }, b = { type = "nested" } } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "Limit of nested fields [1] has been exceeded"), b)
+    end)
     it("refuses a value where an object is mapped, as ES's document parser does", function()
       put_doc("ov", "1", { a = { b = 1 } })
       local msg = "[1:1] object mapping for [a] tried to parse field [a] as object, but found a concrete value"

@@ -390,16 +390,19 @@ local function count(types)
   return n
 end
 
--- nil, or the reason of ES's error for mappings (explicit, at index creation) over the limits.
-function _M.limits_error(types, total_limit, depth_limit)
-  local deep
+-- nil, or the reason of ES's error for mappings (explicit, at index creation) over the limits,
+-- in MappingLookup.checkLimits' order: total fields, depth, nested fields.
+function _M.limits_error(types, total_limit, depth_limit, nested_limit)
+  if count(types) > total_limit then return "Limit of total fields [" .. total_limit .. "] has been exceeded" end
+  local deep, nested = nil, 0
   for path, ty in next, types do
     if (ty == "object" or ty == "nested") and too_deep(path, depth_limit) and (not deep or #path < #deep or #path == #deep and path < deep) then
       deep = path
     end
+    if ty == "nested" then nested = nested + 1 end
   end
   if deep then return "Limit of mapping depth [" .. depth_limit .. "] has been exceeded due to object field [" .. deep .. "]" end
-  if count(types) > total_limit then return "Limit of total fields [" .. total_limit .. "] has been exceeded" end
+  if nested > nested_limit then return "Limit of nested fields [" .. nested_limit .. "] has been exceeded" end
 end
 
 -- nil, or the reason of ES's error for a document whose new fields would take the mappings

@@ -89,6 +89,9 @@ function _M.create(name, body)
   if lerr then return nil, lerr end
   idx.max_result_window, lerr = settings.number(flat, "index.max_result_window", 1)
   if lerr then return nil, lerr end
+  idx.nested_limit, lerr = settings.number(flat, "index.mapping.nested_fields.limit", 0, nil, 64)
+  if lerr then return nil, lerr end
+  idx.nested_limit = idx.nested_limit or 50
   idx.total_fields_limit = idx.total_fields_limit or 1000
   idx.depth_limit = idx.depth_limit or 20
   mapping.register_formats(idx.types, idx.formats)
@@ -118,7 +121,7 @@ function _M.create(name, body)
     if type(body.mappings.dynamic_templates) == "table" then
       mapping.register_templates(idx.types, body.mappings.dynamic_templates)
     end
-    local over = mapping.limits_error(idx.types, idx.total_fields_limit, idx.depth_limit)
+    local over = mapping.limits_error(idx.types, idx.total_fields_limit, idx.depth_limit, idx.nested_limit)
     if over then return nil, errors.illegal_argument(over) end
   end
   indices[name] = idx
