@@ -249,6 +249,16 @@ describe("esxd", function()
       assert.equal(200, (jreq("PUT", "/setx", { settings = { refresh_interval = "5s", ["index.max_result_window"] = 20000,
         index = { mapping = { total_fields = { limit = 2000 }, depth = { limit = 5 } }, codec = "best_compression" },
         analysis = { analyzer = { a = { type = "standard" } } }, ["index.routing.allocation.include._tier_preference"] = "data_hot" } })))
+      -- GET /{index} shows them nested, as strings, as ES does
+      local _, g = jreq("GET", "/setx")
+      local ix = g.setx.settings.index
+      assert.equal("5s", ix.refresh_interval)
+      assert.equal("20000", ix.max_result_window)
+      assert.same({ total_fields = { limit = "2000" }, depth = { limit = "5" } }, ix.mapping)
+      assert.equal("best_compression", ix.codec)
+      assert.same({ analyzer = { a = { type = "standard" } } }, ix.analysis)
+      assert.same({ allocation = { include = { _tier_preference = "data_hot" } } }, ix.routing)
+      assert.equal("1", ix.number_of_shards)
     end)
     it("creates without a body", function()
       local st, b = jreq("PUT", "/idx2")

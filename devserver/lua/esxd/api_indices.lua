@@ -7,6 +7,7 @@ local dates = require "esxd.dates"
 local mapping = require "esxd.mapping"
 local active_shards = require "esxd.active_shards"
 local names = require "esxd.names"
+local settings = require "esxd.settings"
 
 local _M = {}
 
@@ -166,9 +167,10 @@ function _M.get(ctx)
     json.set(out, idx.name, json.obj(
       "aliases", {},
       "mappings", mappings_of(idx),
-      "settings", { index = { number_of_shards = tostring(idx.shards), number_of_replicas = tostring(idx.replicas), uuid = idx.uuid,
+      "settings", { index = settings.nested(idx.flat_settings, { number_of_shards = tostring(idx.shards),
+        number_of_replicas = tostring(idx.replicas), uuid = idx.uuid,
         provided_name = idx.name, creation_date = tostring(idx.created),
-        creation_date_string = human and dates.format(idx.created) or nil } }))
+        creation_date_string = human and dates.format(idx.created) or nil }) }))
   end
   return 200, out
 end

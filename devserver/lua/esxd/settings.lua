@@ -96,6 +96,40 @@ function _M.validate(flat)
   end
 end
 
+-- A setting's value as ES keeps it: a string (5 -> "5", true -> "true"), lists of strings.
+local function as_string(v)
+  if type(v) == "number" and v == math.floor(v) and math.abs(v) < 2 ^ 53 then return string.format("%d", v) end
+  if type(v) == "table" and v ~= null then
+    local out = json.array()
+    for i, e in ipairs(v) do out[i] = as_string(e) end
+    return out
+  end
+  if v == null then return null end
+  return tostring(v)
+end
+
+-- The index's settings for GET /{index}: base (the "index" object esxd always shows) with
+-- the given settings nested under it as ES prints them ({"mapping":{"total_fields":
+-- {"limit":"2000"}}}); base's own keys win.
+function _M.nested(flat, base)
+  local keys = {}
+  for k in pairs(flat or {}) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, key in ipairs(keys) do
+    local parts = {}
+    for p in key:sub(7):gmatch("[^.]+") do parts[#parts + 1] = p end
+    local node = base
+    for i = 1, #parts - 1 do
+      local nxt = node[parts[i]]
+      if nxt == nil then nxt = {}; node[parts[i]] = nxt end
+      if type(nxt) ~= "table" or json.is_array(nxt) then node = nil; break end
+      node = nxt
+    end
+    if node and #parts > 0 and node[parts[#parts]] == nil then node[parts[#parts]] = as_string(flat[key]) end
+  end
+  return base
+end
+
 -- Setting.intSetting / longSetting's parse of flat[key]: nil (not given), the number, or
 -- nil and ES's 400. max: the setting's maximum (nil: none); bits: 32 (int) or 64 (long).
 function _M.number(flat, key, min, max, bits)

@@ -75,6 +75,7 @@ function _M.create(name, body)
   local flat = settings.flatten(type(body) == "table" and body.settings or nil)
   local unknown = settings.validate(flat)
   if unknown then return nil, unknown end
+  idx.flat_settings = flat
   -- number_of_shards / number_of_replicas: all documents live in one table whatever the
   -- count, but the _shards numbers ES reports follow them
   local nshards, serr = settings.number(flat, "index.number_of_shards", 1, 1024)
