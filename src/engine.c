@@ -904,12 +904,14 @@ static void *io_main(void *arg)
                    e->accept_paused_until - now < timeout) {
             timeout = e->accept_paused_until - now; /* accepting again then */
         }
-        for (int i = 0; i < e->nconns && nextra < cap; i++)
-            extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
         /* a connection nobody polls would be blamed on its node: out of memory is esx's */
         if (short_of_room && esx_eng_h1_fit(e, cap - nextra) > 0)
             timeout = 0; /* freed slots go to waiting requests */
         esx_eng_h1_poll_set(e, extra, &nextra, cap);
+        /* waiters in the room left: one left out is still read after every poll (it only
+         * cannot wake this one), while an h1 connection left out would end its request */
+        for (int i = 0; i < e->nconns && nextra < cap; i++)
+            extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
         /* Asleep from here: a request queued after the check below sends a wakeup.  While the
          * thread works, submitters send none (one system call saved per request under load). */
         atomic_store(&e->wake_pending, 0);
