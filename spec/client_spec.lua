@@ -240,6 +240,28 @@ describe("esx.client", function()
     assert.is_true(r.worst < 500 * SCALE, "a call took " .. r.worst .. " ms")
   end)
 
+  it("returns nil, err with kind 'internal' when the process has no descriptor for the I/O thread's epoll instance", function()
+    -- two descriptors free: the wake-up socket pair takes them, the epoll instance (which
+    -- watches the HTTP/1.1 connections) finds none
+    local r = in_child([[
+      exhaust()
+      held[#held]:close(); held[#held] = nil
+      held[#held]:close(); held[#held] = nil
+      local c, err = esx.client{ hosts = { arg[1] } }
+      release()
+      local c2 = assert(esx.client{ hosts = { arg[1] } })
+      local res = c2:request("GET", "/")
+      c2:close()
+      return { made = c ~= nil, kind = err and err.kind, message = err and err.message,
+               status = res and res.status }
+    ]], "ESX_TRANSPORT=h1")
+    assert.is_false(r.made)
+    assert.equal("internal", r.kind)
+    assert.equal("cannot create the client: cannot create the I/O thread's epoll instance: " ..
+                 "Too many open files", r.message)
+    assert.equal(200, r.status)
+  end)
+
   it("does not let clients dropped without close() pile up threads and descriptors in a big Lua heap", function()
     -- Lua's collector sees an 8-byte userdata per client, not its I/O thread and wake-up
     -- socket pair: with a few tens of MB of live Lua data, thousands of dropped clients

@@ -57,9 +57,9 @@ describe("allocation failure", function()
       clean(sweep("client", srv.url, "esx thread", 0))
     end)
 
-    it("returns nil, err of kind internal, marking no node, when the I/O thread's poll set cannot grow", function()
-      -- the connections left out of the poll sat until connect_timeout (the node marked dead)
-      -- or socket_timeout
+    it("returns nil, err of kind internal, marking no node, when the I/O thread cannot watch a connection", function()
+      -- (epoll_ctl failing with ENOMEM) a connection left
+      -- unwatched would sit until connect_timeout (the node marked dead) or socket_timeout
       clean(sweep("concurrent", srv.url, "esx", 0, 1))
       clean(sweep("concurrent", srv.url, "esx", 0, 6))
       clean(sweep("concurrent", srv.url, "esx", 1, 6))

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -881,35 +882,36 @@ static void *io_main(void *arg)
         if (e->h1_kick)
             timeout = 0;
 
-        /* the poll set beyond libcurl's sockets: waiter socket, waiters, h1 connections */
-        int want = 1 + e->nconns + e->nh1; /* nconns <= MAX_WAITER_CONNS */
-        int short_of_room = 0;
+        /* the poll set beyond libcurl's sockets: the waiter socket, the epoll instance that
+         * watches the h1 connections, the waiters (room for the first two is always there) */
+        int want = 2 + e->nconns; /* nconns <= MAX_WAITER_CONNS */
         if (want > e->cappfd) {
             struct curl_waitfd *v = realloc(e->pfd, (size_t)want * sizeof *v);
-            if (v) {
+            if (v) { /* (else the next pass tries again) */
                 e->pfd = v;
                 e->cappfd = want;
-            } else {
-                short_of_room = 1; /* (the next pass tries again) */
             }
         }
         struct curl_waitfd *extra = e->pfd;
-        unsigned int nextra = 0, cap = extra ? (unsigned int)e->cappfd : 0;
+        unsigned int nextra = 0, cap = (unsigned int)e->cappfd;
         int lfd = atomic_load(&e->listen_fd);
         int lidx = -1;
-        if (lfd >= 0 && nextra < cap && now >= e->accept_paused_until) {
+        if (lfd >= 0 && now >= e->accept_paused_until) {
             lidx = (int)nextra;
             extra[nextra++] = (struct curl_waitfd){.fd = lfd, .events = CURL_WAIT_POLLIN};
         } else if (lfd >= 0 && now < e->accept_paused_until &&
                    e->accept_paused_until - now < timeout) {
             timeout = e->accept_paused_until - now; /* accepting again then */
         }
-        /* a connection nobody polls would be blamed on its node: out of memory is esx's */
-        if (short_of_room && esx_eng_h1_fit(e, cap - nextra) > 0)
-            timeout = 0; /* freed slots go to waiting requests */
-        esx_eng_h1_poll_set(e, extra, &nextra, cap);
+        int eidx = -1;
+        if (e->epfd >= 0) {
+            if (esx_eng_h1_watch(e) > 0)
+                timeout = 0; /* freed slots go to waiting requests */
+            eidx = (int)nextra;
+            extra[nextra++] = (struct curl_waitfd){.fd = e->epfd, .events = CURL_WAIT_POLLIN};
+        }
         /* waiters in the room left: one left out is still read after every poll (it only
-         * cannot wake this one), while an h1 connection left out would end its request */
+         * cannot wake this one) */
         for (int i = 0; i < e->nconns && nextra < cap; i++)
             extra[nextra++] = (struct curl_waitfd){.fd = e->conns[i].fd, .events = CURL_WAIT_POLLIN};
         /* Asleep from here: a request queued after the check below sends a wakeup.  While the
@@ -929,7 +931,8 @@ static void *io_main(void *arg)
             esx_eng_accept_waiters(e);
         for (int i = e->nconns - 1; i >= 0; i--)
             esx_eng_read_waiter(e, i);
-        esx_eng_h1_events(e, extra, esx_now_ms());
+        if (eidx >= 0 && extra[eidx].revents)
+            esx_eng_h1_events(e, esx_now_ms());
     }
     if (atomic_load(&e->stop))
         fail_all(e, ESX_ECLOSED, "the client was closed");
@@ -941,6 +944,17 @@ static void *io_main(void *arg)
 }
 
 /* ---------------------------------------------------------------- public */
+
+/* Frees an engine whose I/O thread never started, from esx_engine_new. */
+static void free_early(esx_engine *e)
+{
+    if (e->epfd >= 0)
+        close(e->epfd);
+    free(e->pfd);
+    explicit_bzero(e->auth, sizeof e->auth);
+    explicit_bzero(&e->own_cfg, sizeof e->own_cfg);
+    free(e);
+}
 
 esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *why)
 {
@@ -997,15 +1011,18 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         esx_base64_encode((const unsigned char *)cred, (size_t)n, e->auth + 6);
         explicit_bzero(cred, sizeof cred);
     }
-    if (pthread_mutex_init(&e->mu, NULL) != 0) {
-        free(e);
-        snprintf(why, 256, "cannot create a mutex");
+    e->epfd = -1;
+    e->cappfd = 8;
+    e->pfd = malloc((size_t)e->cappfd * sizeof *e->pfd);
+    if (e->pfd == NULL || pthread_mutex_init(&e->mu, NULL) != 0) {
+        snprintf(why, 256, e->pfd ? "cannot create a mutex" : "out of memory");
+        free_early(e);
         return NULL;
     }
     e->multi = curl_multi_init();
     if (e->multi == NULL) {
         pthread_mutex_destroy(&e->mu);
-        free(e);
+        free_early(e);
         snprintf(why, 256, "cannot create a curl multi handle");
         return NULL;
     }
@@ -1017,9 +1034,16 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         int err = esx_eng_probe_local(1);
         curl_multi_cleanup(e->multi);
         pthread_mutex_destroy(&e->mu);
-        free(e);
+        free_early(e);
         snprintf(why, 256, "cannot create the I/O thread's wake-up socket pair: %s",
                  err ? strerror(err) : "unknown error");
+        return NULL;
+    }
+    if (all_fast && (e->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+        snprintf(why, 256, "cannot create the I/O thread's epoll instance: %s", strerror(errno));
+        curl_multi_cleanup(e->multi);
+        pthread_mutex_destroy(&e->mu);
+        free_early(e);
         return NULL;
     }
     /* libcurl's limit is per host and port, esx's per node: nodes that share a host (path
@@ -1035,7 +1059,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
         esx_eng_thread_gone();
         curl_multi_cleanup(e->multi);
         pthread_mutex_destroy(&e->mu);
-        free(e);
+        free_early(e);
         snprintf(why, 256, "cannot start the I/O thread");
         return NULL;
     }
@@ -1092,6 +1116,8 @@ static void free_rest(esx_engine *e)
     }
     free(e->h1c);
     free(e->pfd);
+    if (e->epfd >= 0)
+        close(e->epfd); /* (with what it watched) */
     explicit_bzero(e->auth, sizeof e->auth);
     for (int i = 0; i < e->nspare; i++)
         curl_easy_cleanup(e->spare[i]);
@@ -1204,6 +1230,9 @@ void esx_engine_abandon(esx_engine *e)
     int lfd = atomic_load(&e->listen_fd);
     if (lfd >= 0)
         close(lfd); /* the path belongs to the parent: leave it */
+    if (e->epfd >= 0)
+        close(e->epfd); /* the parent's watches are its own: no epoll_ctl on it here */
+    e->epfd = -1;
 }
 
 void esx_engine_stats(esx_engine *e, esx_stats *stats, esx_nodes *nodes)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
 
 #include "engine_int.h"
 #include "version.h"
@@ -102,8 +103,11 @@ static int h1_on_body(void *ud, const char *data, size_t len)
 /* Closes c and forgets it. */
 static void h1_remove(esx_engine *e, esx_h1_conn *c)
 {
-    if (c->fd >= 0)
+    if (c->fd >= 0) {
+        if (c->watched)
+            epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd, NULL);
         esx_eng_sock_forget(e, c->fd);
+    }
     esx_h1_conn_close(c);
     for (int i = 0; i < e->nh1; i++) {
         if (e->h1c[i] == c) {
@@ -139,7 +143,6 @@ static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
     if (c == NULL)
         return NULL;
     c->fd = -1;
-    c->pidx = -1;
     esx_buf_init(&c->head, 1024 * 1024);
     c->alt = hn->has_alt && hn->use_alt;
     const struct sockaddr *sa = c->alt ? (const struct sockaddr *)&hn->alt
@@ -416,69 +419,68 @@ void esx_eng_h1_service(esx_engine *e, int64_t now)
     }
 }
 
-/* Makes the connections fit in room poll entries, when the poll set could not grow (out of
- * memory): idle connections are closed first, then the attempts on the others end with
- * "internal" -- a connection left out of the poll would sit until connect_timeout or
- * socket_timeout, blamed on its node.  Returns how many it closed. */
-int esx_eng_h1_fit(esx_engine *e, unsigned int room)
+/* The events c's state needs watched. */
+static unsigned h1_wants(const esx_h1_conn *c)
 {
-    unsigned int need = 0;
-    int closed = 0;
-    for (int i = 0; i < e->nh1; i++)
-        need += e->h1c[i]->fd >= 0;
-    for (int pass = 0; pass < 2 && need > room; pass++) {
-        for (int i = e->nh1 - 1; i >= 0 && need > room; i--) {
-            if (i >= e->nh1)
-                continue;
-            esx_h1_conn *c = e->h1c[i];
-            if (c->fd < 0 || (pass == 0 && c->req))
-                continue;
-            need--;
-            closed++;
-            esx_request *req = c->req;
-            if (req == NULL) {
-                h1_remove(e, c);
-                continue;
-            }
-            esx_eng_list_remove(&e->active, req);
-            esx_eng_release_attempt(e, req); /* closes c */
-            esx_eng_finish(e, req, ESX_EINTERNAL, "out of memory polling the connection (%.180s)",
-                           esx_request_node(req));
-        }
-    }
-    return closed;
+    if (c->state == ESX_H1C_CONNECTING)
+        return EPOLLOUT;
+    if (c->state == ESX_H1C_SENDING)
+        return EPOLLIN | EPOLLOUT;
+    return EPOLLIN; /* reading, or idle: a close or stray bytes end an idle connection */
 }
 
-/* Adds the connections to the poll set (from index *n, at most cap entries). */
-void esx_eng_h1_poll_set(esx_engine *e, struct curl_waitfd *set, unsigned int *n,
-                         unsigned int cap)
+int esx_eng_h1_watch(esx_engine *e)
 {
-    for (int i = 0; i < e->nh1; i++) {
-        esx_h1_conn *c = e->h1c[i];
-        c->pidx = -1;
-        if (c->fd < 0 || *n >= cap)
-            continue;
-        short ev = CURL_WAIT_POLLIN;
-        if (c->state == ESX_H1C_CONNECTING)
-            ev = CURL_WAIT_POLLOUT;
-        else if (c->state == ESX_H1C_SENDING)
-            ev = CURL_WAIT_POLLIN | CURL_WAIT_POLLOUT;
-        c->pidx = (int)*n;
-        set[(*n)++] = (struct curl_waitfd){.fd = c->fd, .events = ev};
-    }
-}
-
-/* Handles what the poll reported for each connection. */
-void esx_eng_h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now)
-{
+    int ended = 0;
     for (int i = e->nh1 - 1; i >= 0; i--) {
         if (i >= e->nh1)
             continue;
         esx_h1_conn *c = e->h1c[i];
-        if (c->pidx < 0)
+        unsigned want = h1_wants(c);
+        if (c->fd < 0 || want == c->watched)
             continue;
-        short rev = set[c->pidx].revents;
-        c->pidx = -1;
+        struct epoll_event ev = {.events = want, .data.ptr = c};
+        if (epoll_ctl(e->epfd, c->watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &ev) == 0) {
+            c->watched = want;
+            continue;
+        }
+        /* (ENOMEM, or ENOSPC past fs.epoll.max_user_watches) a connection nobody watches
+         * would sit until connect_timeout or socket_timeout, blamed on its node */
+        int err = errno;
+        esx_request *req = c->req;
+        ended++;
+        if (req == NULL) {
+            h1_remove(e, c);
+            continue;
+        }
+        esx_eng_list_remove(&e->active, req);
+        esx_eng_release_attempt(e, req); /* closes c */
+        esx_eng_finish(e, req, ESX_EINTERNAL, "cannot watch the connection: %s (%.180s)",
+                       strerror(err), esx_request_node(req));
+    }
+    return ended;
+}
+
+void esx_eng_h1_events(esx_engine *e, int64_t now)
+{
+    struct epoll_event ev[64]; /* (more stay ready for the next pass: level-triggered) */
+    int n = epoll_wait(e->epfd, ev, (int)(sizeof ev / sizeof ev[0]), 0);
+    for (int i = 0; i < n; i++) {
+        esx_h1_conn *c = ev[i].data.ptr;
+        /* an error or hang-up is read (or, connecting, looked up) as the recv or the
+         * getsockopt that follows tells it */
+        c->ready = ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP) ? EPOLLIN : 0;
+        c->ready |= ev[i].events & (EPOLLOUT | EPOLLERR) ? EPOLLOUT : 0;
+    }
+    if (n <= 0)
+        return;
+    /* handled in a walk of the connections, not of ev: handling one may free another */
+    for (int i = e->nh1 - 1; i >= 0; i--) {
+        if (i >= e->nh1)
+            continue;
+        esx_h1_conn *c = e->h1c[i];
+        unsigned rev = c->ready;
+        c->ready = 0;
         if (!rev)
             continue;
         switch (c->state) {
@@ -499,9 +501,9 @@ void esx_eng_h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now
             h1_remove(e, c); /* the server closed it, or sent what nobody asked for */
             break;
         case ESX_H1C_SENDING:
-            if ((rev & CURL_WAIT_POLLIN) && !h1_recv(e, c, now))
+            if ((rev & EPOLLIN) && !h1_recv(e, c, now))
                 break; /* an early answer (or a close) ended the attempt */
-            if ((rev & CURL_WAIT_POLLOUT) && c->state == ESX_H1C_SENDING)
+            if ((rev & EPOLLOUT) && c->state == ESX_H1C_SENDING)
                 h1_send(e, c, now);
             break;
         default:

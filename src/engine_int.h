@@ -116,7 +116,10 @@ struct esx_engine {
     int nh1, caph1;
     int h1_kick;             /* a connection has work to do before the next poll */
     char auth[700];          /* "Basic ..." for h1 connections, "" without credentials */
-    struct curl_waitfd *pfd; /* poll set beyond libcurl's own sockets */
+    int epfd;                /* epoll instance watching the h1 connections, polled as one
+                              * descriptor (a poll of every connection cost more than the
+                              * rest of the loop under load) */
+    struct curl_waitfd *pfd; /* poll set beyond libcurl's own sockets (room for 2 at least) */
     int cappfd;
     char rbuf[64 * 1024];    /* read scratch for h1 connections */
 
@@ -220,16 +223,13 @@ void esx_eng_h1_fail_detached(esx_engine *e, esx_h1_conn *c, const char *kind, i
  * h1_kick is set. */
 void esx_eng_h1_service(esx_engine *e, int64_t now);
 
-/* Closes idle connections, then ends the attempts on others with "internal", until the
- * connections fit in room poll entries (the poll set could not grow).  Returns how many. */
-int esx_eng_h1_fit(esx_engine *e, unsigned int room);
+/* Brings what e->epfd watches on each connection up to date with its state.  A connection
+ * that cannot be watched ends its attempt with "internal", or is closed when idle.  Returns
+ * how many connections it closed so (their slots are free for waiting requests). */
+int esx_eng_h1_watch(esx_engine *e);
 
-/* Adds the h1 connections to the poll set at set[*n], up to cap entries. */
-void esx_eng_h1_poll_set(esx_engine *e, struct curl_waitfd *set, unsigned int *n,
-                         unsigned int cap);
-
-/* Handles what the poll reported for the h1 connections. */
-void esx_eng_h1_events(esx_engine *e, const struct curl_waitfd *set, int64_t now);
+/* Reads what e->epfd reports ready and handles it (call when the poll found it readable). */
+void esx_eng_h1_events(esx_engine *e, int64_t now);
 
 /* ---------------------------------------------------------------- engine_waiters.c */
 

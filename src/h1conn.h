@@ -28,7 +28,8 @@ typedef struct esx_h1_conn {
     size_t got;              /* response bytes read for the current request */
     int reusable;            /* the finished response allows another request */
     int error;               /* errno of a connect that failed at once (the engine reports it) */
-    int pidx;                /* the engine's poll-set index, -1 when not polled */
+    unsigned watched;        /* events the engine's epoll watches on fd (0: not added) */
+    unsigned ready;          /* events the engine's last epoll_wait reported */
     int alt;                 /* connected (or connecting) to the node's alternative address */
     int tried_other;         /* the request on it already tried the other address */
     void *req;               /* the request it serves, NULL when idle (the engine's) */

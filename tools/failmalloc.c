@@ -6,7 +6,8 @@
  * once armed, the n-th of them to be counted fails (NULL and ENOMEM, or ENOMEM for
  * posix_memalign), and so do the `count` - 1 counted after it (count 0: every one after it).
  * A realloc that does not grow its block beyond the block's usable size is never failed:
- * Lua counts on a shrinking realloc to succeed.  free is glibc's own.
+ * Lua counts on a shrinking realloc to succeed.  free is glibc's own.  epoll_ctl's
+ * EPOLL_CTL_ADD, which allocates in the kernel, is counted with them and fails with ENOMEM.
  *
  * Arming:
  *   - from the environment at start: ESX_FAILMALLOC="n[,count[,scope]]";
@@ -34,6 +35,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -147,6 +151,15 @@ __attribute__((constructor)) static void from_env(void)
             scope = end + 1;
     }
     arm(n, count, scope);
+}
+
+int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    if (op == EPOLL_CTL_ADD && should_fail(__builtin_return_address(0))) {
+        errno = ENOMEM;
+        return -1;
+    }
+    return (int)syscall(SYS_epoll_ctl, epfd, op, fd, ev);
 }
 
 void *malloc(size_t size)

@@ -1,8 +1,8 @@
 -- tools/oom/concurrent.lua URL SCOPE COUNT [K] -- run under tools/failmalloc.c (LD_PRELOAD):
--- a fresh client (no poll set yet) sends K requests (6) at once, the server answering each
+-- a fresh client (no connection yet) sends K requests (6) at once, the server answering each
 -- after 100 ms, and for n = 1, 2, ... the n-th allocation counted from the sends on (and
 -- COUNT - 1 after it, 0: every one after it) fails -- in the calls, or in the I/O thread
--- opening the connections and growing its poll set for them.  Each request must succeed,
+-- opening the connections and watching them (epoll_ctl).  Each request must succeed,
 -- return nil, err of kind "internal", or raise Lua's "not enough memory"; connect_timeout or
 -- socket_timeout (a connection left out of the poll), another kind, a node marked dead, a
 -- crash or a hang is a failure.  The client must work again once memory is back.
