@@ -68,12 +68,15 @@ describe("esx.hll:add", function()
   end)
 
   it("raises for a non-string value", function()
-    assert.has_error(function() core.hll_new():add(nil) end)
-    assert.has_error(function() core.hll_new():add({}) end)
+    assert.has_error(function() core.hll_new():add(nil) end,
+      "bad argument #1 to 'add' (string expected, got nil)")
+    assert.has_error(function() core.hll_new():add({}) end,
+      "bad argument #1 to 'add' (string expected, got table)")
   end)
 
   it("raises when called on something else", function()
-    assert.has_error(function() core.hll_new().add({}, "x") end)
+    assert.has_error(function() core.hll_new().add({}, "x") end,
+      "bad argument #1 to 'add' (esx.hll expected, got table)")
   end)
 end)
 
@@ -98,7 +101,8 @@ describe("esx.hll:merge", function()
   end)
 
   it("raises when other is not an esx.hll", function()
-    assert.has_error(function() core.hll_new():merge("x") end)
+    assert.has_error(function() core.hll_new():merge("x") end,
+      "bad argument #1 to 'merge' (esx.hll expected, got string)")
   end)
 end)
 
