@@ -111,7 +111,7 @@ describe("esx error objects", function()
   end)
 
   it("raises when kind is not a string", function()
-    assert.has_error(function() core.error(nil, "x") end)
+    assert.has_error(function() core.error(nil, "x") end, "bad argument #1 to 'error' (string expected, got nil)")
   end)
 end)
 
