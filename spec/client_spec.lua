@@ -455,9 +455,12 @@ describe("client:request", function()
     local c = client()
     assert.has_error(function() c:request("GET", "/", nil, { retires = 1 }) end,
       "bad option 'retires' to 'request' (unknown option)")
-    assert.has_error(function() c:request("GET", "/a b") end)
-    assert.has_error(function() c:request("GET", "/a\r\nX: y") end)
-    assert.has_error(function() c:request("GET", "/", nil, { headers = { ["X-A"] = "1\r\nX-B: 2" } }) end)
+    local bad_path = "bad argument #2 to 'request' (path must start with '/' and contain no spaces, " ..
+      "control characters or '#' (percent-encode it as %23))"
+    assert.has_error(function() c:request("GET", "/a b") end, bad_path)
+    assert.has_error(function() c:request("GET", "/a\r\nX: y") end, bad_path)
+    assert.has_error(function() c:request("GET", "/", nil, { headers = { ["X-A"] = "1\r\nX-B: 2" } }) end,
+      "bad option 'headers' to 'request' (header 'X-A' must be a string without CR, LF or NUL)")
     c:close()
   end)
 
@@ -691,8 +694,9 @@ describe("client methods", function()
   it("raises on an invalid index name before sending anything", function()
     assert.has_error(function() c:index("Books", { x = 1 }) end,
       "bad argument #1 to 'index' (invalid index name \"Books\")")
-    assert.has_error(function() c:get("a/b", "1") end)
-    assert.has_error(function() c:search("a\r\nb", {}) end)
+    assert.has_error(function() c:get("a/b", "1") end, "bad argument #1 to 'get' (invalid index name \"a/b\")")
+    assert.has_error(function() c:search("a\r\nb", {}) end,
+      "bad argument #1 to 'search' (invalid index name \"a\\13\\\nb\")")
     assert.same({}, srv:requests().requests)
   end)
 
@@ -791,7 +795,8 @@ describe("client methods", function()
       "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got nil)")
     local ops = { op("1") }
     ops[3] = op("3")
-    assert.has_error(function() c:bulk(ops) end)
+    assert.has_error(function() c:bulk(ops) end,
+      "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got nil)")
     assert.has_error(function() c:bulk({ op("1"), refresh = true }) end,
       "bad argument #1 to 'bulk' (key 'refresh' is not an operation's place in the list; " ..
       "options go in the second argument)")
