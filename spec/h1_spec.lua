@@ -113,7 +113,8 @@ describe("the request head", function()
     for _, name in ipairs{ "Content-Length", "transfer-encoding" } do
       assert.has_error(function() c:send("GET", "/", nil, { headers = { [name] = "1" } }) end,
         "bad option 'headers' to 'send' (header '" .. name .. "' is esx's to set (request framing))")
-      assert.has_error(function() esx.client{ hosts = { l.url }, headers = { [name] = "1" } } end)
+      assert.has_error(function() esx.client{ hosts = { l.url }, headers = { [name] = "1" } } end,
+        "esx.client: bad option 'headers' (header '" .. name .. "' is esx's to set (request framing))")
     end
     c:close()
   end)
