@@ -1501,8 +1501,10 @@ describe("col:rollups", function()
   it("raises on a time that is NaN or out of range in the core's calls (never cast as it is)", function()
     local col = new()
     for _, bad in ipairs{ 0 / 0, -1, 2 ^ 60, math.huge } do
-      assert.has_error(function() col.c:rollups(bad) end)
-      assert.has_error(function() col.c:ingest('{"site_id":"s","type":"t"}', false, bad) end)
+      assert.has_error(function() col.c:rollups(bad) end,
+        "bad argument #1 to 'rollups' (a number in [0, 2^53] expected)")
+      assert.has_error(function() col.c:ingest('{"site_id":"s","type":"t"}', false, bad) end,
+        "bad argument #3 to 'ingest' (a number in [0, 2^53] expected)")
     end
     assert.equal("table", type(col.c:rollups(1700000000000)))
     col:close()
