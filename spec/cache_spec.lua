@@ -140,6 +140,9 @@ describe("esx.cache(opts)", function()
   it("raises naming a missing loader", function()
     assert.has_error(function() esx.cache{ load_page = function() end } end,
       "esx.cache: bad option 'load_readers' (required)")
+    -- both missing: the same one named in every run and flavour (it was pairs() order)
+    assert.has_error(function() esx.cache{} end, "esx.cache: bad option 'load_page' (required)")
+    assert.has_error(function() esx.cache() end, "esx.cache: bad option 'load_page' (required)")
   end)
 
   it("raises naming an unknown option", function()

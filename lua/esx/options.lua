@@ -82,13 +82,19 @@ function _M.check(ctor, schema, opts, level)
   elseif type(opts) ~= "table" then
     error("bad argument #1 to " .. ctor .. " (table expected, got " .. type(opts) .. ")", level)
   end
-  local out = {}
+  -- Of several bad (or missing required) options, the one first in byte order is named:
+  -- pairs() visits keys in an order that differs between Lua 5.4 and LuaJIT and, as string
+  -- hashes are seeded at random, from one run to the next -- esx.cache() named 'load_page'
+  -- in one run and 'load_readers' in the next.
+  local out, bad, bad_reason = {}, nil, nil
+  local function refuse(name, reason)
+    name = tostring(name)
+    if bad == nil or name < bad then bad, bad_reason = name, reason end
+  end
   for name, v in pairs(opts) do
     local spec = type(name) == "string" and schema[name] or nil
-    if not spec then
-      error(ctor .. ": bad option '" .. tostring(name) .. "' (unknown option)", level)
-    end
-    local reason = violation(spec, v)
+    local reason
+    if spec then reason = violation(spec, v) else reason = "unknown option" end
     if not reason and spec.check then
       local normalized, why = spec.check(v)
       if normalized == nil then
@@ -97,16 +103,15 @@ function _M.check(ctor, schema, opts, level)
         v = normalized
       end
     end
-    if reason then
-      error(ctor .. ": bad option '" .. name .. "' (" .. reason .. ")", level)
-    end
-    out[name] = v
+    if reason then refuse(name, reason) else out[name] = v end
   end
+  if bad then error(ctor .. ": bad option '" .. bad .. "' (" .. bad_reason .. ")", level) end
+  for name, spec in pairs(schema) do
+    if out[name] == nil and spec.required then refuse(name, "required") end
+  end
+  if bad then error(ctor .. ": bad option '" .. bad .. "' (" .. bad_reason .. ")", level) end
   for name, spec in pairs(schema) do
     if out[name] == nil then
-      if spec.required then
-        error(ctor .. ": bad option '" .. name .. "' (required)", level)
-      end
       local d = spec.default
       if type(d) == "function" then d = d() end
       out[name] = d
