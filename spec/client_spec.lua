@@ -455,6 +455,13 @@ describe("client:request", function()
     local c = client()
     assert.has_error(function() c:request("GET", "/", nil, { retires = 1 }) end,
       "bad option 'retires' to 'request' (unknown option)")
+    -- of several, the first in byte order, in every run (it was the first pairs() visited)
+    for _ = 1, 20 do
+      assert.has_error(function() c:request("GET", "/", nil, { timeot = 1, timeout = "x", retires = 1, zz = 1 }) end,
+        "bad option 'retires' to 'request' (unknown option)")
+      assert.has_error(function() c:request("GET", "/", nil, { timeout = "x", ok_status = "x", retries = 1 }) end,
+        "bad option 'ok_status' to 'request' (list of HTTP statuses (100-599) expected)")
+    end
     local bad_path = "bad argument #2 to 'request' (path must start with '/' and contain no spaces, " ..
       "control characters or '#' (percent-encode it as %23))"
     assert.has_error(function() c:request("GET", "/a b") end, bad_path)

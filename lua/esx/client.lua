@@ -358,12 +358,15 @@ local function send(self, fname, method, path, body, opts)
   if type(path) ~= "string" then raise("bad argument #2 to '" .. fname .. "' (string expected)") end
   if opts ~= nil then
     if type(opts) ~= "table" then raise("bad options to '" .. fname .. "' (table expected)") end
+    -- of several bad options the first in byte order is named, the same in every run (pairs()
+    -- order differs between flavours and, strings' hashes being seeded at random, runs)
+    local bad, bad_why
     for k, v in pairs(opts) do
       local check = send_opts[k]
-      if not check then raise("bad option '" .. tostring(k) .. "' to '" .. fname .. "' (unknown option)") end
-      local why = check(v)
-      if why then raise("bad option '" .. k .. "' to '" .. fname .. "' (" .. why .. ")") end
+      local why = not check and "unknown option" or check(v)
+      if why and (bad == nil or tostring(k) < bad) then bad, bad_why = tostring(k), why end
     end
+    if bad then raise("bad option '" .. bad .. "' to '" .. fname .. "' (" .. bad_why .. ")") end
   else
     opts = NO_OPTS
   end
