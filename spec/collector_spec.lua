@@ -2725,4 +2725,13 @@ describe("col:close", function()
     assert.equal(4, hits[1]._source.count)
   end)
 
+  it("raises when the timeout of close or flush is not a number, or is NaN", function()
+    local col = new{ rollup = false }
+    assert.has_error(function() col:flush("1") end, "bad argument #1 to 'flush' (number expected, got string)")
+    assert.has_error(function() col:flush(0 / 0) end, "bad argument #1 to 'flush' (timeout is NaN)")
+    assert.has_error(function() col:close(0 / 0) end, "bad argument #1 to 'close' (timeout is NaN)")
+    assert.has_error(function() col:close({}) end, "bad argument #1 to 'close' (number expected, got table)")
+    assert.is_true(col:close(1000))
+  end)
+
 end)

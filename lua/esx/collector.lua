@@ -515,9 +515,10 @@ end
 -- already passed, deadline - now -- is 0, not "no limit" as the core would take it.
 local function check_timeout(timeout, fname)
   if timeout == nil then return nil end
-  if type(timeout) ~= "number" or timeout ~= timeout then
-    error("bad argument #1 to '" .. fname .. "' (number expected)", 3)
+  if type(timeout) ~= "number" then
+    error("bad argument #1 to '" .. fname .. "' (number expected, got " .. type(timeout) .. ")", 3)
   end
+  if timeout ~= timeout then error("bad argument #1 to '" .. fname .. "' (timeout is NaN)", 3) end
   if timeout < 0 then return 0 end
   return timeout
 end
