@@ -203,6 +203,19 @@ describe("esx.client", function()
       "esx.client: bad option 'headers' (header 'X-A' must be a string without CR, LF or NUL)")
   end)
 
+  it("raises naming the first bad header in name order, whatever order pairs() visits them in", function()
+    local h = {}
+    for i = 1, 20 do h[string.format("X-%02d", i)] = "ok" end
+    h["X-17"], h["X-05"], h["X-11"] = "a\n", "b\n", "c\n"
+    assert.has_error(function() esx.client{ headers = h } end,
+      "esx.client: bad option 'headers' (header 'X-05' must be a string without CR, LF or NUL)")
+    h["X-05"] = "ok"
+    local c = esx.client{}
+    assert.has_error(function() c:request("GET", "/", nil, { headers = h }) end,
+      "bad option 'headers' to 'request' (header 'X-11' must be a string without CR, LF or NUL)")
+    c:close()
+  end)
+
   it("raises on an api_key together with credentials in a node URL, without showing them", function()
     local ok, err = pcall(esx.client, { hosts = { "http://elastic:s3cret-pw@127.0.0.1:9200" }, api_key = "aWQ6a2V5" })
     assert.is_false(ok)

@@ -78,23 +78,42 @@ end
 -- esx frames every request itself: a caller's copy of these would contradict it.
 local framing_headers = { ["content-length"] = true, ["transfer-encoding"] = true }
 
+-- why header k = val cannot be sent, or nil
+local function header_problem(k, val)
+  if type(k) ~= "string" or not k:match("^[!#$%%&'*+.^_`|~%w-]+$") then
+    return "header names must be HTTP tokens"
+  end
+  if framing_headers[k:lower()] then
+    return "header '" .. k .. "' is esx's to set (request framing)"
+  end
+  -- esx sends a Content-Type with every body: a second one made Elasticsearch answer 400
+  -- ("Invalid media-type value on headers [Content-Type]") to every request with a body
+  if k:lower() == "content-type" then
+    return "header '" .. k .. "' is esx's to set (per call: the content_type option)"
+  end
+  if type(val) ~= "string" or val:find("[%z\r\n]") then
+    return "header '" .. k .. "' must be a string without CR, LF or NUL"
+  end
+end
+
 local function check_headers(v)
-  local n = 0
+  local n, bad = 0, false
   for k, val in pairs(v) do
     n = n + 1
-    if type(k) ~= "string" or not k:match("^[!#$%%&'*+.^_`|~%w-]+$") then
-      return nil, "header names must be HTTP tokens"
+    bad = bad or header_problem(k, val) ~= nil
+  end
+  if bad then
+    -- the first in name order: pairs() visits keys in an order that differs between runs
+    -- and between Lua 5.4 and LuaJIT, and the error must name the same header every time
+    local names = {}
+    for k in pairs(v) do
+      if type(k) ~= "string" then return nil, "header names must be HTTP tokens" end
+      names[#names + 1] = k
     end
-    if framing_headers[k:lower()] then
-      return nil, "header '" .. k .. "' is esx's to set (request framing)"
-    end
-    -- esx sends a Content-Type with every body: a second one made Elasticsearch answer 400
-    -- ("Invalid media-type value on headers [Content-Type]") to every request with a body
-    if k:lower() == "content-type" then
-      return nil, "header '" .. k .. "' is esx's to set (per call: the content_type option)"
-    end
-    if type(val) ~= "string" or val:find("[%z\r\n]") then
-      return nil, "header '" .. k .. "' must be a string without CR, LF or NUL"
+    table.sort(names)
+    for _, k in ipairs(names) do
+      local why = header_problem(k, v[k])
+      if why then return nil, why end
     end
   end
   if n > 32 then return nil, "at most 32 headers" end
