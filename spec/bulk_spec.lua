@@ -410,7 +410,7 @@ describe("bi:close (never called)", function()
   -- returns what it wrote on stderr.
   local function forgetful(n, close)
     srv:fault{ path = "/_bulk", stall_ms = 1500, count = 2 }
-    local run, path = require("spec.support.child").script(([[
+    local err, _, ok = require("spec.support.child").run_script(([[
       local esx = require "esx"
       local c = assert(esx.client{ hosts = { "%s" } })
       local bi = assert(c:bulk_indexer{ flush_count = 3, concurrency = 4, name = "nightly" })
@@ -421,11 +421,8 @@ describe("bi:close (never called)", function()
       collectgarbage()
       c:close()
     ]]):format(srv.url, n, tostring(close)))
-    local p = io.popen(run .. " 2>&1")
-    local out = p:read("*a")
-    p:close()
-    os.remove(path)
-    return out
+    assert.is_true(ok, "the process failed: " .. err)
+    return err
   end
 
   it("says on stderr how many operations an indexer dropped without close() left without an outcome", function()

@@ -665,12 +665,18 @@ describe("col:handle", function()
 end)
 
 describe("shipping", function()
+  -- Runs `code` in a Lua process of its own (this checkout's esx), which must exit 0 -> what
+  -- it wrote on stderr, the seconds it took.
+  local function lua_process(code)
+    local err, took, ok = child.run_script(code)
+    assert.is_true(ok, "the process failed: " .. err)
+    return err, took
+  end
+
   -- Runs a Lua process that accepts `n` events for a collector shipping to `url` and ends
   -- without closing it; returns what it wrote on stderr.
   local function forgetful(url, n)
-    local dir = tmpdir()
-    local errfile = dir .. "/stderr"
-    local run = child_script(dir, "forgetful", ([[
+    return (lua_process(([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
       local col = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
@@ -678,14 +684,7 @@ describe("shipping", function()
         assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
           body = '{"site_id":"s1","type":"view","event_id":"gc-' .. i .. '"}' } == 204)
       end
-    ]]):format(url, n))
-    local ok = os.execute(run .. " 2>" .. errfile)
-    assert.is_true(ok == true or ok == 0) -- Lua 5.4 or LuaJIT
-    local f = assert(io.open(errfile))
-    local err = f:read("*a")
-    f:close()
-    os.execute("rm -rf " .. dir)
-    return err
+    ]]):format(url, n)))
   end
 
   it("ships what a collector accepted when it is collected without close()", function()
@@ -700,9 +699,7 @@ describe("shipping", function()
 
   it("waits 5 s in all, not 5 s each, for several collectors collected as the Lua state closes", function()
     -- each one waited up to 5 s in turn: a state with N of them took 5 N s to close
-    local dir = tmpdir()
-    local errfile = dir .. "/stderr"
-    local run = child_script(dir, "several", [[
+    local err, took = lua_process([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
       keep = {}
@@ -712,14 +709,6 @@ describe("shipping", function()
           body = '{"site_id":"s1","type":"view"}' } == 204)
       end
     ]])
-    local t0 = socket.gettime()
-    local ok = os.execute(run .. " 2>" .. errfile)
-    local took = socket.gettime() - t0
-    assert.is_true(ok == true or ok == 0)
-    local f = assert(io.open(errfile))
-    local err = f:read("*a")
-    f:close()
-    os.execute("rm -rf " .. dir)
     local lines = 0
     for line in err:gmatch("[^\n]+") do
       lines = lines + 1
@@ -734,9 +723,7 @@ describe("shipping", function()
     -- the 5 s were shared by every collector collected in a row, whatever its sink: after
     -- one whose sink was away had waited them out, one whose sink worked was given 0 ms and
     -- its events were lost ("3 accepted events were not delivered within 0 ms")
-    local dir = tmpdir()
-    local errfile = dir .. "/stderr"
-    local run = child_script(dir, "sinks", ([[
+    local err, took = lua_process(([[
       local esx = require "esx"
       local good = esx.client{ hosts = { "%s" }, max_retries = 0 }
       local away = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
@@ -752,14 +739,6 @@ describe("shipping", function()
       -- whichever order the state's finalizers run
       keep = { accepting(away, 1), accepting(good, 3), accepting(away, 1) }
     ]]):format(srv.url))
-    local t0 = socket.gettime()
-    local ok = os.execute(run .. " 2>" .. errfile)
-    local took = socket.gettime() - t0
-    assert.is_true(ok == true or ok == 0)
-    local f = assert(io.open(errfile))
-    local err = f:read("*a")
-    f:close()
-    os.execute("rm -rf " .. dir)
     assert.not_matches("3 accepted", err)
     assert.equal(3, (indexed()))
     assert.is_true(took < 8 * SCALE, "the process took " .. took .. " s") -- 5 s for the sink away
@@ -770,9 +749,7 @@ describe("shipping", function()
     -- the previous one's end: collectors collected in cycles of their own, one after the
     -- other, each delivering in 2 s, left the third 1 s -- its events were not delivered
     srv:fault{ path = "/_bulk", method = "POST", stall_ms = 2000, count = -1 }
-    local dir = tmpdir()
-    local errfile = dir .. "/stderr"
-    local run = child_script(dir, "cycles", ([[
+    local err = lua_process(([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "%s" }, max_retries = 0 }
       for i = 1, 3 do
@@ -784,12 +761,6 @@ describe("shipping", function()
       end
       c:close()
     ]]):format(srv.url))
-    local ok = os.execute(run .. " 2>" .. errfile)
-    assert.is_true(ok == true or ok == 0)
-    local f = assert(io.open(errfile))
-    local err = f:read("*a")
-    f:close()
-    os.execute("rm -rf " .. dir)
     srv:clear_faults()
     assert.equal("", err)
     assert.equal(3, (indexed()))
@@ -798,9 +769,7 @@ describe("shipping", function()
   it("does not wait out the 5 s flush when collected after its sink client was closed", function()
     -- nothing can be acknowledged any more (col:close() knows, and waits 0): a worker whose
     -- exit_worker_by_lua closed the client waited 5 s per such collector as its Lua state closed
-    local dir = tmpdir()
-    local errfile = dir .. "/stderr"
-    local run = child_script(dir, "sinkless", [[
+    local err, took = lua_process([[
       local esx = require "esx"
       local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
       local col = esx.collector{ sink = c, flush_interval = 60000, rollup = false }
@@ -810,14 +779,6 @@ describe("shipping", function()
       end
       c:close()
     ]])
-    local t0 = socket.gettime()
-    local ok = os.execute(run .. " 2>" .. errfile)
-    local took = socket.gettime() - t0
-    assert.is_true(ok == true or ok == 0)
-    local f = assert(io.open(errfile))
-    local err = f:read("*a")
-    f:close()
-    os.execute("rm -rf " .. dir)
     assert.equal("esx.collector: collected without close(): 2 accepted events were not delivered " ..
                  "(its sink client is closed)\n", err)
     assert.is_true(took < 2.5 * SCALE, "the process took " .. took .. " s")
