@@ -30,6 +30,34 @@ local function tmpdir()
   return d
 end
 
+-- true when there is a file at path (the one opened to see is closed again)
+local function exists(path)
+  local f = io.open(path)
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- the whole content of the file at path (closed again)
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+-- this process's pid
+local function own_pid()
+  return slurp("/proc/self/stat"):match("^(%d+)")
+end
+
+-- true when this process runs as root
+local function is_root()
+  local p = io.popen("id -u")
+  local uid = p:read("*l")
+  p:close()
+  return uid == "0"
+end
+
 -- the number of spool segment files in dir
 local function segments(dir)
   local p = io.popen("ls " .. dir .. " | grep -c '^seg-'")
@@ -122,15 +150,13 @@ describe("esx.collector", function()
         err.message)
     end
     -- root (nginx's master) takes a private directory it made for the workers' user
-    if io.popen("id -u"):read("*l") == "0" then
+    if is_root() then
       os.execute("mkdir -p " .. dir .. "/workers && chmod 0700 " .. dir .. "/workers && chown nobody " .. dir .. "/workers")
       assert(esx.collector{ sink = client, spool_dir = dir .. "/workers", dead_letter = "/dev/null" }):close(0)
     end
     -- /dev/null stays usable as a dead-letter file (only root makes devices)
     assert(esx.collector{ sink = client, dead_letter = "/dev/null" }):close(0)
-    local f = io.open(target)
-    assert.equal("", f:read("*a"))
-    f:close()
+    assert.equal("", slurp(target))
   end)
 
   it("returns nil, err (internal) when a live collector of this process uses the spool_dir", function()
@@ -1099,9 +1125,7 @@ describe("shipping", function()
     assert.is_true(col:flush(5000))
     local s = col:stats()
     assert.equal(10, s.dead_lettered)
-    local f = assert(io.open(path))
-    local text = f:read("*a")
-    f:close()
+    local text = slurp(path)
     local _, lines = text:gsub("\n", "")
     assert.is_true(#text <= 4096, #text .. " bytes")
     assert.is_true(lines >= 3, lines .. " lines") -- ~1 KiB each
@@ -1204,8 +1228,8 @@ describe("shipping", function()
     local function release() io.open(dir .. "/release", "w"):close() end
     finally(function() release() col:close(0) os.execute("sleep 0.1; rm -rf " .. dir) end)
     local t0 = socket.gettime()
-    while not io.open(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
-    assert.truthy(io.open(dir .. "/locked"), "flock(1) did not take the lock")
+    while not exists(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
+    assert.is_true(exists(dir .. "/locked"), "flock(1) did not take the lock")
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "locked-out" })))))
     while col:stats().dead_lettered == 0 and socket.gettime() - t0 < 10 * SCALE do socket.sleep(0.01) end
@@ -1220,7 +1244,7 @@ describe("shipping", function()
     end
     assert.is_true(slowest < 0.5 * SCALE, ("an intake call took %.3f s"):format(slowest))
     assert.equal(21, col:stats().queued_events) -- the dead letter's event is held until written
-    assert.equal("", io.open(dl):read("*a")) -- nothing written while another holds the lock
+    assert.equal("", slurp(dl)) -- nothing written while another holds the lock
     release()
     assert.is_true(col:flush(10000 * SCALE))
     local s = col:stats()
@@ -1243,8 +1267,8 @@ describe("shipping", function()
       :format(dl, dir, dir))
     finally(function() io.open(dir .. "/release", "w"):close() os.execute("sleep 0.1; rm -rf " .. dir) end)
     local t0 = socket.gettime()
-    while not io.open(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
-    assert.truthy(io.open(dir .. "/locked"), "flock(1) did not take the lock")
+    while not exists(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
+    assert.is_true(exists(dir .. "/locked"), "flock(1) did not take the lock")
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "held-lock" })))))
     while col:stats().dead_lettered == 0 and socket.gettime() - t0 < 10 * SCALE do socket.sleep(0.01) end
@@ -1260,7 +1284,7 @@ describe("shipping", function()
   end)
 
   it("writes dead letters to a file its user may append to but not read (mode 0200)", function()
-    if io.popen("id -u"):read("*l") ~= "0" then return pending("needs root, to run as nobody") end
+    if not is_root() then return pending("needs root, to run as nobody") end
     local dir = tmpdir()
     finally(function() os.execute("rm -rf " .. dir) end)
     os.execute("chmod 755 " .. dir)
@@ -1902,7 +1926,7 @@ describe("spool", function()
     -- the sync's deadline, last_sync + 0, was always due: the shipper's timed wait returned
     -- at once, for ever (tens of thousands of passes a second, a core's worth of CPU)
     -- wake-ups of this process's threads (an idle shipper wakes about once a second)
-    local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+    local pid = own_pid()
     local function switches()
       local p = io.popen("cat /proc/" .. pid .. "/task/*/status 2>/dev/null")
       local n = 0
@@ -2315,7 +2339,7 @@ describe("spool", function()
     spool_victim(dir, { "q1", "q2" })
     -- as after a restart that reuses pids (containers): the dead process's segment carries
     -- our pid and the first sequence number this process would use
-    local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+    local pid = own_pid()
     local p = io.popen("ls " .. dir .. "/seg-*.log")
     local seg = p:read("*l")
     p:close()
@@ -2346,9 +2370,7 @@ describe("spool", function()
     local p = io.popen("ls " .. dir .. "/seg-*.log")
     local path = p:read("*l")
     p:close()
-    local f = assert(io.open(path, "rb"))
-    local bytes = f:read("*a")
-    f:close()
+    local bytes = slurp(path)
     -- records: u32 length (little-endian), u32 CRC-32, payload
     local function u32(at)
       local a, b, c, d = bytes:byte(at, at + 3)
@@ -2363,7 +2385,7 @@ describe("spool", function()
     local damaged = bytes:sub(1, flip - 1) .. (bytes:sub(flip, flip) == "x" and "y" or "x") .. bytes:sub(flip + 1)
     -- ... and a write cut short follows the third: a header for 500 bytes, 10 written
     local torn = string.char(244, 1, 0, 0, 1, 2, 3, 4) .. '{"create":'
-    f = assert(io.open(path, "wb"))
+    local f = assert(io.open(path, "wb"))
     f:write(damaged, torn)
     f:close()
     local col = new{ spool_dir = dir }
