@@ -81,6 +81,7 @@ describe("graceful shutdown without a spool #nginx", function()
         }
       ]],
     }
+    finally(function() quiet:stop() end) -- (stopped already when the spec ran to its end)
     for i = 1, 15 do
       local status = quiet:request("POST", "/collect",
         cjson.encode({ site_id = "s1", type = "view", event_id = "g" .. i }),
@@ -188,6 +189,7 @@ describe("esx.nginx.collect #nginx", function()
         location = /collect { content_by_lua_block { require("esx.nginx").collect(package.loaded.broken) } }
       ]],
     }
+    finally(function() broken:stop() os.execute("rm -rf " .. dir) end)
     os.execute("rm -rf " .. dir .. " && touch " .. dir) -- before a worker opens it
     local ev = cjson.encode({ site_id = "s1", type = "view" })
     for _ = 1, 3 do
@@ -197,8 +199,6 @@ describe("esx.nginx.collect #nginx", function()
       assert.equal('{"error":"the collector cannot store events now"}', body)
     end
     local log = broken:error_log()
-    broken:stop()
-    os.remove(dir)
     local _, lines = log:gsub("esx collector: answered 503: cannot use spool_dir " .. dir:gsub("%p", "%%%0"), "")
     assert.equal(1, lines, log) -- once a second, not once per request
   end)
@@ -221,6 +221,7 @@ describe("esx.nginx.collect #nginx", function()
         }
       ]],
     }
+    finally(function() small:stop() end)
     local ev = cjson.encode({ site_id = "s1", type = "view" })
     -- two uploads that stall after 10 of 100 body bytes, then one that closes mid-body
     local stalled = {}
@@ -250,7 +251,6 @@ describe("esx.nginx.collect #nginx", function()
     until status == 204 or socket.gettime() > deadline
     assert.equal(204, status)
     assert.truthy(small:error_log():find("gave back their max_concurrent slot", 1, true))
-    small:stop()
   end)
 
   it("stops counting aborted uploads, one after the other, after abandoned_after, full or not", function()
@@ -270,6 +270,7 @@ describe("esx.nginx.collect #nginx", function()
           ngx.say(s.in_progress, " ", s.utilization.concurrency) } }
       ]],
     }
+    finally(function() roomy:stop() end)
     for _ = 1, 2 do -- two uploads that send 4 of 100 bytes and go away
       local c = assert(socket.connect("127.0.0.1", roomy.port))
       assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
@@ -280,7 +281,6 @@ describe("esx.nginx.collect #nginx", function()
     assert.equal("2 0.66666666666667\n", select(2, roomy:get("/stats")))
     socket.sleep(2.5) -- past abandoned_after; the collector was never full
     assert.equal("0 0\n", select(2, roomy:get("/stats")))
-    roomy:stop()
   end)
 
   it("lets a collector with an aborted upload counted in be collected once it is dropped", function()
@@ -310,6 +310,7 @@ describe("esx.nginx.collect #nginx", function()
           ngx.say(before, " ", package.loaded.drop_weak[1] and "pinned" or "collected") } }
       ]],
     }
+    finally(function() dropper:stop() end)
     local c = assert(socket.connect("127.0.0.1", dropper.port))
     assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
                   "Content-Length: 100\r\n\r\n0123"))
@@ -317,7 +318,6 @@ describe("esx.nginx.collect #nginx", function()
     c:close()
     socket.sleep(0.2)
     local status, body = dropper:get("/drop")
-    dropper:stop()
     assert.equal(200, status)
     assert.equal("1 collected\n", body)
   end)
@@ -342,6 +342,7 @@ describe("esx.nginx.collect #nginx", function()
           ngx.say(s.in_progress, " ", s.rejected.too_large) } }
       ]],
     }
+    finally(function() roomy:stop() end)
     -- 100 KiB announced, 10 bytes sent: the answer must not wait for (nor store) the rest
     local c = assert(socket.connect("127.0.0.1", roomy.port))
     assert(c:send("POST /collect HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n" ..
@@ -354,7 +355,6 @@ describe("esx.nginx.collect #nginx", function()
     until not line or line == ""
     c:close()
     local _, stats = roomy:get("/stats")
-    roomy:stop()
     assert.equal("HTTP/1.1 413 Request Entity Too Large", head[1])
     local text = table.concat(head, "\n")
     assert.truthy(text:find("\nAccess-Control-Allow-Origin: https://shop.example\n", 1, true), text)
@@ -465,6 +465,8 @@ describe("esx.nginx.collect #nginx", function()
     es:reset()
     local port = es.port
     es:stop() -- nothing can be shipped: every accepted event is only in memory and the spool
+    -- (the specs after this one, and the teardown, want it back on its port)
+    finally(function() if es.stopped then es = ds.start{ port = port } end end)
     local accepted = 0
     for i = 1, 30 do
       local status = web:request("POST", "/collect",
@@ -518,47 +520,49 @@ describe("a reload (HUP) after a worker was killed #nginx", function()
         }
       ]],
     }
-    local ok, err = pcall(function()
-      for i = 1, 10 do
-        assert.equal(204, hup:request("POST", "/collect",
-          cjson.encode({ site_id = "s1", type = "view", event_id = "orph" .. i }),
-          { ["Content-Type"] = "application/json" }))
-      end
-      local master = hup:pid()
-      local first = hup:workers()
-      for _, pid in ipairs(first) do os.execute("kill -9 " .. pid) end
-      local deadline = socket.gettime() + 10
-      repeat socket.sleep(0.05) until (#hup:workers() == 1 and hup:workers()[1] ~= first[1])
-        or socket.gettime() > deadline
-      -- the reload frees the previous configuration's Lua state (and its collector) in the
-      -- master; the killed worker's segment must stay a dead process's, for a worker to replay
-      os.execute("kill -HUP " .. master)
-      deadline = socket.gettime() + 10
-      -- ("start worker processes" then "start worker process <pid>": twice at the start, once
-      -- at the respawn, twice at the reload)
-      repeat socket.sleep(0.05)
-      until select(2, hup:error_log():gsub("start worker process", "")) >= 5 or socket.gettime() > deadline
-      socket.sleep(0.5)
-      local listing = io.popen("ls " .. dir):read("*a")
-      assert.falsy(listing:find("seg%-" .. master .. "%-"), listing)
-      sink = ds.start{ port = port }
-      local c = assert(esx.client{ hosts = { sink.url } })
-      local n = 0
-      deadline = socket.gettime() + 15
-      while socket.gettime() < deadline do
-        hup:get("/stats") -- a worker's collector starts (and claims orphans) on first use
-        assert(c:refresh("events-*"))
-        n = c:count("events-*", { query = { prefix = { event_id = "orph" } } }) or 0
-        if n >= 10 then break end
-        socket.sleep(0.2)
-      end
-      c:close()
-      assert.equal(10, n)
+    local c
+    finally(function()
+      hup:stop()
+      if c then c:close() end
+      sink:stop() -- the one started again, or (stopped already) the first
+      os.execute("rm -rf " .. dir)
     end)
-    hup:stop()
-    sink:stop()
-    os.execute("rm -rf " .. dir)
-    assert(ok, err)
+    for i = 1, 10 do
+      assert.equal(204, hup:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "orph" .. i }),
+        { ["Content-Type"] = "application/json" }))
+    end
+    local master = hup:pid()
+    local first = hup:workers()
+    for _, pid in ipairs(first) do os.execute("kill -9 " .. pid) end
+    local deadline = socket.gettime() + 10
+    repeat socket.sleep(0.05) until (#hup:workers() == 1 and hup:workers()[1] ~= first[1])
+      or socket.gettime() > deadline
+    -- the reload frees the previous configuration's Lua state (and its collector) in the
+    -- master; the killed worker's segment must stay a dead process's, for a worker to replay
+    os.execute("kill -HUP " .. master)
+    deadline = socket.gettime() + 10
+    -- ("start worker processes" then "start worker process <pid>": twice at the start, once
+    -- at the respawn, twice at the reload)
+    repeat socket.sleep(0.05)
+    until select(2, hup:error_log():gsub("start worker process", "")) >= 5 or socket.gettime() > deadline
+    socket.sleep(0.5)
+    local p = io.popen("ls " .. dir)
+    local listing = p:read("*a")
+    p:close()
+    assert.falsy(listing:find("seg%-" .. master .. "%-"), listing)
+    sink = ds.start{ port = port }
+    c = assert(esx.client{ hosts = { sink.url } })
+    local n = 0
+    deadline = socket.gettime() + 15
+    while socket.gettime() < deadline do
+      hup:get("/stats") -- a worker's collector starts (and claims orphans) on first use
+      assert(c:refresh("events-*"))
+      n = c:count("events-*", { query = { prefix = { event_id = "orph" } } }) or 0
+      if n >= 10 then break end
+      socket.sleep(0.2)
+    end
+    assert.equal(10, n)
   end)
 end)
 
@@ -592,48 +596,49 @@ describe("a graceful stop with a spool while the sink is down #nginx", function(
       }
     end
     local web1, web2, c
-    local ok, err = pcall(function()
-      web1 = nginx.start(conf())
-      for i = 1, 12 do
-        assert.equal(204, web1:request("POST", "/collect",
-          cjson.encode({ site_id = "roll", type = "view", event_id = "roll" .. i, user_id = "u" .. i }),
-          { ["Content-Type"] = "application/json" }))
-      end
-      web1:stop() -- QUIT: exit_worker_by_lua closes the collector; the sink is still down
-      web1 = nil
-      sink = ds.start{ port = port }
-      c = assert(esx.client{ hosts = { sink.url } })
-      web2 = nginx.start(conf()) -- its worker replays the first one's segments
-      local events, rows, counted = 0, 0, 0
-      local deadline = socket.gettime() + 15
-      while socket.gettime() < deadline do
-        web2:get("/stats")
-        assert(c:refresh("*"))
-        events = c:count("events-*", { query = { prefix = { event_id = "roll" } } }) or 0
-        local res = c:search("rollups-*", { size = 100, query = { term = { site_id = "roll" } } })
-        rows, counted = 0, 0
-        for _, hit in ipairs(res and res.hits.hits or {}) do
-          rows = rows + 1
-          counted = counted + hit._source.count
-        end
-        if events >= 12 and counted >= 12 then break end
-        socket.sleep(0.2)
-      end
-      assert.equal(12, events)
-      assert.equal(1, rows)
-      assert.equal(12, counted) -- before: 0 rows (lost at the stop, while the events were kept)
+    finally(function()
+      if web1 then web1:stop() end
+      if web2 then web2:stop() end
+      if c then c:close() end
+      sink:stop()
+      os.execute("rm -rf " .. dir)
     end)
-    if web1 then web1:stop() end
-    if web2 then web2:stop() end
-    if c then c:close() end
-    sink:stop()
-    os.execute("rm -rf " .. dir)
-    assert(ok, err)
+    web1 = nginx.start(conf())
+    for i = 1, 12 do
+      assert.equal(204, web1:request("POST", "/collect",
+        cjson.encode({ site_id = "roll", type = "view", event_id = "roll" .. i, user_id = "u" .. i }),
+        { ["Content-Type"] = "application/json" }))
+    end
+    web1:stop() -- QUIT: exit_worker_by_lua closes the collector; the sink is still down
+    web1 = nil
+    sink = ds.start{ port = port }
+    c = assert(esx.client{ hosts = { sink.url } })
+    web2 = nginx.start(conf()) -- its worker replays the first one's segments
+    local events, rows, counted = 0, 0, 0
+    local deadline = socket.gettime() + 15
+    while socket.gettime() < deadline do
+      web2:get("/stats")
+      assert(c:refresh("*"))
+      events = c:count("events-*", { query = { prefix = { event_id = "roll" } } }) or 0
+      local res = c:search("rollups-*", { size = 100, query = { term = { site_id = "roll" } } })
+      rows, counted = 0, 0
+      for _, hit in ipairs(res and res.hits.hits or {}) do
+        rows = rows + 1
+        counted = counted + hit._source.count
+      end
+      if events >= 12 and counted >= 12 then break end
+      socket.sleep(0.2)
+    end
+    assert.equal(12, events)
+    assert.equal(1, rows)
+    assert.equal(12, counted) -- before: 0 rows (lost at the stop, while the events were kept)
   end)
 end)
 
 describe("a collector made by a root master for workers of another user #nginx", function()
-  local is_root = (io.open("/proc/self/status"):read("*a")):match("\nUid:%s+0%s") ~= nil
+  local status = assert(io.open("/proc/self/status"))
+  local is_root = status:read("*a"):match("\nUid:%s+0%s") ~= nil
+  status:close()
   local it_root = is_root and it or pending
 
   -- nginx with workers of user nobody and a collector made in init_by_lua with `option`
@@ -732,30 +737,29 @@ describe("a worker killed with SIGKILL, with col:stats() in init_worker_by_lua #
       ]],
     }
     local c
-    local ok, err = pcall(function()
-      for i = 1, 5 do
-        assert.equal(204, idle:request("POST", "/collect",
-          cjson.encode({ site_id = "s1", type = "view", event_id = "idle" .. i }),
-          { ["Content-Type"] = "application/json" }))
-      end
-      local killed = idle:workers()
-      os.execute("kill -9 " .. table.concat(killed, " "))
-      sink = ds.start{ port = port }
-      c = assert(esx.client{ hosts = { sink.url } })
-      local n = 0
-      local deadline = socket.gettime() + 10
-      while socket.gettime() < deadline do -- no request to nginx meanwhile
-        assert(c:refresh("events-*"))
-        n = c:count("events-*", { query = { prefix = { event_id = "idle" } } }) or 0
-        if n >= 5 then break end
-        socket.sleep(0.2)
-      end
-      assert.equal(5, n)
+    finally(function()
+      idle:stop()
+      if c then c:close() end
+      sink:stop()
+      os.execute("rm -rf " .. dir)
     end)
-    idle:stop()
-    if c then c:close() end
-    sink:stop()
-    os.execute("rm -rf " .. dir)
-    assert(ok, err)
+    for i = 1, 5 do
+      assert.equal(204, idle:request("POST", "/collect",
+        cjson.encode({ site_id = "s1", type = "view", event_id = "idle" .. i }),
+        { ["Content-Type"] = "application/json" }))
+    end
+    local killed = idle:workers()
+    os.execute("kill -9 " .. table.concat(killed, " "))
+    sink = ds.start{ port = port }
+    c = assert(esx.client{ hosts = { sink.url } })
+    local n = 0
+    local deadline = socket.gettime() + 10
+    while socket.gettime() < deadline do -- no request to nginx meanwhile
+      assert(c:refresh("events-*"))
+      n = c:count("events-*", { query = { prefix = { event_id = "idle" } } }) or 0
+      if n >= 5 then break end
+      socket.sleep(0.2)
+    end
+    assert.equal(5, n)
   end)
 end)
