@@ -3,18 +3,18 @@
 -- search, bulk, a gzip-compressed bulk, bodies of 70 KB through index, bulk and a bulk indexer; and COUNT - 1 after it, 0: every one after it) fails.
 -- Each call must succeed with the right answer, return nil, err of kind "internal" (esx's
 -- own failure), or raise Lua's "not enough memory"; a raise that blames the caller, another
--- kind, a crash or a hang is a failure.  After each round the same client must work again.
+-- kind, a node marked dead, a crash or a hang is a failure (tools/oom/contract.lua).  After
+-- each round the same client must work again.
 -- Prints "FAIL ..." per violation, then "done <sweeps> <injected> <failures>".
 local fm = require "failmalloc"
 local esx = require "esx"
+local contract = require("tools.oom.contract").new()
 
 local url, scope, count = arg[1], arg[2] or "esx", tonumber(arg[3]) or 1
 local es = assert(esx.client{ hosts = { url }, request_timeout = 5000, compression = true,
                               compression_min_bytes = 200 })
-local fails = 0
-local function fail(...) fails = fails + 1; print("FAIL", ...) end
+local fail = contract.fail
 local RUN = ("c%d%s"):format(os.time(), tostring({}):match("(%x+)$")) -- ASLR: one per process
-local allowed = { internal = true }
 
 local LARGE = ("y"):rep(70000)
 local big = {}
@@ -61,15 +61,8 @@ while clean < 3 and n < 3000 do
   injected_total = injected_total + injected
   if injected == 0 then clean = clean + 1 end
   for i, r in ipairs(out) do
-    local ok, res, err = r[1], r[2], r[3]
-    if not ok then
-      if not tostring(res):find("not enough memory", 1, true) then fail(n, i, "raised", tostring(res)) end
-    elseif res == nil then
-      if type(err) ~= "table" or not allowed[err.kind] then
-        fail(n, i, "error", type(err) == "table" and err.kind or "?", tostring(err))
-      elseif injected == 0 then
-        fail(n, i, "an error without an injected failure", tostring(err))
-      end
+    local res = contract.answer(n, i, r, injected)
+    if res == nil then -- no answer to check further
     elseif i == 2 and (res._source == nil or res._source.name ~= "doc1") then
       fail(n, i, "wrong document")
     elseif (i == 4 or i == 5 or i == 8) and (res.errors ~= false or #res.items ~= (i == 5 and 40 or 1)) then
@@ -78,6 +71,7 @@ while clean < 3 and n < 3000 do
       fail(n, i, "wrong response", res.status)
     end
   end
+  contract.nodes_alive(n, es)
   -- heals at once
   local res, err = es:get(RUN, "d1")
   if not res then fail(n, "after the round", tostring(err)) end
@@ -85,4 +79,4 @@ end
 local st = es:stats()
 print("stats rebuilds", st.rebuilds)
 es:close()
-print("done", n, injected_total, fails)
+print("done", n, injected_total, contract.fails)

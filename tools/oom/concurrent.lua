@@ -5,15 +5,16 @@
 -- opening the connections and watching them (epoll_ctl).  Each request must succeed,
 -- return nil, err of kind "internal", or raise Lua's "not enough memory"; connect_timeout or
 -- socket_timeout (a connection left out of the poll), another kind, a node marked dead, a
--- crash or a hang is a failure.  The client must work again once memory is back.
+-- crash or a hang is a failure (tools/oom/contract.lua).  The client must work again once
+-- memory is back.
 -- Prints "FAIL ..." per violation, then "done <sweeps> <injected> <failures>".
 local fm = require "failmalloc"
 local esx = require "esx"
+local contract = require("tools.oom.contract").new()
 
 local url, scope, count = arg[1], arg[2] or "esx", tonumber(arg[3]) or 0
 local K = tonumber(arg[4]) or 6
-local fails = 0
-local function fail(...) fails = fails + 1; print("FAIL", ...) end
+local fail = contract.fail
 
 -- every answer after 100 ms: the K requests are in flight together
 local ctl = assert(esx.client{ hosts = { url } })
@@ -52,21 +53,10 @@ while clean < 3 and n < 3000 do
   injected_total = injected_total + injected
   if injected == 0 then clean = clean + 1 end
   for i, r in ipairs(out) do
-    local okr, r2, err = r[1], r[2], r[3]
-    if not okr then
-      if not tostring(r2):find("not enough memory", 1, true) then fail(n, i, "raised", tostring(r2)) end
-    elseif r2 == nil then
-      if type(err) ~= "table" or err.kind ~= "internal" then
-        fail(n, i, "error", type(err) == "table" and err.kind or "?", tostring(err))
-      elseif injected == 0 then
-        fail(n, i, "an error without an injected failure", tostring(err))
-      end
-    elseif r2.status ~= 200 then
-      fail(n, i, "status", r2.status)
-    end
+    local res = contract.answer(n, i, r, injected)
+    if res and res.status ~= 200 then fail(n, i, "status", res.status) end
   end
-  -- esx's own shortage is not the node's failure
-  if not es:stats().nodes[1].alive then fail(n, "the node was marked dead") end
+  contract.nodes_alive(n, es)
   local res2, err2 = es:request("GET", "/")
   if not res2 then fail(n, "after the round", tostring(err2)) end
   es:close()
@@ -74,4 +64,4 @@ end
 ctl = assert(esx.client{ hosts = { url } })
 ctl:request("DELETE", "/_esx/faults")
 ctl:close()
-print("done", n, injected_total, fails)
+print("done", n, injected_total, contract.fails)
