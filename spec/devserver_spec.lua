@@ -2258,6 +2258,21 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.equal("parsing_exception", b.error.type)
     end)
+    it("refuses a sub-aggregation under a metric aggregation with ES 8.14+'s illegal_argument_exception", function()
+      -- LeafOnly.subAggregations throws IllegalArgumentException since elastic/elasticsearch#106074
+      -- (before 8.14: aggregation_initialization_exception, a 500); parseAggregators parses the
+      -- sub-aggregations first, so a malformed one is reported instead
+      local reason = "Aggregator [m] of type [max] cannot accept sub-aggregations"
+      local st, b = jreq("POST", "/agg/_search", '{"aggs":{"m":{"max":{"field":"ms"},"aggs":{"x":{"terms":{"field":"site"}}}}}}')
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", reason), b)
+      st, b = jreq("POST", "/missing/_search", '{"aggs":{"s":{"terms":{"field":"site"},"aggs":{"m":{"max":{"field":"ms"},"aggs":{"x":{"avg":{"field":"ms"}}}}}}}}')
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", reason), b)
+      st, b = jreq("POST", "/agg/_search", '{"aggs":{"m":{"max":{"field":"ms"},"aggs":{"x":{"bogus":{}}}}}}')
+      assert.equal(400, st)
+      assert.equal("Unknown aggregation type [bogus]", b.error.reason)
+    end)
     it("returns ES's parsing_exception for an unknown aggregation type, with its suggestions", function()
       local function unknown(kind, reason)
         local st, b = jreq("POST", "/agg/_search", { aggs = { x = { [kind] = {} } } })

@@ -456,6 +456,10 @@ end
 
 local function perr(reason) errors.raise(400, "parsing_exception", reason) end
 
+local function no_sub_aggs(name, kind)
+  bad("Aggregator [" .. name .. "] of type [" .. kind .. "] cannot accept sub-aggregations")
+end
+
 local function sorted_names(t)
   local names = {}
   for k in pairs(t) do names[#names + 1] = k end
@@ -493,10 +497,10 @@ local function parse_aggs(spec)
       end
     end
     if not kind then perr("Missing definition for aggregation [" .. name .. "]") end
-    if sub and metric[kind] then
-      errors.raise(400, "aggregation_initialization_exception", "Aggregator [" .. name .. "] of type [" .. kind .. "] cannot accept sub-aggregations")
-    end
+    -- the sub-aggregations are parsed before the builder takes them; a metric's
+    -- LeafOnly.subAggregations refuses them (an IllegalArgumentException since ES 8.14)
     if sub then parse_aggs(sub) end
+    if sub and metric[kind] then no_sub_aggs(name, kind) end
   end
 end
 
@@ -524,7 +528,7 @@ run_aggs = function(spec, docs, types)
     if bucket[kind] then
       json.set(out, name, bucket[kind](body, docs, types, sub))
     elseif metric[kind] then
-      if sub then errors.raise(400, "aggregation_initialization_exception", "Aggregator [" .. name .. "] of type [" .. kind .. "] cannot accept sub-aggregations") end
+      if sub then no_sub_aggs(name, kind) end
       json.set(out, name, metric[kind](body, docs, types))
     else
       unknown_type(kind)
