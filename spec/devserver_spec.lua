@@ -47,6 +47,21 @@ local function es_error(status, etype, reason, extra)
   return { error = top, status = status }
 end
 
+-- ES's answer to a query a shard cannot build: SearchExecutionContext.toQuery wraps the field
+-- type's exception (ctype: reason) in a query_shard_exception naming the index, under
+-- search_phase_execution_exception; the root cause is rendered without its caused_by.
+local function query_shard_failure(b, index, ctype, reason)
+  assert.equal(400, b.status)
+  assert.equal("search_phase_execution_exception", b.error.type)
+  local uuid = b.error.root_cause[1].index_uuid
+  assert.equal("string", type(uuid))
+  local want = { type = "query_shard_exception", reason = "failed to create query: " .. reason, index_uuid = uuid, index = index }
+  assert.same({ want }, b.error.root_cause)
+  want.caused_by = { type = ctype, reason = reason }
+  assert.same(want, b.error.failed_shards[1].reason)
+  assert.same(want, b.error.caused_by)
+end
+
 local function not_found(name)
   return es_error(404, "index_not_found_exception", "no such index [" .. name .. "]",
     { ["resource.type"] = "index_or_alias", ["resource.id"] = name, index_uuid = "_na_", index = name })
@@ -1122,12 +1137,17 @@ describe("esxd", function()
         assert.equal("search_phase_execution_exception", b.error.type)
         assert.same({ { type = "illegal_argument_exception", reason = reason } }, b.error.root_cause)
       end
+      local function unsearchable(query, field)
+        local _, b = jreq("POST", "/mp/_search", { query = query })
+        query_shard_failure(b, "mp", "illegal_argument_exception",
+          "Cannot search on field [" .. field .. "] since it is not indexed nor has doc values.")
+      end
       -- index: false leaves keyword (and numeric, date, ...) fields searchable through doc values
       local st, b = jreq("POST", "/mp/_search", { query = { term = { k = "a" } } })
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
-      shard_failure({ query = { term = { kn = "b" } } }, "Cannot search on field [kn] since it is not indexed nor has doc values.")
-      shard_failure({ query = { match = { t = "hello" } } }, "Cannot search on field [t] since it is not indexed nor has doc values.")
+      unsearchable({ term = { kn = "b" } }, "kn")
+      unsearchable({ match = { t = "hello" } }, "t")
       -- doc_values: false: searchable, but no sorting or aggregations
       _, b = jreq("POST", "/mp/_search", { query = { term = { kd = "c" } } })
       assert.same({ "1" }, ids(b))
@@ -1176,8 +1196,8 @@ describe("esxd", function()
       assert.equal("2024-01-01T07:30:00.500Z", b.aggregations.m.value_as_string)
       st, b = jreq("POST", "/dn/_search", { query = { term = { d = "x" } } })
       assert.equal(400, st)
-      assert.equal("failed to parse date field [x] with format [strict_date_optional_time_nanos||epoch_millis]",
-        b.error.root_cause[1].reason)
+      query_shard_failure(b, "dn", "parse_exception",
+        "failed to parse date field [x] with format [strict_date_optional_time_nanos||epoch_millis]")
     end)
     it("term, terms and range on an ip field compare addresses (CIDR included), as ES does", function()
       assert.equal(200, (jreq("PUT", "/ipq", { mappings = { properties = { ip = { type = "ip" } } } })))
@@ -1200,11 +1220,11 @@ describe("esxd", function()
       assert.same({ "2" }, hits({ range = { ip = { gt = "10.1.2.3", lte = "255.255.255.255" } } }))
       local st, b = jreq("POST", "/ipq/_search", { query = { term = { ip = "x" } } })
       assert.equal(400, st)
-      assert.same({ { type = "illegal_argument_exception", reason = "'x' is not an IP string literal." } }, b.error.root_cause)
+      query_shard_failure(b, "ipq", "illegal_argument_exception", "'x' is not an IP string literal.")
       st, b = jreq("POST", "/ipq/_search", { query = { term = { ip = "10.0.0.0/33" } } })
       assert.equal(400, st)
-      assert.equal("Illegal prefix length [33] in [10.0.0.0/33]. Must be 0-32 for IPv4 ranges, 0-128 for IPv6 ranges",
-        b.error.root_cause[1].reason)
+      query_shard_failure(b, "ipq", "illegal_argument_exception",
+        "Illegal prefix length [33] in [10.0.0.0/33]. Must be 0-32 for IPv4 ranges, 0-128 for IPv6 ranges")
     end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
@@ -1748,13 +1768,12 @@ describe("esxd", function()
     it("range on a date field parses its bounds with the field's mapping format (epoch_millis: numbers only)", function()
       -- ES's DateFieldType.rangeQuery parses with the field's format unless the query gives one:
       -- an ISO date against {"format":"epoch_millis"} fails the shard with a parse_exception
+      -- (wrapped in query_shard_exception)
       assert.equal(200, (req("PUT", "/epochq", { mappings = { properties = { ts = { type = "date", format = "epoch_millis" } } } })))
       put_doc("epochq", "1", { ts = 1704070800000 })
       local st, b = search("/epochq/_search", { query = { range = { ts = { gte = "2024-01-01" } } } })
       assert.equal(400, st)
-      assert.equal("search_phase_execution_exception", b.error.type)
-      assert.same({ { type = "parse_exception",
-        reason = "failed to parse date field [2024-01-01] with format [epoch_millis]" } }, b.error.root_cause)
+      query_shard_failure(b, "epochq", "parse_exception", "failed to parse date field [2024-01-01] with format [epoch_millis]")
       st, b = search("/epochq/_search", { query = { range = { ts = { gte = 1704067200000, lt = "now" } } } })
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
@@ -1765,21 +1784,21 @@ describe("esxd", function()
     end)
     it("term / terms values a date or numeric field cannot parse fail the shard, as in ES", function()
       -- ES's field types parse a term query's value like the field's own values (DateFieldType
-      -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400
+      -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400,
+      -- a query_shard_exception "failed to create query: ..." caused by the parse failure
       put_doc("tv", "1", { d = "2024-01-01T00:00:00Z", n = 5 })
-      local function root(q)
-        local st, b = search("/tv/_search", { query = q })
+      local function fails(q, ctype, reason, body)
+        local st, b = search("/tv/_search", body or { query = q })
         assert.equal(400, st)
-        assert.equal("search_phase_execution_exception", b.error.type)
-        return b.error.root_cause
+        query_shard_failure(b, "tv", ctype, reason)
       end
-      assert.same({ { type = "number_format_exception", reason = 'For input string: "abc"' } },
-        root({ term = { n = "abc" } }))
-      assert.same({ { type = "number_format_exception", reason = 'For input string: "x"' } },
-        root({ terms = { n = { 5, "x" } } }))
-      assert.same({ { type = "parse_exception",
-        reason = "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]" } },
-        root({ term = { d = "abc" } }))
+      fails({ term = { n = "abc" } }, "number_format_exception", 'For input string: "abc"')
+      fails({ terms = { n = { 5, "x" } } }, "number_format_exception", 'For input string: "x"')
+      fails({ term = { d = "abc" } }, "parse_exception",
+        "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]")
+      fails({ range = { n = { gte = "abc" } } }, "number_format_exception", 'For input string: "abc"')
+      -- the post_filter is built on the shard the same way
+      fails(nil, "number_format_exception", 'For input string: "abc"', { post_filter = { term = { n = "abc" } } })
       for _, q in ipairs({ { term = { n = "5" } }, { terms = { n = { 5 } } }, { term = { d = 1704067200000 } },
         { term = { d = "2024-01-01T00:00:00.000Z" } } }) do
         local st, b = search("/tv/_search", { query = q })
@@ -2308,7 +2327,8 @@ describe("esxd", function()
     end)
     it("_count fails a shard's query like _search does (search_phase_execution_exception)", function()
       -- ES's RestCountAction runs a size-0 search: a bound the date field cannot parse fails
-      -- the shard, and the answer is "all shards failed" with the parse_exception as root cause
+      -- the shard, and the answer is "all shards failed" with a query_shard_exception caused by
+      -- the parse_exception as root cause
       assert.equal(200, (req("PUT", "/cdate", { mappings = { properties = { d = { type = "date" } } } })))
       put_doc("cdate", "1", { d = "2024-01-01T00:00:00Z" })
       local q = { query = { range = { d = { gte = "abc" } } } }
@@ -2317,9 +2337,8 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.equal("search_phase_execution_exception", b.error.type)
       assert.equal("all shards failed", b.error.reason)
-      assert.same({ { type = "parse_exception",
-        reason = "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]" } },
-        b.error.root_cause)
+      query_shard_failure(b, "cdate", "parse_exception",
+        "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]")
       assert.same(sb, b)
     end)
     it("_msearch returns one response per header/body pair with status", function()

@@ -97,12 +97,13 @@ function _M.body_required()
 end
 
 -- Wrap a query-phase failure the way ES does (search_phase_execution_exception, all shards failed).
+-- The shard's failure keeps its caused_by; the root cause is rendered without it, as ES does.
 function _M.search_phase(index, inner)
-  local cause = { type = inner.type, reason = inner.reason, fields = inner.fields }
+  local cause = { type = inner.type, reason = inner.reason, fields = inner.fields, caused_by = inner.caused_by }
   local shard = json.obj("shard", 0, "index", index or json.null, "node", "esxd-node-0000000000",
     "reason", cause_obj(cause))
   return _M.new(inner.status or 400, "search_phase_execution_exception", "all shards failed", nil, {
-    root_cause = { cause },
+    root_cause = { { type = inner.type, reason = inner.reason, fields = inner.fields } },
     caused_by = cause,
     extra_top = { "phase", "query", "grouped", true, "failed_shards", json.array({ shard }) },
   })

@@ -187,16 +187,18 @@ local REQUEST_MINIMUMS = {
   { "max_concurrent_shard_requests", 1, "maxConcurrentShardRequests must be >= 1" },
 }
 
--- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
 -- The query compiled for one index. A failure of the shard's query phase (a value the field
 -- cannot parse, ...) is ES's search_phase_execution_exception; request-level parse errors
--- stay as they are.
+-- stay as they are. SearchExecutionContext.toQuery wraps what building the query throws in a
+-- query_shard_exception "failed to create query: ..." naming the index.
 local function compile_on(q, idx)
   local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types)
   if not okq then
     local e = matcher
     if errors.is(e) and e.type ~= "parsing_exception" and e.type ~= "x_content_parse_exception" then
-      error(errors.search_phase(idx.name, e), 0)
+      error(errors.search_phase(idx.name, errors.new(400, "query_shard_exception", "failed to create query: " .. e.reason,
+        { "index_uuid", idx.uuid, "index", idx.name },
+        { caused_by = { type = e.type, reason = e.reason, fields = e.fields, caused_by = e.caused_by } })), 0)
     end
     error(e, 0)
   end
@@ -217,6 +219,7 @@ local function parse_query(q)
   end
 end
 
+-- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
 function _M.search(expr, params, body, started, path)
   body = body or {}
   -- SearchSourceBuilder.parseXContent
@@ -276,7 +279,7 @@ function _M.search(expr, params, body, started, path)
   local order = 0
   for _, idx in ipairs(idxs) do
     local matcher = compile_on(q, idx)
-    local pf = post and query.compile(post, idx.types)
+    local pf = post and compile_on(post, idx)
     for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
     mapping.inherit(agg_types, idx.types)
     for _, rec in ipairs(idx.visible_list) do
