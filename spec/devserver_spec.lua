@@ -1226,6 +1226,24 @@ describe("esxd", function()
       query_shard_failure(b, "ipq", "illegal_argument_exception",
         "Illegal prefix length [33] in [10.0.0.0/33]. Must be 0-32 for IPv4 ranges, 0-128 for IPv6 ranges")
     end)
+    it("terms on an ip field: one bucket per address, keyed by its canonical form, in byte order", function()
+      -- ES's doc values hold an address's 16 bytes and DocValueFormat.IP prints them with
+      -- NetworkAddress.format (RFC 5952; an IPv4-mapped address as a dotted quad)
+      assert.equal(200, (jreq("PUT", "/ipa", { mappings = { properties = { ip = { type = "ip" } } } })))
+      for i, ip in ipairs({ "::1", "0:0:0:0:0:0:0:1", "2001:DB8:0:0:1::1", "::ffff:10.0.0.1", "10.0.0.1", "10.0.0.2" }) do
+        put_doc("ipa", tostring(i), { ip = ip }, false)
+      end
+      assert.equal(200, (req("POST", "/ipa/_refresh")))
+      local st, b = jreq("POST", "/ipa/_search", { size = 0, aggs = { t = { terms = { field = "ip" } },
+        k = { terms = { field = "ip", order = { _key = "asc" } } }, c = { cardinality = { field = "ip" } } } })
+      assert.equal(200, st)
+      assert.same({ { key = "::1", doc_count = 2 }, { key = "10.0.0.1", doc_count = 2 },
+        { key = "10.0.0.2", doc_count = 1 }, { key = "2001:db8::1:0:0:1", doc_count = 1 } }, b.aggregations.t.buckets)
+      assert.same({ "::1", "10.0.0.1", "10.0.0.2", "2001:db8::1:0:0:1" },
+        { b.aggregations.k.buckets[1].key, b.aggregations.k.buckets[2].key, b.aggregations.k.buckets[3].key,
+          b.aggregations.k.buckets[4].key })
+      assert.same({ value = 4 }, b.aggregations.c)
+    end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")
       local _, _, body = req("GET", "/fpe/_search?filter_path=-took")

@@ -138,6 +138,7 @@ metric.cardinality = function(spec, docs, types)
   local seen, n = {}, 0
   for _, rec in ipairs(docs) do
     for _, v in ipairs(fielddata_values(rec, field, types, ty)) do
+      if ty == "ip" then v = mapping.ip_bytes(v) or v end
       local k = type(v) .. ":" .. tostring(v)
       if not seen[k] then seen[k] = true; n = n + 1 end
     end
@@ -185,6 +186,8 @@ bucket.terms = function(spec, docs, types, subspec)
       if type(v) ~= "table" then
         local key = v
         if mapping.is_date(ty) then key = dates.parse(v) elseif ty and mapping.NUMERIC[ty] then key = tonumber(v) end
+        -- an ip's doc value is its 16 bytes: buckets group and order by them
+        if ty == "ip" then key = mapping.ip_bytes(v) end
         if ty == "boolean" then key = (v == true or v == "true") and 1 or 0 end
         if key ~= nil then
           local gk = type(key) .. ":" .. tostring(key)
@@ -239,7 +242,7 @@ bucket.terms = function(spec, docs, types, subspec)
   for _, g in ipairs(order) do
     if #g.docs >= min_doc then
       if #buckets < size then
-        local b = json.obj("key", g.key)
+        local b = json.obj("key", ty == "ip" and mapping.ip_format(g.key) or g.key)
         if mapping.is_date(ty) then json.set(b, "key_as_string", dates.format(g.key)) end
         if ty == "boolean" then json.set(b, "key_as_string", g.key == 1 and "true" or "false") end
         json.set(b, "doc_count", #g.docs)

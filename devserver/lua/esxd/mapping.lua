@@ -622,6 +622,35 @@ function _M.ip_bytes(v)
   return table.concat(bytes)
 end
 
+-- The 16 bytes of an address as ES prints it (NetworkAddress.format, RFC 5952): an IPv4-mapped
+-- address as a dotted quad, IPv6 in lower case with its longest run (the first of equal ones)
+-- of two or more zero groups as "::".
+function _M.ip_format(b)
+  if b:sub(1, 12) == ("\0"):rep(10) .. "\255\255" then
+    return string.format("%d.%d.%d.%d", b:byte(13, 16))
+  end
+  local g = {}
+  for i = 1, 8 do g[i] = b:byte(2 * i - 1) * 256 + b:byte(2 * i) end
+  local best, best_len, i = nil, 1, 1
+  while i <= 8 do
+    if g[i] == 0 then
+      local j = i
+      while j < 8 and g[j + 1] == 0 do j = j + 1 end
+      if j - i + 1 > best_len then best, best_len = i, j - i + 1 end
+      i = j + 1
+    else
+      i = i + 1
+    end
+  end
+  local function hex(from, to)
+    local out = {}
+    for k = from, to do out[#out + 1] = string.format("%x", g[k]) end
+    return table.concat(out, ":")
+  end
+  if not best then return hex(1, 8) end
+  return hex(1, best - 1) .. "::" .. hex(best + best_len, 8)
+end
+
 -- "ip/prefix" (InetAddresses.parseCidr): the address's bytes and the prefix length in bits
 -- of the 16 bytes, or nil.
 function _M.ip_cidr(v)
