@@ -1129,8 +1129,11 @@ describe("esxd", function()
         k = { type = "keyword", index = false }, kn = { type = "keyword", index = false, doc_values = false },
         kd = { type = "keyword", doc_values = false }, t = { type = "text", index = false },
         tf = { type = "text", fielddata = true }, n = { type = "long", coerce = false },
-        ni = { type = "integer", coerce = false }, nm = { type = "long", coerce = false, ignore_malformed = true } } } })))
-      put_doc("mp", "1", { k = "a", kn = "b", kd = "c", t = "hello world", tf = "Quick brown fox", n = 5, ni = 3 })
+        ni = { type = "integer", coerce = false }, nm = { type = "long", coerce = false, ignore_malformed = true },
+        ks = { type = "keyword", index = false, doc_values = false, store = true },
+        nn = { type = "long", index = false, doc_values = false } } } })))
+      put_doc("mp", "1", { k = "a", kn = "b", kd = "c", t = "hello world", tf = "Quick brown fox", n = 5, ni = 3,
+        ks = "d", nn = 7 })
       local function shard_failure(index, reason)
         local st, b = jreq("POST", "/mp/_search", index)
         assert.equal(400, st, cjson.encode(index))
@@ -1148,6 +1151,13 @@ describe("esxd", function()
       assert.same({ "1" }, ids(b))
       unsearchable({ term = { kn = "b" } }, "kn")
       unsearchable({ match = { t = "hello" } }, "t")
+      -- exists reads doc values, else _field_names, which records such a field only when it is
+      -- stored: ES finds no document for the others (no error)
+      for f, want in pairs({ k = { "1" }, kd = { "1" }, kn = {}, t = {}, nn = {}, ks = { "1" } }) do
+        st, b = jreq("POST", "/mp/_search", { query = { exists = { field = f } } })
+        assert.equal(200, st, f)
+        assert.same(want, ids(b), f)
+      end
       -- doc_values: false: searchable, but no sorting or aggregations
       _, b = jreq("POST", "/mp/_search", { query = { term = { kd = "c" } } })
       assert.same({ "1" }, ids(b))

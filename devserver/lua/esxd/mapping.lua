@@ -907,6 +907,19 @@ function _M.not_searchable(types, path)
   return "Cannot search on field [" .. path .. "] since it is not indexed nor has doc values."
 end
 
+-- Can an exists query find the field's values? ES's exists query reads doc values (or norms),
+-- else the _field_names field, where a field without them is recorded only when it is indexed
+-- or stored (a stored text or keyword field only without norms): a field neither indexed, stored
+-- nor with doc values is never found.
+function _M.exists_findable(types, path)
+  if not _M.not_searchable(types, path) then return true end
+  local def = def_of(types, path)
+  local stored = def.store == true or def.store == "true"
+  if types[path] == "text" then return stored and is_false(def.norms) end
+  if types[path] == "keyword" then return stored and not (def.norms == true or def.norms == "true") end
+  return stored
+end
+
 -- Sorting and aggregating need field data: nil (there is), or "text" (a text field without
 -- "fielddata": true; the caller words ES's message with the index name), or ES's reason
 -- for a field mapped with "doc_values": false.

@@ -223,6 +223,7 @@ end
 builders.exists = function(body, types)
   if not is_obj(body) or type(body.field) ~= "string" then perr("[exists] must be provided with a [field]") end
   local field = body.field
+  if not mapping.exists_findable(types, field) then return builders.match_none() end
   return function(rec)
     if #values(rec.source, field, types) > 0 then return true, 1.0 end
     return false, 0
