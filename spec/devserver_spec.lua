@@ -1834,6 +1834,21 @@ describe("esxd", function()
         assert.same({ "1" }, ids(b))
       end
     end)
+    it("terms with an object is a terms lookup: index, id and path are required, as ES's parser says", function()
+      -- TermsLookup's ConstructingObjectParser: IllegalArgumentException "Required [...]", a
+      -- request-level 400 (the body is parsed before the indices are resolved)
+      for _, c in ipairs({ { {}, "Required [index, id, path]" }, { { index = "x" }, "Required [id, path]" },
+          { { id = "1", path = "p" }, "Required [index]" } }) do
+        for _, path in ipairs({ "/tv/_search", "/missing/_search", "/tv/_count" }) do
+          local st, b = search(path, { query = { terms = { n = c[1] } } })
+          assert.equal(400, st)
+          assert.same(es_error(400, "illegal_argument_exception", c[2]), b)
+        end
+      end
+      local st, b = search("/tv/_search", { query = { terms = { n = "5" } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "[terms] query does not support [n]"), b)
+    end)
     it("leaf query options: unknown or unimplemented ones are ES's parsing_exception; wildcard case_insensitive", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "3" }, q({ wildcard = { ["tag.keyword"] = { value = "M*L", case_insensitive = true } } }))

@@ -194,8 +194,15 @@ end
 
 builders.terms = function(body, types)
   local field, list = field_entry("terms", body)
+  if is_obj(list) then
+    -- an object is a terms lookup: TermsLookup's ConstructingObjectParser requires index, id
+    -- and path ({} too). esxd does not implement lookups.
+    local missing = {}
+    for _, k in ipairs({ "index", "id", "path" }) do if list[k] == nil then missing[#missing + 1] = k end end
+    if #missing > 0 then errors.raise(400, "illegal_argument_exception", "Required [" .. table.concat(missing, ", ") .. "]") end
+  end
   searchable(types, field)
-  if type(list) ~= "table" or is_obj(list) and next(list) ~= nil then
+  if type(list) ~= "table" or is_obj(list) then
     perr("[terms] query does not support [" .. field .. "]")
   end
   local ty = mapping.type_of(types, field)
