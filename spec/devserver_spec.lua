@@ -2192,6 +2192,12 @@ describe("esxd", function()
       -- the failure names the index, as ES's shard failure does
       assert.equal("txt", b.error.failed_shards[1].index)
       assert.matches("^Fielddata is disabled on %[t%] in %[txt%]%.", b.error.root_cause[1].reason)
+      -- the shard failed with Java's IllegalArgumentException: ES's caused_by is the
+      -- ElasticsearchException guessRootCauses wraps it in, named after it and caused by it
+      local r = b.error.root_cause[1].reason
+      assert.same({ type = "illegal_argument_exception", reason = r }, b.error.failed_shards[1].reason)
+      assert.same({ type = "illegal_argument_exception", reason = r,
+        caused_by = { type = "illegal_argument_exception", reason = r } }, b.error.caused_by)
       st, b = jreq("POST", "/txt,agg/_search", { aggs = { x = { value_count = { field = "t" } } } })
       assert.equal(400, st)
       assert.equal("txt", b.error.failed_shards[1].index)

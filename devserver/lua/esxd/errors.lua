@@ -96,15 +96,25 @@ function _M.body_required()
   return _M.new(400, "parse_exception", "request body is required")
 end
 
+-- Java's exceptions, as opposed to Elasticsearch's own.
+local JAVA = { illegal_argument_exception = true, number_format_exception = true, illegal_state_exception = true }
+
 -- Wrap a query-phase failure the way ES does (search_phase_execution_exception, all shards failed).
 -- The shard's failure keeps its caused_by; the root cause is rendered without it, as ES does.
+-- The top caused_by is ElasticsearchException.guessRootCauses of the shard's failure: a Java
+-- exception comes wrapped in an ElasticsearchException named after it and caused by it.
 function _M.search_phase(index, inner)
   local cause = { type = inner.type, reason = inner.reason, fields = inner.fields, caused_by = inner.caused_by }
   local shard = json.obj("shard", 0, "index", index or json.null, "node", "esxd-node-0000000000",
     "reason", cause_obj(cause))
+  local top = cause
+  if JAVA[inner.type] and not inner.caused_by then
+    top = { type = inner.type, reason = inner.reason, fields = inner.fields,
+      caused_by = { type = inner.type, reason = inner.reason, fields = inner.fields } }
+  end
   return _M.new(inner.status or 400, "search_phase_execution_exception", "all shards failed", nil, {
     root_cause = { { type = inner.type, reason = inner.reason, fields = inner.fields } },
-    caused_by = cause,
+    caused_by = top,
     extra_top = { "phase", "query", "grouped", true, "failed_shards", json.array({ shard }) },
   })
 end
