@@ -2227,6 +2227,31 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.equal("illegal_argument_exception", b.error.type)
     end)
+    it("numeric metrics and histograms refuse keyword, text and ip fields, as ES's values source registry does", function()
+      assert.equal(200, (req("PUT", "/aip", { mappings = { properties = { addr = { type = "ip" } } } })))
+      put_doc("aip", "1", { addr = "::1" })
+      for _, c in ipairs({ { "sum", { field = "site" }, "keyword" }, { "avg", { field = "user" }, "keyword" },
+          { "min", { field = "addr" }, "ip", "aip" }, { "stats", { field = "site" }, "keyword" },
+          { "histogram", { field = "site", interval = 1 }, "keyword" },
+          { "date_histogram", { field = "site", fixed_interval = "1d" }, "keyword" } }) do
+        local index = c[4] or "agg"
+        local st, b = jreq("POST", "/" .. index .. "/_search", { size = 0, aggs = { x = { [c[1]] = c[2] } } })
+        assert.equal(400, st, c[1])
+        local r = "Field [" .. c[2].field .. "] of type [" .. c[3] .. "] is not supported for aggregation [" .. c[1] .. "]"
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.same({ { type = "illegal_argument_exception", reason = r } }, b.error.root_cause)
+        assert.equal(index, b.error.failed_shards[1].index)
+      end
+      -- a text field without fielddata fails on its field data first, histograms included
+      jreq("PUT", "/txt/_doc/1?refresh=true", { t = "hello" })
+      local st, b = jreq("POST", "/txt/_search", { aggs = { x = { date_histogram = { field = "t", fixed_interval = "1d" } } } })
+      assert.equal(400, st)
+      assert.matches("^Fielddata is disabled on %[t%] in %[txt%]%.", b.error.root_cause[1].reason)
+      -- numbers, dates and booleans are fine; an unmapped field has no value
+      local a = aggs({ s = { sum = { field = "ms" } }, m = { max = { field = "ts" } }, n = { sum = { field = "nope" } } })
+      assert.same({ value = 66 }, a.s)
+      assert.same({ value = 0 }, a.n)
+    end)
     it("date_histogram on an epoch-millis long field has no key_as_string", function()
       req("POST", "/_bulk?refresh=true", '{"index":{"_index":"longts"}}\n{"t":1704067205000}\n{"index":{"_index":"longts"}}\n{"t":1704067265000}\n', NDJSON)
       local st, b = jreq("POST", "/longts/_search", { size = 0, aggs = { h = { date_histogram = { field = "t", fixed_interval = "1m" } } } })

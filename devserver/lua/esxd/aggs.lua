@@ -27,16 +27,31 @@ local function fielddata_error(field, index)
     "Fielddata is disabled on [" .. field .. "] in [" .. tostring(index) .. "]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
 end
 
--- Sorting and aggregating need field data: a text field only has it with "fielddata": true
--- (skip_text: the aggregation refuses text fields in its own way), and a field mapped with
--- "doc_values": false has none (ES's shard failure).
-local function need_fielddata(types, field, skip_text)
+-- Sorting and aggregating need field data: a text field only has it with "fielddata": true,
+-- and a field mapped with "doc_values": false has none (ES's shard failure).
+local function need_fielddata(types, field)
   local msg = mapping.fielddata_error(types, field)
   if msg == "text" then
-    if not skip_text then fielddata_error(field, failing_index(types, field)) end
+    fielddata_error(field, failing_index(types, field))
   elseif msg then
     error(errors.search_phase(failing_index(types, field), errors.new(400, "illegal_argument_exception", msg)), 0)
   end
+end
+
+-- ValuesSourceRegistry: the numeric metrics and the histograms take numeric, date and boolean
+-- fields; a field whose values are bytes or addresses (keyword, text with fielddata, ip) is
+-- ES's shard failure (after the field data check, as ValuesSourceConfig loads it first).
+local BYTES = { keyword = true, text = true, ip = true, wildcard = true, version = true,
+  constant_keyword = true, match_only_text = true }
+local function need_numeric(types, field, kind)
+  local ty = mapping.type_of(types, field)
+  if not BYTES[ty] then return end
+  local index
+  for _, idx in ipairs(indices_by_types[types] or {}) do
+    if mapping.type_of(idx.types, field) == ty then index = idx.name; break end
+  end
+  error(errors.search_phase(index, errors.new(400, "illegal_argument_exception",
+    "Field [" .. field .. "] of type [" .. ty .. "] is not supported for aggregation [" .. kind .. "]")), 0)
 end
 
 -- A field's values as its field data has them: a text field's (with "fielddata": true) are
@@ -69,9 +84,10 @@ end
 
 local metric = {}
 
-local function collect_numbers(docs, field, types)
+local function collect_numbers(docs, field, types, kind)
   local ty = mapping.type_of(types, field)
   need_fielddata(types, field)
+  need_numeric(types, field, kind)
   local out = {}
   for _, rec in ipairs(docs) do
     for _, v in ipairs(mapping.values(rec.source, field, types)) do
@@ -88,32 +104,32 @@ local function with_date_string(o, ty, v)
 end
 
 metric.sum = function(spec, docs, types)
-  local nums = collect_numbers(docs, need_field("sum", spec), types)
+  local nums = collect_numbers(docs, need_field("sum", spec), types, "sum")
   local s = 0
   for _, n in ipairs(nums) do s = s + n end
   return json.obj("value", json.float(s))
 end
 metric.min = function(spec, docs, types)
-  local nums, ty = collect_numbers(docs, need_field("min", spec), types)
+  local nums, ty = collect_numbers(docs, need_field("min", spec), types, "min")
   local m
   for _, n in ipairs(nums) do if m == nil or n < m then m = n end end
   return with_date_string(json.obj("value", m and json.float(m) or null), ty, m or null)
 end
 metric.max = function(spec, docs, types)
-  local nums, ty = collect_numbers(docs, need_field("max", spec), types)
+  local nums, ty = collect_numbers(docs, need_field("max", spec), types, "max")
   local m
   for _, n in ipairs(nums) do if m == nil or n > m then m = n end end
   return with_date_string(json.obj("value", m and json.float(m) or null), ty, m or null)
 end
 metric.avg = function(spec, docs, types)
-  local nums = collect_numbers(docs, need_field("avg", spec), types)
+  local nums = collect_numbers(docs, need_field("avg", spec), types, "avg")
   if #nums == 0 then return json.obj("value", null) end
   local s = 0
   for _, n in ipairs(nums) do s = s + n end
   return json.obj("value", json.float(s / #nums))
 end
 metric.stats = function(spec, docs, types)
-  local nums = collect_numbers(docs, need_field("stats", spec), types)
+  local nums = collect_numbers(docs, need_field("stats", spec), types, "stats")
   local s, mn, mx = 0, nil, nil
   for _, n in ipairs(nums) do
     s = s + n
@@ -309,7 +325,8 @@ bucket.date_histogram = function(spec, docs, types, subspec)
   local startf, nextf = interval_fns(spec)
   -- ES prints key_as_string only when the field has a date format (not for long fields)
   local fty = mapping.type_of(types, field)
-  need_fielddata(types, field, true)
+  need_fielddata(types, field)
+  need_numeric(types, field, "date_histogram")
   local with_string = not (fty and mapping.NUMERIC[fty])
   local min_doc = int_opt("date_histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
@@ -364,7 +381,8 @@ bucket.histogram = function(spec, docs, types, subspec)
   local interval = tonumber(spec.interval)
   if not interval or interval <= 0 then bad("[interval] must be >0 for histogram aggregation [histogram]") end
   local ty = mapping.type_of(types, field)
-  need_fielddata(types, field, true)
+  need_fielddata(types, field)
+  need_numeric(types, field, "histogram")
   local min_doc = int_opt("histogram", "min_doc_count", spec.min_doc_count, 0)
   local groups, keys = {}, {}
   for _, rec in ipairs(docs) do
