@@ -1793,6 +1793,16 @@ describe("esxd", function()
         format = "strict_date_optional_time||epoch_millis" } } } })
       assert.equal(200, st)
     end)
+    it("range takes only objects under its name: a value there is ES's parsing_exception", function()
+      -- RangeQueryBuilder.fromXContent: "[range] query does not support [f]" for any value,
+      -- boost and _name included (they belong in the field's object)
+      for _, c in ipairs({ { { n = 5 }, "n" }, { { n = "x" }, "n" }, { { n = { gte = 1 }, boost = 2 }, "boost" },
+          { { n = { 1, 2 } }, "n" } }) do
+        local st, b = search("/events-*/_search", { query = { range = c[1] } })
+        assert.equal(400, st)
+        assert.same(es_error(400, "parsing_exception", "[range] query does not support [" .. c[2] .. "]"), b)
+      end
+    end)
     it("range on a date field parses its bounds with the field's mapping format (epoch_millis: numbers only)", function()
       -- ES's DateFieldType.rangeQuery parses with the field's format unless the query gives one:
       -- an ISO date against {"format":"epoch_millis"} fails the shard with a parse_exception

@@ -285,8 +285,13 @@ local RANGE_KEYS = { gt = true, gte = true, lt = true, lte = true, format = true
   boost = true, relation = true, from = true, to = true, include_lower = true, include_upper = true }
 
 builders.range = function(body, types)
+  -- RangeQueryBuilder.fromXContent: only objects (a field's bounds) at this level
+  if is_obj(body) then
+    for k, v in pairs(body) do
+      if not is_obj(v) then perr("[range] query does not support [" .. k .. "]") end
+    end
+  end
   local field, spec = field_entry("range", body)
-  if not is_obj(spec) then perr("[range] query malformed, no start_object after query name") end
   for k, val in pairs(spec) do
     if not RANGE_KEYS[k] then perr("[range] query does not support [" .. k .. "]") end
     -- esxd's dates are UTC ISO-8601 / epoch millis only: other zones and formats are refused
