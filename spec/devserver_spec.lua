@@ -1837,6 +1837,22 @@ describe("esxd", function()
       fails({ range = { n = { gte = "abc" } } }, "number_format_exception", 'For input string: "abc"')
       -- the post_filter is built on the shard the same way
       fails(nil, "number_format_exception", 'For input string: "abc"', { post_filter = { term = { n = "abc" } } })
+      -- match on a field that is not text is that field's term query (MatchQueryParser.termQuery):
+      -- the same failures unless lenient
+      fails({ match = { n = "abc" } }, "number_format_exception", 'For input string: "abc"')
+      fails({ match = { d = { query = "abc" } } }, "parse_exception",
+        "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]")
+      local st, b = search("/tv/_search", { query = { match = { n = { query = "abc", lenient = true } } } })
+      assert.equal(200, st)
+      assert.same({}, ids(b))
+      -- BooleanFieldType takes true and false only
+      put_doc("tv", "2", { f = true })
+      fails({ term = { f = "maybe" } }, "illegal_argument_exception", "Can't parse boolean value [maybe], expected [true] or [false]")
+      fails({ match = { f = "yes" } }, "illegal_argument_exception", "Can't parse boolean value [yes], expected [true] or [false]")
+      fails({ terms = { f = { true, 1 } } }, "illegal_argument_exception", "Can't parse boolean value [1], expected [true] or [false]")
+      st, b = search("/tv/_search", { query = { term = { f = "true" } } })
+      assert.equal(200, st)
+      assert.same({ "2" }, ids(b))
       for _, q in ipairs({ { term = { n = "5" } }, { terms = { n = { 5 } } }, { term = { d = 1704067200000 } },
         { term = { d = "2024-01-01T00:00:00.000Z" } } }) do
         local st, b = search("/tv/_search", { query = q })

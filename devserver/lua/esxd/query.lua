@@ -117,6 +117,9 @@ local function check_term_value(types, field, ty, v)
     end
   elseif ty and mapping.NUMERIC[ty] and tonumber(v) == nil then
     errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(v) .. "\"")
+  elseif ty == "boolean" and v ~= true and v ~= false and v ~= "true" and v ~= "false" then
+    -- BooleanFieldType.indexedValueForSearch
+    errors.raise(400, "illegal_argument_exception", "Can't parse boolean value [" .. tostring(v) .. "], expected [true] or [false]")
   elseif ty == "ip" then
     local s = tostring(v)
     local addr, len = s:match("^(.-)/(.*)$")
@@ -353,17 +356,20 @@ builders.match = function(body, types)
   check_options("match", v)
   searchable(types, field)
   local op = "or"
-  local min_match
+  local min_match, lenient
   if is_obj(v) then
     if v.query == nil then perr("[match] requires query value") end
     op = tostring(v.operator or "or"):lower()
     if op ~= "or" and op ~= "and" then errors.raise(400, "illegal_argument_exception", "No enum constant org.elasticsearch.index.query.Operator." .. op:upper()) end
     min_match = v.minimum_should_match
+    lenient = v.lenient == true or v.lenient == "true"
     v = v.query
   end
   local ty = mapping.type_of(types, field)
   if ty ~= "text" and ty ~= nil then
-    -- keyword / numeric / date / boolean: the query is not tokenised
+    -- keyword / numeric / date / boolean: the query is not tokenised but is the field's term
+    -- query (MatchQueryParser.termQuery), whose value the field parses unless lenient
+    if not lenient then check_term_value(types, field, ty, v) end
     return function(rec)
       for _, dv in ipairs(values(rec.source, field, types)) do
         if term_matches(ty, dv, v) then return true, 1.0 end
@@ -504,7 +510,7 @@ builders.query_string = function(body, types)
             end
           end
         elseif field then
-          fn = builders.match({ [field] = { query = phrase or value, operator = phrase and "and" or "or" } }, types)
+          fn = builders.match({ [field] = { query = phrase or value, operator = phrase and "and" or "or", lenient = lenient } }, types)
         else
           local qt = mapping.tokens(phrase or value)
           fn = function(rec)
