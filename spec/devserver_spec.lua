@@ -1853,6 +1853,20 @@ describe("esxd", function()
       st, b = search("/tv/_search", { query = { term = { f = "true" } } })
       assert.equal(200, st)
       assert.same({ "2" }, ids(b))
+      -- prefix and wildcard exist for string fields only: MappedFieldType's QueryShardException,
+      -- which toQuery passes on as it is
+      for _, c in ipairs({ { "prefix", "n", "long" }, { "wildcard", "d", "date" }, { "prefix", "f", "boolean" } }) do
+        st, b = search("/tv/_search", { query = { [c[1]] = { [c[2]] = "1" } } })
+        assert.equal(400, st)
+        local uuid = b.error.root_cause[1].index_uuid
+        local want = { type = "query_shard_exception", reason = "Can only use " .. c[1] ..
+          " queries on keyword, text and wildcard fields - not on [" .. c[2] .. "] which is of type [" .. c[3] .. "]",
+          index_uuid = uuid, index = "tv" }
+        assert.equal("string", type(uuid))
+        assert.same({ want }, b.error.root_cause)
+        assert.same(want, b.error.failed_shards[1].reason)
+        assert.same(want, b.error.caused_by)
+      end
       for _, q in ipairs({ { term = { n = "5" } }, { terms = { n = { 5 } } }, { term = { d = 1704067200000 } },
         { term = { d = "2024-01-01T00:00:00.000Z" } } }) do
         local st, b = search("/tv/_search", { query = q })

@@ -133,6 +133,16 @@ local function check_term_value(types, field, ty, v)
   end
 end
 
+-- MappedFieldType.prefixQuery / wildcardQuery: only string fields have them; the others throw
+-- a QueryShardException (kind: "prefix" or "wildcard").
+local function need_string_field(types, field, kind)
+  local ty = mapping.type_of(types, field)
+  if ty and (mapping.NUMERIC[ty] or mapping.is_date(ty) or ty == "boolean" or ty == "ip") then
+    errors.raise(400, "query_shard_exception", "Can only use " .. kind .. " queries on keyword, text and wildcard fields - not on [" ..
+      field .. "] which is of type [" .. ty .. "]")
+  end
+end
+
 -- A field neither indexed nor with doc values cannot be queried (a shard failure in ES).
 local function searchable(types, field)
   local msg = mapping.not_searchable(types, field)
@@ -244,6 +254,7 @@ builders.prefix = function(body, types)
   local field, v = field_entry("prefix", body)
   check_options("prefix", v)
   searchable(types, field)
+  need_string_field(types, field, "prefix")
   local ci = false
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value end
   v = tostring(v)
@@ -264,6 +275,7 @@ builders.wildcard = function(body, types)
   local field, v = field_entry("wildcard", body)
   check_options("wildcard", v)
   searchable(types, field)
+  need_string_field(types, field, "wildcard")
   local ci = false
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value or v.wildcard end
   if ci then v = tostring(v):lower() end

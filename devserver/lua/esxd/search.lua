@@ -195,10 +195,12 @@ local function compile_on(q, idx)
   local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types)
   if not okq then
     local e = matcher
-    if errors.is(e) and e.type ~= "parsing_exception" and e.type ~= "x_content_parse_exception" then
+    local where = { "index_uuid", idx.uuid, "index", idx.name }
+    if errors.is(e) and e.type == "query_shard_exception" then   -- rethrown as it is
+      error(errors.search_phase(idx.name, errors.new(400, e.type, e.reason, where)), 0)
+    elseif errors.is(e) and e.type ~= "parsing_exception" and e.type ~= "x_content_parse_exception" then
       error(errors.search_phase(idx.name, errors.new(400, "query_shard_exception", "failed to create query: " .. e.reason,
-        { "index_uuid", idx.uuid, "index", idx.name },
-        { caused_by = { type = e.type, reason = e.reason, fields = e.fields, caused_by = e.caused_by } })), 0)
+        where, { caused_by = { type = e.type, reason = e.reason, fields = e.fields, caused_by = e.caused_by } })), 0)
     end
     error(e, 0)
   end
