@@ -1803,6 +1803,25 @@ describe("esxd", function()
         assert.same(es_error(400, "parsing_exception", "[range] query does not support [" .. c[2] .. "]"), b)
       end
     end)
+    it("exists and constant_score refuse keys and tokens they do not know, as their ES parsers do", function()
+      local function perr(q, reason)
+        local st, b = search("/events-*/_search", { query = q })
+        assert.equal(400, st, reason)
+        assert.same(es_error(400, "parsing_exception", reason), b)
+      end
+      perr({ exists = { field = "n", x = 1 } }, "[exists] query does not support [x]")
+      perr({ exists = { field = { "n" } } }, "[exists] unknown token [START_ARRAY] after [field]")
+      perr({ exists = { field = { a = 1 } } }, "[exists] unknown token [START_OBJECT] after [field]")
+      perr({ exists = { boost = 2 } }, "[exists] must be provided with a [field]")
+      perr({ exists = "n" }, "[exists] query malformed, no start_object after query name")
+      perr({ constant_score = { filter = { match_all = {} }, x = 1 } }, "[constant_score] query does not support [x]")
+      perr({ constant_score = { filter = { match_all = {} }, q = { match_all = {} } } }, "[constant_score] query does not support [q]")
+      perr({ constant_score = { filter = { { match_all = {} } } } }, "unexpected token [START_ARRAY]")
+      perr({ constant_score = { boost = 2 } }, "[constant_score] requires a 'filter' element")
+      local st = search("/events-*/_search", { query = { constant_score = { filter = { exists = { field = "n", boost = 1 } },
+        boost = 2, _name = "c" } } })
+      assert.equal(200, st)
+    end)
     it("range on a date field parses its bounds with the field's mapping format (epoch_millis: numbers only)", function()
       -- ES's DateFieldType.rangeQuery parses with the field's format unless the query gives one:
       -- an ISO date against {"format":"epoch_millis"} fails the shard with a parse_exception

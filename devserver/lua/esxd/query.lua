@@ -19,6 +19,16 @@ local function is_obj(t)
   return type(t) == "table" and t ~= null and not json.is_array(t) and (next(t) == nil or #t == 0)
 end
 
+-- The JSON token ES's parser sees at a value.
+local function token(v)
+  if v == null then return "VALUE_NULL" end
+  if type(v) == "table" then return is_obj(v) and "START_OBJECT" or "START_ARRAY" end
+  if type(v) == "number" then return "VALUE_NUMBER" end
+  if type(v) == "boolean" then return "VALUE_BOOLEAN" end
+  return "VALUE_STRING"
+end
+local function is_value(v) return v ~= null and type(v) ~= "table" end
+
 -- single "field": value-or-object entry of a leaf query (ignoring known options)
 local function field_entry(qname, body)
   if not is_obj(body) then perr("[" .. qname .. "] query malformed, no start_object after query name") end
@@ -241,8 +251,14 @@ builders.ids = function(body)
 end
 
 builders.exists = function(body, types)
-  if not is_obj(body) or type(body.field) ~= "string" then perr("[exists] must be provided with a [field]") end
-  local field = body.field
+  if not is_obj(body) then perr("[exists] query malformed, no start_object after query name") end
+  -- ExistsQueryBuilder.fromXContent
+  for k, v in pairs(body) do
+    if not is_value(v) then perr("[exists] unknown token [" .. token(v) .. "] after [" .. k .. "]") end
+    if k ~= "field" and k ~= "boost" and k ~= "_name" then perr("[exists] query does not support [" .. k .. "]") end
+  end
+  if body.field == nil then perr("[exists] must be provided with a [field]") end
+  local field = tostring(body.field)
   if not mapping.exists_findable(types, field) then return builders.match_none() end
   return function(rec)
     if #values(rec.source, field, types) > 0 then return true, 1.0 end
@@ -440,7 +456,15 @@ builders.bool = function(body, types)
 end
 
 builders.constant_score = function(body, types)
-  if not is_obj(body) or body.filter == nil then perr("[constant_score] requires a 'filter' element") end
+  if not is_obj(body) then perr("[constant_score] query malformed, no start_object after query name") end
+  -- ConstantScoreQueryBuilder.fromXContent
+  for k, v in pairs(body) do
+    if (is_obj(v) and k ~= "filter") or (is_value(v) and k ~= "boost" and k ~= "_name") then
+      perr("[constant_score] query does not support [" .. k .. "]")
+    end
+    if not is_obj(v) and not is_value(v) then perr("unexpected token [" .. token(v) .. "]") end
+  end
+  if body.filter == nil then perr("[constant_score] requires a 'filter' element") end
   local f = compile(body.filter, types)
   local boost = tonumber(body.boost) or 1.0
   return function(rec) if f(rec) then return true, boost end return false, 0 end
