@@ -1236,7 +1236,7 @@ describe("esxd", function()
       query_shard_failure(b, "ipq", "illegal_argument_exception",
         "Illegal prefix length [33] in [10.0.0.0/33]. Must be 0-32 for IPv4 ranges, 0-128 for IPv6 ranges")
     end)
-    it("terms on an ip field: one bucket per address, keyed by its canonical form, in byte order", function()
+    it("terms and sort on an ip field: one bucket per address, keyed by its canonical form, in byte order", function()
       -- ES's doc values hold an address's 16 bytes and DocValueFormat.IP prints them with
       -- NetworkAddress.format (RFC 5952; an IPv4-mapped address as a dotted quad)
       assert.equal(200, (jreq("PUT", "/ipa", { mappings = { properties = { ip = { type = "ip" } } } })))
@@ -1253,6 +1253,12 @@ describe("esxd", function()
         { b.aggregations.k.buckets[1].key, b.aggregations.k.buckets[2].key, b.aggregations.k.buckets[3].key,
           b.aggregations.k.buckets[4].key })
       assert.same({ value = 4 }, b.aggregations.c)
+      -- sorting too: by the bytes, sort values printed canonically
+      st, b = jreq("POST", "/ipa/_search", { sort = { { ip = "asc" }, { _doc = "asc" } }, _source = false })
+      assert.equal(200, st)
+      local sv = {}
+      for _, h in ipairs(b.hits.hits) do sv[#sv + 1] = h.sort[1] end
+      assert.same({ "::1", "::1", "10.0.0.1", "10.0.0.1", "10.0.0.2", "2001:db8::1:0:0:1" }, sv)
     end)
     it("filter_path keeps empty arrays as arrays", function()
       jreq("PUT", "/fpe")

@@ -158,6 +158,7 @@ local function sort_value(hit, it)
     local x = v
     if mapping.is_date(ty) then x = dates.parse(v)
     elseif ty and mapping.NUMERIC[ty] then x = tonumber(v)
+    elseif ty == "ip" then x = mapping.ip_bytes(v)   -- ordered by its bytes, printed canonically
     elseif type(v) == "boolean" then x = v and 1 or 0 end
     if x ~= nil and type(x) ~= "table" then
       if best == nil or (type(best) == type(x) and ((it.dir == "asc" and x < best) or (it.dir == "desc" and x > best))) then best = x end
@@ -373,6 +374,7 @@ function _M.search(expr, params, body, started, path)
         if type(v) == "number" and v == math.floor(v) and h.types and mapping.type_of(h.types, it.field) == "date_nanos" then
           v = json.raw(string.format("%d", v) .. (v ~= 0 and "000000" or ""))
         end
+        if type(v) == "string" and h.types and mapping.type_of(h.types, it.field) == "ip" then v = mapping.ip_format(v) end
         sv[k] = v == nil and null or v
       end
       json.set(hit, "sort", sv)
