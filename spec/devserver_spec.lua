@@ -1892,6 +1892,15 @@ describe("esxd", function()
         assert.same(want, b.error.failed_shards[1].reason)
         assert.same(want, b.error.caused_by)
       end
+      -- query_string builds the same prefix query for "1*"; lenient: no match
+      st, b = search("/tv/_search", { query = { query_string = { query = "n:1*" } } })
+      assert.equal(400, st)
+      assert.equal("Can only use prefix queries on keyword, text and wildcard fields - not on [n] which is of type [long]",
+        b.error.root_cause[1].reason)
+      assert.equal("query_shard_exception", b.error.root_cause[1].type)
+      st, b = search("/tv/_search", { query = { query_string = { query = "n:1*", lenient = true } } })
+      assert.equal(200, st)
+      assert.same({}, ids(b))
       for _, q in ipairs({ { term = { n = "5" } }, { terms = { n = { 5 } } }, { term = { d = 1704067200000 } },
         { term = { d = "2024-01-01T00:00:00.000Z" } } }) do
         local st, b = search("/tv/_search", { query = q })
