@@ -358,7 +358,7 @@ describe("esx.collector's API", function()
       print("close", ok, err and err.kind, err and err.undelivered)
     ]])
     assert.equal("flush\tnil\trequest_timeout\n" ..
-                 "bad\tfalse\tbad argument #1 to 'flush' (number expected)\n" ..
+                 "bad\tfalse\tbad argument #1 to 'flush' (timeout is NaN)\n" ..
                  "close\tnil\trequest_timeout\t1\n", out)
   end)
 end)
