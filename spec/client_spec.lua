@@ -1473,6 +1473,11 @@ describe("retries and nodes", function()
   it("brings a node back after it restarts", function()
     local port = srv.port
     local c = client{ dead_backoff_min = 200, dead_backoff_max = 200, max_retries = 0 }
+    -- (the specs after this one, and the teardown, want the shared server back on its port)
+    finally(function()
+      c:close()
+      if srv.stopped then srv = ds.start{ port = port } end
+    end)
     assert(c:request("GET", "/"))
     srv:stop()
     local _, err = c:request("GET", "/")
@@ -1482,7 +1487,6 @@ describe("retries and nodes", function()
     socket.sleep(0.25)
     assert(c:request("GET", "/"))
     assert.is_true(c:stats().nodes[1].alive)
-    c:close()
   end)
 end)
 
@@ -1586,15 +1590,18 @@ describe("pool limits", function()
 
   it("retries transparently on a keep-alive connection the server closed while idle", function()
     local short = ds.start{ keepalive_timeout = 100 }
-    local c = client{ hosts = { short.url }, max_retries = 0 }
+    local c
+    finally(function()
+      if c then c:close() end
+      short:stop()
+    end)
+    c = client{ hosts = { short.url }, max_retries = 0 }
     assert(c:request("GET", "/"))
     socket.sleep(0.3) -- the server has closed the idle connection by now
     local res = assert(c:request("GET", "/"))
     assert.equal(200, res.status)
     assert.equal(0, res.retries)
     assert.equal(0, c:stats().failures.reset)
-    c:close()
-    short:stop()
   end)
 
   it("waits for a slot without spinning while its node is marked dead but due for a retry", function()
