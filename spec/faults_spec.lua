@@ -86,6 +86,11 @@ describe("fault matrix: client", function()
       srv:reset()
       local before = open_fds()
       local host, cleanup = srv.url, nil
+      local c
+      finally(function() -- (the listener a row made is closed in the body, before the count)
+        if c then c:close() end
+        if cleanup then cleanup() end
+      end)
       if row.host then host, cleanup = row.host() end
       if row.fault then
         local f = { path = "/" }
@@ -94,7 +99,7 @@ describe("fault matrix: client", function()
       end
       local opts = { hosts = { host } }
       for k, v in pairs(row.opts) do opts[k] = v end
-      local c = assert(esx.client(opts))
+      c = assert(esx.client(opts))
       local t0 = now_ms()
       local res, err = c:request("GET", "/")
       local took = now_ms() - t0
@@ -111,7 +116,8 @@ describe("fault matrix: client", function()
       end
       assert.is_true(took < row.within * SCALE, row.name .. " took " .. took .. " ms")
       c:close()
-      if cleanup then cleanup() end
+      c = nil
+      if cleanup then cleanup(); cleanup = nil end
       srv:clear_faults()
       local before_list = last_list
       assert.is_true(open_fds() <= before, "descriptors leaked: " .. before_list .. " -> " .. last_list)
@@ -137,8 +143,13 @@ describe("fault matrix: client", function()
   it("node restarted under load: marked dead, skipped, brought back", function()
     srv:reset()
     local other = ds.start{}
-    local c = assert(esx.client{ hosts = { srv.url, other.url }, dead_backoff_min = 300,
-                                 dead_backoff_max = 300, max_per_route = 4 })
+    local c
+    finally(function() -- the first server, or the one started again on its port
+      if c then c:close() end
+      other:stop()
+    end)
+    c = assert(esx.client{ hosts = { srv.url, other.url }, dead_backoff_min = 300,
+                           dead_backoff_max = 300, max_per_route = 4 })
     local port = other.port
     local pend = {}
     for i = 1, 8 do pend[i] = assert(c:send("GET", "/")) end
@@ -154,8 +165,6 @@ describe("fault matrix: client", function()
     socket.sleep(0.35)
     for _ = 1, 6 do assert(c:request("GET", "/")) end
     assert.is_true(c:stats().nodes[2].alive)
-    c:close()
-    other:stop()
   end)
 end)
 
