@@ -1,5 +1,6 @@
 -- tools/oom/contract.lua -- the contract the client sweeps (tools/oom/client.lua,
--- tools/oom/concurrent.lua) hold each call of theirs to, and their count of violations.  The
+-- tools/oom/concurrent.lua) and the constructors' sweep (tools/oom/new.lua, i the name of the
+-- constructor) hold each call of theirs to, and their count of violations.  The
 -- scripts run from the checkout's root with ./?.lua on LUA_PATH (spec/oom_spec.lua):
 --
 --   local contract = require("tools.oom.contract").new()
