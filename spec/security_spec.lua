@@ -46,7 +46,12 @@ end)
 describe("credentials in nginx #nginx", function()
   it("never reach nginx's error log, through failed calls logged as users log them", function()
     local srv = ds.start{ user = "elastic", password = SECRET }
-    local web = nginx.start{
+    local web
+    finally(function()
+      if web then web:stop() end
+      srv:stop()
+    end)
+    web = nginx.start{
       http = ([[
         init_by_lua_block {
           local esx = require "esx"
@@ -71,8 +76,6 @@ describe("credentials in nginx #nginx", function()
     }
     local status = web:get("/t")
     local log = web:error_log()
-    web:stop()
-    srv:stop()
     assert.equal(200, status)
     assert.truthy(log:find("search failed: http: GET /: HTTP 401", 1, true), log)
     assert.falsy(log:find(SECRET, 1, true), "credential in the error log")
@@ -122,7 +125,7 @@ describe("spool and dead-letter files another user made", function()
     os.remove(base)
     finally(function()
       c:close()
-      os.execute("rm -rf " .. base)
+      os.execute("rm -rf " .. base .. " ./build/.spool-test")
     end)
     sh("mkdir -m 0755 " .. base)
     -- its owner (or, not sticky, anyone) can rename "spool" away and put a link or a
@@ -143,7 +146,6 @@ describe("spool and dead-letter files another user made", function()
     assert(esx.collector{ sink = c, spool_dir = base .. "/sticky/spool", dead_letter = "/dev/null" }):close(0)
     -- a relative spool_dir is checked from the working directory up
     assert(esx.collector{ sink = c, spool_dir = "./build/.spool-test", dead_letter = "/dev/null" }):close(0)
-    os.execute("rm -rf ./build/.spool-test")
   end)
 end)
 
