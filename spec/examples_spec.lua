@@ -31,6 +31,22 @@ local function wait_port(port)
   return false
 end
 
+-- examples/cache_service.lua in the background, its output to `out`, until it has served
+-- `requests` requests -> a function that ends it if it is still running (a spec that failed
+-- before the last request), for the spec's finally
+local function cache_service(es_url, port, requests, out)
+  local p = assert(io.popen(("%s examples/cache_service.lua --es %s --port %d --requests %d > %s 2>&1 & echo $!"):format(
+    LUA, es_url, port, requests, out)))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  return function()
+    local f = pid and io.open("/proc/" .. pid .. "/cmdline")
+    local cmdline = f and f:read("*a") or ""
+    if f then f:close() end
+    if cmdline:find("cache_service.lua", 1, true) then os.execute("kill " .. pid .. " 2>/dev/null") end
+  end
+end
+
 describe("examples (plain Lua)", function()
   local es
   setup(function()
@@ -68,8 +84,7 @@ describe("examples (plain Lua)", function()
 
   it("cache_service.lua shows a read at once when its reader set was not cached yet", function()
     local port = free_port()
-    os.execute(("%s examples/cache_service.lua --es %s --port %d --requests 2 > /dev/null 2>&1 &"):format(
-      LUA, es.url, port))
+    finally(cache_service(es.url, port, 2, "/dev/null"))
     assert.is_true(wait_port(port))
     -- nothing cached: mark_read has no set to update, so the next load must find the read in
     -- Elasticsearch, which a search sees only after a refresh
@@ -84,8 +99,11 @@ describe("examples (plain Lua)", function()
   it("cache_service.lua serves read flags from esx.cache and marks reads", function()
     local port = free_port()
     local log = os.tmpname()
-    os.execute(("%s examples/cache_service.lua --es %s --port %d --requests 5 > %s 2>&1 &"):format(
-      LUA, es.url, port, log))
+    local stop = cache_service(es.url, port, 5, log)
+    finally(function()
+      stop()
+      os.remove(log)
+    end)
     assert.is_true(wait_port(port))
     local status, body = http(port, "GET", "/articles?user=2999&page=1")
     assert.equal(200, status)
@@ -106,7 +124,6 @@ describe("examples (plain Lua)", function()
       if out:find("served") then break end
       socket.sleep(0.05)
     end
-    os.remove(log)
     assert.matches("served 5 requests; pages hit %d+%% %(1 loads%), reader sets hit %d+%% %(12 loads%)", out)
     local _, doc = es:json("GET", "/reads/_doc/12-2999")
     assert.equal(2999, doc._source.user_id)
@@ -119,14 +136,14 @@ describe("the example nginx and the demo #nginx", function()
     local port = free_port()
     local dir = os.tmpname()
     os.remove(dir)
-    local ok, out = run(LUA .. " examples/bulk_load.lua --es " .. es.url .. " --articles 25 --users 2000 --max-readers 500")
-    assert(ok, out)
-    ok, out = run(("examples/nginx/run start --port %d --es-url %s --dir %s --rollup-window 2000"):format(port, es.url, dir))
-    finally(function()
+    finally(function() -- (the stop finds no nginx when the spec failed before its start)
       run(("examples/nginx/run stop --port %d --dir %s"):format(port, dir))
       os.execute("rm -rf " .. dir)
       es:stop()
     end)
+    local ok, out = run(LUA .. " examples/bulk_load.lua --es " .. es.url .. " --articles 25 --users 2000 --max-readers 500")
+    assert(ok, out)
+    ok, out = run(("examples/nginx/run start --port %d --es-url %s --dir %s --rollup-window 2000"):format(port, es.url, dir))
     assert(ok, out)
     assert.equal("http://127.0.0.1:" .. port, out:match("%S+"))
     local status, body = http(port, "GET", "/articles?user=7&page=2")
