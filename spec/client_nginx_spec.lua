@@ -184,7 +184,9 @@ describe("esx.client in nginx #nginx", function()
 
   it("does not advise a timer in init_by_lua and exit_worker_by_lua, where none can start", function()
     es:fault{ path = "/nophase/_search", stall_ms = 300, count = 2 } -- not done before wait is called
-    local srv = nginx.start{
+    local srv
+    finally(function() if srv then srv:stop() end end) -- (a no-op once it quit)
+    srv = nginx.start{
       workers = 1,
       http = ([[
         init_by_lua_block {
@@ -207,7 +209,6 @@ describe("esx.client in nginx #nginx", function()
       socket.sleep(0.02)
     end
     local log = srv:error_log()
-    srv:stop()
     for _, phase in ipairs({ "init", "exit_worker" }) do
       local line = log:match(phase .. " wait: ([^\n]*)")
       assert.truthy(line, log)
@@ -326,7 +327,9 @@ end)
 
 describe("a client made in init_by_lua of a master that is not forked off (daemon off) #nginx", function()
   it("leaves nginx's signals to the master: every worker killed is started again", function()
-    local fg = nginx.start{
+    local fg
+    finally(function() if fg then fg:stop() end end)
+    fg = nginx.start{
       workers = 4,
       daemon = false,
       http = [[
@@ -338,23 +341,19 @@ describe("a client made in init_by_lua of a master that is not forked off (daemo
       ]],
       server = "location = /t { return 204; }",
     }
-    local ok, err = pcall(function()
-      local deadline = socket.gettime() + 10
-      while #fg:workers() < 4 and socket.gettime() < deadline do socket.sleep(0.02) end
-      for try = 1, 40 do
-        -- every worker at once: their deaths come in while the master respawns the first
-        os.execute("kill -9 " .. table.concat(fg:workers(), " "))
-        local n
-        deadline = socket.gettime() + 2
-        repeat
-          socket.sleep(0.02)
-          n = #fg:workers()
-        until n == 4 or socket.gettime() > deadline
-        assert.equal(4, n, "workers running after kill #" .. try)
-      end
-      assert.equal(204, (fg:get("/t")))
-    end)
-    fg:stop()
-    assert(ok, err)
+    local deadline = socket.gettime() + 10
+    while #fg:workers() < 4 and socket.gettime() < deadline do socket.sleep(0.02) end
+    for try = 1, 40 do
+      -- every worker at once: their deaths come in while the master respawns the first
+      os.execute("kill -9 " .. table.concat(fg:workers(), " "))
+      local n
+      deadline = socket.gettime() + 2
+      repeat
+        socket.sleep(0.02)
+        n = #fg:workers()
+      until n == 4 or socket.gettime() > deadline
+      assert.equal(4, n, "workers running after kill #" .. try)
+    end
+    assert.equal(204, (fg:get("/t")))
   end)
 end)
