@@ -195,12 +195,17 @@ describe("esx.collector", function()
     assert.has_error(function() esx.collector{ sink = client, queue_max_bytes = 8192 } end,
       "esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)")
     local dir = tmpdir()
+    local a, b
+    finally(function()
+      if a then a:close(0) end
+      if b then b:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     -- with a spool what does not fit in memory waits on disk; without, max_body fits
-    local a = assert(esx.collector{ sink = client, queue_max_bytes = 8192, spool_dir = dir })
-    local b = assert(esx.collector{ sink = client, queue_max_bytes = 8192, max_body = 8192 })
+    a = assert(esx.collector{ sink = client, queue_max_bytes = 8192, spool_dir = dir })
+    b = assert(esx.collector{ sink = client, queue_max_bytes = 8192, max_body = 8192 })
     a:close(0)
     b:close(0)
-    os.execute("rm -rf " .. dir)
   end)
 
   it("raises when index or rollup.index can give an invalid index name on some date", function()
@@ -527,7 +532,12 @@ describe("col:handle", function()
 
   it("answers 503 without the spool's path or the system's error when the spool cannot be used", function()
     local dir = tmpdir()
-    local c2 = new{ spool_dir = dir, dead_letter = "/dev/null" }
+    local c2
+    finally(function()
+      if c2 then c2:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
+    c2 = new{ spool_dir = dir, dead_letter = "/dev/null" }
     os.execute("rm -rf " .. dir .. " && touch " .. dir) -- before the first request opens it
     local status, headers, body = post(c2, cjson.encode(ev()), { ["content-type"] = "text/plain",
                                                                  origin = "https://a.example" })
@@ -536,7 +546,6 @@ describe("col:handle", function()
     assert.equal('{"error":"the collector cannot store events now"}', body)
     assert.equal(1, c2:stats().rejected.spool)
     c2:close(0)
-    os.remove(dir)
   end)
 
   it("answers 429 with Retry-After when a site is over its rate, sparing the other sites", function()
@@ -1062,18 +1071,19 @@ describe("shipping", function()
     -- a sink that takes at most 1 KiB: a bulk of 1-2 KiB was retried whole for ever (and
     -- paused every other bulk) instead of being split down to the event it cannot take
     local small = ds.start{ max_body = 1024 }
-    local c = assert(esx.client{ hosts = { small.url }, max_retries = 0 })
     local dir = tmpdir()
-    local col = new{ sink = c, rollup = false, flush_interval = 10, retry_backoff_min = 50,
-                     retry_backoff_max = 100, dead_letter = dir .. "/dl.ndjson", spool_dir = dir }
+    local c, col
     finally(function()
-      col:close(0)
-      c:close()
+      if col then col:close(0) end
+      if c then c:close() end
       -- TERM (nginx's fast shutdown): a graceful stop waits out about 2 s
       os.execute("kill -TERM $(cat " .. small.dir .. "/nginx.pid) 2>/dev/null; sleep 0.1")
       small:stop()
       os.execute("rm -rf " .. dir)
     end)
+    c = assert(esx.client{ hosts = { small.url }, max_retries = 0 })
+    col = new{ sink = c, rollup = false, flush_interval = 10, retry_backoff_min = 50,
+               retry_backoff_max = 100, dead_letter = dir .. "/dl.ndjson", spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "big", pad = string.rep("b", 1100) }),
                                                 ev({ event_id = "small", pad = string.rep("s", 100) }) }))))
     assert.is_true(col:flush(3000 * SCALE))
@@ -1097,8 +1107,13 @@ describe("shipping", function()
 
   it("writes items rejected for good to the dead-letter file with the reason", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
-    local col = new{ dead_letter = dir .. "/dl.ndjson" }
+    col = new{ dead_letter = dir .. "/dl.ndjson" }
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "bad-1" }), ev() }))))
     assert.is_true(col:flush(5000))
     local s = col:stats()
@@ -1112,15 +1127,19 @@ describe("shipping", function()
     assert.equal("bad-1", line.operation.create._id)
     assert.equal("bad-1", line.document.event_id)
     col:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps the dead-letter file within dead_letter_max_bytes, counting what did not fit", function()
     -- what Elasticsearch refuses is the client's to choose: browsers could fill the disk
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     local path = dir .. "/dl.ndjson"
     srv:fault{ path = "/_bulk", item_status = 400, count = -1 }
-    local col = new{ dead_letter = path, dead_letter_max_bytes = 4096, rollup = false }
+    col = new{ dead_letter = path, dead_letter_max_bytes = 4096, rollup = false }
     for i = 1, 10 do
       assert.equal(204, (post(col, cjson.encode(ev({ event_id = "dl-" .. i, pad = string.rep("x", 600) })))))
     end
@@ -1134,7 +1153,6 @@ describe("shipping", function()
     assert.equal(10 - lines, s.dead_letter_failed)
     for line in text:gmatch("[^\n]+") do assert.equal(400, cjson.decode(line).status) end
     col:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("counts the dead letters it could not write (dead_letter_failed)", function()
@@ -1151,8 +1169,13 @@ describe("shipping", function()
 
   it("retries an item answered without a status, and indexes it once, never dead-lettering it", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     srv:fault{ path = "/_bulk", status = 200, count = 1, body = '{"errors":false,"items":[{"create":{}}]}' }
-    local col = new{ dead_letter = dir .. "/dl.ndjson", rollup = false, retry_backoff_min = 10 }
+    col = new{ dead_letter = dir .. "/dl.ndjson", rollup = false, retry_backoff_min = 10 }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "nostatus-1" })))))
     assert.is_true(col:flush(5000 * SCALE))
     local s = col:stats()
@@ -1161,7 +1184,6 @@ describe("shipping", function()
     assert.equal(1, s.retried)
     assert.equal(1, s.shipped)
     assert.equal(1, (indexed()))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps the dead-letter file one JSON object per line after a write the disk cut short", function()
@@ -1197,12 +1219,17 @@ describe("shipping", function()
     -- a worker that died mid-write, or another worker whose write the disk cut short: only
     -- the writer that cut its own line short used to end it
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     local dl = dir .. "/dl.ndjson"
     local f = assert(io.open(dl, "w"))
     f:write('{"failed_at":1,"status":400')
     f:close()
     os.execute("chmod 600 " .. dl)
-    local col = new{ dead_letter = dl, rollup = false }
+    col = new{ dead_letter = dl, rollup = false }
     f = assert(io.open(dl, "a"))
     f:write('{"failed_at":2,"sta') -- after the collector opened it
     f:close()
@@ -1215,7 +1242,6 @@ describe("shipping", function()
     assert.equal(2, #lines)
     assert.equal('{"failed_at":1,"status":400{"failed_at":2,"sta', lines[1])
     assert.equal("after-fragment", cjson.decode(lines[2]).operation.create._id)
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps taking events while a dead letter waits for the file, and writes it under the file's lock", function()
@@ -1449,14 +1475,18 @@ describe("shipping", function()
   it("flush returns nil, err (internal) when the shipper cannot run, not a timeout", function()
     -- the spool directory was replaced by a file before the first use in this process
     local d = tmpdir()
-    local col = new{ spool_dir = d }
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. d)
+    end)
+    col = new{ spool_dir = d }
     os.execute("rm -rf " .. d .. " && touch " .. d)
     local ok, err = col:flush(100)
     assert.is_nil(ok)
     assert.equal("internal", err.kind)
     assert.matches("^the collector cannot ship: cannot use spool_dir ", err.message)
     col:close(0)
-    os.remove(d)
   end)
 
   it("reports undelivered events when closed while Elasticsearch is down and there is no spool", function()
@@ -1949,20 +1979,30 @@ describe("spool", function()
   end)
 
   it("creates a spool_dir that does not exist yet, parents included", function()
-    local dir = tmpdir() .. "/a/b"
-    local col = new{ spool_dir = dir }
+    local base = tmpdir()
+    local dir = base .. "/a/b"
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. base)
+    end)
+    col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode(ev()))))
     assert.is_true(col:flush(5000))
     col:close()
     local f = io.open(dir .. "/dead-letter.ndjson")
     assert.is_not_nil(f)
     f:close()
-    os.execute("rm -rf " .. dir:gsub("/a/b$", ""))
   end)
 
   it("writes events ahead before answering and deletes segments once acknowledged", function()
     local dir = tmpdir()
-    local col = new{ spool_dir = dir }
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
+    col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
     local p = io.popen("cat " .. dir .. "/seg-*.log | wc -c")
     assert.is_true(tonumber(p:read("*a")) > 0)
@@ -1971,13 +2011,17 @@ describe("spool", function()
     assert.equal(2, col:stats().spooled)
     col:close()
     assert.equal(0, segments(dir))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps accepting when memory is full, holding the overflow on disk, and ships it all", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     srv:fault{ path = "/_bulk", stall_ms = 300, count = 3 }
-    local col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10 }
+    col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10 }
     for i = 1, 60 do
       assert.equal(204, (post(col, cjson.encode(ev({ event_id = "o" .. i, pad = string.rep("p", 100) })))))
     end
@@ -1991,7 +2035,6 @@ describe("spool", function()
     assert.equal(s.spilled, s.replayed)
     col:close()
     assert.equal(0, segments(dir))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("answers 503 while the spool's disk is full, and ships everything it accepted once there is room", function()
@@ -2065,7 +2108,12 @@ describe("spool", function()
 
   it("takes a request larger than queue_max_bytes onto disk and ships it", function()
     local dir = tmpdir()
-    local col = new{ spool_dir = dir, queue_max_bytes = 8192, flush_interval = 10 }
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
+    col = new{ spool_dir = dir, queue_max_bytes = 8192, flush_interval = 10 }
     local evs = {}
     for i = 1, 40 do evs[i] = ev({ event_id = "big" .. i, pad = string.rep("x", 200) }) end
     local body = cjson.encode(evs) -- ~10 KB: under max_body (64 KiB), over the queue
@@ -2081,16 +2129,21 @@ describe("spool", function()
     assert.equal(40, col:stats().shipped)
     col:close()
     assert.equal(0, segments(dir))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps the write-ahead segments within spool_max_bytes too", function()
     local dir = tmpdir()
-    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    local col, c2
+    finally(function()
+      if col then col:close(0) end
+      if c2 then c2:close() end
+      os.execute("rm -rf " .. dir)
+    end)
+    c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     -- memory has room for everything: each request is written ahead, and nothing is
     -- acknowledged, so no segment can go
-    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 1024 * 1024,
-                     spool_max_bytes = 8192, spool_segment_bytes = 4096 }
+    col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 1024 * 1024,
+               spool_max_bytes = 8192, spool_segment_bytes = 4096 }
     local statuses = {}
     for i = 1, 60 do
       local st = post(col, cjson.encode(ev({ pad = string.rep("p", 100) })))
@@ -2103,14 +2156,19 @@ describe("spool", function()
     assert.is_true(s.spool_bytes <= 8192, "spool_bytes " .. s.spool_bytes)
     col:close(0)
     c2:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps rollup rows within queue_max_bytes while the sink is away", function()
     local dir = tmpdir()
-    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
-    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 8192, rollup = { interval = 100 },
-                     retry_backoff_min = 1000, retry_backoff_max = 1000 }
+    local col, c2
+    finally(function()
+      if col then col:close(0) end
+      if c2 then c2:close() end
+      os.execute("rm -rf " .. dir)
+    end)
+    c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 8192, rollup = { interval = 100 },
+               retry_backoff_min = 1000, retry_backoff_max = 1000 }
     for round = 1, 8 do
       for b = 1, 40 do -- 40 rows, all dirty again every round
         assert.equal(204, (post(col, cjson.encode(ev({ block_id = "b" .. b, user_id = "u" .. round })))))
@@ -2124,13 +2182,18 @@ describe("spool", function()
     assert.truthy(s.rollup_rows == 40 or s.rollup_rows == 80, "rollup_rows " .. s.rollup_rows)
     col:close(0)
     c2:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("answers 503 once spool_max_bytes is reached as well", function()
     local dir = tmpdir()
-    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
-    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, spool_max_bytes = 8192 }
+    local col, c2
+    finally(function()
+      if col then col:close(0) end
+      if c2 then c2:close() end
+      os.execute("rm -rf " .. dir)
+    end)
+    c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, spool_max_bytes = 8192 }
     local statuses = {}
     for i = 1, 60 do statuses[#statuses + 1] = (post(col, cjson.encode(ev({ pad = string.rep("p", 100) })))) end
     assert.equal(204, statuses[1])
@@ -2138,7 +2201,6 @@ describe("spool", function()
     assert.is_true(col:stats().rejected.queue_full > 0)
     col:close(0)
     c2:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   -- Runs a separate process that accepts one request per event id (each one spool record)
@@ -2305,26 +2367,36 @@ describe("spool", function()
 
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     local ids = {}
     for i = 1, 25 do ids[i] = "k" .. i end
     spool_victim(dir, ids)
-    local col = new{ spool_dir = dir }
+    col = new{ spool_dir = dir }
     -- claiming happens on start; wait for the replay to be shipped
     post(col, cjson.encode(ev({ event_id = "live-1" })))
     assert_replays(col, 25, 26)
     col:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("counts the events still on disk in lag_ms", function()
     local dir = tmpdir()
+    local col, c2
+    finally(function()
+      if col then col:close(0) end
+      if c2 then c2:close() end
+      os.execute("rm -rf " .. dir)
+    end)
     local ids = {}
     for i = 1, 60 do ids[i] = "l" .. i end
     spool_victim(dir, ids)
     socket.sleep(0.6)
-    local c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
+    c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     -- room in memory for a few of the dead process's events: the rest stay in the backlog
-    local col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, rollup = false }
+    col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, rollup = false }
     post(col, cjson.encode(ev())) -- the first request starts the shipper, which claims
     local deadline = socket.gettime() + 10
     while col:stats().replayed == 0 and socket.gettime() < deadline do socket.sleep(0.02) end
@@ -2333,11 +2405,15 @@ describe("spool", function()
     assert.is_true(s.lag_ms >= 600, "lag_ms " .. s.lag_ms)
     col:close(0)
     c2:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("replays an earlier process's segment that has this process's pid, never appending to it", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     spool_victim(dir, { "q1", "q2" })
     -- as after a restart that reuses pids (containers): the dead process's segment carries
     -- our pid and the first sequence number this process would use
@@ -2346,28 +2422,36 @@ describe("spool", function()
     local seg = p:read("*l")
     p:close()
     assert(os.rename(seg, dir .. "/seg-" .. pid .. "-1.log"))
-    local col = new{ spool_dir = dir }
+    col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "q3" })))))
     assert_replays(col, 2, 3)
     col:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("replays every segment a killed process had sealed, synced or not yet", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     local ids = {}
     for i = 1, 40 do ids[i] = "r" .. i end
     spool_victim(dir, ids, "spool_segment_bytes = 4096") -- several segments
     assert.is_true(segments(dir) >= 2)
-    local col = new{ spool_dir = dir }
+    col = new{ spool_dir = dir }
     post(col, cjson.encode(ev({ event_id = "live-r" })))
     assert_replays(col, 40, 41)
     col:close()
-    os.execute("rm -rf " .. dir)
   end)
 
   it("replays the records after a damaged one and skips a torn tail", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     spool_victim(dir, { "r1", "r2", "r3" })
     local p = io.popen("ls " .. dir .. "/seg-*.log")
     local path = p:read("*l")
@@ -2390,17 +2474,21 @@ describe("spool", function()
     local f = assert(io.open(path, "wb"))
     f:write(damaged, torn)
     f:close()
-    local col = new{ spool_dir = dir }
+    col = new{ spool_dir = dir }
     assert_replays(col, 2, 2)
     assert.equal(8 + len2 + #torn, col:stats().spool_skipped_bytes)
     assert.is_truthy(client:get(col.o.index:gsub("%%Y", os.date("!%Y")):gsub("%%m", os.date("!%m")):gsub("%%d", os.date("!%d")), "r3"))
     col:close()
     assert.equal(0, segments(dir))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
     local dir = tmpdir()
+    local col
+    finally(function()
+      if col then col:close(0) end
+      os.execute("rm -rf " .. dir)
+    end)
     spool_victim(dir, { "h1", "h2" })
     local p = io.popen("ls " .. dir .. "/seg-*.log")
     local path = p:read("*l")
@@ -2409,7 +2497,7 @@ describe("spool", function()
     local f = assert(io.open(path, "ab"))
     f:write(string.char(200, 0, 0, 0, 7))
     f:close()
-    local col = new{ spool_dir = dir }
+    col = new{ spool_dir = dir }
     col:flush(0) -- starts it: it claims and replays at once
     assert_replays(col, 2, 2)
     local s = col:stats()
@@ -2419,11 +2507,19 @@ describe("spool", function()
     assert.equal(0, s.spool_bytes)
     col:close()
     assert.equal(0, segments(dir))
-    os.execute("rm -rf " .. dir)
   end)
 
   it("keeps a claimed segment it cannot open for want of descriptors (EMFILE) and replays it later", function()
     local dir = tmpdir()
+    local p, pid
+    finally(function()
+      -- a spec that failed half way leaves the child waiting (on its limit, or for ever on the
+      -- fault): end it, then its pipe
+      if pid then os.execute("kill -9 " .. pid .. " 2>/dev/null") end
+      if p then p:close() end
+      srv:clear_faults()
+      os.execute("rm -rf " .. dir)
+    end)
     local ids = {}
     for i = 1, 60 do ids[i] = "m" .. i end
     spool_victim(dir, ids, "spool_segment_bytes = 4096") -- three segments
@@ -2468,9 +2564,10 @@ describe("spool", function()
       col:close()
       c:close()
     ]]):format(srv.url, dir))
-    local p = io.popen(run .. " 2>&1")
+    p = io.popen(run .. " 2>&1")
     local line = p:read("*l")
-    local pid, loaded = (line or ""):match("^full (%d+) (%d+)$")
+    local loaded
+    pid, loaded = (line or ""):match("^full (%d+) (%d+)$")
     assert.is_not_nil(pid, line)
     assert.is_true(tonumber(loaded) > 0 and tonumber(loaded) < 60, line)
     local h = io.popen("prlimit --pid " .. pid .. " --nofile --output SOFT --noheadings")
@@ -2488,9 +2585,9 @@ describe("spool", function()
     os.execute("prlimit --pid " .. pid .. " --nofile=" .. soft .. ":")
     assert.equal("flushed true 60", p:read("*l"))
     p:close()
+    p, pid = nil, nil
     assert.equal(61, (indexed()))
     assert.equal(0, segments(dir))
-    os.execute("rm -rf " .. dir)
   end)
 end)
 
