@@ -1376,8 +1376,13 @@ describe("retries and nodes", function()
 
   it("counts requests that fail together, in flight when the node died, as one failure", function()
     local l = net.listener()
-    local c = client{ hosts = { l.url }, max_retries = 0, max_per_route = 5,
-                      dead_backoff_min = 60000, dead_backoff_max = 1800000 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url }, max_retries = 0, max_per_route = 5,
+                dead_backoff_min = 60000, dead_backoff_max = 1800000 }
     local pending, conns = {}, {}
     for i = 1, 5 do pending[i] = assert(c:send("GET", "/" .. i)) end
     for i = 1, 5 do
@@ -1395,8 +1400,6 @@ describe("retries and nodes", function()
     assert.equal(1, n.failures)
     local wait = n.dead_until - socket.gettime() * 1000
     assert.is_true(wait > 55000 and wait <= 61000, "dead for " .. wait)
-    c:close()
-    l:close()
   end)
 
   it("doubles the dead time on each failure up to dead_backoff_max", function()
@@ -1413,8 +1416,13 @@ describe("retries and nodes", function()
 
   it("sends one request, not a share of the calls, to a dead node due for a retry until it answers", function()
     local l = net.listener()
-    local c = client{ hosts = { l.url, srv.url }, max_per_route = 4, dead_backoff_min = 100,
-                      dead_backoff_max = 100 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url, srv.url }, max_per_route = 4, dead_backoff_min = 100,
+                dead_backoff_max = 100 }
     local first = assert(c:send("GET", "/"))
     local conn = assert(l:accept(), "no first connection")
     assert(net.read_request(conn))
@@ -1436,15 +1444,18 @@ describe("retries and nodes", function()
       assert.equal(200, (assert(pending[i]:result())).status)
     end
     assert.is_true(c:stats().nodes[1].alive)
-    c:close()
     probe:close()
-    l:close()
   end)
 
   it("brings a dead node back when its retry is answered 429 (shedding load, but up)", function()
     local l = net.listener()
-    local c = client{ hosts = { l.url }, max_retries = 0, dead_backoff_min = 100,
-                      dead_backoff_max = 100 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url }, max_retries = 0, dead_backoff_min = 100,
+                dead_backoff_max = 100 }
     local first = assert(c:send("GET", "/"))
     local conn = assert(l:accept(), "no first connection")
     assert(net.read_request(conn))
@@ -1467,8 +1478,6 @@ describe("retries and nodes", function()
     n = c:stats().nodes[1]
     assert.is_true(n.alive)
     assert.equal(0, n.failures)
-    c:close()
-    l:close()
   end)
   it("brings a node back after it restarts", function()
     local port = srv.port
@@ -1556,7 +1565,12 @@ describe("pool limits", function()
     -- before: every connect abandoned by a timeout stayed in the engine's socket table, and at
     -- 1,024 of them the client could open no connection at all, to any node
     local l = net.listener() -- accepts nothing: connects stay pending
-    local c = client{ hosts = { l.url }, max_retries = 0 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url }, max_retries = 0 }
     local kinds = {}
     for _ = 1, 1100 do
       local _, err = c:request("GET", "/", nil, { timeout = 2 })
@@ -1564,8 +1578,6 @@ describe("pool limits", function()
     end
     assert.same({ request_timeout = 1100 }, kinds)
     assert.is_true(c:stats().pool.open < 64, "open: " .. c:stats().pool.open)
-    c:close()
-    l:close()
   end)
 
   it("never opens more than max_per_route connections to a node", function()
@@ -1648,8 +1660,13 @@ end)
 describe("self-healing", function()
   it("keeps the requests' places and pool_timeout across a rebuild: the one on the wire first", function()
     local l = net.listener()
-    local c = client{ hosts = { l.url }, max_total = 1, max_per_route = 1, pool_timeout = 1000,
-                      max_retries = 3 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url }, max_total = 1, max_per_route = 1, pool_timeout = 1000,
+                max_retries = 3 }
     local p1 = assert(c:send("GET", "/on-the-wire"))
     local conn = assert(l:accept())
     assert.equal("/on-the-wire", net.read_request(conn).target)
@@ -1670,10 +1687,8 @@ describe("self-healing", function()
     conn2:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
     assert.is_true(p1:wait(5000))
     assert.equal(200, (assert(p1:result())).status)
-    c:close()
     conn:close()
     conn2:close()
-    l:close()
   end)
 
   it("rebuilds an I/O thread that died and counts the rebuild", function()
@@ -1718,7 +1733,12 @@ describe("self-healing", function()
 
   it("does not send again, past max_retries, a request the dead thread had on the wire", function()
     local l = net.listener()
-    local c = client{ hosts = { l.url }, max_retries = 0 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url }, max_retries = 0 }
     local p = assert(c:send("GET", "/once"))
     local conn = assert(l:accept())
     assert.equal("/once", assert(net.read_request(conn)).target)
@@ -1731,13 +1751,16 @@ describe("self-healing", function()
     assert.is_nil(l:accept(0.3)) -- nothing was sent again
     assert.equal(0, c:stats().retries)
     conn:close()
-    c:close()
-    l:close()
   end)
 
   it("counts a retry only for the request the dead thread had on the wire", function()
     local l = net.listener()
-    local c = client{ hosts = { l.url }, max_retries = 1, max_per_route = 1, pool_timeout = 5000 }
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    c = client{ hosts = { l.url }, max_retries = 1, max_per_route = 1, pool_timeout = 5000 }
     local p1 = assert(c:send("GET", "/active"))
     local conn = assert(l:accept())
     assert.equal("/active", assert(net.read_request(conn)).target)
@@ -1763,8 +1786,6 @@ describe("self-healing", function()
     assert.equal(1, c:stats().retries)
     assert.equal(2, c:stats().requests) -- each call counted once, across the rebuild
     conn:close()
-    c:close()
-    l:close()
   end)
 end)
 
@@ -2173,6 +2194,7 @@ describe("pending:waiter_path", function()
 
   it("lives in a directory of its own that only this user may enter, removed on close", function()
     local c = client()
+    finally(function() c:close() end) -- (closed in the body already when it ran to its end)
     local p = assert(c:send("GET", "/"))
     local path = assert(p:waiter_path())
     local dir = path:match("^(.*)/[^/]+$")

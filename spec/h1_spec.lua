@@ -452,7 +452,12 @@ end)
 describe("nodes", function()
   it("reaches a localhost node that listens on ::1 only", function()
     local l6 = net.listener("::1")
-    local c = client{ hosts = { "http://localhost:" .. l6.port } }
+    local c
+    finally(function()
+      if c then c:close() end
+      l6:close()
+    end)
+    c = client{ hosts = { "http://localhost:" .. l6.port } }
     local p = assert(c:send("GET", "/six"))
     local conn = assert(l6:accept(), "no connection on ::1")
     local req = assert(net.read_request(conn))
@@ -463,15 +468,18 @@ describe("nodes", function()
     local res = assert(p:result())
     assert.equal(200, res.status)
     assert.equal(0, res.retries)
-    c:close()
-    l6:close()
   end)
 
   it("retries on the next node under pool_timeout 0 when a slot is free", function()
     -- 0 means "take a free slot or fail at once"; the retry has slots to spare
     local l503 = net.listener()
+    local c
+    finally(function()
+      if c then c:close() end -- (the last one: closed again, which does nothing)
+      l503:close()
+    end)
     for _, first in ipairs{ net.closed_port(), l503.url } do
-      local c = client{ hosts = { first, l.url }, pool_timeout = 0, max_retries = 1 }
+      c = client{ hosts = { first, l.url }, pool_timeout = 0, max_retries = 1 }
       local p = assert(c:send("GET", "/r"))
       if first == l503.url then
         local conn = assert(l503:accept(), "no connection to the first node")
@@ -489,7 +497,6 @@ describe("nodes", function()
       c:close()
       conn:close()
     end
-    l503:close()
   end)
 
   it("keeps max_per_route per node for nodes that share a host and port", function()
