@@ -484,6 +484,45 @@ describe("client:request", function()
     c:close()
   end)
 
+  it("raises when the path and headers would make a request head over 1 MiB, and sends one at the bound", function()
+    -- past it libcurl failed with "Out of memory" and esx's own HTTP/1.1 with "internal"
+    local limit = 1048576 - 4096
+    local too_long = "bad argument #2 to 'request' (path and headers longer than 1044480 bytes)"
+    local c = client{ headers = { ["X-Big"] = string.rep("b", 20000) } } -- 20009 bytes a request
+    local path = "/" .. string.rep("a", limit - 20009 - 1)
+    assert.has_error(function() c:request("GET", path .. "a") end, too_long)
+    assert.has_error(function() c:request("GET", "/" .. string.rep("a", 9000000)) end, too_long)
+    -- a call's own headers count too ("X-A: " .. value .. CRLF), and its content type
+    local short = path:sub(1, #path - 107)
+    assert.has_error(function() c:request("GET", short, nil, { headers = { ["X-A"] = string.rep("c", 101) } }) end,
+      too_long)
+    assert.has_error(function() c:request("PUT", short, "x", { content_type = string.rep("t", 108) }) end,
+      too_long)
+    local res, err = c:request("GET", short, nil, { headers = { ["X-A"] = string.rep("c", 100) } })
+    assert.is_nil(res)
+    assert.equal("http", err.kind)
+    assert.equal(414, err.status) -- it went out: the server refused the long line
+    -- the message shows at most 200 bytes of the path (err.body has the server's whole answer)
+    assert.equal("GET /" .. string.rep("a", 199) .. "...: HTTP 414", err.message:sub(1, 218))
+    assert.is_true(#err.message < 700, #err.message .. " bytes")
+    res, err = c:request("GET", path)
+    assert.equal(414, err.status)
+    c:close()
+  end)
+
+  it("returns nil, err whose message cuts a long error reason at 400 bytes, on a UTF-8 character's start", function()
+    local c = client()
+    local res, err = c:request("POST", "/_search", { query = { ["x" .. string.rep("é", 600)] = {} } })
+    assert.is_nil(res)
+    assert.equal(400, err.status)
+    -- 35 bytes of "parsing_exception: unknown query [x", then 182 two-byte characters: the
+    -- 400th byte would have split the 183rd
+    assert.equal("POST /_search: HTTP 400 parsing_exception: unknown query [x" ..
+                 string.rep("é", 182) .. "...", err.message)
+    assert.truthy(err.body:find(string.rep("é", 600), 1, true)) -- the body keeps it all
+    c:close()
+  end)
+
   it("raises on a path with '#', which libcurl cut off as a fragment, and sends nothing", function()
     -- under libcurl DELETE /idx/_doc/a#b went out as DELETE /idx/_doc/a (another document);
     -- esx's own HTTP/1.1 sent the '#', which no request target may hold (RFC 9112 3.2)

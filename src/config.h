@@ -12,6 +12,7 @@
 
 #define ESX_MAX_RETRY_STATUS 16
 #define ESX_MAX_HEADERS 32
+#define ESX_MAX_HEAD (1024 * 1024) /* bytes of a request head: request line and headers */
 
 typedef struct esx_config {
     esx_nodes nodes;                 /* initial node list (all alive) */

@@ -143,7 +143,7 @@ static esx_h1_conn *h1_open(esx_engine *e, int node, int64_t now)
     if (c == NULL)
         return NULL;
     c->fd = -1;
-    esx_buf_init(&c->head, 1024 * 1024);
+    esx_buf_init(&c->head, ESX_MAX_HEAD);
     c->alt = hn->has_alt && hn->use_alt;
     const struct sockaddr *sa = c->alt ? (const struct sockaddr *)&hn->alt
                                        : (const struct sockaddr *)&hn->sa;

@@ -213,7 +213,11 @@ function _M.new(opts)
   -- o is not kept: it holds the credentials (username, password, api_key, a node URL's
   -- user:pass), which live only in the C config from here on, so that no Lua field of the
   -- client -- open or closed -- shows them to a serializer or a log of the table
-  local self = setmetatable({ c = c, http_failures = { http = 0, not_found = 0, decode = 0 } }, Client)
+  -- bytes the client's own headers add to every request head (see MAX_HEAD)
+  local head_bytes = 0
+  for k, v in pairs(o.headers or {}) do head_bytes = head_bytes + #k + #v + 4 end
+  local self = setmetatable({ c = c, head_bytes = head_bytes,
+                              http_failures = { http = 0, not_found = 0, decode = 0 } }, Client)
   self.name = registry.add(self, "client", o.name, Client.stats)
   return self
 end
@@ -249,6 +253,14 @@ local function error_summary(body)
   return nil
 end
 
+-- s cut to at most n bytes (at a UTF-8 character's start) with "..." when it was longer: a
+-- path or an error reason in an err.message, which ends up in logs (err.body keeps it all)
+local function clip(s, n)
+  if #s <= n then return s end
+  while n > 0 and (byte(s, n + 1) or 0) >= 0x80 and byte(s, n + 1) < 0xC0 do n = n - 1 end
+  return s:sub(1, n) .. "..."
+end
+
 -- Turns a raw response into res or nil, err per ok_status.
 local function check_status(self, res, method, path, ok_status)
   local status = res.status
@@ -262,8 +274,8 @@ local function check_status(self, res, method, path, ok_status)
   local kind = status == 404 and "not_found" or "http"
   self.http_failures[kind] = self.http_failures[kind] + 1
   local summary = error_summary(res.body)
-  return nil, new_error(kind, format("%s %s: HTTP %d%s", method, path, status,
-    summary and (" " .. summary) or ""), { status = status, body = res.body, node = res.node,
+  return nil, new_error(kind, format("%s %s: HTTP %d%s", method, clip(path, 200), status,
+    summary and (" " .. clip(summary, 400)) or ""), { status = status, body = res.body, node = res.node,
     headers = res.headers, retries = res.retries })
 end
 
@@ -364,12 +376,24 @@ local function encode_body(body, fname)
   raise("bad body to '" .. fname .. "' (string or table expected, got " .. type(body) .. ")")
 end
 
+-- header lines "Name: value" of a call's headers, and the bytes they add to the head
 local function header_lines(h)
-  if not h then return nil end
-  local lines = {}
-  for k, v in pairs(h) do lines[#lines + 1] = k .. ": " .. v end
-  return lines
+  if not h then return nil, 0 end
+  local lines, n = {}, 0
+  for k, v in pairs(h) do
+    local line = k .. ": " .. v
+    lines[#lines + 1] = line
+    n = n + #line + 2
+  end
+  return lines, n
 end
+
+-- The longest path and headers a request may have: the core builds a request head of at most
+-- 1 MiB (src/config.h ESX_MAX_HEAD), of which the lines esx writes itself (the request line's
+-- method and node prefix, Host, User-Agent, Accept, Authorization, Content-Length, ...) take
+-- under 4 KiB.  Past it libcurl answered "Out of memory", the core "internal"; a caller's
+-- mistake, as Elasticsearch refuses a request line over 4 KiB and headers over 16 KiB anyway.
+local MAX_HEAD = 1048576 - 4096
 
 -- c:send, and every method through it; fname names the method the caller called.
 local function send(self, fname, method, path, body, opts)
@@ -411,8 +435,14 @@ local function send(self, fname, method, path, body, opts)
     raise("bad argument #2 to '" .. fname .. "' (path must start with '/' and contain no " ..
           "spaces, control characters or '#' (percent-encode it as %23))")
   end
-  local p, serr = self.c:send(method, path, encoded, opts.content_type,
-    header_lines(opts.headers), retries, opts.timeout)
+  local lines, head = header_lines(opts.headers)
+  head = head + #path + self.head_bytes + (opts.content_type and #opts.content_type or 0)
+  if head > MAX_HEAD then
+    raise("bad argument #2 to '" .. fname .. "' (path and headers longer than " .. MAX_HEAD ..
+          " bytes)")
+  end
+  local p, serr = self.c:send(method, path, encoded, opts.content_type, lines, retries,
+    opts.timeout)
   if not p then
     -- a call refused before the engine had it (no engine could be built: internal) ended
     -- with that kind too; the engine never saw it, so it is counted here
