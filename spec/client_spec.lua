@@ -1958,6 +1958,52 @@ if has_posix then
       c:close()
     end)
 
+    it("leaves alone, in the child, files that took the numbers of the parent's engine's descriptors", function()
+      -- a child that closes what it inherited (as a daemon does) and opens files of its own:
+      -- the parent's engine, abandoned on the child's first call, closed its epoll instance's
+      -- and its waiter socket's numbers -- by then the child's files
+      local wait = require("posix.sys.wait")
+      local fcntl = require("posix.fcntl")
+      local c = client()
+      local p = assert(c:send("GET", "/"))
+      assert.is_true(p:wait(5000))
+      assert(p:waiter_path()) -- the waiter socket (esx.nginx.wait's) exists
+      local pid = unistd.fork()
+      if pid == 0 then
+        local ok, good = pcall(function()
+          -- this process's descriptors and what they are (luaposix's readlink cannot read
+          -- /proc's links)
+          local function fds()
+            local t = {}
+            local ls = io.popen("ls -l /proc/" .. unistd.getpid() .. "/fd")
+            for fd, target in ls:read("*a"):gmatch("(%d+) %-> ([^\n]+)") do t[tonumber(fd)] = target end
+            ls:close()
+            return t
+          end
+          local closed = 0
+          for fd, target in pairs(fds()) do
+            if fd > 2 and (target == "anon_inode:[eventpoll]" or target:find("^socket:")) then
+              unistd.close(fd)
+              closed = closed + 1
+            end
+          end
+          local mine = {}
+          for _ = 1, closed do mine[#mine + 1] = fcntl.open("/dev/null", fcntl.O_RDONLY) end
+          local res = c:request("GET", "/_cluster/health") -- heals: the parent's engine abandoned
+          local now = fds()
+          for _, fd in ipairs(mine) do
+            if now[fd] ~= "/dev/null" then return false end
+          end
+          return closed >= 2 and res ~= nil and res.status == 200 and c:stats().rebuilds == 1
+        end)
+        unistd._exit((ok and good) and 0 or 1)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      assert(c:request("GET", "/")) -- the parent's engine is untouched
+      c:close()
+    end)
+
     it("fails, in the child, a request the parent had in flight at the fork (kind 'closed')", function()
       local wait = require("posix.sys.wait")
       srv:fault{ path = "/", stall_ms = 800, count = 1 }

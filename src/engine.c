@@ -1227,12 +1227,16 @@ void esx_engine_abandon(esx_engine *e)
         close(e->sockets[i].fd);
     for (int i = 0; i < e->nconns; i++)
         close(e->conns[i].fd);
+    /* The waiter socket only if its number is still that socket: a child that closed what it
+     * inherited may have opened a file of its own under it (the path is the parent's: left).
+     * The epoll instance is left open, as libcurl's wake-up pair is: an epoll descriptor
+     * cannot be told from another one (they share one anonymous inode), and the parent's
+     * watches are its own (no epoll_ctl on it here). */
     int lfd = atomic_load(&e->listen_fd);
-    if (lfd >= 0)
-        close(lfd); /* the path belongs to the parent: leave it */
-    if (e->epfd >= 0)
-        close(e->epfd); /* the parent's watches are its own: no epoll_ctl on it here */
-    e->epfd = -1;
+    struct stat st;
+    if (lfd >= 0 && fstat(lfd, &st) == 0 && st.st_dev == e->listen_dev &&
+        st.st_ino == e->listen_ino)
+        close(lfd);
 }
 
 void esx_engine_stats(esx_engine *e, esx_stats *stats, esx_nodes *nodes)

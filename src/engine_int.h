@@ -126,6 +126,8 @@ struct esx_engine {
     /* set by any thread once, read by the I/O thread */
     atomic_int listen_fd;
     char listen_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    dev_t listen_dev;        /* the waiter socket's identity, for a forked child's abandon */
+    ino_t listen_ino;
 };
 
 /* ---------------------------------------------------------------- engine.c */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -197,6 +198,11 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
         goto fail;
     }
     memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
+    struct stat st;
+    if (fstat(fd, &st) == 0) { /* (else an abandon in a forked child leaves it open) */
+        e->listen_dev = st.st_dev;
+        e->listen_ino = st.st_ino;
+    }
     atomic_store(&e->listen_fd, fd);
     pthread_mutex_unlock(&e->mu);
     curl_multi_wakeup(e->multi);
