@@ -262,6 +262,40 @@ describe("keep-alive", function()
   end)
 end)
 
+describe("many connections", function()
+  it("answers 150 requests whose answers all arrive at once, on 150 connections", function()
+    -- more connections ready together than the I/O loop takes from epoll at a time (64):
+    -- every one is read in the same pass, none left for its request to expire meanwhile
+    local N = 150
+    local srv = assert(socket.bind("127.0.0.1", 0, 256))
+    local _, port = srv:getsockname()
+    srv:settimeout(5)
+    local c = assert(esx.client{ hosts = { "http://127.0.0.1:" .. port }, max_total = N,
+                                 max_per_route = N, max_retries = 0, request_timeout = 10000 })
+    local conns = {}
+    finally(function()
+      for _, conn in ipairs(conns) do conn:close() end
+      srv:close()
+      c:close()
+    end)
+    local ps = {}
+    for i = 1, N do ps[i] = assert(c:send("GET", "/n" .. i)) end
+    for i = 1, N do
+      conns[i] = assert(srv:accept(), "no connection")
+      conns[i]:settimeout(5)
+      assert(net.read_request(conns[i]))
+    end
+    for i = 1, N do assert(conns[i]:send(OK)) end
+    for i = 1, N do
+      assert.is_true(ps[i]:wait(5000), "request " .. i .. " not answered")
+      local res, err = ps[i]:result()
+      assert.is_nil(err)
+      assert.equal(200, res.status)
+    end
+    assert.equal(N, c:stats().pool.idle)
+  end)
+end)
+
 describe("response bodies", function()
   it("reads a chunked body with extensions and trailers, split at every byte", function()
     local c = client()

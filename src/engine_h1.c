@@ -463,16 +463,23 @@ int esx_eng_h1_watch(esx_engine *e)
 
 void esx_eng_h1_events(esx_engine *e, int64_t now)
 {
-    struct epoll_event ev[64]; /* (more stay ready for the next pass: level-triggered) */
-    int n = epoll_wait(e->epfd, ev, (int)(sizeof ev / sizeof ev[0]), 0);
-    for (int i = 0; i < n; i++) {
-        esx_h1_conn *c = ev[i].data.ptr;
-        /* an error or hang-up is read (or, connecting, looked up) as the recv or the
-         * getsockopt that follows tells it */
-        c->ready = ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP) ? EPOLLIN : 0;
-        c->ready |= ev[i].events & (EPOLLOUT | EPOLLERR) ? EPOLLOUT : 0;
-    }
-    if (n <= 0)
+    /* Every ready connection is marked before any is handled, 64 at a time: one left for the
+     * next pass could see its request expire with the answer waiting.  (Level-triggered, a
+     * batch may repeat one: the walk stops after as many events as connections.) */
+    struct epoll_event ev[64];
+    int n, seen = 0;
+    do {
+        n = epoll_wait(e->epfd, ev, (int)(sizeof ev / sizeof ev[0]), 0);
+        for (int i = 0; i < n; i++) {
+            esx_h1_conn *c = ev[i].data.ptr;
+            /* an error or hang-up is read (or, connecting, looked up) as the recv or the
+             * getsockopt that follows tells it */
+            c->ready = ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP) ? EPOLLIN : 0;
+            c->ready |= ev[i].events & (EPOLLOUT | EPOLLERR) ? EPOLLOUT : 0;
+        }
+        seen += n > 0 ? n : 0;
+    } while (n == (int)(sizeof ev / sizeof ev[0]) && seen < e->nh1);
+    if (seen == 0)
         return;
     /* handled in a walk of the connections, not of ev: handling one may free another */
     for (int i = e->nh1 - 1; i >= 0; i--) {
