@@ -104,6 +104,18 @@ local function indexed(index)
   return res.hits.total.value, res.hits.hits
 end
 
+-- When the `it` ends, passed or not: closes what objects() returns (collectors with
+-- close(0): no wait; clients) and removes dir.  (busted keeps one `finally` per `it`.)
+local function tidy(dir, objects)
+  finally(function()
+    local t = table.pack(objects())
+    for i = 1, t.n do
+      if t[i] then t[i]:close(0) end
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+end
+
 local function new(opts)
   opts = opts or {}
   opts.sink = opts.sink or client
@@ -196,11 +208,7 @@ describe("esx.collector", function()
       "esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)")
     local dir = tmpdir()
     local a, b
-    finally(function()
-      if a then a:close(0) end
-      if b then b:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return a, b end)
     -- with a spool what does not fit in memory waits on disk; without, max_body fits
     a = assert(esx.collector{ sink = client, queue_max_bytes = 8192, spool_dir = dir })
     b = assert(esx.collector{ sink = client, queue_max_bytes = 8192, max_body = 8192 })
@@ -533,10 +541,7 @@ describe("col:handle", function()
   it("answers 503 without the spool's path or the system's error when the spool cannot be used", function()
     local dir = tmpdir()
     local c2
-    finally(function()
-      if c2 then c2:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return c2 end)
     c2 = new{ spool_dir = dir, dead_letter = "/dev/null" }
     os.execute("rm -rf " .. dir .. " && touch " .. dir) -- before the first request opens it
     local status, headers, body = post(c2, cjson.encode(ev()), { ["content-type"] = "text/plain",
@@ -1108,10 +1113,7 @@ describe("shipping", function()
   it("writes items rejected for good to the dead-letter file with the reason", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     srv:fault{ path = "/_bulk", item_status = 400, item_count = 1, count = 1 }
     col = new{ dead_letter = dir .. "/dl.ndjson" }
     assert.equal(204, (post(col, cjson.encode({ ev({ event_id = "bad-1" }), ev() }))))
@@ -1133,10 +1135,7 @@ describe("shipping", function()
     -- what Elasticsearch refuses is the client's to choose: browsers could fill the disk
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     local path = dir .. "/dl.ndjson"
     srv:fault{ path = "/_bulk", item_status = 400, count = -1 }
     col = new{ dead_letter = path, dead_letter_max_bytes = 4096, rollup = false }
@@ -1170,10 +1169,7 @@ describe("shipping", function()
   it("retries an item answered without a status, and indexes it once, never dead-lettering it", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     srv:fault{ path = "/_bulk", status = 200, count = 1, body = '{"errors":false,"items":[{"create":{}}]}' }
     col = new{ dead_letter = dir .. "/dl.ndjson", rollup = false, retry_backoff_min = 10 }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "nostatus-1" })))))
@@ -1220,10 +1216,7 @@ describe("shipping", function()
     -- the writer that cut its own line short used to end it
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     local dl = dir .. "/dl.ndjson"
     local f = assert(io.open(dl, "w"))
     f:write('{"failed_at":1,"status":400')
@@ -1476,10 +1469,7 @@ describe("shipping", function()
     -- the spool directory was replaced by a file before the first use in this process
     local d = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. d)
-    end)
+    tidy(d, function() return col end)
     col = new{ spool_dir = d }
     os.execute("rm -rf " .. d .. " && touch " .. d)
     local ok, err = col:flush(100)
@@ -1982,10 +1972,7 @@ describe("spool", function()
     local base = tmpdir()
     local dir = base .. "/a/b"
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. base)
-    end)
+    tidy(base, function() return col end)
     col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode(ev()))))
     assert.is_true(col:flush(5000))
@@ -1998,10 +1985,7 @@ describe("spool", function()
   it("writes events ahead before answering and deletes segments once acknowledged", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode({ ev(), ev() }))))
     local p = io.popen("cat " .. dir .. "/seg-*.log | wc -c")
@@ -2016,10 +2000,7 @@ describe("spool", function()
   it("keeps accepting when memory is full, holding the overflow on disk, and ships it all", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     srv:fault{ path = "/_bulk", stall_ms = 300, count = 3 }
     col = new{ spool_dir = dir, queue_max_bytes = 4096, flush_interval = 10 }
     for i = 1, 60 do
@@ -2109,10 +2090,7 @@ describe("spool", function()
   it("takes a request larger than queue_max_bytes onto disk and ships it", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     col = new{ spool_dir = dir, queue_max_bytes = 8192, flush_interval = 10 }
     local evs = {}
     for i = 1, 40 do evs[i] = ev({ event_id = "big" .. i, pad = string.rep("x", 200) }) end
@@ -2134,11 +2112,7 @@ describe("spool", function()
   it("keeps the write-ahead segments within spool_max_bytes too", function()
     local dir = tmpdir()
     local col, c2
-    finally(function()
-      if col then col:close(0) end
-      if c2 then c2:close() end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col, c2 end)
     c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     -- memory has room for everything: each request is written ahead, and nothing is
     -- acknowledged, so no segment can go
@@ -2161,11 +2135,7 @@ describe("spool", function()
   it("keeps rollup rows within queue_max_bytes while the sink is away", function()
     local dir = tmpdir()
     local col, c2
-    finally(function()
-      if col then col:close(0) end
-      if c2 then c2:close() end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col, c2 end)
     c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 8192, rollup = { interval = 100 },
                retry_backoff_min = 1000, retry_backoff_max = 1000 }
@@ -2187,11 +2157,7 @@ describe("spool", function()
   it("answers 503 once spool_max_bytes is reached as well", function()
     local dir = tmpdir()
     local col, c2
-    finally(function()
-      if col then col:close(0) end
-      if c2 then c2:close() end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col, c2 end)
     c2 = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     col = new{ sink = c2, spool_dir = dir, queue_max_bytes = 4096, spool_max_bytes = 8192 }
     local statuses = {}
@@ -2368,10 +2334,7 @@ describe("spool", function()
   it("replays what a process killed with SIGKILL had acknowledged, exactly once", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     local ids = {}
     for i = 1, 25 do ids[i] = "k" .. i end
     spool_victim(dir, ids)
@@ -2385,11 +2348,7 @@ describe("spool", function()
   it("counts the events still on disk in lag_ms", function()
     local dir = tmpdir()
     local col, c2
-    finally(function()
-      if col then col:close(0) end
-      if c2 then c2:close() end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col, c2 end)
     local ids = {}
     for i = 1, 60 do ids[i] = "l" .. i end
     spool_victim(dir, ids)
@@ -2410,10 +2369,7 @@ describe("spool", function()
   it("replays an earlier process's segment that has this process's pid, never appending to it", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     spool_victim(dir, { "q1", "q2" })
     -- as after a restart that reuses pids (containers): the dead process's segment carries
     -- our pid and the first sequence number this process would use
@@ -2431,10 +2387,7 @@ describe("spool", function()
   it("replays every segment a killed process had sealed, synced or not yet", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     local ids = {}
     for i = 1, 40 do ids[i] = "r" .. i end
     spool_victim(dir, ids, "spool_segment_bytes = 4096") -- several segments
@@ -2448,10 +2401,7 @@ describe("spool", function()
   it("replays the records after a damaged one and skips a torn tail", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     spool_victim(dir, { "r1", "r2", "r3" })
     local p = io.popen("ls " .. dir .. "/seg-*.log")
     local path = p:read("*l")
@@ -2485,10 +2435,7 @@ describe("spool", function()
   it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
     local dir = tmpdir()
     local col
-    finally(function()
-      if col then col:close(0) end
-      os.execute("rm -rf " .. dir)
-    end)
+    tidy(dir, function() return col end)
     spool_victim(dir, { "h1", "h2" })
     local p = io.popen("ls " .. dir .. "/seg-*.log")
     local path = p:read("*l")
