@@ -494,9 +494,10 @@ describe("client:request", function()
   end)
 
   it("raises when the path and headers would make a request head over 1 MiB, and sends one at the bound", function()
-    -- past it libcurl failed with "Out of memory" and esx's own HTTP/1.1 with "internal"
-    local limit = 1048576 - 4096
-    local too_long = "bad argument #2 to 'request' (path and headers longer than 1044480 bytes)"
+    -- past it libcurl failed with "Out of memory" and esx's own HTTP/1.1 with "internal";
+    -- the bound leaves room for esx's own lines and, through libcurl, a body under 64 KiB
+    local limit = 1048576 - 4096 - 65536
+    local too_long = "bad argument #2 to 'request' (path and headers longer than 978944 bytes)"
     local c = client{ headers = { ["X-Big"] = string.rep("b", 20000) } } -- 20009 bytes a request
     local path = "/" .. string.rep("a", limit - 20009 - 1)
     assert.has_error(function() c:request("GET", path .. "a") end, too_long)
@@ -507,6 +508,9 @@ describe("client:request", function()
       too_long)
     assert.has_error(function() c:request("PUT", short, "x", { content_type = string.rep("t", 108) }) end,
       too_long)
+    -- a byte outside ASCII goes out as three (%XX): 'é' counts six
+    local accents = path:sub(1, #path - 6) .. "é"
+    assert.has_error(function() c:request("GET", accents .. "a") end, too_long)
     local res, err = c:request("GET", short, nil, { headers = { ["X-A"] = string.rep("c", 100) } })
     assert.is_nil(res)
     assert.equal("http", err.kind)
@@ -516,7 +520,12 @@ describe("client:request", function()
     assert.is_true(#err.message < 700, #err.message .. " bytes")
     res, err = c:request("GET", path)
     assert.equal(414, err.status)
+    res, err = c:request("GET", accents) -- at the bound
+    assert.equal(414, err.status)
     c:close()
+    -- the client's own headers past the bound are its option's mistake, not every path's
+    assert.has_error(function() esx.client{ hosts = { srv.url }, headers = { ["X-Big"] = string.rep("b", limit) } } end,
+      "esx.client: bad option 'headers' (longer than 978944 bytes in all)")
   end)
 
   it("returns nil, err whose message cuts a long error reason at 400 bytes, on a UTF-8 character's start", function()

@@ -1225,13 +1225,13 @@ void esx_engine_abandon(esx_engine *e)
     esx_eng_sock_prune(e); /* a stale entry's number may be another file's now */
     for (int i = 0; i < e->nsockets; i++)
         close(e->sockets[i].fd);
-    for (int i = 0; i < e->nconns; i++)
-        close(e->conns[i].fd);
     /* The waiter socket only if its number is still that socket: a child that closed what it
      * inherited may have opened a file of its own under it (the path is the parent's: left).
      * The epoll instance is left open, as libcurl's wake-up pair is: an epoll descriptor
      * cannot be told from another one (they share one anonymous inode), and the parent's
-     * watches are its own (no epoll_ctl on it here). */
+     * watches are its own (no epoll_ctl on it here).  So are the waiter connections still
+     * registering at the fork (accepted, their request id not read yet: a moment long),
+     * whose identity is not kept. */
     int lfd = atomic_load(&e->listen_fd);
     struct stat st;
     if (lfd >= 0 && fstat(lfd, &st) == 0 && st.st_dev == e->listen_dev &&

@@ -1,7 +1,7 @@
 /*
  * engine_h1.c -- the engine's own plain HTTP/1.1 connections (http:// nodes given by address,
  * h1conn.h): which connection serves a request, connect failures and timeouts, a kept-alive
- * connection the server closed, and the poll set's share of them.  The I/O thread's
+ * connection the server closed, and the epoll instance that watches them.  The I/O thread's
  * (esx_eng_h1_node_setup: before it starts; engine_int.h).
  */
 #include <arpa/inet.h>

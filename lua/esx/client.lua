@@ -176,6 +176,14 @@ Pending.__index = Pending
 
 --- esx.client(opts) -> client.  Raises on a bad option; returns nil, err when the engine
 -- cannot start.
+-- The longest path and headers a request may have: a request head is at most 1 MiB (src/config.h
+-- ESX_MAX_HEAD; libcurl's own limit is the same), of which the lines esx writes itself (the
+-- request line's method and node prefix, Host, User-Agent, Accept, Authorization,
+-- Content-Length, ...) take under 4 KiB, and libcurl copies a body under 64 KiB into the same
+-- buffer.  Past it libcurl answered "Out of memory", the core "internal"; a caller's mistake,
+-- as Elasticsearch refuses a request line over 4 KiB and headers over 16 KiB anyway.
+local MAX_HEAD = 1048576 - 4096 - 65536
+
 function _M.new(opts)
   local o = options.check("esx.client", _M.schema, opts, 3)
   if o.password and not o.username then
@@ -216,6 +224,9 @@ function _M.new(opts)
   -- bytes the client's own headers add to every request head (see MAX_HEAD)
   local head_bytes = 0
   for k, v in pairs(o.headers or {}) do head_bytes = head_bytes + #k + #v + 4 end
+  if head_bytes > MAX_HEAD then
+    error("esx.client: bad option 'headers' (longer than " .. MAX_HEAD .. " bytes in all)", 2)
+  end
   local self = setmetatable({ c = c, head_bytes = head_bytes,
                               http_failures = { http = 0, not_found = 0, decode = 0 } }, Client)
   self.name = registry.add(self, "client", o.name, Client.stats)
@@ -388,12 +399,6 @@ local function header_lines(h)
   return lines, n
 end
 
--- The longest path and headers a request may have: the core builds a request head of at most
--- 1 MiB (src/config.h ESX_MAX_HEAD), of which the lines esx writes itself (the request line's
--- method and node prefix, Host, User-Agent, Accept, Authorization, Content-Length, ...) take
--- under 4 KiB.  Past it libcurl answered "Out of memory", the core "internal"; a caller's
--- mistake, as Elasticsearch refuses a request line over 4 KiB and headers over 16 KiB anyway.
-local MAX_HEAD = 1048576 - 4096
 
 -- c:send, and every method through it; fname names the method the caller called.
 local function send(self, fname, method, path, body, opts)
@@ -401,7 +406,7 @@ local function send(self, fname, method, path, body, opts)
   if type(path) ~= "string" then raise("bad argument #2 to '" .. fname .. "' (string expected)") end
   if opts ~= nil then
     if type(opts) ~= "table" then raise("bad options to '" .. fname .. "' (table expected)") end
-    -- of several bad options the first in byte order is named, the same in every run (pairs()
+    -- of several bad options the first in string order is named, the same in every run (pairs()
     -- order differs between flavours and, strings' hashes being seeded at random, runs)
     local bad, bad_why
     for k, v in pairs(opts) do
@@ -436,7 +441,9 @@ local function send(self, fname, method, path, body, opts)
           "spaces, control characters or '#' (percent-encode it as %23))")
   end
   local lines, head = header_lines(opts.headers)
-  head = head + #path + self.head_bytes + (opts.content_type and #opts.content_type or 0)
+  -- (bytes outside ASCII go out percent-encoded: three for one)
+  head = head + #path + 2 * select(2, gsub(path, "[\128-\255]", "")) + self.head_bytes +
+    (opts.content_type and #opts.content_type or 0)
   if head > MAX_HEAD then
     raise("bad argument #2 to '" .. fname .. "' (path and headers longer than " .. MAX_HEAD ..
           " bytes)")

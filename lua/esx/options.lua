@@ -82,7 +82,8 @@ function _M.check(ctor, schema, opts, level)
   elseif type(opts) ~= "table" then
     error("bad argument #1 to " .. ctor .. " (table expected, got " .. type(opts) .. ")", level)
   end
-  -- Of several bad (or missing required) options, the one first in byte order is named:
+  -- Of several bad (or missing required) options, the one first in string order (byte order
+  -- in the C locale) is named:
   -- pairs() visits keys in an order that differs between Lua 5.4 and LuaJIT and, as string
   -- hashes are seeded at random, from one run to the next -- esx.cache() named 'load_page'
   -- in one run and 'load_readers' in the next.
