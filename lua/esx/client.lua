@@ -174,8 +174,6 @@ _M.Client = Client
 local Pending = {}
 Pending.__index = Pending
 
---- esx.client(opts) -> client.  Raises on a bad option; returns nil, err when the engine
--- cannot start.
 -- The longest path and headers a request may have: a request head is at most 1 MiB (src/config.h
 -- ESX_MAX_HEAD; libcurl's own limit is the same), of which the lines esx writes itself (the
 -- request line's method and node prefix, Host, User-Agent, Accept, Authorization,
@@ -184,6 +182,8 @@ Pending.__index = Pending
 -- as Elasticsearch refuses a request line over 4 KiB and headers over 16 KiB anyway.
 local MAX_HEAD = 1048576 - 4096 - 65536
 
+--- esx.client(opts) -> client.  Raises on a bad option; returns nil, err when the engine
+-- cannot start.
 function _M.new(opts)
   local o = options.check("esx.client", _M.schema, opts, 3)
   if o.password and not o.username then
@@ -398,7 +398,6 @@ local function header_lines(h)
   end
   return lines, n
 end
-
 
 -- c:send, and every method through it; fname names the method the caller called.
 local function send(self, fname, method, path, body, opts)
