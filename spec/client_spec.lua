@@ -29,6 +29,20 @@ local function client(opts)
   return assert(esx.client(opts))
 end
 
+-- A loopback listener answered by hand and a client of it (nodes: the listener, then `more`),
+-- both closed when the `it` ends, passed or not (busted keeps one `finally` per `it`).
+local function listened(opts, more)
+  local l = net.listener()
+  local c
+  finally(function()
+    if c then c:close() end
+    l:close()
+  end)
+  opts.hosts = { l.url, (table.unpack or unpack)(more or {}) }
+  c = client(opts)
+  return l, c
+end
+
 -- Runs `code` (the body of a function; arg[1] is srv.url) in a child Lua process with a low
 -- descriptor limit, so that it can use up every descriptor without starving busted: with
 -- this run's build (under `make asan`, the sanitizer host and build, so that the child is
@@ -1432,14 +1446,8 @@ describe("retries and nodes", function()
   end)
 
   it("counts requests that fail together, in flight when the node died, as one failure", function()
-    local l = net.listener()
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url }, max_retries = 0, max_per_route = 5,
-                dead_backoff_min = 60000, dead_backoff_max = 1800000 }
+    local l, c = listened({ max_retries = 0, max_per_route = 5,
+                            dead_backoff_min = 60000, dead_backoff_max = 1800000 })
     local pending, conns = {}, {}
     for i = 1, 5 do pending[i] = assert(c:send("GET", "/" .. i)) end
     for i = 1, 5 do
@@ -1472,14 +1480,8 @@ describe("retries and nodes", function()
   end)
 
   it("sends one request, not a share of the calls, to a dead node due for a retry until it answers", function()
-    local l = net.listener()
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url, srv.url }, max_per_route = 4, dead_backoff_min = 100,
-                dead_backoff_max = 100 }
+    local l, c = listened({ max_per_route = 4, dead_backoff_min = 100,
+                            dead_backoff_max = 100 }, { srv.url })
     local first = assert(c:send("GET", "/"))
     local conn = assert(l:accept(), "no first connection")
     assert(net.read_request(conn))
@@ -1505,14 +1507,8 @@ describe("retries and nodes", function()
   end)
 
   it("brings a dead node back when its retry is answered 429 (shedding load, but up)", function()
-    local l = net.listener()
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url }, max_retries = 0, dead_backoff_min = 100,
-                dead_backoff_max = 100 }
+    local l, c = listened({ max_retries = 0, dead_backoff_min = 100,
+                            dead_backoff_max = 100 })
     local first = assert(c:send("GET", "/"))
     local conn = assert(l:accept(), "no first connection")
     assert(net.read_request(conn))
@@ -1621,13 +1617,7 @@ describe("pool limits", function()
   it("counts no socket after connects cut short by timeouts (libcurl 7.88 skips its close callback)", function()
     -- before: every connect abandoned by a timeout stayed in the engine's socket table, and at
     -- 1,024 of them the client could open no connection at all, to any node
-    local l = net.listener() -- accepts nothing: connects stay pending
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url }, max_retries = 0 }
+    local l, c = listened({ max_retries = 0 }) -- accepts nothing: connects stay pending
     local kinds = {}
     for _ = 1, 1100 do
       local _, err = c:request("GET", "/", nil, { timeout = 2 })
@@ -1716,14 +1706,8 @@ end)
 
 describe("self-healing", function()
   it("keeps the requests' places and pool_timeout across a rebuild: the one on the wire first", function()
-    local l = net.listener()
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url }, max_total = 1, max_per_route = 1, pool_timeout = 1000,
-                max_retries = 3 }
+    local l, c = listened({ max_total = 1, max_per_route = 1, pool_timeout = 1000,
+                            max_retries = 3 })
     local p1 = assert(c:send("GET", "/on-the-wire"))
     local conn = assert(l:accept())
     assert.equal("/on-the-wire", net.read_request(conn).target)
@@ -1789,13 +1773,7 @@ describe("self-healing", function()
   end)
 
   it("does not send again, past max_retries, a request the dead thread had on the wire", function()
-    local l = net.listener()
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url }, max_retries = 0 }
+    local l, c = listened({ max_retries = 0 })
     local p = assert(c:send("GET", "/once"))
     local conn = assert(l:accept())
     assert.equal("/once", assert(net.read_request(conn)).target)
@@ -1811,13 +1789,7 @@ describe("self-healing", function()
   end)
 
   it("counts a retry only for the request the dead thread had on the wire", function()
-    local l = net.listener()
-    local c
-    finally(function()
-      if c then c:close() end
-      l:close()
-    end)
-    c = client{ hosts = { l.url }, max_retries = 1, max_per_route = 1, pool_timeout = 5000 }
+    local l, c = listened({ max_retries = 1, max_per_route = 1, pool_timeout = 5000 })
     local p1 = assert(c:send("GET", "/active"))
     local conn = assert(l:accept())
     assert.equal("/active", assert(net.read_request(conn)).target)

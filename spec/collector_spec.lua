@@ -38,12 +38,7 @@ local function exists(path)
 end
 
 -- the whole content of the file at path (closed again)
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
-  return text
-end
+local slurp = require("spec.support.shell").read_file
 
 -- this process's pid
 local function own_pid()

@@ -4,12 +4,7 @@
 -- row in docs/errors.md per error kind.  A new option, method or kind without documentation
 -- fails here.
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = require("spec.support.shell").read_file
 
 local function lines(s)
   local t = {}

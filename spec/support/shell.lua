@@ -22,4 +22,12 @@ function _M.run(cmd)
   return code == 0, (out:gsub("exit=%d+\n?$", ""))
 end
 
+--- The whole content of the file at path (closed again); raises when it cannot be read.
+function _M.read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
 return _M
