@@ -440,9 +440,10 @@ local function send(self, fname, method, path, body, opts)
           "spaces, control characters or '#' (percent-encode it as %23))")
   end
   local lines, head = header_lines(opts.headers)
-  -- (bytes outside ASCII go out percent-encoded: three for one)
-  head = head + #path + 2 * select(2, gsub(path, "[\128-\255]", "")) + self.head_bytes +
-    (opts.content_type and #opts.content_type or 0)
+  head = head + #path + self.head_bytes + (opts.content_type and #opts.content_type or 0)
+  -- bytes outside ASCII go out percent-encoded, three for one: counted only when that could
+  -- matter (a common path is far below the bound even if every byte were encoded)
+  if head + 2 * #path > MAX_HEAD then head = head + 2 * select(2, gsub(path, "[\128-\255]", "")) end
   if head > MAX_HEAD then
     raise("bad argument #2 to '" .. fname .. "' (path and headers longer than " .. MAX_HEAD ..
           " bytes)")
