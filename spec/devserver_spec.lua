@@ -1923,6 +1923,50 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "parsing_exception", "[terms] query does not support [n]"), b)
     end)
+    it("terms lookup: the values at path of the looked-up document (real time), as ES's TermsQueryBuilder fetches them", function()
+      -- search/170_terms_query and 150_rewrite_on_coordinator: the get is real time, arrays and
+      -- objects in arrays are flattened (XContentMapValues.extractRawValues)
+      for _, u in ipairs({ "u1", "u2", "u3", "u4" }) do put_doc("tl-users", u, { user = u }) end
+      put_doc("tl-lookup", "a", { followers = { "u2", "u3" }, nested = { { id = "u1" }, { id = { "u4" } } },
+        ["dotted.key"] = "u3", n = "u1", empty = {} }, false)
+      local function q(spec)
+        local st, b = search("/tl-users/_search", { query = { terms = { user = spec } }, sort = { "user.keyword" } })
+        assert.equal(200, st)
+        return ids(b)
+      end
+      assert.same({ "u2", "u3" }, q({ index = "tl-lookup", id = "a", path = "followers" }))
+      assert.same({ "u1", "u4" }, q({ index = "tl-lookup", id = "a", path = "nested.id" }))
+      assert.same({ "u3" }, q({ index = "tl-lookup", id = "a", path = "dotted.key" }))
+      -- a value met before the path ends is taken as it is
+      assert.same({ "u1" }, q({ index = "tl-lookup", id = "a", path = "n.x" }))
+      -- a missing document, path or an empty array: no terms, no hits
+      assert.same({}, q({ index = "tl-lookup", id = "nope", path = "followers" }))
+      assert.same({}, q({ index = "tl-lookup", id = "a", path = "nothing" }))
+      assert.same({}, q({ index = "tl-lookup", id = "a", path = "empty" }))
+      -- inside bool, with routing, and in _count
+      assert.same({ "u2", "u3" }, q({ index = "tl-lookup", id = "a", path = "followers", routing = "r" }))
+      local st, b = search("/tl-users/_count", { query = { bool = { filter = { { terms = { user = {
+        index = "tl-lookup", id = "a", path = "followers" } } } } } } })
+      assert.equal(200, st)
+      assert.equal(2, b.count)
+      -- a missing lookup index fails the whole search (404, before the searched index is resolved)
+      for _, path in ipairs({ "/tl-users/_search", "/missing/_search" }) do
+        st, b = search(path, { query = { terms = { user = { index = "tl-none", id = "a", path = "followers" } } } })
+        assert.equal(404, st)
+        assert.equal("index_not_found_exception", b.error.type)
+        assert.equal("no such index [tl-none]", b.error.reason)
+      end
+      -- the fetched values are the field's terms query values: a long field parses them
+      put_doc("tl-nums", "1", { n = 5 })
+      st, b = search("/tl-nums/_search", { query = { terms = { n = { index = "tl-lookup", id = "a", path = "followers" } } } })
+      assert.equal(400, st)
+      query_shard_failure(b, "tl-nums", "number_format_exception", 'For input string: "u2"')
+      -- unknown lookup keys are the parser's error
+      st, b = search("/tl-users/_search", { query = { terms = { user = { index = "tl-lookup", id = "a", path = "p", x = 1 } } } })
+      assert.equal(400, st)
+      assert.equal("x_content_parse_exception", b.error.type)
+      assert.equal("[terms_lookup] unknown field [x]", b.error.reason)
+    end)
     it("leaf query options: unknown or unimplemented ones are ES's parsing_exception; wildcard case_insensitive", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "3" }, q({ wildcard = { ["tag.keyword"] = { value = "M*L", case_insensitive = true } } }))

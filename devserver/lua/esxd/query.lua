@@ -215,17 +215,68 @@ builders.term = function(body, types)
   end
 end
 
+-- XContentMapValues.extractRawValues: the values at a dotted path of a source, arrays
+-- flattened (nulls skipped); a key may itself contain dots ("a.b" tried when "a" is absent),
+-- and a scalar met before the path ends is taken as it is, as ES does.
+local function raw_values(part, elems, i, out)
+  if i > #elems then return end
+  local key = elems[i]
+  local cur = part[key]
+  local nxt = i + 1
+  while (cur == nil or cur == null) and nxt <= #elems do
+    key = key .. "." .. elems[nxt]
+    cur = part[key]
+    nxt = nxt + 1
+  end
+  if cur == nil or cur == null then return end
+  local function walk(v)
+    if v == null then return end
+    if is_obj(v) then raw_values(v, elems, nxt, out)
+    elseif type(v) == "table" then for _, x in ipairs(v) do walk(x) end
+    else out[#out + 1] = v end
+  end
+  if type(cur) == "table" and not is_obj(cur) then
+    for _, x in ipairs(cur) do walk(x) end
+  else
+    walk(cur)
+  end
+end
+
+-- TermsQueryBuilder.doRewrite / fetch: a terms lookup is a real-time get of the document
+-- (a missing index fails the whole search with index_not_found_exception) whose _source
+-- values at path are the terms; a missing document gives no terms (match_none).
+local TERMS_LOOKUP = { index = true, id = true, path = true, routing = true, type = true }
+local function terms_lookup(spec)
+  local missing = {}
+  for _, k in ipairs({ "index", "id", "path" }) do if spec[k] == nil then missing[#missing + 1] = k end end
+  if #missing > 0 then errors.raise(400, "illegal_argument_exception", "Required [" .. table.concat(missing, ", ") .. "]") end
+  for k, v in pairs(spec) do
+    if not TERMS_LOOKUP[k] then errors.raise(400, "x_content_parse_exception", "[terms_lookup] unknown field [" .. k .. "]") end
+    if type(v) == "table" then errors.raise(400, "x_content_parse_exception", "[terms_lookup] failed to parse field [" .. k .. "]") end
+  end
+  local store = require "esxd.store"
+  local idx = store.get(tostring(spec.index))
+  if not idx then error(errors.index_not_found(tostring(spec.index)), 0) end
+  local rec = idx.docs[tostring(spec.id)]
+  local out = {}
+  if rec and type(rec.source) == "table" then
+    local elems = {}
+    for e in tostring(spec.path):gmatch("[^.]+") do elems[#elems + 1] = e end
+    raw_values(rec.source, elems, 1, out)
+  end
+  return out
+end
+
 builders.terms = function(body, types)
   local field, list = field_entry("terms", body)
   if is_obj(list) then
-    -- an object is a terms lookup: TermsLookup's ConstructingObjectParser requires index, id
-    -- and path ({} too). esxd does not implement lookups.
-    local missing = {}
-    for _, k in ipairs({ "index", "id", "path" }) do if list[k] == nil then missing[#missing + 1] = k end end
-    if #missing > 0 then errors.raise(400, "illegal_argument_exception", "Required [" .. table.concat(missing, ", ") .. "]") end
+    -- an object is a terms lookup (TermsLookup's ConstructingObjectParser requires index, id
+    -- and path); no terms rewrite to match_none before the field is looked at
+    list = terms_lookup(list)
+    if #list == 0 then return builders.match_none() end
   end
   searchable(types, field)
-  if type(list) ~= "table" or is_obj(list) then
+  if type(list) ~= "table" then
     perr("[terms] query does not support [" .. field .. "]")
   end
   local ty = mapping.type_of(types, field)

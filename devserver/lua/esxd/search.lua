@@ -213,7 +213,10 @@ end
 -- query is compiled once without mappings for its parse errors; type-dependent failures
 -- (a value a field cannot parse) are left to each index's compile_on. (The parsers' own
 -- illegal_argument_exceptions, an empty clause or an unknown operator, are parse errors too.)
-local PARSE_ERRORS = { parsing_exception = true, x_content_parse_exception = true, illegal_argument_exception = true }
+-- A terms lookup's missing index is found here too: ES fetches lookups on the coordinator
+-- before it resolves the searched indices.
+local PARSE_ERRORS = { parsing_exception = true, x_content_parse_exception = true, illegal_argument_exception = true,
+  index_not_found_exception = true }
 local function parse_query(q)
   if q == nil then return end
   local ok, e = pcall(query.compile, q, {})
