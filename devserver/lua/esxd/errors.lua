@@ -112,10 +112,34 @@ function _M.search_phase(index, inner)
     top = { type = inner.type, reason = inner.reason, fields = inner.fields,
       caused_by = { type = inner.type, reason = inner.reason, fields = inner.fields } }
   end
-  return _M.new(inner.status or 400, "search_phase_execution_exception", "all shards failed", nil, {
+  local e = _M.new(inner.status or 400, "search_phase_execution_exception", "all shards failed", nil, {
     root_cause = { { type = inner.type, reason = inner.reason, fields = inner.fields } },
     caused_by = top,
     extra_top = { "phase", "query", "grouped", true, "failed_shards", json.array({ shard }) },
+  })
+  e.shard_failure = shard   -- the ShardSearchFailure (for _shards.failures) and its index
+  e.failed_index = index
+  return e
+end
+
+-- The failures of several indices' shards (each a search_phase value, one per index as ES's
+-- ExceptionsHelper.groupBy groups them) as one SearchPhaseExecutionException: every group's
+-- root cause and failed_shards entry; caused_by is the first failure's root cause for "all
+-- shards failed", none for allow_partial_search_results=false's "Partial shards failure".
+-- The status is the first failure's unless one is 5xx (SearchPhaseExecutionException.status).
+function _M.search_phase_all(list, reason)
+  if #list == 1 and reason == "all shards failed" then return list[1] end
+  local roots, shards = {}, json.array()
+  local status = list[1].status
+  for _, e in ipairs(list) do
+    for _, r in ipairs(e.root_cause) do roots[#roots + 1] = r end
+    shards[#shards + 1] = e.shard_failure
+    if e.status >= 500 and status < 500 then status = e.status end
+  end
+  return _M.new(status, "search_phase_execution_exception", reason, nil, {
+    root_cause = roots,
+    caused_by = reason == "all shards failed" and list[1].caused_by or nil,
+    extra_top = { "phase", "query", "grouped", true, "failed_shards", shards },
   })
 end
 

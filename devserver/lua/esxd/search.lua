@@ -49,14 +49,25 @@ function _M.targets(expr, params)
   return out
 end
 
--- n: the searched indices (their shard count) or a number of shards
-local function shards_obj(n)
+-- n: the searched indices (their shard count) or a number of shards; failures: the
+-- search_phase errors of the indices whose shards failed (all of an index's shards fail
+-- alike, and ES's ExceptionsHelper.groupBy lists them once, as the first shard's failure)
+local function shards_obj(n, failures)
+  local failed, list = 0, nil
   if type(n) == "table" then
-    local total = 0
-    for _, idx in ipairs(n) do total = total + (idx.shards or 1) end
+    local total, bad = 0, {}
+    for _, e in ipairs(failures or {}) do bad[e.failed_index] = true end
+    for _, idx in ipairs(n) do
+      total = total + (idx.shards or 1)
+      if bad[idx.name] then failed = failed + (idx.shards or 1) end
+    end
     n = total
   end
-  return json.obj("total", n, "successful", n, "skipped", 0, "failed", 0)
+  if failures and #failures > 0 then
+    list = json.array()
+    for _, e in ipairs(failures) do list[#list + 1] = e.shard_failure end
+  end
+  return json.obj("total", n, "successful", n - failed, "skipped", 0, "failed", failed, "failures", list)
 end
 _M.shards_obj = shards_obj
 
@@ -283,42 +294,62 @@ function _M.search(expr, params, body, started, path)
   local hits, all_docs = {}, {}
   local agg_types = {}
   local order = 0
+  -- Each index's shards run the query phase on their own, as in ES: one whose query, result
+  -- window, sort or aggregations fail is a shard failure; the others' results are returned
+  -- with _shards.failed / failures (AbstractSearchAsyncAction), unless every shard failed.
+  local ok_idxs, failures = {}, {}
   for _, idx in ipairs(idxs) do
-    local matcher = compile_on(q, idx)
-    local pf = post and compile_on(post, idx)
-    for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
-    mapping.inherit(agg_types, idx.types)
-    for _, rec in ipairs(idx.visible_list) do
-      local ok, score = false, 0
-      if not rec.dead then ok, score = matcher(rec) end
-      if ok and (not min_score or score >= min_score) then
-        all_docs[#all_docs + 1] = rec
-        if not pf or pf(rec) then
-          order = order + 1
-          hits[#hits + 1] = { rec = rec, score = score, index = idx.name, order = order, types = idx.types }
+    local idx_hits, idx_docs = {}, {}
+    local okr, err = pcall(function()
+      local matcher = compile_on(q, idx)
+      local pf = post and compile_on(post, idx)
+      local window = idx.max_result_window or MAX_WINDOW
+      if from + size > window then
+        error(errors.search_phase(idx.name, errors.new(400, "illegal_argument_exception",
+          ("Result window is too large, from + size must be less than or equal to: [%d] but was [%d]. See the scroll api for a more efficient way to request large data sets. This limit can be set by changing the [index.max_result_window] index level setting.")
+            :format(window, from + size))), 0)
+      end
+      for _, rec in ipairs(idx.visible_list) do
+        local ok, score = false, 0
+        if not rec.dead then ok, score = matcher(rec) end
+        if ok and (not min_score or score >= min_score) then
+          idx_docs[#idx_docs + 1] = rec
+          if not pf or pf(rec) then
+            order = order + 1
+            local h = { rec = rec, score = score, index = idx.name, types = idx.types, order = order }
+            if sorts then
+              h.sv = {}
+              for _, it in ipairs(sorts) do h.sv[#h.sv + 1] = sort_value(h, it) end
+            end
+            idx_hits[#idx_hits + 1] = h
+          end
         end
       end
+      if agg_spec then   -- this index's own aggregation (its field types) fails on its shard
+        aggs.set_indices(idx.types, { idx })
+        aggs.run(agg_spec, idx_docs, idx.types)
+      end
+    end)
+    if okr then
+      ok_idxs[#ok_idxs + 1] = idx
+      for k, v in pairs(idx.types) do if agg_types[k] == nil then agg_types[k] = v end end
+      mapping.inherit(agg_types, idx.types)
+      for _, rec in ipairs(idx_docs) do all_docs[#all_docs + 1] = rec end
+      for _, h in ipairs(idx_hits) do hits[#hits + 1] = h end
+    elseif errors.is(err) and err.shard_failure then
+      failures[#failures + 1] = err
+    else
+      error(err, 0)
     end
   end
-  -- each index's index.max_result_window (default 10000) bounds from + size on its shards
-  for _, idx in ipairs(idxs) do
-    local window = idx.max_result_window or MAX_WINDOW
-    if from + size > window then
-      error(errors.search_phase(idx.name, errors.new(400, "illegal_argument_exception",
-        ("Result window is too large, from + size must be less than or equal to: [%d] but was [%d]. See the scroll api for a more efficient way to request large data sets. This limit can be set by changing the [index.max_result_window] index level setting.")
-          :format(window, from + size))), 0)
-    end
+  if #failures > 0 and #ok_idxs == 0 then error(errors.search_phase_all(failures, "all shards failed"), 0) end
+  if #failures > 0 and params.allow_partial_search_results == "false" then
+    error(errors.search_phase_all(failures, "Partial shards failure"), 0)
   end
 
   -- sorting
   local by_score = sorts == nil
   if sorts then
-    for _, it in ipairs(sorts) do
-      for _, h in ipairs(hits) do
-        h.sv = h.sv or {}
-        h.sv[#h.sv + 1] = sort_value(h, it)
-      end
-    end
     table.sort(hits, function(a, b)
       for i, it in ipairs(sorts) do
         local x, y = a.sv[i], b.sv[i]
@@ -388,9 +419,9 @@ function _M.search(expr, params, body, started, path)
     "max_score", (max_score ~= nil and #hits > 0 and size > 0) and json.float(max_score) or null, "hits", out_hits)
   ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
-  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(idxs), "hits", hits_obj)
+  local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(idxs, failures), "hits", hits_obj)
   if agg_spec then
-    aggs.set_indices(agg_types, idxs)
+    aggs.set_indices(agg_types, ok_idxs)
     local ares = aggs.run(agg_spec, all_docs, agg_types)
     if truthy(params.typed_keys) then aggs.type_keys(agg_spec, ares, agg_types) end
     json.set(res, "aggregations", ares)
@@ -432,17 +463,25 @@ function _M.count(expr, params, body, path)
   parse_query(q)
   local idxs = _M.targets(expr, params)
   local min_score = params.min_score and tonumber(params.min_score)
-  local n = 0
+  local n, failures = 0, {}
   for _, idx in ipairs(idxs) do
-    local matcher = compile_on(q, idx)   -- _count is a size-0 search in ES: same shard failures
-    for _, rec in ipairs(idx.visible_list) do
-      if not rec.dead then
-        local ok, score = matcher(rec)
-        if ok and (not min_score or score >= min_score) then n = n + 1 end
+    -- _count is a size-0 search in ES: the same shard failures, partial results included
+    local okc, matcher = pcall(compile_on, q, idx)
+    if okc then
+      for _, rec in ipairs(idx.visible_list) do
+        if not rec.dead then
+          local ok, score = matcher(rec)
+          if ok and (not min_score or score >= min_score) then n = n + 1 end
+        end
       end
+    elseif errors.is(matcher) and matcher.shard_failure then
+      failures[#failures + 1] = matcher
+    else
+      error(matcher, 0)
     end
   end
-  return 200, json.obj("count", n, "_shards", shards_obj(idxs))
+  if #failures > 0 and #failures == #idxs then error(errors.search_phase_all(failures, "all shards failed"), 0) end
+  return 200, json.obj("count", n, "_shards", shards_obj(idxs, failures))
 end
 
 return _M
