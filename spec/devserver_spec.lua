@@ -1901,6 +1901,23 @@ describe("esxd", function()
       st, b = search("/tv/_search", { query = { query_string = { query = "n:1*", lenient = true } } })
       assert.equal(200, st)
       assert.same({}, ids(b))
+      -- "1?" and "1*2" are wildcard queries (getWildcardQuerySingle: the field type's
+      -- normalizedWildcardQuery), not a number that does not parse; lenient: no match
+      for _, c in ipairs({ { "n:1?", "n", "long" }, { "n:1*5", "n", "long" }, { "d:2024?", "d", "date" }, { "f:tru?", "f", "boolean" } }) do
+        st, b = search("/tv/_search", { query = { query_string = { query = c[1] } } })
+        assert.equal(400, st)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.equal("query_shard_exception", b.error.root_cause[1].type)
+        assert.equal("Can only use wildcard queries on keyword, text and wildcard fields - not on [" .. c[2] ..
+          "] which is of type [" .. c[3] .. "]", b.error.root_cause[1].reason)
+        st, b = search("/tv/_search", { query = { query_string = { query = c[1], lenient = true } } })
+        assert.equal(200, st)
+        assert.same({}, ids(b))
+      end
+      st, b = jreq("GET", "/tv/_search?q=n:5%3F")
+      assert.equal(400, st)
+      assert.equal("Can only use wildcard queries on keyword, text and wildcard fields - not on [n] which is of type [long]",
+        b.error.root_cause[1].reason)
       for _, q in ipairs({ { term = { n = "5" } }, { terms = { n = { 5 } } }, { term = { d = 1704067200000 } },
         { term = { d = "2024-01-01T00:00:00.000Z" } } }) do
         local st, b = search("/tv/_search", { query = q })

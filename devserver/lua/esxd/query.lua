@@ -570,10 +570,12 @@ builders.query_string = function(body, types)
       local ty = field and mapping.type_of(types, field)
       local skip = false
       local prefix = not phrase and value:match("^[^%*%?]*%*$")
-      if field and ty and prefix and (mapping.NUMERIC[ty] or mapping.is_date(ty) or ty == "boolean" or ty == "ip") then
-        -- QueryStringQueryParser.getPrefixQuerySingle: "12*" is the field type's prefix query,
-        -- which only string fields have (lenient: no match)
-        if lenient then skip = true else need_string_field(types, field, "prefix") end
+      local wild = not phrase and value:find("[%*%?]")
+      if field and ty and wild and (mapping.NUMERIC[ty] or mapping.is_date(ty) or ty == "boolean" or ty == "ip") then
+        -- QueryStringQueryParser.getPrefixQuerySingle / getWildcardQuerySingle: "12*" is the
+        -- field type's prefix query, "1?" / "1*2" its (normalized) wildcard query, which only
+        -- string fields have (lenient: no match)
+        if lenient then skip = true else need_string_field(types, field, prefix and "prefix" or "wildcard") end
       elseif field and ty and (mapping.NUMERIC[ty] or mapping.is_date(ty)) then
         local ok = mapping.is_date(ty) and dates.parse(value) or (not mapping.is_date(ty) and tonumber(value))
         if not ok then
