@@ -463,6 +463,31 @@ describe("cache:read_articles_json(user_id, page_no)", function()
                 { sb.readers.hits, sb.readers.misses, sb.readers.loads })
   end)
 
+  it("counts each lookup once when it falls back to tables (a page cached without its text, a reader set larger than max_bytes)", function()
+    local big = {}
+    for i = 1, 100000 do big[i] = i * 3 end
+    local function pair(page)
+      local function mk()
+        return esx.cache{ max_bytes = 20000, load_page = function() return page end,
+          load_readers = function(id) return id == 1 and big or { 7 } end }
+      end
+      return mk(), mk()
+    end
+    for _, page in ipairs{ { { id = 1 }, { id = 2 } },                  -- set 1 is not cacheable
+                           { { id = 2, title = string.rep("x", 9000) } } } do -- no room for the text
+      local a, b = pair(page)
+      for _ = 1, 3 do
+        a:read_articles(7, 1)
+        b:read_articles_json(7, 1)
+      end
+      local sa, sb = a:stats(), b:stats()
+      assert.same({ 2, 1 }, { sa.pages.hits, sa.pages.misses })
+      assert.same(sa.pages, sb.pages)
+      assert.same({ sa.readers.hits, sa.readers.misses, sa.readers.loads },
+                  { sb.readers.hits, sb.readers.misses, sb.readers.loads })
+    end
+  end)
+
   it("encodes pages that are not cached (beyond max_pages) the same way", function()
     local db = sample_db()
     local c = new_cache(db, { max_pages = 1 })

@@ -119,13 +119,21 @@ static int l_changed(lua_State *L)
     return 1;
 }
 
-/* ud:page_get(page_no, now) -> page list, or nil on a miss. */
+/* ud:page_get(page_no, now [, counted]) -> page list, or nil on a miss.  With counted (the
+ * caller already counted this lookup), neither a hit nor a miss is counted. */
 static int l_page_get(lua_State *L)
 {
     lcache *lc = check_open(L);
     uint64_t page_no = check_id(L, 2);
     double now = luaL_checknumber(L, 3);
-    int hit = esx_cache_page_get(lc->core, page_no, now);
+    int hit;
+    if (lua_toboolean(L, 4)) {
+        size_t len;
+        esx_cache_page_blob(lc->core, page_no, now, &len, 0);
+        hit = len != 0; /* (0 on a miss, see cache.h) */
+    } else {
+        hit = esx_cache_page_get(lc->core, page_no, now);
+    }
     drain(L, lc);
     if (!hit)
         return 0;
@@ -317,15 +325,18 @@ static int l_has_read(lua_State *L)
     return 1;
 }
 
-/* ud:read_flags(list, user, now) -> copies, missing
+/* ud:read_flags(list, user, now [, counted]) -> copies, missing
  * copies: a copy of every article of list with read = true|false for user; missing: nil, or
- * the list of positions whose reader set is not cached (their read is false for now). */
+ * the list of positions whose reader set is not cached (their read is false for now).  With
+ * counted (the caller already counted these lookups), the lookups count neither hits nor
+ * misses and leave the LRU order alone. */
 static int l_read_flags(lua_State *L)
 {
     lcache *lc = check_open(L);
     luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
+    int count = !lua_toboolean(L, 5);
     lc->busy++;
     int n = (int)lua_rawlen(L, 2);
     lua_settop(L, 4);
@@ -351,7 +362,8 @@ static int l_read_flags(lua_State *L)
         if (esx_isinteger(L, -1)) {
             long long id = esx_tointeger(L, -1);
             if (id >= 0 && id <= ESX_MAX_SAFE_INTEGER)
-                s = esx_cache_readers_get(lc->core, (uint64_t)id, now);
+                s = count ? esx_cache_readers_get(lc->core, (uint64_t)id, now)
+                          : esx_cache_readers_peek(lc->core, (uint64_t)id, now);
         }
         lua_pop(L, 1);
         int read = 0;

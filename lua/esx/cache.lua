@@ -311,8 +311,9 @@ local function cached_readers(self, article)
   if self._cc:has_read(article, 0, self._clock(), true) ~= nil then return true end
 end
 
-local function get_page(self, page_no)
-  local page = self._cc:page_get(page_no, self._clock())
+-- `counted`: the caller already counted this lookup (a hit or a miss).
+local function get_page(self, page_no, counted)
+  local page = self._cc:page_get(page_no, self._clock(), counted)
   if page then return page end
   local rec = single_flight(self, self._page_flights, PAGE, page_no, load_page, cached_page)
   if rec.err then return nil, rec.err end
@@ -393,9 +394,10 @@ function _M.new(opts)
 end
 
 -- The page's articles as copies with `read` for user_id (one C call, then loads for the
--- articles whose reader set is not cached).
-local function compose(self, page, user_id, lists)
-  local res, missing = self._cc:read_flags(page, user_id, self._clock())
+-- articles whose reader set is not cached).  `counted`: the caller already counted the
+-- lookups of the page's reader sets.
+local function compose(self, page, user_id, lists, counted)
+  local res, missing = self._cc:read_flags(page, user_id, self._clock(), counted)
   if missing then
     for _, i in ipairs(missing) do
       local flag, err = read_flag(self, page[i].id, user_id, true, lists)
@@ -461,13 +463,13 @@ function Cache:read_articles_json(user_id, page_no)
     end
     if not self._cc then return closed_error() end
   end
-  if not page then
+  if not page then -- (the first read_json counted this page's hit: not again)
     local err
-    page, err = get_page(self, page_no)
+    page, err = get_page(self, page_no, true)
     if not page then return nil, err end
   end
   if not self._cc then return closed_error() end
-  local res, err = compose(self, page, user_id, lists)
+  local res, err = compose(self, page, user_id, lists, readers_counted)
   if not res then return nil, err end
   if res[1] == nil then return "[]" end -- (the encoder writes an empty table as {})
   local json, why = json_encode(res)
