@@ -1391,6 +1391,21 @@ describe("single flight", function()
     assert(coroutine.resume(co))
   end)
 
+  it("counts in waits only the callers that paused, once each", function()
+    local c = new_cache(sample_db())
+    c._load_readers = function() coroutine.yield() return { 7 } end
+    local co = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(co)) -- loads, in flight
+    local waiter = coroutine.create(function() return c:has_read(1, 8) end)
+    assert(coroutine.resume(waiter)) -- pauses on that load
+    c._load_readers = function() return { 7 } end
+    assert.is_true(c:has_read(1, 7)) -- main thread: cannot pause, loads by itself
+    assert(coroutine.resume(co))
+    local ok, v = coroutine.resume(waiter)
+    assert.same({ true, false }, { ok, v })
+    assert.equal(1, c:stats().waits)
+  end)
+
   it("stops waiting after lock_timeout and loads by itself", function()
     local db = sample_db()
     local c = new_cache(db, { lock_timeout = 0 })

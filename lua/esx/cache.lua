@@ -151,17 +151,23 @@ end
 local function single_flight(self, flights, kind, key, load, recheck)
   local cc = self._cc
   local rec = flights[key]
+  local counted = false -- in waits: once per caller, and only if it did pause
   while rec do
     if (cc and cc:changed(kind, key, rec.start)) or core_clock() > rec.deadline then break end
-    self._counters.waits = self._counters.waits + 1
+    local paused = false
     if rec.sema then -- woken as soon as the load ends (raises where nginx cannot wait)
       rec.waiters = rec.waiters + 1
-      pcall(rec.sema.wait, rec.sema, (rec.deadline - core_clock()) / 1000)
+      paused = pcall(rec.sema.wait, rec.sema, (rec.deadline - core_clock()) / 1000)
     end
     local attempt = 0
     while not rec.done do
       if core_clock() > rec.deadline or not self._wait(attempt) then break end
+      paused = true
       attempt = attempt + 1
+    end
+    if paused and not counted then
+      counted = true
+      self._counters.waits = self._counters.waits + 1
     end
     if rec.done then return rec end
     if core_clock() <= rec.deadline then break end -- cannot wait: load by ourselves
