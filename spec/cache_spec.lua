@@ -1604,6 +1604,10 @@ describe("single flight", function()
 end)
 
 describe("shared = true (outside nginx: one process)", function()
+  it("refuses a handed-off reader set that is truncated or has bytes past its last part (tools/unit)", function()
+    require("spec.support.unit").run("rset_blob", "src/cache_rset.c -lroaring", 5)
+  end)
+
   it("serves a page whose hand-off copy ends exactly at the slot's size (an empty table last)", function()
     -- 't' and its 4-byte count did not fit: the count was patched in past the buffer
     -- (a heap overflow the sanitizer run catches)

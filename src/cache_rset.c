@@ -533,6 +533,8 @@ esx_rset *esx_rset_deserialize(const char *buf, size_t len)
         }
         off += plen;
     }
+    if (off != len)
+        goto bad; /* bytes past the last part: the part count is not what was written */
     esx_rset_optimize(s);
     return s;
 bad:
