@@ -1577,6 +1577,24 @@ describe("single flight", function()
     assert.equal(1, c:stats().pages.entries)
   end)
 
+  it("counts one page lookup per call when the waiters of an abandoned load look at the cache again", function()
+    local c = abandoned(200)
+    local cos = {}
+    for i = 1, 3 do cos[i] = coroutine.create(function() return c:read_articles(i, 1) end) end
+    local alive = 3
+    while alive > 0 do
+      alive = 0
+      for _, co in ipairs(cos) do
+        if coroutine.status(co) ~= "dead" then
+          assert(coroutine.resume(co))
+          if coroutine.status(co) ~= "dead" then alive = alive + 1 end
+        end
+      end
+    end
+    local s = c:stats()
+    assert.same({ 0, 4, 2 }, { s.pages.hits, s.pages.misses, s.pages.loads }) -- four calls, four misses
+  end)
+
   it("uses opts.wait to pause waiters", function()
     local waits = 0
     local db = sample_db()

@@ -308,9 +308,10 @@ local function load_readers_alone(self, article)
   return nil, make_error("load", "loader failed: " .. tostring(list))
 end
 
--- What another caller may have cached while this one waited (single_flight's recheck).
+-- What another caller may have cached while this one waited (single_flight's recheck); the
+-- caller counted its lookup before it waited, so these count nothing.
 local function cached_page(self, page_no)
-  return self._cc:page_get(page_no, self._clock())
+  return self._cc:page_get(page_no, self._clock(), true)
 end
 
 local function cached_readers(self, article)
