@@ -1845,6 +1845,56 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("range on a date field takes ES's date math and rounds gt / lte bounds up", function()
+      -- JavaDateMathParser: "now" or "date||" then +n / -n / "/" with y M w d h H m s; "/unit"
+      -- rounds down for gte / lt and up to the unit's last millisecond for gt / lte, and a date
+      -- without math has its missing components filled as 23:59:59.999 for gt / lte
+      assert.equal(200, (req("PUT", "/dm", { mappings = { properties = { ts = { type = "date" } } } })))
+      local docs = { "2024-01-31T12:00:00Z", "2024-02-29T00:00:00Z", "2024-02-29T23:59:59.999Z",
+        "2024-03-01T00:00:00Z", "2024-03-15T10:30:00Z", os.date("!%Y-%m-%dT%H:%M:%SZ", os.time() - 7200) }
+      for i, ts in ipairs(docs) do put_doc("dm", tostring(i), { ts = ts }, false) end
+      assert.equal(200, (req("POST", "/dm/_refresh")))
+      local function hits(r)
+        local st, b = search("/dm/_search", { size = 20, query = { range = { ts = r } } })
+        assert.equal(200, st, cjson.encode(b))
+        local out = ids(b)
+        table.sort(out)
+        return table.concat(out, ",")
+      end
+      assert.equal("2,3,4,5,6", hits({ gte = "2024-01-31||+1M" })) -- Feb 29: the day clamped
+      assert.equal("2,3", hits({ gte = "2024-02-10||/M", lte = "2024-02-10||/M" }))
+      assert.equal("4,5,6", hits({ gt = "2024-02-10||/M" }))
+      assert.equal("1", hits({ lt = "2024-02-10||/M" }))
+      assert.equal("1,2,3", hits({ lte = "2024-02-29" }))
+      assert.equal("1,2", hits({ lte = "2024-02-29||" }))
+      assert.equal("4,5,6", hits({ gt = "2024-02-29" }))
+      assert.equal("1", hits({ lt = "2024-02-29" }))
+      assert.equal("1,2,3", hits({ to = "2024-02-29T23" }))
+      assert.equal("1,2", hits({ to = "2024-02-29T23", include_upper = false }))
+      assert.equal("2,3,4,5,6", hits({ gte = "2024-03-01||-1d/d" }))
+      assert.equal("5", hits({ gte = "2024-03-15T10:59:00Z||/h", lte = "2024-03-15T10:00:00Z||/H" }))
+      assert.equal("2,3,4", hits({ gte = "2024-03-01||/w", lt = "2024-03-01||+1w/w" })) -- Mon Feb 26 .. Mon Mar 4
+      assert.equal("1,2,3,4,5", hits({ gte = "2024-07-01||/y", lte = "2024-07-01||/y" }))
+      assert.equal("1", hits({ gte = "2024-01-31T12:00:00Z||+1m-60s", lte = "2024-01-31T12:00:00.5Z||/s" }))
+      assert.equal("6", hits({ gte = "now-1d", lte = "now" }))
+      assert.equal("6", hits({ gte = "now-1d/d", lt = "now+1d/d" }))
+      assert.equal("1,2,3,4,5", hits({ lt = "now-1y/y" }))
+      -- the errors: JavaDateMathParser's ElasticsearchParseException, on the shard
+      local function fails(r, ctype, reason)
+        local st, b = search("/dm/_search", { query = { range = { ts = r } } })
+        assert.equal(400, st)
+        query_shard_failure(b, "dm", ctype, reason)
+      end
+      fails({ gte = "now-1x" }, "parse_exception", "unit [x] not supported for date math [-1x]")
+      fails({ gte = "now+1" }, "parse_exception", "truncated date math [+1]")
+      fails({ lte = "now-" }, "parse_exception", "truncated date math [-]")
+      fails({ gte = "now/2d" }, "parse_exception", "rounding `/` can only be used on single unit types [/2d]")
+      fails({ gte = "now*1d" }, "parse_exception", "operator not supported for date math [*1d]")
+      fails({ gte = "abc||+1d" }, "parse_exception",
+        "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]")
+      fails({ gte = "" }, "parse_exception", "cannot parse empty datetime")
+      fails({ gte = "now-99999999999d" }, "number_format_exception", 'For input string: "99999999999"')
+    end)
     it("term / terms values a date or numeric field cannot parse fail the shard, as in ES", function()
       -- ES's field types parse a term query's value like the field's own values (DateFieldType
       -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400,

@@ -115,6 +115,36 @@ local function term_matches(ty, docval, qval, ci)
   return a == b
 end
 
+-- DateFieldType.parseToLong through JavaDateMathParser.parse: a date query value with ES's
+-- date math ("now-1d/d", "2024-01-01||+1M/M"). round_up is ES's roundUpProperty (true for gt
+-- and lte bounds): "/unit" then gives the unit's last millisecond, and a date without math its
+-- missing components as 23:59:59.999 (see dates.parse). format: the query's, else the field's;
+-- zone_ms: the time_zone's offset. A value that does not parse is ES's parse_exception.
+local function date_value(x, round_up, format, zone_ms, ty)
+  local function fail(v)
+    errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(v) .. "] with format [" ..
+      (format or mapping.default_format(ty)) .. "]")
+  end
+  local function parse(v, up)
+    if v == "" then errors.raise(400, "parse_exception", "cannot parse empty datetime") end
+    local ms = mapping.date_fits(v, format) and dates.parse(v, up, zone_ms)
+    if not ms then fail(v) end
+    return ms
+  end
+  if type(x) ~= "string" then return parse(x, round_up) end
+  local base, math_s
+  if x:sub(1, 3) == "now" then
+    base, math_s = math.floor(ngx.now() * 1000), x:sub(4)
+  else
+    local i = x:find("||", 1, true)
+    if not i then return parse(x, round_up) end
+    base, math_s = parse(x:sub(1, i - 1), false), x:sub(i + 2)
+  end
+  local ms, etype, reason = dates.apply_math(base, math_s, round_up, zone_ms)
+  if not ms then errors.raise(400, etype, reason) end
+  return ms
+end
+
 -- A term / terms value on a date or numeric field is parsed like the field's own values, as
 -- ES's field types do when they build the query: one that does not parse fails the shard
 -- with the error range bounds get.
@@ -385,18 +415,10 @@ builders.range = function(body, types)
   local is_date = mapping.is_date(ty)
   -- the query's format, else the field's mapping format (epoch_millis: numbers only), as ES
   local format = spec.format or mapping.format_of(types, field)
-  local function conv(x)
+  local zone_ms = spec.time_zone and dates.zone_offset(spec.time_zone)
+  local function conv(x, round_up)
     if x == nil or x == null then return nil end
-    if is_date then
-      local ms
-      if x == "now" then ms = math.floor(ngx.now() * 1000)
-      elseif mapping.date_fits(x, format) then ms = dates.parse(x) end
-      if not ms then
-        errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(x) .. "] with format [" ..
-          (format or mapping.default_format(ty)) .. "]")
-      end
-      return ms
-    end
+    if is_date then return date_value(x, round_up, format, zone_ms, ty) end
     if ty and mapping.NUMERIC[ty] then
       local n = tonumber(x)
       if not n then errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(x) .. "\"") end
@@ -410,9 +432,10 @@ builders.range = function(body, types)
     if ty == nil and type(x) == "number" then return x end
     return tostring(x)
   end
-  local gt, gte, lt, lte = conv(spec.gt), conv(spec.gte), conv(spec.lt), conv(spec.lte)
-  if spec.from ~= nil then if spec.include_lower == false then gt = conv(spec.from) else gte = conv(spec.from) end end
-  if spec.to ~= nil then if spec.include_upper == false then lt = conv(spec.to) else lte = conv(spec.to) end end
+  -- DateFieldType.rangeQuery rounds gt and lte bounds up (roundUp = !includeLower / includeUpper)
+  local gt, gte, lt, lte = conv(spec.gt, true), conv(spec.gte, false), conv(spec.lt, false), conv(spec.lte, true)
+  if spec.from ~= nil then if spec.include_lower == false then gt = conv(spec.from, true) else gte = conv(spec.from, false) end end
+  if spec.to ~= nil then if spec.include_upper == false then lt = conv(spec.to, false) else lte = conv(spec.to, true) end end
   return function(rec)
     for _, dv in ipairs(values(rec.source, field, types)) do
       local x
