@@ -390,7 +390,6 @@ builders.wildcard = function(body, types)
   end
 end
 
-local UTC_ZONES = { UTC = true, Z = true, ["+00:00"] = true, GMT = true, ["Etc/UTC"] = true }
 local ISO_FORMATS = { strict_date_optional_time = true, date_optional_time = true, epoch_millis = true,
   ["strict_date_optional_time||epoch_millis"] = true, ["date_optional_time||epoch_millis"] = true }
 local RANGE_KEYS = { gt = true, gte = true, lt = true, lte = true, format = true, time_zone = true,
@@ -406,8 +405,9 @@ builders.range = function(body, types)
   local field, spec = field_entry("range", body)
   for k, val in pairs(spec) do
     if not RANGE_KEYS[k] then perr("[range] query does not support [" .. k .. "]") end
-    -- esxd's dates are UTC ISO-8601 / epoch millis only: other zones and formats are refused
-    if k == "time_zone" and not UTC_ZONES[val] then perr("[range] query does not support [time_zone]") end
+    -- esxd's dates are ISO-8601 / epoch millis in fixed UTC offsets only: region time zones and
+    -- other formats are refused
+    if k == "time_zone" and not dates.zone_offset(val) then perr("[range] query does not support [time_zone]") end
     if k == "format" and not ISO_FORMATS[val] then perr("[range] query does not support [format]") end
   end
   searchable(types, field)
