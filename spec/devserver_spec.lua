@@ -1921,6 +1921,33 @@ describe("esxd", function()
       fails({ gte = "" }, "parse_exception", "cannot parse empty datetime")
       fails({ gte = "now-99999999999d" }, "number_format_exception", 'For input string: "99999999999"')
     end)
+    it("term / terms / match on a date field match the value's whole range, with date math", function()
+      -- DateFieldType.termQuery is rangeQuery(v, v, true, true): from v rounded down to v rounded
+      -- up, so a day matches the whole day, "now/d" today, and date math is taken
+      assert.equal(200, (req("PUT", "/dterm", { mappings = { properties = { ts = { type = "date" } } } })))
+      local docs = { "2024-02-29T00:00:00Z", "2024-02-29T23:59:59.999Z", "2024-03-01T00:00:00Z",
+        os.date("!%Y-%m-%dT%H:%M:%SZ", os.time()) }
+      for i, ts in ipairs(docs) do put_doc("dterm", tostring(i), { ts = ts }, false) end
+      assert.equal(200, (req("POST", "/dterm/_refresh")))
+      local function hits(q)
+        local st, b = search("/dterm/_search", { query = q })
+        assert.equal(200, st, cjson.encode(b))
+        local out = ids(b)
+        table.sort(out)
+        return table.concat(out, ",")
+      end
+      assert.equal("1,2", hits({ term = { ts = "2024-02-29" } }))
+      assert.equal("1", hits({ term = { ts = "2024-02-29T00:00:00Z" } }))
+      assert.equal("1,2", hits({ term = { ts = { value = "2024-03-01||-1d/d" } } }))
+      assert.equal("1", hits({ term = { ts = 1709164800000 } }))
+      assert.equal("4", hits({ term = { ts = "now/d" } }))
+      assert.equal("2,3", hits({ terms = { ts = { "2024-02-29T23", "2024-03" } } }))
+      assert.equal("3", hits({ match = { ts = "2024-03-01" } }))
+      assert.equal("", hits({ match = { ts = { query = "now-1x", lenient = true } } }))
+      local st, b = search("/dterm/_search", { query = { term = { ts = "now-1x" } } })
+      assert.equal(400, st)
+      query_shard_failure(b, "dterm", "parse_exception", "unit [x] not supported for date math [-1x]")
+    end)
     it("term / terms values a date or numeric field cannot parse fail the shard, as in ES", function()
       -- ES's field types parse a term query's value like the field's own values (DateFieldType
       -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400,

@@ -97,6 +97,11 @@ local function term_matches(ty, docval, qval, ci)
     end
     return false
   end
+  if mapping.is_date(ty) and type(qval) == "table" then
+    -- a date term is the range date_term gives
+    local x = dates.parse(docval)
+    return x ~= nil and x >= qval[1] and x <= qval[2]
+  end
   if ty == "ip" and type(qval) == "string" and qval:find("/", 1, true) then
     -- IpFieldType.termQuery: "ip/prefix" matches the addresses in the range
     local p, n = mapping.ip_cidr(qval)
@@ -145,16 +150,19 @@ local function date_value(x, round_up, format, zone_ms, ty)
   return ms
 end
 
+-- DateFieldType.termQuery is rangeQuery(v, v, true, true): the value rounded down to the value
+-- rounded up, so "2024-02-29" is that whole day and "now/d" today (date math included).
+local function date_term(types, field, ty, v)
+  local format = mapping.format_of(types, field)
+  return { date_value(v, false, format, nil, ty), date_value(v, true, format, nil, ty) }
+end
+
 -- A term / terms value on a date or numeric field is parsed like the field's own values, as
 -- ES's field types do when they build the query: one that does not parse fails the shard
 -- with the error range bounds get.
 local function check_term_value(types, field, ty, v)
   if mapping.is_date(ty) then
-    local format = mapping.format_of(types, field)
-    if not (mapping.date_fits(v, format) and dates.parse(v)) then
-      errors.raise(400, "parse_exception", "failed to parse date field [" .. tostring(v) .. "] with format [" ..
-        (format or mapping.default_format(ty)) .. "]")
-    end
+    return date_term(types, field, ty, v)
   elseif ty and mapping.NUMERIC[ty] and tonumber(v) == nil then
     errors.raise(400, "number_format_exception", "For input string: \"" .. tostring(v) .. "\"")
   elseif ty == "boolean" and v ~= true and v ~= false and v ~= "true" and v ~= "false" then
@@ -236,7 +244,7 @@ builders.term = function(body, types)
   end
   if type(v) == "table" then perr("[term] query does not support array of values") end
   local ty = mapping.type_of(types, field)
-  check_term_value(types, field, ty, v)
+  v = check_term_value(types, field, ty, v) or v
   return function(rec)
     for _, dv in ipairs(values(rec.source, field, types)) do
       if term_matches(ty, dv, v, ci) then return true, 1.0 end
@@ -310,7 +318,9 @@ builders.terms = function(body, types)
     perr("[terms] query does not support [" .. field .. "]")
   end
   local ty = mapping.type_of(types, field)
-  for _, q in ipairs(list) do check_term_value(types, field, ty, q) end
+  local qs = {}
+  for i, q in ipairs(list) do qs[i] = check_term_value(types, field, ty, q) or q end
+  list = qs
   return function(rec)
     for _, dv in ipairs(values(rec.source, field, types)) do
       for _, q in ipairs(list) do
@@ -471,7 +481,13 @@ builders.match = function(body, types)
   if ty ~= "text" and ty ~= nil then
     -- keyword / numeric / date / boolean: the query is not tokenised but is the field's term
     -- query (MatchQueryParser.termQuery), whose value the field parses unless lenient
-    if not lenient then check_term_value(types, field, ty, v) end
+    if not lenient then v = check_term_value(types, field, ty, v) or v
+    elseif mapping.is_date(ty) then
+      -- lenient: a value the field cannot parse matches nothing
+      local ok, r = pcall(check_term_value, types, field, ty, v)
+      if not ok then return builders.match_none() end
+      v = r
+    end
     return function(rec)
       for _, dv in ipairs(values(rec.source, field, types)) do
         if term_matches(ty, dv, v) then return true, 1.0 end
