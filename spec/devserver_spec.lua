@@ -1193,8 +1193,11 @@ describe("esxd", function()
       put_doc("dn", "1", { d = "2024-01-01T10:00:00+02:00" })   -- 08:00Z
       put_doc("dn", "2", { d = 1704100000000 })                 -- 09:06:40Z
       put_doc("dn", "3", { d = "2024-01-01T07:30:00.5Z" })
-      local _, b = jreq("POST", "/dn/_search", { query = { range = { d = { gte = "2024-01-01T08:00:00Z", lte = 1704096000000 } } } })
+      local _, b = jreq("POST", "/dn/_search", { query = { range = { d = { gte = "2024-01-01T08:00:00Z", lte = "1704096000000" } } } })
       assert.same({ "1" }, ids(b))
+      -- a number among the bounds makes ES parse both as epoch_millis
+      _, b = jreq("POST", "/dn/_search", { query = { range = { d = { gte = "2024-01-01T08:00:00Z", lte = 1704096000000 } } } })
+      query_shard_failure(b, "dn", "parse_exception", "failed to parse date field [2024-01-01T08:00:00Z] with format [epoch_millis]")
       _, b = jreq("POST", "/dn/_search", { query = { term = { d = "2024-01-01T08:00:00Z" } } })
       assert.same({ "1" }, ids(b))
       -- sort values are nanoseconds since the epoch
@@ -1920,6 +1923,11 @@ describe("esxd", function()
         "failed to parse date field [abc] with format [strict_date_optional_time||epoch_millis]")
       fails({ gte = "" }, "parse_exception", "cannot parse empty datetime")
       fails({ gte = "now-99999999999d" }, "number_format_exception", 'For input string: "99999999999"')
+      -- a number among the bounds makes ES parse all of them as epoch_millis (now included)
+      fails({ gte = 1704067200000, lte = "2024-12-31" }, "parse_exception",
+        "failed to parse date field [2024-12-31] with format [epoch_millis]")
+      assert.equal("1,2,3,4,5", hits({ gte = 1704067200000, lt = "now-1y" }))
+      assert.equal("1,2,3,4,5", hits({ gte = 1704067200000, lte = "2024-12-31", format = "strict_date_optional_time" }))
     end)
     it("term / terms / match on a date field match the value's whole range, with date math", function()
       -- DateFieldType.termQuery is rangeQuery(v, v, true, true): from v rounded down to v rounded

@@ -425,6 +425,12 @@ builders.range = function(body, types)
   local is_date = mapping.is_date(ty)
   -- the query's format, else the field's mapping format (epoch_millis: numbers only), as ES
   local format = spec.format or mapping.format_of(types, field)
+  if is_date and not spec.format then
+    -- DateFieldType.rangeQuery: a number among the bounds forces epoch_millis on all of them
+    for _, k in ipairs({ "gt", "gte", "lt", "lte", "from", "to" }) do
+      if type(spec[k]) == "number" then format = "epoch_millis" end
+    end
+  end
   local zone_ms = spec.time_zone and dates.zone_offset(spec.time_zone)
   local function conv(x, round_up)
     if x == nil or x == null then return nil end
