@@ -2036,6 +2036,44 @@ describe("esxd", function()
         assert.same({ "1" }, ids(b))
       end
     end)
+    it("terms with more values than index.max_terms_count (default 65536) fails the shard, as in ES", function()
+      -- TermsQueryBuilder.doToQuery: an IllegalArgumentException, so ES's query_shard_exception
+      local reason = function(n, max)
+        return "The number of terms [" .. n .. "] used in the Terms Query request has exceeded the allowed maximum of [" ..
+          max .. "]. This maximum can be set by changing the [index.max_terms_count] index level setting."
+      end
+      assert.equal(200, (req("PUT", "/mtc", { settings = { index = { max_terms_count = 3 } },
+        mappings = { properties = { k = { type = "keyword" } } } })))
+      put_doc("mtc", "1", { k = "a" })
+      put_doc("mtc", "2", { list = { "a", "b", "c", "d" } })
+      local st, b = search("/mtc/_search", { query = { terms = { k = { "a", "b", "c", "d" } } } })
+      assert.equal(400, st)
+      query_shard_failure(b, "mtc", "illegal_argument_exception", reason(4, 3))
+      st, b = search("/mtc/_search", { query = { terms = { k = { index = "mtc", id = "2", path = "list" } } } })
+      assert.equal(400, st)
+      query_shard_failure(b, "mtc", "illegal_argument_exception", reason(4, 3))
+      st, b = search("/mtc/_search", { query = { terms = { k = { "a", "b", "c" } } } })
+      assert.equal(200, st)
+      assert.same({ "1" }, ids(b))
+      -- a field that is not mapped is rewritten to match_none first
+      st, b = search("/mtc/_search", { query = { terms = { nope = { "a", "b", "c", "d" } } } })
+      assert.equal(200, st)
+      -- the default
+      put_doc("mtd", "1", { k = "a" })
+      local many = {}
+      for i = 1, 65537 do many[i] = "v" .. i end
+      st, b = search("/mtd/_search", { query = { terms = { ["k.keyword"] = many } } })
+      assert.equal(400, st)
+      query_shard_failure(b, "mtd", "illegal_argument_exception", reason(65537, 65536))
+      many[65537] = nil
+      many[1] = "a"
+      st, b = search("/mtd/_search", { query = { terms = { ["k.keyword"] = many } } })
+      assert.equal(200, st)
+      assert.same({ "1" }, ids(b))
+      st, b = jreq("PUT", "/mte", { settings = { max_terms_count = 0 } })
+      assert.equal(400, st)
+      assert.equal("Failed to parse value [0] for setting [index.max_terms_count] must be >= 1", b.error.reason)
+    end)
     it("terms with an object is a terms lookup: index, id and path are required, as ES's parser says", function()
       -- TermsLookup's ConstructingObjectParser: IllegalArgumentException "Required [...]", a
       -- request-level 400 (the body is parsed before the indices are resolved)

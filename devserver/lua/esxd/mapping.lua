@@ -516,6 +516,11 @@ function _M.format_of(types, path)
   return f and f[path]
 end
 
+-- The query limits of an index (index.max_terms_count), by its types table like the formats.
+local limits_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_limits(types, limits) limits_by_types[types] = limits end
+function _M.limits_of(types) return types and limits_by_types[types] or {} end
+
 -- Validate a document against explicit/learned numeric, date and boolean types (formats:
 -- the date fields' mapping formats, or nil).
 -- Returns nil or an error description {field=, type=, value=}.

@@ -313,11 +313,17 @@ builders.terms = function(body, types)
     list = terms_lookup(list)
     if #list == 0 then return builders.match_none() end
   end
-  searchable(types, field)
   if type(list) ~= "table" then
     perr("[terms] query does not support [" .. field .. "]")
   end
   local ty = mapping.type_of(types, field)
+  -- TermsQueryBuilder.doToQuery (a field that is not mapped was rewritten to match_none)
+  local max = mapping.limits_of(types).max_terms_count or 65536
+  if ty and #list > max then
+    errors.raise(400, "illegal_argument_exception", "The number of terms [" .. #list .. "] used in the Terms Query request " ..
+      "has exceeded the allowed maximum of [" .. max .. "]. This maximum can be set by changing the [index.max_terms_count] index level setting.")
+  end
+  searchable(types, field)
   local qs = {}
   for i, q in ipairs(list) do qs[i] = check_term_value(types, field, ty, q) or q end
   list = qs

@@ -92,6 +92,10 @@ function _M.create(name, body)
   if lerr then return nil, lerr end
   idx.nested_limit, lerr = settings.number(flat, "index.mapping.nested_fields.limit", 0, nil, 64)
   if lerr then return nil, lerr end
+  local max_terms
+  max_terms, lerr = settings.number(flat, "index.max_terms_count", 1)
+  if lerr then return nil, lerr end
+  mapping.register_limits(idx.types, { max_terms_count = max_terms or 65536 })
   idx.nested_limit = idx.nested_limit or 50
   idx.total_fields_limit = idx.total_fields_limit or 1000
   idx.depth_limit = idx.depth_limit or 20
