@@ -27,6 +27,17 @@ struct esx_rset {
     int dirty;                   /* a bulk change: recount on the next esx_rset_bytes */
 };
 
+/* Bytes glibc's malloc takes for a request of n bytes: a block of n plus its 8-byte size
+ * word, rounded up to 16, at least 32.  A small block costs twice its request or more (two
+ * ids of a container take 32 bytes), which for sparse sets is most of their memory.  Worked
+ * out from the request, not asked of the allocator (malloc_usable_size), so that a set's size
+ * does not depend on what was allocated before it. */
+static size_t block(size_t n)
+{
+    size_t b = (n + sizeof(size_t) + 15) & ~(size_t)15;
+    return b < 32 ? 32 : b;
+}
+
 /* The array form is kept up to this many ids; beyond, the set goes back to Roaring parts. */
 #define ARRAY_MAX 4096
 
@@ -157,13 +168,14 @@ static int arr_add(esx_rset *s, uint64_t id)
 
 static size_t bitmap_bytes(const roaring_bitmap_t *bm);
 static size_t container_bytes(const roaring_array_t *ra, int32_t i);
+static size_t vectors_bytes(const roaring_array_t *ra);
 
 /* The bytes of bm that adding a value with low 16 bits key can change: the array vectors and
  * the container of key (O(log containers): a binary search over the sorted keys). */
 static size_t key_bytes(const roaring_bitmap_t *bm, uint16_t key)
 {
     const roaring_array_t *ra = &bm->high_low_container;
-    size_t bytes = (size_t)ra->allocation_size * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t));
+    size_t bytes = vectors_bytes(ra);
     int32_t lo = 0, hi = ra->size - 1;
     while (lo <= hi) {
         int32_t mid = (lo + hi) / 2;
@@ -179,7 +191,7 @@ static size_t key_bytes(const roaring_bitmap_t *bm, uint16_t key)
 
 static size_t parts_table_bytes(const esx_rset *s)
 {
-    return s->parts != &s->one ? (size_t)s->cap * sizeof *s->parts : 0;
+    return s->parts != &s->one ? block((size_t)s->cap * sizeof *s->parts) : 0;
 }
 
 int esx_rset_add(esx_rset *s, uint64_t id)
@@ -255,24 +267,36 @@ static size_t container_bytes(const roaring_array_t *ra, int32_t i)
     switch (ra->typecodes[i]) {
     case ARRAY_CONTAINER_TYPE_CODE: {
         const array_container_t *a = c;
-        return sizeof *a + (size_t)a->capacity * sizeof(uint16_t);
+        return block(sizeof *a) + (a->capacity > 0 ? block((size_t)a->capacity * sizeof(uint16_t)) : 0);
     }
     case RUN_CONTAINER_TYPE_CODE: {
         const run_container_t *r = c;
-        return sizeof *r + sizeof(uint16_t) + (size_t)r->capacity * sizeof(rle16_t);
+        return block(sizeof *r) + (r->capacity > 0 ? block((size_t)r->capacity * sizeof(rle16_t)) : 0);
     }
-    default: /* bitset (esx never makes shared copy-on-write containers) */
-        return sizeof(bitset_container_t) + BITSET_CONTAINER_SIZE_IN_WORDS * sizeof(uint64_t);
+    default: /* bitset (esx never makes shared copy-on-write containers); its words come from
+              * posix_memalign, whose slack is given back */
+        return block(sizeof(bitset_container_t)) +
+               block(BITSET_CONTAINER_SIZE_IN_WORDS * sizeof(uint64_t));
     }
 }
 
-/* Memory of one bitmap: its struct, its key/pointer/typecode vectors at their allocated size
- * and every container (O(containers)). */
+/* The roaring array's pointer/key/type vectors: one block when they lie one after the other
+ * (CRoaring's single allocation), else three. */
+static size_t vectors_bytes(const roaring_array_t *ra)
+{
+    size_t n = (size_t)ra->allocation_size;
+    if (ra->containers == NULL || n == 0)
+        return 0;
+    if ((const void *)ra->keys == (const void *)(ra->containers + n))
+        return block(n * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t)));
+    return block(n * sizeof(void *)) + block(n * sizeof(uint16_t)) + block(n);
+}
+
+/* Memory of one bitmap: its struct, its vectors and every container (O(containers)). */
 static size_t bitmap_bytes(const roaring_bitmap_t *bm)
 {
     const roaring_array_t *ra = &bm->high_low_container;
-    size_t bytes = sizeof(roaring_bitmap_t) +
-                   (size_t)ra->allocation_size * (sizeof(void *) + sizeof(uint16_t) + sizeof(uint8_t));
+    size_t bytes = block(sizeof *bm) + vectors_bytes(ra);
     for (int32_t i = 0; i < ra->size; i++)
         bytes += container_bytes(ra, i);
     return bytes;
@@ -280,9 +304,9 @@ static size_t bitmap_bytes(const roaring_bitmap_t *bm)
 
 static size_t recount(const esx_rset *s)
 {
-    size_t bytes = sizeof *s;
+    size_t bytes = block(sizeof *s);
     if (s->arr != NULL)
-        return bytes + (size_t)s->acap * sizeof *s->arr;
+        return bytes + block((size_t)s->acap * sizeof *s->arr);
     bytes += parts_table_bytes(s);
     for (uint32_t i = 0; i < s->n; i++)
         bytes += bitmap_bytes(s->parts[i].bm);
@@ -335,7 +359,7 @@ static int to_parts(esx_rset *s)
 static void maybe_to_array(esx_rset *s)
 {
     uint64_t card = esx_rset_cardinality(s);
-    if (card > ARRAY_MAX || card * sizeof(uint64_t) >= esx_rset_bytes(s) - sizeof *s)
+    if (card > ARRAY_MAX || block(sizeof *s) + block((card ? card : 1) * sizeof(uint64_t)) >= esx_rset_bytes(s))
         return;
     uint64_t *arr = malloc((card ? card : 1) * sizeof *arr);
     if (arr == NULL)

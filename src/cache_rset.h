@@ -11,8 +11,9 @@
  * mark_read counts), the roaring array's key/type/pointer vectors and our own part table.
  * No value is ever visited to measure.  The total is kept up to date by esx_rset_add from
  * the one container it touched (O(log containers) per mark_read), and recounted over the
- * containers after bulk changes (build, optimise, conversions).  malloc's own bookkeeping is
- * not counted.
+ * containers after bulk changes (build, optimise, conversions).  Each allocation counts as
+ * the block glibc's malloc takes for it (size word and rounding included): for sparse sets
+ * that is most of their memory.
  *
  * No function here touches a Lua state.  Nothing aborts on allocation failure (CRoaring's
  * own container growth is outside our control; see docs/cache.md).
