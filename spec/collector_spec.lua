@@ -1992,6 +1992,36 @@ describe("spool", function()
     assert.equal(0, segments(dir))
   end)
 
+  it("makes its spool_dir again when it was removed while in use, rather than answering 503 for ever", function()
+    -- a /tmp cleaner took an idle spool_dir (or a hand did): every segment it then tried to
+    -- create failed with ENOENT, and every request got 503 (rejected.spool) until a restart
+    local dir = tmpdir()
+    local col
+    tidy(dir, function() return col end)
+    col = new{ spool_dir = dir .. "/spool", rollup = false, dead_letter = "/dev/null", flush_interval = 60000 }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "before" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    os.execute("rm -rf " .. dir .. "/spool")
+    local status, _, body = post(col, cjson.encode(ev({ event_id = "after" })))
+    assert.equal(204, status, body)
+    assert.equal(0, col:stats().rejected.spool)
+    -- made private again, and written ahead to before the answer
+    local p = io.popen("stat -c %a " .. dir .. "/spool")
+    assert.equal("700", p:read("*l"))
+    p:close()
+    assert.equal(1, segments(dir .. "/spool"))
+    assert.is_true(col:flush(5000 * SCALE))
+    assert.equal(2, col:stats().spooled)
+    assert.equal(2, col:stats().shipped)
+    assert.equal(2, (indexed()))
+    -- and it is still this collector's: another of this process may not take it
+    local other, err = esx.collector{ sink = client, spool_dir = dir .. "/spool" }
+    assert.is_nil(other)
+    assert.truthy(err.message:find("another collector of this process uses it", 1, true), err.message)
+    col:close()
+    assert.equal(0, segments(dir .. "/spool"))
+  end)
+
   it("keeps accepting when memory is full, holding the overflow on disk, and ships it all", function()
     local dir = tmpdir()
     local col

@@ -220,6 +220,30 @@ static void seal(esx_spool *sp, esx_segment *seg)
     maybe_delete(sp, seg);
 }
 
+/* The spool directory was removed while in use (a /tmp cleaner took it while it was idle, or
+ * a hand did): made again, private as at the start, and held under its new identity.
+ * Without it every segment this spool tried to create failed with ENOENT, and every request
+ * got 503 until the process restarted.  Returns 0, or -1 with errno. */
+static int remake_dir(esx_spool *sp)
+{
+    struct stat st;
+    if (esx_private_dir(sp->dir) != 0 || stat(sp->dir, &st) != 0)
+        return -1;
+    held_lock();
+    sp->dir_dev = st.st_dev;
+    sp->dir_ino = st.st_ino;
+    held_unlock();
+    /* its entry in its parent, and the segment's in it, must outlive a power loss */
+    char parent[sizeof sp->dir + 4];
+    snprintf(parent, sizeof parent, "%s/..", sp->dir);
+    int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd >= 0) {
+        fdatasync(pfd);
+        close(pfd);
+    }
+    return 0;
+}
+
 static esx_segment *new_segment(esx_spool *sp, char *why)
 {
     esx_segment *seg = calloc(1, sizeof *seg);
@@ -229,6 +253,7 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     }
     seg->rfd = -1;
     seg->since_ms = esx_wall_ms();
+    int remade = 0;
     /* O_EXCL: a segment of an earlier process that had this pid (a restart in a container
      * reuses pids) is never appended to -- it is that process's, to be claimed and replayed */
     for (int tries = 0; tries < 1000; tries++) {
@@ -236,6 +261,12 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
                  next_seq());
         /* (readable too: a replay reads through a copy of it, see read_record_at) */
         seg->fd = open(seg->path, O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+        if (seg->fd < 0 && errno == ENOENT && !remade) {
+            remade = 1;
+            if (remake_dir(sp) == 0)
+                continue;
+            errno = ENOENT;
+        }
         if (seg->fd >= 0 || errno != EEXIST)
             break;
     }
