@@ -1126,6 +1126,34 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("writes dead letters to a new file when the one it had open was removed", function()
+    -- the default file is in /tmp, whose cleaner removes files not written for days (and a
+    -- hand may rm it to make room): the lines went on into the removed file, where no one
+    -- would ever see them, counted as written -- events lost silently
+    local dir = tmpdir()
+    local col
+    tidy(dir, function() return col end)
+    local path = dir .. "/dl.ndjson"
+    srv:fault{ path = "/_bulk", item_status = 400, count = 2 }
+    col = new{ dead_letter = path, rollup = false }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "dl-before" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    assert.equal("dl-before", cjson.decode(slurp(path):match("[^\n]+")).operation.create._id)
+    os.remove(path)
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "dl-after" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    local s = col:stats()
+    assert.equal(2, s.dead_lettered)
+    assert.equal(0, s.dead_letter_failed)
+    assert.is_true(exists(path), "no dead-letter file")
+    local line = cjson.decode(slurp(path):match("[^\n]+"))
+    assert.equal("dl-after", line.operation.create._id)
+    local p = io.popen("stat -c %a " .. path)
+    assert.equal("600", p:read("*l"))
+    p:close()
+    col:close()
+  end)
+
   it("keeps the dead-letter file within dead_letter_max_bytes, counting what did not fit", function()
     -- what Elasticsearch refuses is the client's to choose: browsers could fill the disk
     local dir = tmpdir()

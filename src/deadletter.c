@@ -18,6 +18,7 @@ int esx_dead_letters_init(esx_dead_letters *dl)
 {
     dl->fd = -1;
     dl->torn = 0;
+    dl->path[0] = '\0';
     atomic_store(&dl->no_wait, 0);
     return pthread_mutex_init(&dl->mu, NULL) == 0 ? 0 : -1;
 }
@@ -25,6 +26,7 @@ int esx_dead_letters_init(esx_dead_letters *dl)
 int esx_dead_letters_open(esx_dead_letters *dl, const char *path)
 {
     dl->torn = 0;
+    snprintf(dl->path, sizeof dl->path, "%s", path);
     /* not a link, nor a file another user made: it would receive the events (or have them
      * read) -- /tmp is the default's directory */
     dl->fd = esx_private_append(path);
@@ -142,10 +144,31 @@ static int torn(esx_dead_letters *dl)
            pread(dl->fd, &last, 1, st.st_size - 1) == 1 && last != '\n';
 }
 
+/* The file's name was removed (a /tmp cleaner took the default file, not written for days,
+ * or a hand made room): a line written to it now is seen by no one, yet counted as written.
+ * The path is opened again (made anew, with the same checks).  Returns 0 when dl->fd is a
+ * file that has a name (or a device), -1 when it could not be opened again: the line
+ * cannot be kept, and is counted as not written. */
+static int reopen_removed(esx_dead_letters *dl)
+{
+    struct stat st;
+    if (fstat(dl->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink > 0)
+        return 0;
+    if (!dl->path[0])
+        return -1;
+    int fd = esx_private_append(dl->path);
+    if (fd < 0)
+        return -1;
+    close(dl->fd);
+    dl->fd = fd;
+    dl->torn = 0;
+    return 0;
+}
+
 int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l)
 {
     pthread_mutex_lock(&dl->mu);
-    if (dl->fd < 0) {
+    if (dl->fd < 0 || reopen_removed(dl) != 0) {
         pthread_mutex_unlock(&dl->mu);
         return -1;
     }

@@ -16,6 +16,7 @@ typedef struct esx_dead_letters {
     int fd;                  /* -1: none (no path, or it could not be opened) */
     int torn;                /* fd is write-only: this process's last line was cut short */
     int64_t max_bytes;       /* a regular file grows to this size at most (0: no bound) */
+    char path[512];          /* what was opened, to open again once it is removed */
     pthread_mutex_t mu;      /* one writer at a time in this process (flock is per file) */
     atomic_int no_wait;      /* set by esx_dead_letters_stop_waiting */
 } esx_dead_letters;
@@ -34,7 +35,8 @@ typedef struct esx_dead_letter {
 int esx_dead_letters_init(esx_dead_letters *dl);
 
 /* Opens path with esx_private_append's checks.  Returns 0, or -1 with errno set (dl has no
- * file then: every write fails). */
+ * file then: every write fails).  A file removed later (a /tmp cleaner, a hand making room)
+ * is made again by the next write: lines written into a removed file are lost to everyone. */
 int esx_dead_letters_open(esx_dead_letters *dl, const char *path);
 
 /* Closes the file, if any (the lock stays, for a later open). */
