@@ -2029,7 +2029,14 @@ describe("spool", function()
     col = new{ spool_dir = dir .. "/spool", rollup = false, dead_letter = "/dev/null", flush_interval = 60000 }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "before" })))))
     assert.is_true(col:flush(5000 * SCALE))
-    os.execute("rm -rf " .. dir .. "/spool")
+    -- (the decoy takes the removed directory's inode number, which the file system would
+    -- otherwise give the new one)
+    os.execute("rm -rf " .. dir .. "/spool && mkdir " .. dir .. "/decoy")
+    -- a collector made meanwhile (its constructor makes the directory) may not take it over
+    local other, err = esx.collector{ sink = client, spool_dir = dir .. "/spool" }
+    assert.is_nil(other)
+    assert.truthy(err.message:find("another collector of this process uses it", 1, true), err.message)
+    os.execute("rm -rf " .. dir .. "/spool " .. dir .. "/decoy && mkdir " .. dir .. "/decoy2")
     local status, _, body = post(col, cjson.encode(ev({ event_id = "after" })))
     assert.equal(204, status, body)
     assert.equal(0, col:stats().rejected.spool)
@@ -2043,7 +2050,7 @@ describe("spool", function()
     assert.equal(2, col:stats().shipped)
     assert.equal(2, (indexed()))
     -- and it is still this collector's: another of this process may not take it
-    local other, err = esx.collector{ sink = client, spool_dir = dir .. "/spool" }
+    other, err = esx.collector{ sink = client, spool_dir = dir .. "/spool" }
     assert.is_nil(other)
     assert.truthy(err.message:find("another collector of this process uses it", 1, true), err.message)
     col:close()

@@ -48,11 +48,16 @@ static void held_lock(void) { pthread_mutex_lock(&held_mu); }
 static void held_unlock(void) { pthread_mutex_unlock(&held_mu); }
 static void held_install(void) { pthread_atfork(held_lock, held_unlock, held_unlock); }
 
-/* Under held_mu: this process's spool holding the directory, or NULL. */
+/* Under held_mu: this process's spool holding the directory, or NULL.  Also the one whose
+ * directory was removed and is now, under its path, this one (made again by another
+ * collector's constructor before the holder's next segment made it again itself). */
 static esx_spool *holder(dev_t dev, ino_t ino)
 {
+    struct stat st;
     for (esx_spool *h = held_head; h; h = h->held_next)
-        if (h->pid == esx_pid() && h->dir_dev == dev && h->dir_ino == ino)
+        if (h->pid == esx_pid() &&
+            ((h->dir_dev == dev && h->dir_ino == ino) ||
+             (stat(h->dir, &st) == 0 && st.st_dev == dev && st.st_ino == ino)))
             return h;
     return NULL;
 }
