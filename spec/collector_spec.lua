@@ -2492,6 +2492,12 @@ describe("spool", function()
     assert.equal(0, segments(dir))
   end)
 
+  it("replays the records after one it cannot read (EIO: a bad sector) (tools/unit)", function()
+    -- the scan for the next good record stopped at the first read that failed: every
+    -- record behind the bad block was skipped, and the segment deleted with them
+    unit("spool_read_error", "src/spool.c src/private.c src/proc.c -lz -lpthread", 3)
+  end)
+
   it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
     local dir = tmpdir()
     local col

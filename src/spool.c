@@ -425,7 +425,24 @@ static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
     while (from < seg->bytes) {
         size_t want = seg->bytes - from < sizeof chunk ? (size_t)(seg->bytes - from) : sizeof chunk;
         ssize_t got = pread(seg->rfd, chunk, want, (off_t)from);
-        if (got <= 0)
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            /* a block that cannot be read (EIO: a bad sector) is not the segment's end: the
+             * records after it were acknowledged too.  Read up to the next 4 KiB boundary
+             * alone, and step over it when that fails as well (ending the scan here lost
+             * every record behind a damaged one). */
+            size_t block = 4096 - (size_t)(from % 4096);
+            if (block < want && (got = pread(seg->rfd, chunk, block, (off_t)from)) < 0) {
+                from += block;
+                continue;
+            }
+            if (got < 0) {
+                from += want;
+                continue;
+            }
+        }
+        if (got == 0)
             break;
         for (const char *q = chunk; (q = memchr(q, '{', (size_t)(chunk + got - q))) != NULL; q++) {
             uint64_t at = from + (uint64_t)(q - chunk) - 8;
