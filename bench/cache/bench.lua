@@ -5,8 +5,8 @@
 --
 --   lua5.4 bench/cache/bench.lua [quick]
 --
--- Memory: esx reports what it holds (stats().bytes: measured with roaring_bitmap_statistics
--- plus structure overhead); the reference's memory is the Lua heap growth
+-- Memory: esx reports what it holds (stats().bytes: each structure and container as the block
+-- malloc takes for it); the reference's memory is the Lua heap growth
 -- (collectgarbage("count")) while it holds the same sets.  Speed: read_articles calls per
 -- second for pages of 20 articles, every reader set cached, random users.
 package.path = "./lua/?.lua;./lua/?/init.lua;./?.lua;" .. package.path
