@@ -411,9 +411,14 @@ describe("cache:read_articles(user_id, page_no)", function()
     assert.has_error(function() c:read_articles(-1, 1) end,
       "bad argument #1 to 'read_articles' (user_id must be an integer in [0, 2^53), got number out of range or not an integer)")
     assert.has_error(function() c:read_articles(7, 0) end,
-      "bad argument #2 to 'read_articles' (page_no must be an integer >= 1, got 0)")
+      "bad argument #2 to 'read_articles' (page_no must be an integer in [1, 2^53), got 0)")
     assert.has_error(function() c:read_articles(7, nil) end,
-      "bad argument #2 to 'read_articles' (page_no must be an integer >= 1, got nil)")
+      "bad argument #2 to 'read_articles' (page_no must be an integer in [1, 2^53), got nil)")
+    -- past 2^53 - 1 (not ">= 1", which 2^53 is): the message gives the upper bound too
+    assert.has_error(function() c:read_articles(7, 2 ^ 53) end,
+      "bad argument #2 to 'read_articles' (page_no must be an integer in [1, 2^53), got " .. tostring(2 ^ 53) .. ")")
+    assert.has_error(function() c:read_articles(7, 1.5) end,
+      "bad argument #2 to 'read_articles' (page_no must be an integer in [1, 2^53), got 1.5)")
   end)
 
   it("keeps nested values and other fields of articles", function()
@@ -635,7 +640,7 @@ describe("cache:read_articles_json(user_id, page_no)", function()
   it("raises on arguments of the wrong type", function()
     local c = new_cache(sample_db())
     assert.has_error(function() c:read_articles_json(7, "1") end,
-      "bad argument #2 to 'read_articles_json' (page_no must be an integer >= 1, got string)")
+      "bad argument #2 to 'read_articles_json' (page_no must be an integer in [1, 2^53), got string)")
   end)
 end)
 

@@ -94,7 +94,7 @@ end
 
 local function check_page_no(v, fname)
   if type(v) ~= "number" or v < 1 or v > MAX_SAFE or v ~= floor(v) then
-    error("bad argument #2 to '" .. fname .. "' (page_no must be an integer >= 1, got " ..
+    error("bad argument #2 to '" .. fname .. "' (page_no must be an integer in [1, 2^53), got " ..
       (type(v) == "number" and tostring(v) or type(v)) .. ")", 3)
   end
 end
