@@ -35,8 +35,15 @@ local function answer(status, body)
   return status, body and cjson.encode(body) or ""
 end
 
+-- An id esx.cache takes (an integer in [0, 2^53)), or nil: anything else (1.5, -1, 1e300)
+-- is the client's mistake, answered 400, where the cache would raise (a 500).
+local function id(v)
+  v = tonumber(v)
+  if v and v >= 0 and v < 2 ^ 53 and v == math.floor(v) then return v end
+end
+
 local function handle(method, path, q)
-  local user, page, article = tonumber(q.user), tonumber(q.page), tonumber(q.article)
+  local user, page, article = id(q.user), id(q.page), id(q.article)
   if method == "GET" and path == "/articles" then
     if not user or not page or page < 1 then return answer(400, { error = "user and page expected" }) end
     local json, err = cache:read_articles_json(user, page)
