@@ -1246,6 +1246,12 @@ describe("memory", function()
     assert.equal("cannot encode the page from load_page as JSON: a table contains itself " ..
       "(a cycle cannot be JSON)", err.message)
     assert.equal(1, loads())
+    -- a load error like any other: counted (once per answer it fails, as the page stays cached)
+    assert.equal(1, c:stats().load_errors)
+    assert.is_nil(c:read_articles_json(7, 1))
+    assert.equal(2, c:stats().load_errors)
+    c:read_articles(7, 1)
+    assert.equal(2, c:stats().load_errors)
   end)
 
   it("measures many articles sharing a table with back-references in linear time", function()

@@ -481,6 +481,7 @@ function Cache:read_articles_json(user_id, page_no)
   if res[1] == nil then return "[]" end -- (the encoder writes an empty table as {})
   local json, why = json_encode(res)
   if not json then -- a cycle in the page (read_articles serves it; JSON cannot)
+    self._counters.load_errors = self._counters.load_errors + 1 -- bad data, as every load error
     return nil, make_error("load", "cannot encode the page from load_page as JSON: " .. why)
   end
   return json
