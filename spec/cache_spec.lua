@@ -805,6 +805,33 @@ describe("cache:mark_read(article_id, user_id)", function()
     end
   end)
 
+  it("bounds the marks recorded on a load in flight that was abandoned, and no longer joins it", function()
+    local first = true
+    local c = esx.cache{ load_page = function() return {} end,
+      load_readers = function()
+        if first then first = false coroutine.yield() end -- never resumed: a killed light thread
+        return { 5 }
+      end }
+    local abandoned = coroutine.create(function() return c:has_read(1, 0) end)
+    assert(coroutine.resume(abandoned))
+    assert.equal("suspended", coroutine.status(abandoned))
+    collectgarbage()
+    collectgarbage()
+    local before = collectgarbage("count")
+    for u = 1, 100000 do c:mark_read(1, u) end -- article 1 is never read meanwhile
+    collectgarbage()
+    collectgarbage()
+    local grown = collectgarbage("count") - before
+    assert.is_true(grown < 256, ("%.0f KiB kept for 100,000 marks"):format(grown))
+    -- the next read loads by itself (the database has the reads) rather than wait on it
+    local reader = coroutine.create(function() return c:has_read(1, 5) end)
+    local ok, read = coroutine.resume(reader)
+    assert.is_true(ok)
+    assert.equal("dead", coroutine.status(reader))
+    assert.is_true(read)
+    assert.equal(2, c:stats().readers.loads)
+  end)
+
   it("does nothing to an article that is not cached", function()
     local db = sample_db()
     local c = new_cache(db)

@@ -40,6 +40,7 @@ end
 local PAGE, READERS = 1, 2
 local OP_MARK, OP_INV_ARTICLE, OP_INV_PAGES = 1, 2, 3
 local MAX_SAFE = 9007199254740991
+local MAX_FLIGHT_MARKS = 4096 -- marks recorded on one reader-set load in flight (note_mark)
 
 local _M = {}
 
@@ -231,11 +232,21 @@ local function shared_lock(self, kind, key)
 end
 
 -- Records mark_read(article, user) on the reader-set load of article in flight here, if any.
+-- A load that outlived its deadline (abandoned: its coroutine killed, or stuck), or that
+-- holds MAX_FLIGHT_MARKS marks, is unregistered instead: no caller joins it any more (the
+-- next miss loads again, and finds the read in the database), so the marks of callers that
+-- joined it were recorded before, and nothing grows with the marks of an article whose load
+-- never ends and that nobody reads.
 local function note_mark(self, article, user)
-  local rec = self._readers_flights[article]
+  local flights = self._readers_flights
+  local rec = flights[article]
   if rec then
     local marks = rec.marks
     if not marks then marks = {} rec.marks = marks end
+    if #marks >= MAX_FLIGHT_MARKS or core_clock() > rec.deadline then
+      flights[article] = nil
+      return
+    end
     marks[#marks + 1] = user
   end
 end
