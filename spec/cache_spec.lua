@@ -596,7 +596,7 @@ describe("cache:read_articles_json(user_id, page_no)", function()
         garbage_with_gc(function()
           if armed and not done then
             done = true
-            c:apply({ 3, 0, 0 })                 -- invalidate_pages: frees the blob
+            c:apply({ 3, 0, 0 }, now)            -- invalidate_pages: frees the blob
             c:page_put(1, other, now, c:seq())   -- and reuses its memory
             c:read_json(1, 1, now)               -- nested: leaves the scratch buffer alone
           end
@@ -830,6 +830,41 @@ describe("cache:mark_read(article_id, user_id)", function()
     assert.equal("dead", coroutine.status(reader))
     assert.is_true(read)
     assert.equal(2, c:stats().readers.loads)
+  end)
+
+  it("drops a set that has expired instead of growing it, which evicted a live set", function()
+    local big = 2 ^ 40 + 1 -- a mark that adds a part to a set {1}: it grows the set
+    local probe = esx.cache{ load_page = function() return {} end, load_readers = function() return { 1 } end }
+    probe:has_read(1, 0)
+    local one = probe:stats().bytes
+    probe:mark_read(1, big)
+    local grown = probe:stats().bytes - one
+    assert.is_true(grown > 0)
+    for _, mark in ipairs{ "plain", "tx" } do
+      local t, loads = 0, 0
+      local c = esx.cache{ readers_ttl = 100, max_bytes = 2 * one + grown - 1, clock = function() return t end,
+        load_page = function() return {} end,
+        load_readers = function() loads = loads + 1 return { 1 } end }
+      c:has_read(1, 0) -- expires at 100
+      t = 50
+      c:has_read(2, 0) -- expires at 150
+      t = 99
+      c:has_read(1, 0) -- a hit: article 2's set is the least recently used
+      t = 120 -- article 1's set has expired, article 2's is live
+      if mark == "plain" then
+        c:mark_read(1, big)
+      else
+        local tx = c:transaction()
+        tx:mark_read(1, big)
+        tx:commit()
+      end
+      local s = c:stats()
+      assert.same({ 1, 1, 0, one }, { s.readers.entries, s.readers.expirations, s.evictions, s.bytes })
+      assert.is_true(c:has_read(2, 1)) -- still cached
+      assert.equal(2, loads)
+      assert.is_false(c:has_read(1, big)) -- the database does not have it: loaded again
+      assert.equal(3, loads)
+    end
   end)
 
   it("does nothing to an article that is not cached", function()
@@ -1183,7 +1218,7 @@ describe("cache:page_put() and cache:apply()", function()
         if method == "page_put" then
           ok, err = pcall(c.page_put, c, 1, page, core.cache_clock(), 0)
         else
-          ok, err = pcall(c.apply, c, batch)
+          ok, err = pcall(c.apply, c, batch, core.cache_clock())
         end
         assert.is_true(ok or tostring(err):find("the cache is closed", 1, true) ~= nil, tostring(err))
         if closed then break end

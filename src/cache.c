@@ -303,14 +303,19 @@ static void drop_all(esx_cache *c)
 
 /* ---- the change log ------------------------------------------------------------------- */
 
-/* Applies one change to the local tiers.  Returns -1 when a set could not grow (dropped). */
-static int apply_local(esx_cache *c, uint32_t op, uint64_t a, uint64_t b)
+/* Applies one change to the local tiers.  Returns -1 when a set could not grow (dropped).
+ * A mark of a set expired at now drops it: it would never be served again, and growing it
+ * could evict live entries. */
+static int apply_local(esx_cache *c, uint32_t op, uint64_t a, uint64_t b, double now)
 {
     struct entry *e;
     switch (op) {
     case ESX_CACHE_OP_MARK:
         e = find(c, ESX_CACHE_READERS, a);
-        if (e != NULL) {
+        if (e != NULL && now >= e->expires) {
+            c->st[ESX_CACHE_READERS].expirations++;
+            remove_entry(c, e);
+        } else if (e != NULL) {
             int r = esx_rset_add(e->set, b);
             if (r < 0) {
                 remove_entry(c, e);
@@ -343,7 +348,7 @@ static int apply_local(esx_cache *c, uint32_t op, uint64_t a, uint64_t b)
 }
 
 /* Brings the local tiers up to the head; the caller holds the region lock. */
-static void sync_locked(esx_cache *c)
+static void sync_locked(esx_cache *c, double now)
 {
     uint64_t h = atomic_load(&c->rg->head);
     if (h == c->applied)
@@ -355,18 +360,18 @@ static void sync_locked(esx_cache *c)
     } else {
         for (uint64_t s = c->applied + 1; s <= h; s++) {
             const struct logent *le = &c->rg->ring[s % ESX_CACHE_LOG];
-            apply_local(c, le->op, le->a, le->b);
+            apply_local(c, le->op, le->a, le->b, now);
         }
     }
     c->applied = h;
 }
 
-void esx_cache_sync(esx_cache *c)
+void esx_cache_sync(esx_cache *c, double now)
 {
     if (!c->cfg.shared || atomic_load(&c->rg->head) == c->applied)
         return;
     rg_lock(c);
-    sync_locked(c);
+    sync_locked(c, now);
     rg_unlock(c);
 }
 
@@ -378,11 +383,11 @@ uint64_t esx_cache_seq(esx_cache *c)
 static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_seq,
                          esx_rset *set);
 
-int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n)
+int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n, double now)
 {
     int rc = 0;
     rg_lock(c);
-    sync_locked(c);
+    sync_locked(c, now);
     uint64_t h = atomic_load(&c->rg->head);
     for (size_t i = 0; i < n; i++) {
         /* a deferred mark overtaken by an invalidation of its article: drop the set instead
@@ -406,7 +411,7 @@ int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n)
     atomic_store(&c->rg->head, h + n); /* publish the whole batch at once */
     rg_unlock(c);
     for (size_t i = 0; i < n; i++)
-        if (apply_local(c, ops[i].op, ops[i].a, ops[i].b) != 0)
+        if (apply_local(c, ops[i].op, ops[i].a, ops[i].b, now) != 0)
             rc = -1;
     c->applied = h + n;
     return rc;
@@ -503,7 +508,7 @@ int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
     if (keep_blob)
         bytes += blob_len;
     rg_lock(c);
-    sync_locked(c);
+    sync_locked(c, now);
     int changed = changed_since(c, ESX_CACHE_PAGE, page_no, start_seq, NULL);
     rg_unlock(c);
     if (changed != 0)
@@ -553,7 +558,7 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
     if (!(c->cfg.readers_ttl > 0))
         return 0; /* expired as it is stored: it would only push live entries out */
     rg_lock(c);
-    sync_locked(c);
+    sync_locked(c, now);
     int changed = changed_since(c, ESX_CACHE_READERS, article, start_seq, set);
     rg_unlock(c);
     if (changed != 0)

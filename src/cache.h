@@ -79,8 +79,9 @@ esx_cache *esx_cache_new(const esx_cache_config *cfg, char *err, size_t errlen);
 void esx_cache_free(esx_cache *c);
 
 /* Applies changes other processes logged (shared mode; a no-op otherwise).  Drops the local
- * tiers when this process has fallen behind the ring.  Never fails. */
-void esx_cache_sync(esx_cache *c);
+ * tiers when this process has fallen behind the ring.  A mark of a set expired at now drops
+ * the set instead of growing it (see esx_cache_apply).  Never fails. */
+void esx_cache_sync(esx_cache *c, double now);
 
 /* The current change sequence: record it before calling a loader. */
 uint64_t esx_cache_seq(esx_cache *c);
@@ -131,10 +132,12 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
  * article was invalidated after it was recorded is logged and applied as an invalidation of
  * the article instead, and its op is rewritten so: the mark may be older than what the
  * invalidation stands for (a rewrite of the article's readers in the database), and adding
- * it to a set loaded since would put back a read the database no longer holds.  Returns 0,
- * or -1 when a set could not grow for lack of memory (that set is dropped instead, so
- * nothing stale is served). */
-int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n);
+ * it to a set loaded since would put back a read the database no longer holds.  A mark of a
+ * set that has expired at now drops the set (an expiration) instead of growing it: the set
+ * would never be served again, and growing it could evict live entries.  Returns 0, or -1
+ * when a set could not grow for lack of memory (that set is dropped instead, so nothing
+ * stale is served). */
+int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n, double now);
 
 /* Copies up to max page numbers dropped since the last call into out; returns how many.
  * The binding calls it after every operation (at most max_pages can be pending). */

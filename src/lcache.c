@@ -91,11 +91,12 @@ static void drain(lua_State *L, lcache *lc)
 
 /* ---- methods ---------------------------------------------------------------------------- */
 
-/* ud:sync() -- applies other processes' changes. */
+/* ud:sync(now) -- applies other processes' changes. */
 static int l_sync(lua_State *L)
 {
     lcache *lc = check_open(L);
-    esx_cache_sync(lc->core);
+    double now = luaL_checknumber(L, 2);
+    esx_cache_sync(lc->core, now);
     drain(L, lc);
     return 0;
 }
@@ -618,14 +619,16 @@ static int poll_core(lua_State *L, lcache *lc)
     return 2;
 }
 
-/* ud:apply({op1, a1, b1, op2, a2, b2, ...} [, since]) -- logs and applies a batch of changes.
+/* ud:apply({op1, a1, b1, op2, a2, b2, ...}, now [, since]) -- logs and applies a batch of
+ * changes (a mark of a set expired at now drops it).
  * since (a transaction's): op number -> the sequence at which that mark was recorded; a mark
  * whose article was invalidated after it is applied as an invalidation, and its op in the
  * table is rewritten so (esx_cache_apply). */
 static int apply_core(lua_State *L, lcache *lc)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
-    int has_since = lua_istable(L, 3);
+    double now = luaL_checknumber(L, 3);
+    int has_since = lua_istable(L, 4);
     size_t n = lua_rawlen(L, 2) / 3;
     esx_cache_op one[8];
     esx_cache_op *ops = one;
@@ -643,7 +646,7 @@ static int apply_core(lua_State *L, lcache *lc)
         ops[i].deferred = 0;
         ops[i].since = 0;
         if (has_since) {
-            lua_rawgeti(L, 3, (int)i + 1);
+            lua_rawgeti(L, 4, (int)i + 1);
             if (lua_type(L, -1) == LUA_TNUMBER) {
                 ops[i].deferred = 1;
                 ops[i].since = (uint64_t)esx_checkcount(L, -1);
@@ -651,7 +654,7 @@ static int apply_core(lua_State *L, lcache *lc)
             lua_pop(L, 1);
         }
     }
-    esx_cache_apply(lc->core, ops, n);
+    esx_cache_apply(lc->core, ops, n, now);
     for (size_t i = 0; i < n; i++) {
         if (ops[i].op == ESX_CACHE_OP_INV_ARTICLE && ops[i].deferred) {
             lua_pushinteger(L, ESX_CACHE_OP_INV_ARTICLE);

@@ -432,7 +432,7 @@ function Cache:read_articles(user_id, page_no)
   check_page_no(page_no, "read_articles")
   local cc = self._cc
   if not cc then return closed_error() end
-  if self._shared then cc:sync() end
+  if self._shared then cc:sync(self._clock()) end
   local page, err = get_page(self, page_no)
   if not page then return nil, err end
   if not self._cc then return closed_error() end
@@ -447,7 +447,7 @@ function Cache:read_articles_json(user_id, page_no)
   check_page_no(page_no, "read_articles_json")
   local cc = self._cc
   if not cc then return closed_error() end
-  if self._shared then cc:sync() end
+  if self._shared then cc:sync(self._clock()) end
   local page -- the loaded list, when this call loaded it
   local lists = {} -- article -> reader ids this call loaded (used when they cannot be cached)
   local readers_counted = false
@@ -504,7 +504,7 @@ function Cache:has_read(article_id, user_id)
   check_id(user_id, 2, "has_read", "user_id")
   local cc = self._cc
   if not cc then return closed_error() end
-  if self._shared then cc:sync() end
+  if self._shared then cc:sync(self._clock()) end
   return read_flag(self, article_id, user_id)
 end
 
@@ -514,7 +514,7 @@ function Cache:mark_read(article_id, user_id)
   check_id(user_id, 2, "mark_read", "user_id")
   local cc = self._cc
   if not cc then return closed_error() end
-  cc:apply({ OP_MARK, article_id, user_id })
+  cc:apply({ OP_MARK, article_id, user_id }, self._clock())
   note_mark(self, article_id, user_id)
   return true
 end
@@ -524,7 +524,7 @@ function Cache:invalidate_article(article_id)
   check_id(article_id, 1, "invalidate_article", "article_id")
   local cc = self._cc
   if not cc then return closed_error() end
-  cc:apply({ OP_INV_ARTICLE, article_id, 0 })
+  cc:apply({ OP_INV_ARTICLE, article_id, 0 }, self._clock())
   return true
 end
 
@@ -532,7 +532,7 @@ end
 function Cache:invalidate_pages()
   local cc = self._cc
   if not cc then return closed_error() end
-  cc:apply({ OP_INV_PAGES, 0, 0 })
+  cc:apply({ OP_INV_PAGES, 0, 0 }, self._clock())
   return true
 end
 
@@ -546,7 +546,7 @@ end
 function Cache:stats()
   local cc = self._cc
   if not cc then return closed_error() end
-  if self._shared then cc:sync() end
+  if self._shared then cc:sync(self._clock()) end
   local s = cc:stats()
   local c = self._counters
   s.pages.loads = c.page_loads
@@ -627,7 +627,7 @@ function Tx:commit()
   local cc = self._cache._cc
   if not cc then return closed_error() end
   local ops = self._ops
-  if #ops > 0 then cc:apply(ops, self._since) end -- (rewrites the marks it invalidates)
+  if #ops > 0 then cc:apply(ops, self._cache._clock(), self._since) end -- (rewrites the marks it invalidates)
   for i = 1, #ops, 3 do
     if ops[i] == OP_MARK then note_mark(self._cache, ops[i + 1], ops[i + 2]) end
   end
