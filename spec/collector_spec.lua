@@ -2147,6 +2147,37 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("leaves on disk, counted, spool segments it is refused (a second link) before their replay", function()
+    -- a backup tool hard-linked them (or, for a user other than root, made them mode 0000):
+    -- the file is there but not to be read as this user's private file.  Anything but ENOENT
+    -- counted as gone and the file was unlinked -- the events in it deleted by the replay.
+    local dir, bak = tmpdir(), tmpdir()
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    local col = new{ spool_dir = dir, queue_max_bytes = 4096, spool_segment_bytes = 4096,
+                     flush_interval = 10, retry_backoff_min = 10, retry_backoff_max = 50,
+                     rollup = false }
+    finally(function() srv:clear_faults() col:close(0) os.execute("rm -rf " .. dir .. " " .. bak) end)
+    for i = 1, 60 do
+      assert.equal(204, (post(col, cjson.encode(ev({ event_id = "linked" .. i, pad = string.rep("p", 100) })))))
+    end
+    assert.is_true(col:stats().spilled > 30)
+    os.execute("for f in " .. dir .. "/seg-*.log; do ln \"$f\" " .. bak .. "/; done")
+    srv:clear_faults()
+    assert.is_true(col:flush(15000 * SCALE), "the replay is stuck")
+    local s = col:stats()
+    assert.equal(0, s.spool_segments_gone)
+    assert.is_true(s.spool_segments_refused > 0)
+    assert.equal(s.spool_segments_refused, segments(dir)) -- left where they were
+    assert.is_true(s.shipped < 60)
+    col:close()
+    -- once the second link is gone they are this user's again: the next collector replays them
+    os.execute("rm -rf " .. bak)
+    col = new{ spool_dir = dir, flush_interval = 10, rollup = false }
+    assert.is_true(col:flush(15000 * SCALE))
+    assert.equal(60, (indexed()))
+    assert.equal(0, segments(dir))
+  end)
+
   it("takes a request larger than queue_max_bytes onto disk and ships it", function()
     local dir = tmpdir()
     local col

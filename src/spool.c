@@ -363,15 +363,17 @@ int64_t esx_spool_backlog_since(const esx_spool *sp)
     return since;
 }
 
-enum { REC_NONE, REC_OK, REC_BAD, REC_RETRY, REC_GONE };
+enum { REC_NONE, REC_OK, REC_BAD, REC_RETRY, REC_GONE, REC_REFUSED };
 
 /* Reads the record at offset off of seg into *buf, its length into *len.  Returns REC_OK,
  * REC_NONE when no record header is written there yet, REC_BAD for a record that is torn or
  * fails its checks (a length in bounds, a CRC-32 that matches, and the shape of bulk lines:
  * it starts with '{' and ends with '\n'), REC_RETRY when it could not be read for now (no
- * descriptor or memory left): nothing about the record is known then, or REC_GONE when the
- * file is no longer there to read (removed by hand or by a /tmp cleaner, or no longer this
- * user's private file): waiting would hold every segment behind it for ever. */
+ * descriptor or memory left): nothing about the record is known then, REC_GONE when the
+ * file is no longer there to read (removed by hand or by a /tmp cleaner: ENOENT), or
+ * REC_REFUSED when it is there but cannot be opened as this user's private file (a second
+ * link -- a backup tool's --, mode 0000 for a user other than root, EACCES...): errno says
+ * why.  Waiting on either would hold every segment behind it for ever. */
 static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *cap, size_t *len)
 {
     if (off + 8 > seg->bytes)
@@ -382,7 +384,9 @@ static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *ca
          * even if its name was removed meanwhile (the events in it were acknowledged) */
         seg->rfd = seg->fd >= 0 ? fcntl(seg->fd, F_DUPFD_CLOEXEC, 0) : esx_private_read(seg->path);
         if (seg->rfd < 0)
-            return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? REC_RETRY : REC_GONE;
+            return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? REC_RETRY
+                   : errno == ENOENT                                 ? REC_GONE
+                                                                     : REC_REFUSED;
     }
     unsigned char head[8];
     if (pread(seg->rfd, head, 8, (off_t)off) != 8)
@@ -478,6 +482,19 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
             seg->read_off = seg->bytes;
             backlog_remove(sp, seg);
             maybe_delete(sp, seg);
+            continue;
+        }
+        if (rc == REC_REFUSED) {
+            /* There, but not to be read as ours: its events are not lost -- the file stays
+             * (in the segment list, never deleted: this process does not claim it again), for
+             * its owner to look at, and for the next process once it is ours again.  Any
+             * error but ENOENT counted as gone and unlinked it, and the events with it. */
+            fprintf(stderr, "esx.collector: spool segment %s cannot be read (%s): left on disk, "
+                            "not replayed\n", seg->path,
+                    errno == EPERM ? "not this user's private file: its owner, mode or links"
+                                   : strerror(errno));
+            sp->segments_refused++;
+            backlog_remove(sp, seg);
             continue;
         }
         if (rc == REC_BAD) {

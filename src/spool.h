@@ -54,7 +54,9 @@ typedef struct esx_spool {
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged),
                              * or whose file was gone (segments_gone) */
-    uint64_t segments_gone; /* backlog segments whose file could not be read any more */
+    uint64_t segments_gone; /* backlog segments whose file was gone (ENOENT) */
+    uint64_t segments_refused; /* backlog segments whose file is there but could not be read
+                                * as this user's private file: left on disk, not replayed */
     dev_t dir_dev;          /* the directory, as one live spool of the process holds it */
     ino_t dir_ino;
     int held;               /* in the process's list of held directories */
@@ -99,7 +101,10 @@ int64_t esx_spool_backlog_since(const esx_spool *sp);
  * the number of events it queued (added to the segment's pending), or -1 when it queued
  * nothing for want of memory: the record is read again on a later call.  A record that fails
  * its checks is skipped (counted in bytes_skipped) and loading goes on from the next good
- * one; a segment that cannot be opened for now stops the call and is tried again later.
+ * one; a segment that cannot be opened for now stops the call and is tried again later; one
+ * whose file is gone is given up (segments_gone); one whose file is there but refused (not
+ * this user's private file, EACCES) is left on disk, not replayed (segments_refused, and a
+ * line on stderr).
  * Returns records loaded. */
 int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),

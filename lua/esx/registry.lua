@@ -46,7 +46,7 @@ local types = {
     requests = COUNTER, accepted = COUNTER, rejected = COUNTER, shipped = COUNTER,
     retried = COUNTER, dead_lettered = COUNTER, dead_letter_failed = COUNTER, spooled = COUNTER,
     replayed = COUNTER, spilled = COUNTER, spool_skipped_bytes = COUNTER,
-    spool_segments_gone = COUNTER, bulk_requests = COUNTER,
+    spool_segments_gone = COUNTER, spool_segments_refused = COUNTER, bulk_requests = COUNTER,
     bulk_failures = COUNTER, rollup_dropped = COUNTER, rollup_written = COUNTER,
     rate_unlimited = COUNTER, indices_created = COUNTER, index_create_failed = COUNTER,
     queued_events = GAUGE, queued_bytes = GAUGE, in_flight = GAUGE, delayed = GAUGE,
