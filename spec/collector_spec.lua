@@ -2475,6 +2475,31 @@ describe("spool", function()
     col:close()
   end)
 
+  it("counts once, and leaves, a dead process's segment that is not this user's private file", function()
+    -- a second link (a backup tool's): claim_orphans skipped it at every scan, for ever and
+    -- silently -- nothing said that acknowledged events sat there unreplayed
+    local dir, bak = tmpdir(), tmpdir()
+    local col
+    tidy(dir, function() return col end)
+    finally(function() os.execute("rm -rf " .. bak) end)
+    spool_victim(dir, { "k1", "k2" })
+    assert.equal(1, segments(dir))
+    os.execute("ln " .. dir .. "/seg-*.log " .. bak .. "/")
+    col = new{ spool_dir = dir }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "k3" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    socket.sleep(2.5) -- a second scan (every 2 s) counts it no second time
+    local s = col:stats()
+    assert.equal(1, s.spool_segments_refused)
+    assert.equal(0, s.replayed)
+    assert.equal(1, segments(dir))
+    -- ours alone again: the next scan claims and replays it
+    os.execute("rm -rf " .. bak)
+    assert_replays(col, 2, 3)
+    assert.equal(1, col:stats().spool_segments_refused)
+    col:close()
+  end)
+
   it("replays every segment a killed process had sealed, synced or not yet", function()
     local dir = tmpdir()
     local col

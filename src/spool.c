@@ -599,6 +599,32 @@ static int owned(const esx_spool *sp, const char *path)
     return 0;
 }
 
+/* A segment file claim_orphans will not take (not this user's private file): counted and
+ * said once per file, however many scans meet it.  Any number of them at every scan (2 s)
+ * said nothing: the acknowledged events in it were waiting for ever, unseen. */
+static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st)
+{
+    for (size_t i = 0; i < sp->n_refused; i++)
+        if (sp->refused[i].dev == st->st_dev && sp->refused[i].ino == st->st_ino)
+            return;
+    if (sp->n_refused >= ESX_SPOOL_MAX_REFUSED)
+        return;
+    if (sp->n_refused == sp->cap_refused) {
+        size_t cap = sp->cap_refused ? sp->cap_refused * 2 : 8;
+        void *r = realloc(sp->refused, cap * sizeof *sp->refused);
+        if (r == NULL)
+            return; /* counted at a later scan */
+        sp->refused = r;
+        sp->cap_refused = cap;
+    }
+    sp->refused[sp->n_refused].dev = st->st_dev;
+    sp->refused[sp->n_refused].ino = st->st_ino;
+    sp->n_refused++;
+    sp->segments_refused++;
+    fprintf(stderr, "esx.collector: spool segment %s is not this user's private file (its "
+                    "owner, mode or links): left on disk, not replayed\n", path);
+}
+
 int esx_spool_claim_orphans(esx_spool *sp)
 {
     DIR *d = opendir(sp->dir);
@@ -617,9 +643,14 @@ int esx_spool_claim_orphans(esx_spool *sp)
         if (pid == (int)sp->pid ? owned(sp, from) : pid_alive((pid_t)pid))
             continue;
         struct stat st; /* a regular file of this user's: nothing else is replayed */
-        if (lstat(from, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-            (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_nlink != 1)
-            continue; /* (as esx_private_read would refuse it: never claimed, never stuck) */
+        if (lstat(from, &st) != 0)
+            continue; /* gone meanwhile */
+        if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+            (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_nlink != 1) {
+            /* (as esx_private_read would refuse it: never claimed, never stuck) */
+            refuse_orphan(sp, from, &st);
+            continue;
+        }
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL)
             break;
@@ -691,6 +722,7 @@ void esx_spool_close(esx_spool *sp)
         free(seg);
         seg = next;
     }
+    free(sp->refused);
     free(sp);
 }
 
@@ -712,5 +744,6 @@ void esx_spool_forget(esx_spool *sp)
         free(seg);
         seg = next;
     }
+    free(sp->refused);
     free(sp);
 }

@@ -57,11 +57,19 @@ typedef struct esx_spool {
     uint64_t segments_gone; /* backlog segments whose file was gone (ENOENT) */
     uint64_t segments_refused; /* backlog segments whose file is there but could not be read
                                 * as this user's private file: left on disk, not replayed */
+    struct esx_spool_file { dev_t dev; ino_t ino; } *refused; /* the files of other processes
+                             * claim_orphans left as not private, counted and logged once each
+                             * (ESX_SPOOL_MAX_REFUSED of them at most) */
+    size_t n_refused, cap_refused;
     dev_t dir_dev;          /* the directory, as one live spool of the process holds it */
     ino_t dir_ino;
     int held;               /* in the process's list of held directories */
     struct esx_spool *held_next;
 } esx_spool;
+
+/* Files of other processes refused at claim that a spool remembers (not to count them
+ * again at every scan). */
+#define ESX_SPOOL_MAX_REFUSED 4096
 
 /* The largest record esx_spool_append takes (bytes of bulk lines). */
 #define ESX_SPOOL_MAX_RECORD ((size_t)64 << 20)
@@ -126,7 +134,9 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
 
 /* Claims (atomic rename) the segments left by processes that no longer exist, and those of
  * this process that no live spool of it owns (a collector closed earlier), adding them to
- * the backlog.  One spool_dir serves one live spool per process (esx_spool_open refuses a
+ * the backlog.  One that is not this user's private file (owner, group/other write, more
+ * than one link) is left where it is, counted in segments_refused and said on stderr once
+ * (for the first ESX_SPOOL_MAX_REFUSED such files: later ones are not counted).  One spool_dir serves one live spool per process (esx_spool_open refuses a
  * second).  Returns the number of segments claimed. */
 int esx_spool_claim_orphans(esx_spool *sp);
 
