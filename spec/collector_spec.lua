@@ -2147,6 +2147,44 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("counts and says a failed fdatasync of a segment, and writes on in a new one", function()
+    -- EIO from fdatasync (a failing disk) was ignored: nothing said that what the spool held
+    -- might not survive a power loss.  A later sync of the same file succeeds without the
+    -- pages the kernel dropped ("fsyncgate"): the file is not written to again.
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    local so = dir .. "/failsync.so"
+    assert.truthy(os.execute("cc -shared -fPIC tools/failsync.c -o " .. so))
+    local cmd = child_script(dir, "failsync", ([[
+      local esx = require "esx"
+      local socket = require "socket"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s/spool", spool_sync_interval = 10,
+                                 flush_interval = 60000, rollup = false }
+      local function post(id)
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","event_id":"' .. id .. '"}' } == 204)
+      end
+      post("f1")
+      socket.sleep(0.3)
+      post("f2")
+      socket.sleep(0.3)
+      local n = 0
+      for f in io.popen("ls %s/spool"):lines() do if f:find("^seg%%-") then n = n + 1 end end
+      print(col:stats().spool_sync_failed > 0, n,
+            esx.metrics():match("esx_collector_spool_sync_failed_total{name=\"collector%%d+\"} (%%d+)") ~= nil)
+      col:close(0)
+      c:close()
+    ]]):format(dir, dir))
+    local p = io.popen("LD_PRELOAD=" .. so .. " " .. cmd .. " 2>" .. dir .. "/err")
+    local out = p:read("*a")
+    p:close()
+    local err = slurp(dir .. "/err")
+    -- a second segment: f2 was not appended to the file whose sync failed
+    assert.equal("true\t2\ttrue\n", out, err)
+    assert.truthy(err:find("esx.collector: fdatasync of spool segments failed", 1, true), err)
+  end)
+
   it("leaves on disk, counted, spool segments it is refused (a second link) before their replay", function()
     -- a backup tool hard-linked them (or, for a user other than root, made them mode 0000):
     -- the file is there but not to be read as this user's private file.  Anything but ENOENT

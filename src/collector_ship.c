@@ -4,6 +4,7 @@
  * writes dead letters, queues rollup rows, and keeps the spool (loads its backlog, syncs it,
  * claims dead processes' segments).  See collector_int.h.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -539,8 +540,10 @@ static void housekeeping(esx_collector *col, int64_t now)
             col->last_sync = now;
             if (n > 0) {
                 pthread_mutex_unlock(&col->mu);
-                esx_spool_sync_end(fds, n);
+                int failed = esx_spool_sync_end(fds, n), err = errno;
                 pthread_mutex_lock(&col->mu);
+                /* (the spool stays: close() keeps it open while bulks are in flight) */
+                esx_spool_sync_failed(col->spool, failed, err);
             }
         }
     }

@@ -197,6 +197,18 @@ static void maybe_delete(esx_spool *sp, esx_segment *seg)
         unlink_segment(sp, seg);
 }
 
+/* n fdatasync calls failed, the last with err: counted and said.  After a failed sync the
+ * kernel may have dropped the pages it could not write (marked clean), and a later sync of the
+ * same file succeeds without them ("fsyncgate"): retrying is no proof of anything, so the
+ * callers never write to that file again. */
+static void sync_failed(esx_spool *sp, int n, int err)
+{
+    sp->sync_failed += (uint64_t)n;
+    fprintf(stderr, "esx.collector: fdatasync of spool segments failed (%s): the events they "
+                    "hold may not survive a power loss (no later event is written to them)\n",
+            strerror(err));
+}
+
 static void seal(esx_spool *sp, esx_segment *seg)
 {
     struct stat st;
@@ -212,7 +224,8 @@ static void seal(esx_spool *sp, esx_segment *seg)
         if (sp->n_unsynced < (int)(sizeof sp->unsynced / sizeof sp->unsynced[0])) {
             sp->unsynced[sp->n_unsynced++] = seg->fd;
         } else {
-            fdatasync(seg->fd);
+            if (fdatasync(seg->fd) != 0)
+                sync_failed(sp, 1, errno);
             close(seg->fd);
         }
         seg->fd = -1;
@@ -566,12 +579,31 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
     return n;
 }
 
-void esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n)
+int esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n)
 {
+    int failed = 0, err = 0;
     for (int i = 0; i < n; i++) {
-        fdatasync(fds[i]);
+        if (fdatasync(fds[i]) != 0) {
+            failed++;
+            err = errno;
+        }
         close(fds[i]);
     }
+    errno = err;
+    return failed;
+}
+
+void esx_spool_sync_failed(esx_spool *sp, int n, int err)
+{
+    if (n <= 0)
+        return;
+    sync_failed(sp, n, err);
+    /* which of the files failed is not known (the descriptors were copies): the segments
+     * being written are sealed, and the next events go to new files */
+    if (sp->current)
+        seal(sp, sp->current);
+    if (sp->overflow)
+        seal(sp, sp->overflow);
 }
 
 void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n)
@@ -700,19 +732,23 @@ void esx_spool_close(esx_spool *sp)
         return;
     esx_spool_unhold(sp);
     int dfd = sp->dir_dirty ? open(sp->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    int failed = 0, err = 0;
     if (dfd >= 0) {
-        fdatasync(dfd);
+        if (fdatasync(dfd) != 0)
+            failed++, err = errno;
         close(dfd);
     }
     for (int i = 0; i < sp->n_unsynced; i++) {
-        fdatasync(sp->unsynced[i]);
+        if (fdatasync(sp->unsynced[i]) != 0)
+            failed++, err = errno;
         close(sp->unsynced[i]);
     }
     esx_segment *seg = sp->segments;
     while (seg) {
         esx_segment *next = seg->next;
         if (seg->fd >= 0) {
-            fdatasync(seg->fd);
+            if (fdatasync(seg->fd) != 0)
+                failed++, err = errno;
             close(seg->fd);
         }
         if (seg->rfd >= 0)
@@ -722,6 +758,8 @@ void esx_spool_close(esx_spool *sp)
         free(seg);
         seg = next;
     }
+    if (failed > 0)
+        sync_failed(sp, failed, err);
     free(sp->refused);
     free(sp);
 }

@@ -54,6 +54,7 @@ typedef struct esx_spool {
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged),
                              * or whose file was gone (segments_gone) */
+    uint64_t sync_failed;   /* fdatasync calls of its files that failed (EIO) */
     uint64_t segments_gone; /* backlog segments whose file was gone (ENOENT) */
     uint64_t segments_refused; /* backlog segments whose file is there but could not be read
                                 * as this user's private file: left on disk, not replayed */
@@ -122,11 +123,16 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
  * sealed since, and the directory when a segment was created or claimed), in two steps so that the caller's lock is not held across the disk write:
  * _begin (under the lock that guards sp) fills fds (ESX_SPOOL_SYNC_FDS of them at most:
  * duplicates of the open segments' descriptors, and the sealed segments' own) and returns
- * how many; _end (without the lock) syncs and closes them.  A failed dup leaves that
- * segment to be synced when it is sealed or closed. */
+ * how many; _end (without the lock) syncs and closes them, and returns how many syncs failed
+ * (errno: the last failure's).  A failed dup leaves that segment to be synced when it is
+ * sealed or closed.  With failures, esx_spool_sync_failed (under the lock again) counts them
+ * in sync_failed, says so on stderr and seals the segments being written: after a failed
+ * fdatasync the kernel may have dropped the pages it could not write, and a later sync of that
+ * file succeeds without them -- no later event is written to it. */
 #define ESX_SPOOL_SYNC_FDS 11
 int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS]);
-void esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n);
+int esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n);
+void esx_spool_sync_failed(esx_spool *sp, int n, int err);
 
 /* n events of seg were acknowledged; a segment with none left is deleted (the current one
  * too: the next append opens a new one). */
