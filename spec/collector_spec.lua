@@ -2147,6 +2147,40 @@ describe("spool", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  it("counts and says the rollup rows it could not write to a full spool at close", function()
+    -- spool_rollups gave up on the first write that failed (spool_max_bytes reached, a full
+    -- disk): the rows, and every one after, vanished without a trace
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    local cmd = child_script(dir, "rollfull", ([[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s/spool", spool_max_bytes = 4096,
+                                 flush_interval = 60000 }
+      local accepted = 0
+      for i = 1, 100 do
+        local st = col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","block_id":"b' .. i .. '","pad":"' .. ("p"):rep(100) .. '"}' }
+        if st ~= 204 then break end
+        accepted = accepted + 1
+      end
+      assert(accepted > 5 and accepted < 100)
+      col:close(0)
+      print(accepted, col.c:stats().rollup_lost)
+      c:close()
+    ]]):format(dir))
+    local p = io.popen(cmd .. " 2>" .. dir .. "/err")
+    local out = p:read("*a")
+    p:close()
+    local err = slurp(dir .. "/err")
+    local accepted, lost = out:match("^(%d+)\t(%d+)\n$")
+    assert.truthy(accepted, out .. err)
+    -- one row per block_id: none fitted
+    assert.equal(accepted, lost)
+    assert.equal("esx.collector: close: " .. lost .. " rollup rows could not be written to the spool " ..
+                 "(spool_max_bytes reached, or the write failed): they are lost\n", err)
+  end)
+
   it("counts and says a failed fdatasync of a segment, and writes on in a new one", function()
     -- EIO from fdatasync (a failing disk) was ignored: nothing said that what the spool held
     -- might not survive a power loss.  A later sync of the same file succeeds without the

@@ -256,6 +256,7 @@ describe("esx.metrics", function()
     -- the spool's counters of what it could not do, as counters
     assert.equal("0", series['esx_collector_spool_segments_refused_total{name="beacons"}'])
     assert.equal("0", series['esx_collector_spool_sync_failed_total{name="beacons"}'])
+    assert.equal("0", series['esx_collector_rollup_lost_total{name="beacons"}'])
     assert.equal("gauge", types.esx_collector_queued_bytes)
     assert.equal("gauge", types.esx_collector_utilization_queue)
     assert.equal("counter", types.esx_cache_pages_hits_total)

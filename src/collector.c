@@ -384,7 +384,7 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
 
 /* Writes one record of rollup rows to the spool, its segment kept for the replay (its
  * pending count is never given back: the items are freed with the collector).  0 or -1. */
-static int spool_rows(esx_collector *col, esx_buf *b, int64_t rows)
+static int spool_rows(esx_collector *col, esx_buf *b, int64_t rows, int64_t *spooled)
 {
     char why[256];
     esx_segment *seg = NULL;
@@ -394,17 +394,19 @@ static int spool_rows(esx_collector *col, esx_buf *b, int64_t rows)
         esx_spool_append(col->spool, b->data, b->len, 0, &seg, why) != 0)
         return -1;
     seg->pending += rows;
+    *spooled += rows;
     esx_buf_reset(b);
     return 0;
 }
 
 /* Adds one rollup row to the record being built in b, writing b out first when it is full.
  * 0 or -1. */
-static int spool_row(esx_collector *col, esx_buf *b, int64_t *rows, const item *it)
+static int spool_row(esx_collector *col, esx_buf *b, int64_t *rows, int64_t *spooled,
+                     const item *it)
 {
     int rc = esx_buf_append(b, it->data, it->len);
     if (rc == ESX_BUF_TOOBIG) {
-        if (spool_rows(col, b, *rows) != 0)
+        if (spool_rows(col, b, *rows, spooled) != 0)
             return -1;
         *rows = 0;
         rc = esx_buf_append(b, it->data, it->len);
@@ -421,24 +423,34 @@ static int spool_row(esx_collector *col, esx_buf *b, int64_t *rows, const item *
  * replayed.  So do the rows of bulks still in flight: should such a bulk fail, nothing
  * would ship or spool them any more (its events are on disk already), and the spool is
  * let go of below; should it succeed, the replayed copy is the same row at the same
- * version, written again.  Called with mu held, the shipper gone. */
+ * version, written again.  Rows that could not be written (spool_max_bytes reached, a full
+ * disk, no memory) are lost: counted in rollup_lost and said on stderr, since stats cannot be
+ * read after close -- they vanished without a trace.  Called with mu held, the shipper gone. */
 static void spool_rollups(esx_collector *col)
 {
     esx_buf b;
     esx_buf_init(&b, ESX_SPOOL_MAX_RECORD);
-    int64_t rows = 0;
+    int64_t rows = 0, total = 0, spooled = 0;
+    int failed = 0;
     run ready = {.head = col->ready_head};
     for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next)
         for (item *it = r->head; it; it = it->next)
-            if (it->rollup && spool_row(col, &b, &rows, it) != 0)
-                goto done;
+            if (it->rollup && (total++, !failed) && spool_row(col, &b, &rows, &spooled, it) != 0)
+                failed = 1;
     for (batch *s = col->sent; s; s = s->next_sent)
         for (int i = 0; i < s->n; i++)
-            if (s->items[i]->rollup && spool_row(col, &b, &rows, s->items[i]) != 0)
-                goto done;
-    spool_rows(col, &b, rows);
-done:
+            if (s->items[i]->rollup && (total++, !failed) &&
+                spool_row(col, &b, &rows, &spooled, s->items[i]) != 0)
+                failed = 1;
+    if (!failed)
+        spool_rows(col, &b, rows, &spooled);
     esx_buf_free(&b);
+    if (spooled < total) {
+        col->st.rollup_lost += (uint64_t)(total - spooled);
+        fprintf(stderr, "esx.collector: close: %lld rollup rows could not be written to the spool "
+                        "(spool_max_bytes reached, or the write failed): they are lost\n",
+                (long long)(total - spooled));
+    }
 }
 
 int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)

@@ -374,6 +374,7 @@ static int col_stats(lua_State *L)
     set_int(L, "rollup_rows", (long long)s.rollup_rows);
     set_int(L, "rollup_dropped", (long long)s.rollup_dropped);
     set_int(L, "rollup_written", (long long)s.rollup_written);
+    set_int(L, "rollup_lost", (long long)s.rollup_lost);
     set_int(L, "rate_unlimited", (long long)s.rate_unlimited);
     set_int(L, "lag_ms", (long long)s.oldest_queued_ms);
     set_int(L, "in_progress", atomic_load(&u->in_progress));

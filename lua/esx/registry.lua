@@ -48,7 +48,7 @@ local types = {
     replayed = COUNTER, spilled = COUNTER, spool_skipped_bytes = COUNTER,
     spool_segments_gone = COUNTER, spool_segments_refused = COUNTER,
     spool_sync_failed = COUNTER, bulk_requests = COUNTER,
-    bulk_failures = COUNTER, rollup_dropped = COUNTER, rollup_written = COUNTER,
+    bulk_failures = COUNTER, rollup_dropped = COUNTER, rollup_written = COUNTER, rollup_lost = COUNTER,
     rate_unlimited = COUNTER, indices_created = COUNTER, index_create_failed = COUNTER,
     queued_events = GAUGE, queued_bytes = GAUGE, in_flight = GAUGE, delayed = GAUGE,
     spool_bytes = GAUGE, rollup_rows = GAUGE, lag_ms = GAUGE, in_progress = GAUGE,
