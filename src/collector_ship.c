@@ -542,7 +542,7 @@ static void housekeeping(esx_collector *col, int64_t now)
                 pthread_mutex_unlock(&col->mu);
                 int failed = esx_spool_sync_end(fds, n), err = errno;
                 pthread_mutex_lock(&col->mu);
-                /* (the spool stays: close() keeps it open while bulks are in flight) */
+                /* (the spool is still there: close() joins this thread before closing it) */
                 esx_spool_sync_failed(col->spool, failed, err);
             }
         }
