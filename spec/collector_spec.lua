@@ -2181,6 +2181,33 @@ describe("spool", function()
                  "(spool_max_bytes reached, or the write failed): they are lost\n", err)
   end)
 
+  it("counts and says the rollup rows left undelivered at close without a spool", function()
+    -- the rows still queued (and the open window's) went nowhere without a trace: close's
+    -- err.undelivered counts events only
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    local cmd = child_script(dir, "rolllost", [[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, flush_interval = 60000 }
+      for i = 1, 7 do
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","block_id":"b' .. i .. '"}' } == 204)
+      end
+      local ok, err = col:close(0)
+      print(tostring(ok), err.kind, err.undelivered, col.c:stats().rollup_lost)
+      c:close()
+    ]])
+    local p = io.popen(cmd .. " 2>" .. dir .. "/err")
+    local out = p:read("*a")
+    p:close()
+    local err = slurp(dir .. "/err")
+    -- seven events, one row per block_id
+    assert.equal("nil\trequest_timeout\t7\t7\n", out, err)
+    assert.equal("esx.collector: close: 7 rollup rows were not delivered and there is no spool " ..
+                 "to keep them: they are lost\n", err)
+  end)
+
   it("counts and says a failed fdatasync of a segment, and writes on in a new one", function()
     -- EIO from fdatasync (a failing disk) was ignored: nothing said that what the spool held
     -- might not survive a power loss.  A later sync of the same file succeeds without the

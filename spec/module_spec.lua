@@ -363,6 +363,8 @@ describe("esx.collector's API", function()
     ]])
     assert.equal("flush\tnil\trequest_timeout\n" ..
                  "bad\tfalse\tbad argument #1 to 'flush' (timeout is NaN)\n" ..
+                 "esx.collector: close: 1 rollup rows were not delivered and there is no spool to " ..
+                 "keep them: they are lost\n" ..
                  "close\tnil\trequest_timeout\t1\n", out)
   end)
 end)

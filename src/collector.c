@@ -453,6 +453,26 @@ static void spool_rollups(esx_collector *col)
     }
 }
 
+/* Without a spool, the rollup rows still waiting in the queue at close (the sink away, or no
+ * time given) -- and the open window's, queued here -- go nowhere: counted in rollup_lost
+ * and said on stderr, as spool_rollups says those a full spool refuses.  (Rows of a bulk still
+ * in flight may yet be acknowledged: not counted.) */
+static void rollups_lost_at_close(esx_collector *col)
+{
+    esx_col_queue_rollups(col);
+    int64_t lost = 0;
+    run ready = {.head = col->ready_head};
+    for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next)
+        for (item *it = r->head; it; it = it->next)
+            lost += it->rollup;
+    if (lost > 0) {
+        col->st.rollup_lost += (uint64_t)lost;
+        fprintf(stderr, "esx.collector: close: %lld rollup rows were not delivered and there is "
+                        "no spool to keep them: they are lost\n",
+                (long long)lost);
+    }
+}
+
 int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
 {
     if (col->closed)
@@ -488,6 +508,8 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
         esx_col_queue_rollups(col);
     if (col->spool && col->queue_rollups > 0)
         spool_rollups(col);
+    else if (!col->spool && col->rollups)
+        rollups_lost_at_close(col);
     /* the directory is free for a collector that replaces this one (which claims and
      * replays what this one left), even while a bulk in flight keeps the spool open --
      * once this one writes nothing more to it */
