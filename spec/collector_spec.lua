@@ -2057,6 +2057,29 @@ describe("spool", function()
     assert.equal(0, segments(dir .. "/spool"))
   end)
 
+  it("writes on in a new segment when the one it appends to was removed with its directory", function()
+    -- with events still pending, appends went on into the removed file until it was full
+    -- (4 MiB): the events acknowledged meanwhile were in no file a later process could find,
+    -- and a crash of this one lost them
+    local dir = tmpdir()
+    local col
+    tidy(dir, function() return col end)
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    finally(function() srv:clear_faults() end)
+    col = new{ spool_dir = dir .. "/spool", rollup = false, spool_sync_interval = 20, flush_interval = 10,
+               retry_backoff_min = 10, retry_backoff_max = 50 }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "before" })))))
+    assert.equal(1, segments(dir .. "/spool"))
+    os.execute("rm -rf " .. dir .. "/spool")
+    socket.sleep(0.3) -- sync passes of the shipper (every 20 ms) see the segment's name gone
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "after" })))))
+    assert.equal(1, segments(dir .. "/spool")) -- "after" is written ahead to a file again
+    srv:clear_faults()
+    assert.is_true(col:flush(5000 * SCALE))
+    assert.equal(2, (indexed()))
+    assert.equal(0, segments(dir .. "/spool"))
+  end)
+
   it("keeps accepting when memory is full, holding the overflow on disk, and ships it all", function()
     local dir = tmpdir()
     local col

@@ -559,8 +559,21 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
     return records;
 }
 
+/* The name of seg is gone (its directory removed by hand while it held unacknowledged
+ * events): appends would go on into a file no later process can find, and the events
+ * acknowledged meanwhile would die with this one.  Sealed, so that the next append makes a
+ * new segment (and the directory again). */
+static void seal_if_unnamed(esx_spool *sp, esx_segment *seg)
+{
+    struct stat st;
+    if (seg != NULL && seg->fd >= 0 && fstat(seg->fd, &st) == 0 && st.st_nlink == 0)
+        seal(sp, seg);
+}
+
 int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
 {
+    seal_if_unnamed(sp, sp->current);
+    seal_if_unnamed(sp, sp->overflow);
     int n = 0;
     for (int i = 0; i < sp->n_unsynced; i++)
         fds[n++] = sp->unsynced[i];
