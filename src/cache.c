@@ -488,9 +488,9 @@ const void *esx_cache_page_blob(esx_cache *c, uint64_t page_no, double now, size
     return e ? e->blob : NULL;
 }
 
-int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now)
+int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now, int count)
 {
-    return fresh_page(c, page_no, now, 1) != NULL;
+    return fresh_page(c, page_no, now, count) != NULL;
 }
 
 int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,

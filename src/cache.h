@@ -92,8 +92,9 @@ uint64_t esx_cache_seq(esx_cache *c);
 int esx_cache_changed(esx_cache *c, int kind, uint64_t key, uint64_t start_seq);
 
 /* 1 if page_no is cached and fresh at now (and marks it recently used; counts a hit), else 0
- * (counts a miss; an expired page is dropped). */
-int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now);
+ * (counts a miss; an expired page is dropped).  With count = 0 neither is counted (the
+ * caller counted this lookup already). */
+int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now, int count);
 
 /* Records page_no as cached with the given measured size, if page_no <= max_pages, page_ttl
  * is above 0, the page fits in max_bytes and no invalidate_pages happened since start_seq.  blob (blob_len bytes,

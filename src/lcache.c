@@ -127,14 +127,7 @@ static int l_page_get(lua_State *L)
     lcache *lc = check_open(L);
     uint64_t page_no = check_id(L, 2);
     double now = luaL_checknumber(L, 3);
-    int hit;
-    if (lua_toboolean(L, 4)) {
-        size_t len;
-        esx_cache_page_blob(lc->core, page_no, now, &len, 0);
-        hit = len != 0; /* (0 on a miss, see cache.h) */
-    } else {
-        hit = esx_cache_page_get(lc->core, page_no, now);
-    }
+    int hit = esx_cache_page_get(lc->core, page_no, now, !lua_toboolean(L, 4));
     drain(L, lc);
     if (!hit)
         return 0;
