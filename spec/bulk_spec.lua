@@ -570,6 +570,37 @@ describe("bi:add and bi:close (light threads sharing an indexer in nginx)", func
     assert.equal(2, s.failed)
     assert.equal(2, calls)
   end)
+
+  it("reports every item once when on_drop yields after a batch could not be sent (client closed)", function()
+    -- before, the batch was still at the front of the buffer while on_drop yielded: the other
+    -- thread sent (and dropped) it again, then each took a batch off the buffer -- a1, a2
+    -- reported twice, b1, b2 never, and close() said added == indexed + failed
+    local c2 = assert(esx.client{ hosts = { srv.url } })
+    local seen = {}
+    local bi = c2:bulk_indexer{ flush_count = 2, on_drop = function(item)
+      seen[#seen + 1] = item.meta._id
+      ngx.sleep(0.01)
+    end }
+    c2:close()
+    local s
+    run(function()
+          bi:add("index", { _index = "p", _id = "a1" }, { n = 1 })
+          bi:add("index", { _index = "p", _id = "a2" }, { n = 2 })
+        end,
+        function()
+          bi:add("index", { _index = "p", _id = "b1" }, { n = 3 })
+          bi:add("index", { _index = "p", _id = "b2" }, { n = 4 })
+          s = bi:close()
+        end)
+    table.sort(seen)
+    assert.same({ "a1", "a2", "b1", "b2" }, seen)
+    assert.equal(4, s.added)
+    assert.equal(4, s.failed)
+    local ids = {}
+    for i, d in ipairs(s.dropped) do ids[i] = d.meta._id end
+    table.sort(ids)
+    assert.same({ "a1", "a2", "b1", "b2" }, ids)
+  end)
 end)
 
 describe("bi:flush", function()

@@ -322,7 +322,9 @@ local function settle_oldest(self)
   notify(self)
 end
 
--- Sends one batch: a slot is free.
+-- Sends one batch: a slot is free.  A batch that cannot be sent is accounted for at once; its
+-- callers call on_drop (notify) once the batch is off the buffer: on_drop may yield, and another
+-- light thread would meanwhile send the batch again from there.
 local function send_now(self, items)
   local lines = {}
   for _, it in ipairs(items) do
@@ -335,7 +337,6 @@ local function send_now(self, items)
     { content_type = "application/x-ndjson", retries = 0 })
   if not p then
     batch_failed(self, items, err)
-    notify(self)
     return
   end
   self.inflight[#self.inflight + 1] = { pending = p, items = items }
@@ -390,6 +391,7 @@ local function pump(self, splits_only)
       send_now(self, batch)
       drop_front(self, #batch, bytes)
     end
+    notify(self)
   end
 end
 
