@@ -170,6 +170,32 @@ describe("client:bulk_indexer", function()
     assert.equal(1 + 3, srv:requests("/_bulk").counts["/_bulk"])
   end)
 
+  it("counts in item.attempts the sends of the batches split around it, and keeps max_retries for retries", function()
+    -- before, an item refused as too large in its batch and then alone had been sent twice
+    -- and on_drop said attempts = 1 (after a split of 8 items, four times)
+    srv:fault{ path = "/_bulk", status = 413, count = 2 }
+    local got = {}
+    local bi = c:bulk_indexer{ flush_count = 2, concurrency = 1, max_retries = 0,
+                               on_drop = function(item) got[#got + 1] = item.meta._id .. ":" .. item.attempts end }
+    add_docs(bi, 2)
+    local s = bi:close()
+    -- the 413s go to the batch of 2, then to item 1 alone
+    assert.same({ "1:2" }, got)
+    assert.equal(1, s.indexed)
+    assert.equal(0, s.retried)
+    assert.equal(1, s.split)
+    -- sends are not retries: an item answered 429 after splits is still retried max_retries times
+    srv:reset()
+    srv:fault{ path = "/_bulk", status = 413, count = 1 }
+    srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
+    bi = c:bulk_indexer{ flush_count = 2, concurrency = 1, max_retries = 1, backoff_min = 1, backoff_max = 1 }
+    add_docs(bi, 2)
+    s = bi:close()
+    assert.equal(2, s.indexed)
+    assert.equal(1, s.retried)
+    assert.equal(0, s.failed)
+  end)
+
   it("holds the producer while retries worth concurrency batches wait out a 429 back-off", function()
     -- before, add() only waited for a free batch slot: under a sustained 429 every document
     -- given went on the retry list (60,000 of them, 126 MB, in the review's run)

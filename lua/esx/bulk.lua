@@ -133,7 +133,6 @@ end
 -- (notify), so that a callback that yields (in nginx, a log sent on a cosocket) cannot leave the
 -- rest of the batch unaccounted for while another light thread runs (and closes the indexer).
 local function drop(self, item, reason)
-  item.attempts = item.attempts + 1 -- the send whose outcome drops it: attempts = sends
   self.counters.failed = self.counters.failed + 1
   if #self.dropped < self.o.keep_dropped then
     self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
@@ -155,15 +154,17 @@ local function notify(self)
   end
 end
 
--- not_before: the least wait the server asked for (Retry-After), in ms
+-- not_before: the least wait the server asked for (Retry-After), in ms.  item.retries counts
+-- against max_retries; item.attempts counts sends, which also include the batches a refused
+-- one was split into (send_now).
 local function retry_later(self, item, reason, not_before)
-  if item.attempts >= self.o.max_retries then
+  if item.retries >= self.o.max_retries then
     drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
     return
   end
-  item.attempts = item.attempts + 1 -- the sends so far, all failed (drop counts the last one)
+  item.retries = item.retries + 1
   self.counters.retried = self.counters.retried + 1
-  local wait = backoff(self, item.attempts)
+  local wait = backoff(self, item.retries)
   if not_before and not_before > wait then wait = not_before end
   self.delayed[#self.delayed + 1] = { item = item, due = now() + wait }
   self.delayed_bytes = self.delayed_bytes + #item.line
@@ -339,6 +340,7 @@ local function send_now(self, items)
     batch_failed(self, items, err)
     return
   end
+  for _, it in ipairs(items) do it.attempts = it.attempts + 1 end -- sends, for on_drop
   self.inflight[#self.inflight + 1] = { pending = p, items = items }
 end
 
@@ -460,7 +462,7 @@ function Indexer:add(action, meta, doc)
   for k, v in pairs(meta) do m[k] = v end
   -- counted once buffered: Lua out of memory building or storing the item raises with
   -- nothing counted, so that close()'s added == indexed + failed still holds
-  self.buf[#self.buf + 1] = { action = action, meta = m, line = line, attempts = 0 }
+  self.buf[#self.buf + 1] = { action = action, meta = m, line = line, attempts = 0, retries = 0 }
   self.counters.added = self.counters.added + 1
   self.buf_bytes = self.buf_bytes + #line
   if #self.buf >= self.o.flush_count or self.buf_bytes >= self.o.flush_bytes then
