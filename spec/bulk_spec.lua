@@ -215,6 +215,24 @@ describe("client:bulk_indexer", function()
     assert.equal(0, s.indexed)
   end)
 
+  it("asks only for the result fields it reads, so that a batch's answer stays within max_response_bytes", function()
+    -- before, each item's whole result (_index, _version, _shards, _seq_no, ...) came back:
+    -- 10 items passed max_response_bytes = 1024, and the batch, indexed, was sent again and
+    -- reported failed ("decode: response body exceeds max_response_bytes") -- as a batch near
+    -- flush_count's top does with the default 100 MiB
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_response_bytes = 1024 })
+    local bi = c2:bulk_indexer{ max_retries = 1, backoff_min = 1, backoff_max = 1 }
+    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    bi:add("delete", { _index = "p", _id = "missing" })
+    local s = bi:close()
+    c2:close()
+    assert.equal(11, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(0, s.retried)
+    assert.equal(1, srv:requests("/_bulk").counts["/_bulk"])
+    assert.equal(10, count("p"))
+  end)
+
   it("splits a batch the server refuses as too large (413)", function()
     srv:fault{ path = "/_bulk", status = 413, count = 1 }
     local bi = c:bulk_indexer{ flush_count = 8 }

@@ -37,6 +37,8 @@ _M.schema = {
 -- items answered 429 or any 5xx are retried (as the collector does); others are dropped
 local function retryable(status) return status == 429 or status >= 500 end
 local RETRY_AFTER_MAX = 30000
+-- (the _id for the request-order check, result for a delete of a missing document)
+local BULK_PATH = "/_bulk?filter_path=items.*._id,items.*.status,items.*.result,items.*.error"
 local actions = { index = true, create = true, update = true, delete = true }
 
 local Indexer = {}
@@ -333,8 +335,11 @@ local function send_now(self, items)
   end
   local body = concat(lines)
   self.counters.batches = self.counters.batches + 1
-  -- the indexer retries items itself, so the transport does not repeat whole batches
-  local p, err = self.client:send("POST", "/_bulk", body,
+  -- the indexer retries items itself, so the transport does not repeat whole batches; it asks
+  -- for the result fields settle reads, as the collector does: the whole results (_index,
+  -- _version, _shards, _seq_no, ...) are ~3x as big, and a response over the client's
+  -- max_response_bytes fails the batch, applied, as a decode error (sent again, then dropped)
+  local p, err = self.client:send("POST", BULK_PATH, body,
     { content_type = "application/x-ndjson", retries = 0 })
   if not p then
     batch_failed(self, items, err)
