@@ -233,6 +233,24 @@ describe("client:bulk_indexer", function()
     assert.equal(10, count("p"))
   end)
 
+  it("retries the items of one batch together, in one batch, not each at its own jittered time", function()
+    -- before, each item drew its own jitter: the retries of a batch of 200 refused with 429
+    -- fell due one by one over 200-400 ms and went out as dozens of small bulks, multiplying
+    -- the requests sent to a cluster that had just said it was overloaded
+    for _, f in ipairs{ { path = "/_bulk", status = 429, count = 1 },
+                        { path = "/_bulk", item_status = 429, count = 1 } } do
+      srv:reset()
+      srv:fault(f)
+      local bi = c:bulk_indexer{ flush_count = 200, backoff_min = 400, backoff_max = 400 }
+      for i = 1, 200 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+      local s = bi:close()
+      assert.equal(200, s.indexed)
+      assert.equal(200, s.retried)
+      assert.equal(2, s.batches)
+      assert.equal(2, srv:requests("/_bulk").counts["/_bulk"])
+    end
+  end)
+
   it("splits a batch the server refuses as too large (413)", function()
     srv:fault{ path = "/_bulk", status = 413, count = 1 }
     local bi = c:bulk_indexer{ flush_count = 8 }

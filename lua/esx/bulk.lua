@@ -158,17 +158,25 @@ end
 
 -- not_before: the least wait the server asked for (Retry-After), in ms.  item.retries counts
 -- against max_retries; item.attempts counts sends, which also include the batches a refused
--- one was split into (send_now).
-local function retry_later(self, item, reason, not_before)
+-- one was split into (send_now).  due: the due times given to the items of one batch so far,
+-- by retry number -- they fall due together and go out together: each with its own jitter,
+-- they fell due one by one and went out as many small bulks, multiplying the requests sent
+-- to a cluster that had just answered 429 (the jitter spreads batches and indexers apart).
+local function retry_later(self, item, reason, due, not_before)
   if item.retries >= self.o.max_retries then
     drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
     return
   end
   item.retries = item.retries + 1
   self.counters.retried = self.counters.retried + 1
-  local wait = backoff(self, item.retries)
-  if not_before and not_before > wait then wait = not_before end
-  self.delayed[#self.delayed + 1] = { item = item, due = now() + wait }
+  local at = due[item.retries]
+  if not at then
+    local wait = backoff(self, item.retries)
+    if not_before and not_before > wait then wait = not_before end
+    at = now() + wait
+    due[item.retries] = at
+  end
+  self.delayed[#self.delayed + 1] = { item = item, due = at }
   self.delayed_bytes = self.delayed_bytes + #item.line
 end
 
@@ -192,13 +200,13 @@ local not_sent = { pool_timeout = true, connect_timeout = true, connect = true, 
 local function batch_failed(self, items, err)
   local final = err.kind == "closed" and not self.client:stats()
   local maybe_applied = not not_sent[err.kind] and err.status ~= 429
-  local not_before = retry_after(err)
+  local not_before, due = retry_after(err), {}
   for _, it in ipairs(items) do
     if final then
       drop(self, it, tostring(err))
     else
       if maybe_applied then it.maybe_applied = true end
-      retry_later(self, it, tostring(err), not_before)
+      retry_later(self, it, tostring(err), due, not_before)
     end
   end
 end
@@ -206,9 +214,10 @@ end
 -- A 2xx whose results cannot be read item by item: what became of each item is unknown, so
 -- each is marked (a 409 for the retry may be this attempt's own write) and retried.
 local function outcome_unknown(self, items, reason)
+  local due = {}
   for _, it in ipairs(items) do
     it.maybe_applied = true
-    retry_later(self, it, reason)
+    retry_later(self, it, reason, due)
   end
 end
 
@@ -264,6 +273,7 @@ local function settle(self, entry)
         i .. " is the result of another operation)")
     end
   end
+  local due = {}
   for i, it in ipairs(items) do
     local entry_i = doc.items[i]
     local r = type(entry_i) == "table" and select(2, next(entry_i)) or nil
@@ -271,7 +281,7 @@ local function settle(self, entry)
     if type(status) ~= "number" or status < 100 or status > 599 then
       -- the outcome is unknown: retried as for a response that does not list every item
       it.maybe_applied = true
-      retry_later(self, it, "bulk response item " .. i .. " has no valid status")
+      retry_later(self, it, "bulk response item " .. i .. " has no valid status", due)
     elseif status >= 200 and status < 300 or
            -- a delete of a document that is not there: done (Elasticsearch answers 404 with
            -- result "not_found" and no error, and does not count it in "errors")
@@ -285,7 +295,7 @@ local function settle(self, entry)
       local reason = type(e) == "table" and (tostring(e.type) .. ": " .. tostring(e.reason))
         or ("status " .. tostring(status))
       if retryable(status) then
-        retry_later(self, it, reason)
+        retry_later(self, it, reason, due)
       else
         drop(self, it, reason)
       end
