@@ -82,9 +82,10 @@ local function run_all(fns)
   return results
 end
 
--- The shared lock slot a key hashes to (src/cache.c: mix64(key ^ kind << 60) % 64).
+-- The shared lock slot a key would hash to without the cache's seed (mix64(key ^ kind << 60)
+-- % 64): what an outsider who reads src/cache.c computes to crowd ids into one slot.
 -- (each flavour's 64-bit arithmetic is syntax the other cannot parse: loaded from text)
-local lock_slot = assert(load(jit and [[
+local unseeded_lock_slot = assert(load(jit and [[
   local ffi, bit = require "ffi", require "bit"
   return function(kind, key)
     local x = ffi.new("uint64_t", key)
@@ -1791,7 +1792,7 @@ describe("shared = true (outside nginx: one process)", function()
     local a = coroutine.create(function() return c:has_read(1, 7) end)
     assert(coroutine.resume(a)) -- article 1 holds its shared lock, loading
     local other = 2 -- an article whose lock slot is article 1's
-    while lock_slot(2, other) ~= lock_slot(2, 1) do other = other + 1 end
+    while c._cc:slot_home(2, other) ~= c._cc:slot_home(2, 1) do other = other + 1 end
     assert.is_number(other)
     local results = run_all{
       function() c._readers_flights = {} return c:has_read(other, 7) end, -- two workers miss it
@@ -1802,6 +1803,54 @@ describe("shared = true (outside nginx: one process)", function()
     release = true
     assert(coroutine.resume(a))
     c:close()
+  end)
+
+  it("loads ids chosen to share a lock slot once across workers (the slots' hash is seeded)", function()
+    -- the homes were mix64(key) % 64 without a seed: four slow loads of ids an outsider
+    -- picked to share one home held all four slots any of them may take, and every worker
+    -- missing a fifth such id loaded it by itself
+    local c = new_cache(sample_db(), { shared = true })
+    local ids = {}
+    local id = 100
+    while #ids < 5 do
+      if unseeded_lock_slot(2, id) == unseeded_lock_slot(2, 100) then ids[#ids + 1] = id end
+      id = id + 1
+    end
+    local loads, release = {}, false
+    c._load_readers = function(a)
+      loads[a] = (loads[a] or 0) + 1
+      repeat coroutine.yield() until release or a == ids[5]
+      coroutine.yield()
+      return { 7 }
+    end
+    local holders = {}
+    for i = 1, 4 do -- four slow loads hold their shared locks
+      holders[i] = coroutine.create(function() return c:has_read(ids[i], 7) end)
+      assert(coroutine.resume(holders[i]))
+    end
+    local results = run_all{
+      function() c._readers_flights = {} return c:has_read(ids[5], 7) end, -- two workers miss it
+      function() c._readers_flights = {} return c:has_read(ids[5], 8) end,
+    }
+    assert.same({ true, false }, { results[1][1], results[2][1] })
+    assert.equal(1, loads[ids[5]]) -- once, not once per worker
+    release = true
+    for i = 1, 4 do
+      while coroutine.status(holders[i]) ~= "dead" do assert(coroutine.resume(holders[i])) end
+    end
+    c:close()
+  end)
+
+  it("seeds the lock slots' hash per cache", function()
+    local homes = {}
+    for i = 1, 4 do
+      local c = new_cache(sample_db(), { shared = true })
+      local h = {}
+      for key = 1, 8 do h[key] = c._cc:slot_home(2, key) end
+      homes[i] = table.concat(h, ",")
+      c:close()
+    end
+    assert.is_false(homes[1] == homes[2] and homes[2] == homes[3] and homes[3] == homes[4])
   end)
 
   it("loads a reader set once across workers when its last hand-off is older than the change log", function()

@@ -53,6 +53,11 @@ struct slot {
 
 struct region {
     uint64_t magic;
+    /* Seeds the homes of keys in the tables below that are indexed by article id or page
+     * number (lock slots, last invalidations): made with the region, before the fork, so
+     * every process finds a key in the same place, and an outsider choosing ids cannot
+     * crowd them into one home (PITFALLS: hash flooding). */
+    uint64_t seed;
     pthread_mutex_t mu;   /* shared mode: guards ring, slots and tickets */
     _Atomic uint64_t head; /* last sequence written; published after its entries */
     uint64_t tickets;
@@ -101,6 +106,12 @@ static uint64_t mix64(uint64_t x)
 static size_t bucket_of(const esx_cache *c, int kind, uint64_t key)
 {
     return (size_t)(mix64(key ^ c->seed ^ ((uint64_t)kind << 60)) & (c->nbuckets - 1));
+}
+
+/* The slot of inv_article_seq that answers for article (seeded: see struct region). */
+static size_t inv_slot(const esx_cache *c, uint64_t article)
+{
+    return (size_t)(mix64(article ^ c->rg->seed) % INV_SLOTS);
 }
 
 /* ---- region lock ---------------------------------------------------------------------- */
@@ -393,7 +404,7 @@ int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n, double now)
         /* a deferred mark overtaken by an invalidation of its article: drop the set instead
          * (the slot's last invalidation answers at once for almost every article) */
         if (ops[i].op == ESX_CACHE_OP_MARK && ops[i].deferred &&
-            c->rg->inv_article_seq[ops[i].a % INV_SLOTS] > ops[i].since &&
+            c->rg->inv_article_seq[inv_slot(c, ops[i].a)] > ops[i].since &&
             changed_since(c, ESX_CACHE_READERS, ops[i].a, ops[i].since, NULL) != 0)
             ops[i].op = ESX_CACHE_OP_INV_ARTICLE;
     }
@@ -406,7 +417,7 @@ int esx_cache_apply(esx_cache *c, esx_cache_op *ops, size_t n, double now)
         if (le->op == ESX_CACHE_OP_INV_PAGES)
             c->rg->inv_pages_seq = le->seq;
         else if (le->op == ESX_CACHE_OP_INV_ARTICLE)
-            c->rg->inv_article_seq[le->a % INV_SLOTS] = le->seq;
+            c->rg->inv_article_seq[inv_slot(c, le->a)] = le->seq;
     }
     atomic_store(&c->rg->head, h + n); /* publish the whole batch at once */
     rg_unlock(c);
@@ -434,7 +445,7 @@ static int changed_since(esx_cache *c, int kind, uint64_t key, uint64_t start_se
             return 1;
         if (kind == ESX_CACHE_PAGE)
             return c->rg->inv_pages_seq > start_seq;
-        return c->rg->inv_article_seq[key % INV_SLOTS] > start_seq;
+        return c->rg->inv_article_seq[inv_slot(c, key)] > start_seq;
     }
     for (uint64_t s = start_seq + 1; s <= h; s++) {
         const struct logent *le = &c->rg->ring[s % ESX_CACHE_LOG];
@@ -608,9 +619,14 @@ static int holder_alive(const struct slot *s, double now)
  * slot that is not free holds a given key. */
 #define SLOT_PROBES 4
 
-static size_t slot_home(int kind, uint64_t key)
+static size_t slot_home(const esx_cache *c, int kind, uint64_t key)
 {
-    return (size_t)(mix64(key ^ ((uint64_t)kind << 60)) % ESX_CACHE_SLOTS);
+    return (size_t)(mix64(key ^ c->rg->seed ^ ((uint64_t)kind << 60)) % ESX_CACHE_SLOTS);
+}
+
+size_t esx_cache_slot_home(esx_cache *c, int kind, uint64_t key)
+{
+    return slot_home(c, kind, key);
 }
 
 /* The slot among key's probes that holds ticket for (kind, key), or NULL; *data is its
@@ -618,7 +634,7 @@ static size_t slot_home(int kind, uint64_t key)
 static struct slot *slot_of_ticket(esx_cache *c, int kind, uint64_t key, uint64_t ticket,
                                    char **data)
 {
-    size_t home = slot_home(kind, key);
+    size_t home = slot_home(c, kind, key);
     for (size_t k = 0; k < SLOT_PROBES; k++) {
         size_t i = (home + k) % ESX_CACHE_SLOTS;
         struct slot *s = &c->rg->slots[i];
@@ -645,7 +661,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
 {
     if (!c->cfg.shared)
         return ESX_LOCK_NONE;
-    size_t home = slot_home(kind, key);
+    size_t home = slot_home(c, kind, key);
     double now = esx_cache_now_ms();
     int rc;
     rg_lock(c);
@@ -805,6 +821,7 @@ esx_cache *esx_cache_new(const esx_cache_config *cfg, char *err, size_t errlen)
     }
     c->rg = m; /* zero-filled */
     c->rg->magic = REGION_MAGIC;
+    c->rg->seed = mix64(c->seed ^ REGION_MAGIC); /* (not the buckets' seed itself) */
     if (cfg->shared) {
         c->slot_data = (char *)m + head;
         pthread_mutexattr_t attr;

@@ -183,6 +183,10 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
  * has moved on (another ticket, or no longer published).  Never fails. */
 void esx_cache_lock_discard(esx_cache *c, int kind, uint64_t key, uint64_t ticket);
 
+/* The first lock slot (of ESX_CACHE_SLOTS) that (kind, key) may take: a hash seeded per
+ * cache (shared by the processes forked after it was made).  For tests. */
+size_t esx_cache_slot_home(esx_cache *c, int kind, uint64_t key);
+
 /* Milliseconds of CLOCK_MONOTONIC: the default clock. */
 double esx_cache_now_ms(void);
 

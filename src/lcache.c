@@ -527,6 +527,16 @@ static int l_lock(lua_State *L)
     return 2;
 }
 
+/* ud:slot_home(kind, key) -> the first shared lock slot the key may take (for tests). */
+static int l_slot_home(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    int kind = (int)luaL_checkinteger(L, 2);
+    uint64_t key = check_id(L, 3);
+    esx_pushinteger(L, (long long)esx_cache_slot_home(lc->core, kind, key));
+    return 1;
+}
+
 /* ud:unlock(kind, key, ticket) -- releases without publishing (the load failed). */
 static int l_unlock(lua_State *L)
 {
@@ -801,7 +811,7 @@ static const luaL_Reg methods[] = {
     {"sync", l_sync},           {"seq", l_seq},         {"changed", l_changed},         {"page_get", l_page_get},
     {"page_put", l_page_put},   {"readers_put", l_readers_put},
     {"has_read", l_has_read},   {"read_flags", l_read_flags}, {"read_json", l_read_json},
-    {"lock", l_lock},           {"unlock", l_unlock},   {"poll", l_poll},
+    {"lock", l_lock},           {"unlock", l_unlock},   {"slot_home", l_slot_home},   {"poll", l_poll},
     {"apply", l_apply},         {"stats", l_stats},     {"close", l_close},
     {NULL, NULL},
 };
