@@ -156,3 +156,26 @@ describe("cache:poll", function()
     cc:close()
   end)
 end)
+
+describe("cache:read_json", function()
+  local cfg = { max_bytes = 1e6, page_ttl = 1e6, readers_ttl = 1e6, max_pages = 10 }
+
+  oom_it("answers from its pre-encoded page, and closes at once, after Lua ran out of memory in it", function()
+    -- a raise while it listed the missing reader sets left the cache busy and read_json's
+    -- text in use: every later read_json answered nil (render in Lua), and close() waited
+    -- for the __gc
+    local cc = core.cache_new(cfg, {})
+    local now = core.cache_clock()
+    local page = {}
+    for i = 1, 40 do page[i] = { id = i, title = "t" .. i } end
+    assert.is_true(cc:page_put(1, page, now, cc:seq()))
+    local json, missing = cc:read_json(1, 7, now)
+    assert.is_nil(json)
+    assert.equal(40, #missing)
+    assert.is_true(sweep(cc.read_json, cc, 1, 7, now) >= 1)
+    for i = 1, 40 do assert.is_true(cc:readers_put(i, { 7 }, now, cc:seq())) end
+    assert.matches('^%[{.*"read":true}%]$', cc:read_json(1, 7, now))
+    cc:close()
+    assert.matches("(closed)", tostring(cc), 1, true)
+  end)
+end)

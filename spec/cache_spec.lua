@@ -1155,6 +1155,37 @@ end)
 
 -- An object whose finalizer calls f, left for the collector (LuaJIT runs __gc on userdata only).
 describe("cache:close()", function()
+  it("frees the core at once after a call that raised midway (a clock that returned no number)", function()
+    -- page_put, readers_put, apply and poll counted themselves busy before reading their
+    -- arguments: a raise left the count set, and every later close() only asked the
+    -- userdata's __gc to free the core (and read_json, raised out of memory, answered in Lua
+    -- for ever)
+    for _, case in ipairs{ -- the call, and which of its clock readings is passed to the core method
+      { function(c) return c:mark_read(1, 9) end, 1 },      -- apply
+      { function(c) return c:invalidate_pages() end, 1 },   -- apply
+      { function(c) local tx = c:transaction() tx:invalidate_article(1) return tx:commit() end, 1 },
+      { function(c) return c:read_articles(7, 2) end, 2 },  -- page_put of a miss
+      { function(c) return c:has_read(4, 7) end, 2 },       -- readers_put of a miss
+    } do
+      local call, nth = case[1], case[2]
+      local t = 1000
+      local c = new_cache(sample_db(), { clock = function() return t end })
+      assert(c:read_articles(7, 1))
+      local ud = c._cc
+      local clock_calls = 0
+      c._clock = function() -- nil for the call that stores or applies
+        clock_calls = clock_calls + 1
+        if clock_calls >= nth then return nil end
+        return t
+      end
+      local ok, v, err = pcall(call, c) -- raised, or (a put inside a load) a load error
+      assert.is_true(not ok or (v == nil and err.kind == "load"))
+      c._clock = function() return t end
+      assert.is_true(c:close())
+      assert.matches("(closed)", tostring(ud), 1, true)
+    end
+  end)
+
   it("outlives a close from a finalizer that runs while it builds an answer", function()
     -- read_flags looked the core up between Lua allocations: a __gc calling close() freed it
     -- under the loop (a NULL dereference; read_json would read freed memory)

@@ -49,8 +49,9 @@ static void release(lua_State *L, lcache *lc);
  * a pointer into it) between
  * Lua allocations, which may run finalizers: one that closes this cache only asks while they
  * are busy (a count: a finalizer may call them too), and the core is freed here, when the
- * last one is done.  A call that raises midway
- * leaves busy set: a close then waits for the userdata's __gc. */
+ * last one is done.  They run protected (busy_call), so that one that raises midway (out of
+ * memory) still ends its busy span: a count left set made every later close() wait for the
+ * userdata's __gc, and read_json answer in Lua for ever. */
 static void busy_end(lua_State *L, lcache *lc)
 {
     if (--lc->busy == 0 && lc->close_pending) {
@@ -192,20 +193,61 @@ static int page_put_core(lua_State *L, lcache *lc)
     return 1;
 }
 
+/* page_put and readers_put's arguments, checked before busy_call (a raise there names the
+ * method; the core functions read them again, valid by then). */
+static void check_put_args(lua_State *L)
+{
+    check_id(L, 2);
+    luaL_checknumber(L, 4);
+    esx_checkcount(L, 5);
+    if (!lua_isnoneornil(L, 6))
+        esx_checkcount(L, 6);
+}
+
 /* A call that uses the core between Lua allocations (measuring and encoding the page, the
- * esx_sbuf, a batch's userdata), whose finalizers may close this cache: busy while it runs. */
-static int busy_call(lua_State *L, int (*fn)(lua_State *, lcache *))
+ * esx_sbuf, a batch's userdata), whose finalizers may close this cache: busy while it runs.
+ * Its arguments are checked before; fn runs under lua_pcall, so that a raise inside (Lua out
+ * of memory) ends the busy span too, and is raised again after it. */
+typedef struct {
+    int (*fn)(lua_State *, lcache *);
+} busy_fn;
+
+static int busy_tramp(lua_State *L)
+{
+    int top = lua_gettop(L);
+    busy_fn *f = lua_touserdata(L, top - 1);
+    lcache *lc = lua_touserdata(L, top);
+    lua_settop(L, top - 2);
+    return f->fn(L, lc);
+}
+
+static char busy_tramp_key; /* busy_tramp in the registry: LuaJIT would allocate a closure
+                             * for it on every call */
+
+static int busy_call(lua_State *L, busy_fn *f)
 {
     lcache *lc = check_open(L);
+    int nargs = lua_gettop(L);
+    lua_pushlightuserdata(L, &busy_tramp_key);
+    lua_rawget(L, LUA_REGISTRYINDEX);
+    lua_insert(L, 1);
+    lua_pushlightuserdata(L, f);
+    lua_pushlightuserdata(L, lc);
     lc->busy++;
-    int n = fn(L, lc);
+    int rc = lua_pcall(L, nargs + 2, LUA_MULTRET, 0);
     busy_end(L, lc);
-    return n;
+    if (rc != 0)
+        return lua_error(L);
+    return lua_gettop(L);
 }
+
+static busy_fn page_put_fn = {page_put_core};
 
 static int l_page_put(lua_State *L)
 {
-    return busy_call(L, page_put_core);
+    check_open(L);
+    check_put_args(L);
+    return busy_call(L, &page_put_fn);
 }
 
 /* Builds a reader set from the list at idx.  Returns the set (owned by the caller), or NULL
@@ -297,9 +339,13 @@ static int readers_put_core(lua_State *L, lcache *lc)
     return 1;
 }
 
+static busy_fn readers_put_fn = {readers_put_core};
+
 static int l_readers_put(lua_State *L)
 {
-    return busy_call(L, readers_put_core);
+    check_open(L);
+    check_put_args(L);
+    return busy_call(L, &readers_put_fn);
 }
 
 /* ud:has_read(article, user, now [, peek]) -> true|false, or nil when the set is not cached.
@@ -324,14 +370,11 @@ static int l_has_read(lua_State *L)
  * the list of positions whose reader set is not cached (their read is false for now).  With
  * counted (the caller already counted these lookups), the lookups count neither hits nor
  * misses and leave the LRU order alone. */
-static int l_read_flags(lua_State *L)
+static int read_flags_core(lua_State *L, lcache *lc)
 {
-    lcache *lc = check_open(L);
-    luaL_checktype(L, 2, LUA_TTABLE);
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
     int count = !lua_toboolean(L, 5);
-    lc->busy++;
     int n = (int)lua_rawlen(L, 2);
     lua_settop(L, 4);
     lua_createtable(L, n, 0); /* 5: copies */
@@ -377,8 +420,18 @@ static int l_read_flags(lua_State *L)
         lua_pop(L, 1);        /* the article */
     }
     drain(L, lc);
-    busy_end(L, lc);
     return 2;
+}
+
+static busy_fn read_flags_fn = {read_flags_core};
+
+static int l_read_flags(lua_State *L)
+{
+    check_open(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    check_id(L, 3);
+    luaL_checknumber(L, 4);
+    return busy_call(L, &read_flags_fn);
 }
 
 /* ud:read_json(page_no, user, now [, page_counted [, readers_counted]]) -> json
@@ -390,19 +443,12 @@ static int l_read_flags(lua_State *L)
  * A retry after loads passes page_counted / readers_counted so that lookups already counted
  * count neither hits nor misses again.
  * json is the page's articles as a JSON array, each object with "read":true|false added. */
-static int l_read_json(lua_State *L)
+static int read_json_core(lua_State *L, lcache *lc)
 {
-    lcache *lc = check_open(L);
     uint64_t page_no = check_id(L, 2);
     uint64_t user = check_id(L, 3);
     double now = luaL_checknumber(L, 4);
     int count_page = !lua_toboolean(L, 5), count = !lua_toboolean(L, 6);
-    if (lc->json_busy && lc->busy > 0) {
-        lua_pushnil(L); /* called by a finalizer while read_json answers: render in Lua */
-        return 1;
-    }
-    lc->json_busy = 0; /* (left set by a call that raised when out of memory) */
-    lc->busy++;
     size_t len;
     const char *blob = esx_cache_page_blob(lc->core, page_no, now, &len, count_page);
     drain(L, lc);
@@ -411,7 +457,6 @@ static int l_read_json(lua_State *L)
             lua_pushboolean(L, 0);
         else
             lua_pushnil(L);
-        busy_end(L, lc);
         return 1;
     }
     uint32_t n;
@@ -426,7 +471,6 @@ static int l_read_json(lua_State *L)
         char *ns = realloc(lc->scratch, need);
         if (ns == NULL) {
             lua_pushnil(L); /* as a page without its text: the caller renders it itself */
-            busy_end(L, lc);
             return 1;
         }
         lc->scratch = ns;
@@ -461,7 +505,6 @@ static int l_read_json(lua_State *L)
             lua_rawseti(L, -2, (int)k + 1);
         }
         lc->json_busy = 0;
-        busy_end(L, lc);
         return 2;
     }
     char *out = lc->scratch + n, *p = out;
@@ -487,8 +530,23 @@ static int l_read_json(lua_State *L)
     *p++ = ']';
     lua_pushlstring(L, out, (size_t)(p - out)); /* (LuaJIT may collect before it copies) */
     lc->json_busy = 0;
-    busy_end(L, lc);
     return 1;
+}
+
+static busy_fn read_json_fn = {read_json_core};
+
+static int l_read_json(lua_State *L)
+{
+    lcache *lc = check_open(L);
+    check_id(L, 2);
+    check_id(L, 3);
+    luaL_checknumber(L, 4);
+    if (lc->json_busy && lc->busy > 0) {
+        lua_pushnil(L); /* called by a finalizer while read_json answers: render in Lua */
+        return 1;
+    }
+    lc->json_busy = 0; /* (left set by a call that raised when out of memory) */
+    return busy_call(L, &read_json_fn);
 }
 
 /* core.cache_json(value) -> JSON text of value (the encoding of read_json), or nil, message
@@ -555,13 +613,16 @@ static int l_unlock(lua_State *L)
  * from the slot, so that the next lock is acquired rather than offered it again. */
 static int poll_core(lua_State *L, lcache *lc);
 
+static busy_fn poll_fn = {poll_core};
+
 static int l_poll(lua_State *L)
 {
-    lcache *lc = check_open(L);
-    lc->busy++; /* unwalk builds the page's tables between the core's calls */
-    int n = poll_core(L, lc);
-    busy_end(L, lc);
-    return n;
+    check_open(L); /* busy: unwalk builds the page's tables between the core's calls */
+    luaL_checkinteger(L, 2);
+    check_id(L, 3);
+    esx_checkcount(L, 4);
+    luaL_checknumber(L, 5);
+    return busy_call(L, &poll_fn);
 }
 
 static int poll_core(lua_State *L, lcache *lc)
@@ -668,9 +729,14 @@ static int apply_core(lua_State *L, lcache *lc)
     return 0;
 }
 
+static busy_fn apply_fn = {apply_core};
+
 static int l_apply(lua_State *L)
 {
-    return busy_call(L, apply_core);
+    check_open(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    luaL_checknumber(L, 3);
+    return busy_call(L, &apply_fn);
 }
 
 static void set_counter(lua_State *L, const char *name, uint64_t v)
@@ -818,6 +884,9 @@ static const luaL_Reg methods[] = {
 
 void esx_lcache_open(lua_State *L)
 {
+    lua_pushlightuserdata(L, &busy_tramp_key);
+    lua_pushcfunction(L, busy_tramp);
+    lua_rawset(L, LUA_REGISTRYINDEX);
     esx_lclass(L, CACHE_MT, methods, l_gc, l_tostring);
     esx_lclass(L, ESX_SBUF_MT, NULL, esx_sbuf_gc, NULL);
     lua_pushcfunction(L, l_new);
