@@ -1670,6 +1670,26 @@ describe("single flight", function()
     return c, function() return loads end, function() return waits end
   end
 
+  it("keeps the shared lock of a newer load of a key when an older load it overtook ends", function()
+    -- the older load's end forgot the newer one's ticket: close() then did not give that
+    -- lock back, and other workers waited lock_timeout for it
+    local c = new_cache(sample_db(), { shared = true })
+    c._load_readers = function() coroutine.yield() return { 7 } end
+    local a = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(a)) -- loads article 1 under the shared lock
+    c:invalidate_article(1)
+    local b = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(b)) -- does not join a's load: takes the lock over and loads
+    local ticket = c._held[2][1]
+    assert.is_number(ticket)
+    assert(coroutine.resume(a)) -- a's load ends
+    assert.equal("dead", coroutine.status(a))
+    assert.equal(ticket, c._held[2][1])
+    assert(coroutine.resume(b))
+    assert.is_nil(c._held[2][1])
+    c:close()
+  end)
+
   it("does not make a caller arriving after an abandoned load's deadline wait for it", function()
     local c, loads, waits = abandoned(20)
     local clock = require("esx.core").cache_clock

@@ -292,7 +292,7 @@ local function load(self, kind, key, alone)
   local held = self._held[kind]
   if ticket then held[key] = ticket end
   local list, err = call_loader(self[how.fn], key)
-  if ticket then held[key] = nil end
+  if ticket and held[key] == ticket then held[key] = nil end -- (not a newer load's)
   if not list then
     counters.load_errors = counters.load_errors + 1
     if ticket then cc:unlock(kind, key, ticket) end
