@@ -1670,6 +1670,28 @@ describe("single flight", function()
     return c, function() return loads end, function() return waits end
   end
 
+  it("forgets abandoned loads past their deadline, however many keys they were of", function()
+    -- a load whose coroutine is never resumed (a killed light thread) stayed registered
+    -- under its key until that key was missed again: one record per abandoned page number or
+    -- article id (chosen by whoever sends the requests), kept for ever
+    local c = esx.cache{ lock_timeout = 0, shared = true,
+      load_page = function() coroutine.yield() return {} end,     -- never resumed
+      load_readers = function() coroutine.yield() return {} end }
+    local function count(t) local n = 0 for _ in pairs(t) do n = n + 1 end return n end
+    for i = 1, 3000 do
+      local co = coroutine.create(function() return c:read_articles(1, 100 + i) end)
+      assert(coroutine.resume(co))
+      co = coroutine.create(function() return c:has_read(i, 1) end)
+      assert(coroutine.resume(co))
+      local t0 = require("esx.core").cache_clock()
+      while require("esx.core").cache_clock() - t0 < 0.01 do end -- past the deadline
+    end
+    assert.is_true(count(c._page_flights) <= 200, count(c._page_flights) .. " page loads kept")
+    assert.is_true(count(c._readers_flights) <= 200, count(c._readers_flights) .. " reader-set loads kept")
+    assert.is_true(count(c._held[1]) + count(c._held[2]) <= 400, "shared locks kept")
+    c:close()
+  end)
+
   it("keeps the shared lock of a newer load of a key when an older load it overtook ends", function()
     -- the older load's end forgot the newer one's ticket: close() then did not give that
     -- lock back, and other workers waited lock_timeout for it

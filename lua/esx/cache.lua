@@ -136,6 +136,28 @@ local function with_marks(list, marks)
   return out
 end
 
+-- Drops from flights (kind's) the records past their deadline, with the shared lock tickets
+-- of their loads, every so many registrations (twice the records left by the last sweep, at
+-- least 64: amortised O(1)).  Such a record is joined by no one (see single_flight); the
+-- record of a load whose coroutine is never resumed (a killed light thread) stayed under its
+-- key until the key was missed again: one per abandoned page number or article id, for ever.
+-- (A load past its deadline that does end clears nothing of a newer load of its key.)
+local function sweep_flights(self, kind, flights)
+  local sw = self._sweeps[kind]
+  sw.regs = sw.regs + 1
+  if sw.regs < sw.limit then return end
+  local now, left, held = core_clock(), 0, self._held[kind]
+  for key, rec in pairs(flights) do
+    if now > rec.deadline then
+      flights[key] = nil -- (assigning nil to a field while traversing is allowed)
+      held[key] = nil
+    else
+      left = left + 1
+    end
+  end
+  sw.regs, sw.limit = 0, 2 * left > 64 and 2 * left or 64
+end
+
 -- Runs load(self, key) once for concurrent callers of one key in this Lua state; returns the
 -- in-flight record {value=, err=} every caller shares.  Marks made in this state while a
 -- reader-set load is in flight are recorded on its record (rec.marks, by note_mark) and
@@ -186,6 +208,7 @@ local function single_flight(self, flights, kind, key, load, recheck)
     if ok then rec.sema, rec.waiters = sema, 0 end
   end
   flights[key] = rec
+  sweep_flights(self, kind, flights)
   local ok, value, err = pcall(load, self, key)
   if flights[key] == rec then flights[key] = nil end
   if not ok then
@@ -399,6 +422,7 @@ function _M.new(opts)
     _page_flights = {},
     _readers_flights = {},
     _held = { [PAGE] = {}, [READERS] = {} }, -- kind -> key -> ticket of the shared locks held
+    _sweeps = { [PAGE] = { regs = 0, limit = 64 }, [READERS] = { regs = 0, limit = 64 } },
     _counters = { page_loads = 0, readers_loads = 0, load_errors = 0, waits = 0 },
   }, Cache)
   -- The stats function must not hold the cache strongly: LuaJIT's weak-keyed tables are not
