@@ -2228,6 +2228,21 @@ describe("shared = true (outside nginx: one process)", function()
     assert.equal("closed", err.kind)
   end)
 
+  it("gives the shared lock back when storing a loaded result raises (a clock that returned no number)", function()
+    -- the raise left the lock held: every other worker missing the key waited lock_timeout
+    local clock_calls = 0
+    local c = new_cache(sample_db(), { shared = true, clock = function()
+      clock_calls = clock_calls + 1
+      if clock_calls == 4 then return nil end -- sync, page_get, lock, then the put's
+      return require("esx.core").cache_clock()
+    end })
+    local list, err = c:read_articles(7, 2)
+    assert.is_nil(list)
+    assert.equal("load", err.kind)
+    assert.equal("acquired", (c._cc:lock(1, 2, 5000, require("esx.core").cache_clock())))
+    c:close()
+  end)
+
   it("lets waiters load by themselves when the holder fails", function()
     local c = new_cache(sample_db(), { shared = true })
     local loads = 0

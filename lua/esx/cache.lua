@@ -301,6 +301,10 @@ local LOADS = {
 -- The lock's ticket is recorded while the loader runs -- it may yield, and close() gives back
 -- the locks of the loads it cuts short, so that other processes take the key over at once
 -- rather than after lock_timeout.
+local function put_loaded(self, cc, put, key, list, start, ticket)
+  return cc[put](cc, key, list, self._clock(), start, ticket)
+end
+
 local function load(self, kind, key, alone)
   local how = LOADS[kind]
   local cc, ticket = self._cc, nil
@@ -322,7 +326,14 @@ local function load(self, kind, key, alone)
     return nil, err
   end
   if self._cc == nil then return list end -- closed while loading
-  local cached, why = cc[how.put](cc, key, list, self._clock(), start, ticket)
+  -- (protected: a put that raises -- a clock that returned no number, Lua out of memory --
+  -- gives the shared lock back before the error goes on, or other workers waited for it
+  -- until lock_timeout)
+  local ok, cached, why = pcall(put_loaded, self, cc, how.put, key, list, start, ticket)
+  if not ok then
+    if ticket and self._cc then cc:unlock(kind, key, ticket) end
+    error(cached, 0)
+  end
   if cached == nil then
     counters.load_errors = counters.load_errors + 1
     return nil, make_error("load", "bad data from " .. how.name .. ": " .. why)
