@@ -293,6 +293,33 @@ describe("esx.collector", function()
         "esx.collector: bad option 'allowed_origins' (list of origins (strings) expected (a hole in the list))")
     end
   end)
+
+  it("raises on an allowed origin no browser sends (a trailing slash, a path, capitals, a default port)", function()
+    -- origins are compared as strings with the Origin header: such an entry answered every
+    -- request from that site 403, silently
+    for _, case in ipairs{
+      { "https://shop.example/", "has a path, query or trailing slash (browsers send scheme://host[:port] only)" },
+      { "https://shop.example/collect", "has a path, query or trailing slash (browsers send scheme://host[:port] only)" },
+      { "https://Shop.example", "has capitals (browsers send scheme and host in lower case)" },
+      { "https://shop.example:443", "names its scheme's default port (browsers leave it out)" },
+      { "http://shop.example:80", "names its scheme's default port (browsers leave it out)" },
+      { "https://shop.example:99999", "has an invalid port" },
+      { "shop.example", "is not an origin (scheme://host[:port])" },
+      { "https://user@shop.example", "is not an origin (scheme://host[:port])" },
+    } do
+      assert.has_error(function()
+        esx.collector{ sink = client, allowed_origins = { "https://a.example", case[1] } }
+      end, ("esx.collector: bad option 'allowed_origins' (%q %s)"):format(case[1], case[2]))
+    end
+    -- what browsers do send is taken
+    local col = new{ allowed_origins = { "*", "null", "https://shop.example", "http://127.0.0.1:8080",
+                                         "http://[::1]:8080", "chrome-extension://abcdef" } }
+    local status, headers = post(col, cjson.encode(ev()), { ["content-type"] = "text/plain",
+                                                            origin = "http://127.0.0.1:8080" })
+    assert.equal(204, status)
+    assert.equal("http://127.0.0.1:8080", headers["Access-Control-Allow-Origin"])
+    col:close()
+  end)
 end)
 
 describe("col:handle", function()

@@ -74,6 +74,32 @@ local function check_index_fmt(v)
   return v
 end
 
+-- Ports a browser leaves out of the Origin it sends.
+local DEFAULT_PORTS = { http = "80", https = "443" }
+
+-- Why a listed origin can never equal an Origin header, or nil.  Origins are compared as
+-- strings, and a browser sends scheme://host[:port] in lower case, without a path (nor a
+-- trailing slash) and without its scheme's default port: "https://Shop.example/" answered
+-- every request from https://shop.example 403, silently.
+local function origin_problem(o)
+  if o == "*" or o == "null" then return nil end
+  local scheme, rest = o:match("^(%a[%w+.-]*)://(.*)$")
+  if not scheme or rest:find("@", 1, true) then return "is not an origin (scheme://host[:port])" end
+  local host, port = rest:match("^(%[[%x:.]+%])(.*)$")
+  if not host then host, port = rest:match("^([^/?#@:%[%]]+)(.*)$") end
+  if not host then return "is not an origin (scheme://host[:port])" end
+  if port ~= "" then
+    local p = port:match("^:(%d+)$")
+    if not p then return "has a path, query or trailing slash (browsers send scheme://host[:port] only)" end
+    if p:sub(1, 1) == "0" or tonumber(p) > 65535 then return "has an invalid port" end
+    if DEFAULT_PORTS[scheme:lower()] == p then
+      return "names its scheme's default port (browsers leave it out)"
+    end
+  end
+  if o:find("%u") then return "has capitals (browsers send scheme and host in lower case)" end
+  return nil
+end
+
 local function check_origins(v)
   for i, o in pairs(v) do
     if type(i) ~= "number" or type(o) ~= "string" or o:find("[%s%c]") then
@@ -82,6 +108,10 @@ local function check_origins(v)
   end
   -- (read with ipairs: the origins after a hole were refused with 403)
   if not options.is_sequence(v) then return nil, "list of origins (strings) expected (a hole in the list)" end
+  for _, o in ipairs(v) do
+    local problem = origin_problem(o)
+    if problem then return nil, ("%q %s"):format(o, problem) end
+  end
   return v
 end
 
