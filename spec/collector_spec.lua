@@ -2157,6 +2157,33 @@ describe("spool", function()
     assert.equal(0, segments(fs)) -- no segment left behind, torn or not
   end)
 
+  it("takes no rate from a site for the requests it refused while the spool's disk was full", function()
+    -- a 503 means none of the request's events were taken: they must not use up the site's
+    -- site_rate either (its tag, resending once there is room, got 429 instead)
+    local fs = small_disk()
+    if not fs then return pending("needs to mount a 64 KiB tmpfs (root)") end
+    local col
+    finally(function() if col then col:close(0) end os.execute("umount -l " .. fs .. "; rm -rf " .. fs) end)
+    os.execute("chmod 700 " .. fs)
+    col = new{ spool_dir = fs, rollup = false, site_rate = 0.001, site_burst = 3 }
+    assert.equal(204, (post(col, cjson.encode(ev({ site_id = "other" }))))) -- the spool is in use
+    os.execute("dd if=/dev/zero of=" .. fs .. "/filler bs=4k count=100 2>/dev/null") -- disk full
+    local statuses, taken = {}, 0
+    for i = 1, 4 do -- one more than site_burst
+      statuses[i] = post(col, cjson.encode(ev({ pad = string.rep("f", 3000) })))
+      if statuses[i] == 204 then taken = taken + 1 end
+    end
+    assert.is_true(taken < 4 and statuses[4] == 503, table.concat(statuses, " "))
+    assert.equal(4 - taken, col:stats().rejected.spool)
+    assert.equal(0, col:stats().rejected.rate_limited)
+    os.execute("rm -f " .. fs .. "/filler")
+    -- the site has the tokens of the events taken left, no fewer
+    for _ = 1, 3 - taken do assert.equal(204, (post(col, cjson.encode(ev())))) end
+    local status, headers = post(col, cjson.encode(ev()))
+    assert.equal(429, status)
+    assert.truthy(tonumber(headers["Retry-After"]) > 900)
+  end)
+
   it("goes on past spool segments whose files were removed before their replay", function()
     -- a /tmp cleaner or a hand removed them: the replay waited for the first one for ever,
     -- and every segment behind it with it.  Their events are lost (and counted); a closed

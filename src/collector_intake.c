@@ -30,6 +30,24 @@ static void unusable(esx_intake *out, const char *why)
     snprintf(out->detail, sizeof out->detail, "%s", why);
 }
 
+/* The distinct sites of events[0..n) into col->sites, with their event counts in
+ * col->counts; returns how many. */
+static int count_sites(esx_collector *col, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < k && strcmp(col->sites[j], col->events[i].site_id) != 0)
+            j++;
+        if (j == k) {
+            col->sites[k] = col->events[i].site_id;
+            col->counts[k++] = 0;
+        }
+        col->counts[j]++;
+    }
+    return k;
+}
+
 /* The intake proper; called with intake_mu held. */
 static void ingest(esx_collector *col, const char *body, size_t len, int from_query,
                    int64_t received_at, esx_intake *out)
@@ -137,19 +155,7 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
     /* per-site counts for the rate limiter */
     const char **sites = col->sites;
     int *counts = col->counts;
-    int k = 0;
-    if (col->rl) {
-        for (int i = 0; i < n; i++) {
-            int j = 0;
-            while (j < k && strcmp(sites[j], col->events[i].site_id) != 0)
-                j++;
-            if (j == k) {
-                sites[k] = col->events[i].site_id;
-                counts[k++] = 0;
-            }
-            counts[j]++;
-        }
-    }
+    int k = col->rl ? count_sites(col, n) : 0;
 
     int64_t now = esx_now_ms();
     pthread_mutex_lock(&col->mu);
@@ -168,8 +174,10 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         snprintf(out->message, sizeof out->message, "the queue is full");
         return;
     }
+    /* the sites' tokens are taken once the events are (below): a request refused after
+     * this check (the spool write, memory) took none of its events, so none of the rate */
     if (col->rl) {
-        int64_t wait = esx_ratelimit_take(col->rl, sites, counts, k, now);
+        int64_t wait = esx_ratelimit_check(col->rl, sites, counts, k, now);
         if (wait > 0) {
             col->st.rejected[ESX_RJ_RATE] += (uint64_t)n;
             pthread_mutex_unlock(&col->mu);
@@ -197,6 +205,8 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
                 col->st.rollup_dropped = esx_rollups_dropped(col->rollups);
         col->st.spilled += (uint64_t)n;
         col->st.accepted += (uint64_t)n;
+        if (col->rl)
+            esx_ratelimit_commit(col->rl, sites, counts, k);
         pthread_cond_signal(&col->wake);
         pthread_mutex_unlock(&col->mu);
         out->accepted = n;
@@ -273,6 +283,11 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
         }
     }
     col->st.accepted += (uint64_t)accepted;
+    if (col->rl) {
+        if (accepted < n) /* only the events taken count against their sites' rate */
+            k = count_sites(col, accepted);
+        esx_ratelimit_commit(col->rl, sites, counts, k);
+    }
     /* A wake-up only when a bulk slot is free (otherwise batch_done wakes the shipper when
      * one frees: a signal per request cost 20% of a worker's CPU with a stalled sink), and
      * only for a full batch or for the first event of an empty queue: the shipper, asleep

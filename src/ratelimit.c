@@ -135,17 +135,14 @@ static bucket *find(esx_ratelimit *rl, const char *site, int64_t now, int create
     return b;
 }
 
-int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const int *counts,
-                           int k, int64_t now_ms)
+int64_t esx_ratelimit_check(esx_ratelimit *rl, const char *const *sites, const int *counts,
+                            int k, int64_t now_ms)
 {
     int64_t wait = 0;
-    int unlimited = 0; /* a site of the request has no bucket (the table is full) */
     for (int i = 0; i < k; i++) {
         bucket *b = find(rl, sites[i], now_ms, 1, sites, k);
-        if (b == NULL) {
-            unlimited = 1;
+        if (b == NULL)
             continue;
-        }
         refill(rl, b, now_ms);
         /* A request with more of a site's events than its bucket holds goes when the bucket is
          * full, leaving it in debt (the site's next requests wait the debt off); waiting for
@@ -164,17 +161,31 @@ int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const in
                 wait = ms;
         }
     }
-    if (wait > 0)
-        return wait;
-    /* Found again, not kept from the first loop: a later site's find may have purged the
-     * table, which moves buckets (it keeps the request's own: each found then is found now) */
+    return wait;
+}
+
+void esx_ratelimit_commit(esx_ratelimit *rl, const char *const *sites, const int *counts, int k)
+{
+    int unlimited = 0; /* a site of the request has no bucket (the table is full) */
+    /* Found again, not kept from the check: a later site's find may have purged the table,
+     * which moves buckets (it keeps the request's own: each found then is found now) */
     for (int i = 0; i < k; i++) {
-        bucket *b = find(rl, sites[i], now_ms, 0, sites, k);
+        bucket *b = find(rl, sites[i], 0, 0, sites, k);
         if (b)
             b->tokens -= counts[i];
+        else
+            unlimited = 1;
     }
     rl->unlimited += (uint64_t)unlimited; /* requests, as stats().rate_unlimited says */
-    return 0;
+}
+
+int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const int *counts,
+                           int k, int64_t now_ms)
+{
+    int64_t wait = esx_ratelimit_check(rl, sites, counts, k, now_ms);
+    if (wait == 0)
+        esx_ratelimit_commit(rl, sites, counts, k);
+    return wait;
 }
 
 uint64_t esx_ratelimit_unlimited(const esx_ratelimit *rl)

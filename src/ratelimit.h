@@ -24,6 +24,14 @@ void esx_ratelimit_free(esx_ratelimit *rl);
 int64_t esx_ratelimit_take(esx_ratelimit *rl, const char *const *sites, const int *counts,
                            int k, int64_t now_ms);
 
+/* esx_ratelimit_take in two steps, for a caller that may still refuse the request after the
+ * limiter admitted it (a failed write): check returns what take returns but takes nothing
+ * (it makes the buckets of new sites); commit, called next with the same sites and no other
+ * call in between, takes the tokens of a request check returned 0 for. */
+int64_t esx_ratelimit_check(esx_ratelimit *rl, const char *const *sites, const int *counts,
+                            int k, int64_t now_ms);
+void esx_ratelimit_commit(esx_ratelimit *rl, const char *const *sites, const int *counts, int k);
+
 /* Requests admitted without a bucket because the table was full. */
 uint64_t esx_ratelimit_unlimited(const esx_ratelimit *rl);
 
