@@ -2,8 +2,8 @@
  * fuzz_ndjson.c -- libFuzzer target for the NDJSON round-trip property.  The input is split
  * at 0xFF bytes into up to 100 pieces (newlines turned into spaces); the same pieces are
  * sent as a JSON array and as NDJSON, from the same id generator state:
- *   - when the array parses, n docs + n rejects == n pieces, and the NDJSON form gives
- *     exactly the same documents and the same rejects;
+ *   - when the array parses, n docs + n rejects == n pieces, and the NDJSON form (its first
+ *     line an object, or more than one line) gives exactly the same documents and rejects;
  *   - a bulk body built from the docs (action line + doc per event) has exactly 2 lines per
  *     accepted event, and every line is flawless JSON.
  */
@@ -81,7 +81,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(ne1 + nr1 == count);
         check(!aligned || count == pieces);
         size_t first = esx_json_skip_ws(nd.data, nd.len, 0);
-        if (aligned && first < nd.len && nd.data[first] == '{') {
+        /* NDJSON: lines starting with an object, or more than one line (each one value) */
+        if (aligned && first < nd.len && (nd.data[first] == '{' || pieces > 1)) {
             ids = ids0;
             int rc2 = esx_events_parse(nd.data, nd.len, 42, &ids, &out2, ev2, &ne2, rj2, &nr2,
                                        MAXEV, why);

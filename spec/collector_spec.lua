@@ -392,6 +392,14 @@ describe("col:handle", function()
     assert.truthy(doc.rejected[2].error:find("^type"))
   end)
 
+  it("answers 200 with the rejected line when the first line of NDJSON is not an event", function()
+    local body = "null\n" .. cjson.encode(ev()) .. "\n" .. cjson.encode(ev()) .. "\n"
+    local status, _, b = post(col, body, { ["content-type"] = "application/x-ndjson" })
+    assert.equal(200, status, b)
+    assert.same({ accepted = 2, rejected = { { index = 0, error = "not an object" } } }, cjson.decode(b))
+    assert.equal(2, col:stats().accepted)
+  end)
+
   it("answers 400 when no event is valid or the body is not JSON", function()
     local status, _, body = post(col, cjson.encode({ { type = "x" } }))
     assert.equal(400, status)

@@ -357,6 +357,29 @@ describe("core.events_parse", function()
       local docs = parse(ev() .. "\n" .. ev())
       assert.equal(2, #docs)
     end)
+
+    it("reads the lines after a first line that is not an object (a scalar, an array, garbage)", function()
+      -- the same lines with an object first were read one by one; this first line refused
+      -- the whole body as not JSON, valid events included
+      for _, first in ipairs{ { "null", "not an object" }, { "123", "not an object" },
+                              { "[1]", "not an object" }, { "[" .. ev() .. "]", "not an object" },
+                              { "garbage", "invalid JSON" }, { "\239\187\191" .. ev(), "invalid JSON" } } do
+        local docs, rejects = parse(first[1] .. "\n" .. ev() .. "\n\n" .. ev(',"n":2') .. "\n")
+        assert(docs, rejects and tostring(rejects))
+        assert.equal(2, #docs)
+        assert.truthy(docs[2].doc:find('"n":2', 1, true))
+        assert.same({ { index = 0, error = first[2] } }, rejects)
+      end
+      -- still not JSON: one line, a pretty-printed array that is broken, or no line that is JSON
+      for _, body in ipairs{ "null", "[1] x\n" .. ev(), "[\n" .. ev() .. ",\n" .. ev() .. "\n", "hello\nworld" } do
+        local docs, err = parse(body)
+        assert.is_nil(docs)
+        assert.equal("not_json", err.kind)
+      end
+      local docs, err = parse("null\n" .. ev() .. "\n" .. ev(), 2)
+      assert.is_nil(docs)
+      assert.equal("too_many", err.kind)
+    end)
   end)
 
   describe("max_events", function()

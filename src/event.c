@@ -456,6 +456,16 @@ static int parse_ndjson(ctx *c, results *r, const char *body, size_t len, int ma
     return any ? ESX_EV_OK : ESX_EV_NOT_JSON;
 }
 
+/* The end of the line starting at i (its '\n', or len), and whether a line that is not
+ * blank follows it. */
+static size_t line_end(const char *body, size_t len, size_t i, int *more)
+{
+    const char *nl = memchr(body + i, '\n', len - i);
+    size_t end = nl ? (size_t)(nl - body) : len;
+    *more = end < len && esx_json_skip_ws(body, len, end + 1) < len;
+    return end;
+}
+
 static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_events,
                       char *why)
 {
@@ -464,9 +474,15 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
         set(why, "empty body");
         return ESX_EV_NOT_JSON;
     }
+    int more;
+    size_t first_end = line_end(body, len, i, &more);
     if (body[i] != '{' && body[i] != '[') {
-        set(why, "not a JSON object, array or NDJSON");
-        return ESX_EV_NOT_JSON;
+        /* NDJSON whose first line is not an object (a scalar, garbage): its lines are read as
+         * those of NDJSON starting with one, rather than all refused for that line */
+        int rc = more ? parse_ndjson(c, r, body, len, max_events, why) : ESX_EV_NOT_JSON;
+        if (rc == ESX_EV_NOT_JSON)
+            set(why, "not a JSON object, array or NDJSON");
+        return rc;
     }
     size_t pos = i;
     esx_json_val v;
@@ -502,6 +518,9 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
         return ESX_EV_OK;
     }
     if (body[i] == '[') {
+        /* NDJSON whose first line is an array: that line is one JSON value, other lines follow */
+        if (scanned && more && esx_json_skip_ws(body, first_end, pos) == first_end)
+            return parse_ndjson(c, r, body, len, max_events, why);
         set(why, scanned ? "trailing bytes after the JSON array" : scanwhy);
         return ESX_EV_NOT_JSON;
     }

@@ -11,9 +11,12 @@
  * Body forms:
  *   - one JSON object: event 0;
  *   - a JSON array: element i is event i (elements that are not objects are rejected);
- *   - NDJSON: a body starting with '{' that is not one object; each line that is not blank
- *     (JSON whitespace only) is the next event; a line that is not one JSON value is
- *     rejected ("invalid JSON"), the others are still read.
+ *   - NDJSON: a body starting with '{' that is not one object, or a body of more than one
+ *     line that is not one JSON value and whose first line is not the start of a broken
+ *     array (it starts with neither '{' nor '[', or is one array); each line that is not
+ *     blank (JSON whitespace only) is the next event; a line that is not one JSON value is
+ *     rejected ("invalid JSON"), one that is not an object "not an object", the others are
+ *     still read -- the first line as any other.
  *   Anything else -- empty, a scalar, a broken array, NDJSON none of whose lines is JSON --
  *   is ESX_EV_NOT_JSON, with a reason such as "invalid JSON at byte 7: expected ':'".
  *   Events are counted before any is processed: more than max_events (valid or not) is
