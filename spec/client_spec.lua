@@ -1467,6 +1467,40 @@ describe("retries and nodes", function()
     assert.is_true(wait > 55000 and wait <= 61000, "dead for " .. wait)
   end)
 
+  it("sends to a dead node with a free slot, not waits for the full one due soonest, when every node is dead", function()
+    -- before, with every node dead the one due soonest was picked even when it had no free
+    -- slot: the request waited for it and failed with pool_timeout while the other dead node,
+    -- as likely to be back, had its slots free
+    local l, c = listened({ max_per_route = 1, max_retries = 0, pool_timeout = 500,
+                            dead_backoff_min = 60000, dead_backoff_max = 60000 }, { srv.url })
+    local first = assert(c:send("GET", "/"))
+    local conn = assert(l:accept(), "no first connection")
+    assert(net.read_request(conn))
+    conn:send("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    conn:close()
+    assert.is_true(first:wait(5000))
+    assert.equal(503, select(2, first:result()).status)
+    socket.sleep(0.01)
+    srv:fault{ path = "/", status = 503, count = 1 }
+    local _, err = c:request("GET", "/")
+    assert.equal(503, err.status)
+    local s = c:stats()
+    assert.is_false(s.nodes[1].alive)
+    assert.is_false(s.nodes[2].alive)
+    assert.is_true(s.nodes[1].dead_until < s.nodes[2].dead_until)
+    -- every node dead, none due: the one due soonest (the listener) gets a request that hangs
+    local hung = assert(c:send("GET", "/"))
+    conn = assert(l:accept(), "no request to the node due soonest")
+    assert(net.read_request(conn))
+    local res, err2 = c:request("GET", "/")
+    assert.is_nil(err2, tostring(err2))
+    assert.equal(200, res.status)
+    assert.equal(srv.url, res.node)
+    conn:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    assert.is_true(hung:wait(5000))
+    conn:close()
+  end)
+
   it("doubles the dead time on each failure up to dead_backoff_max", function()
     local c = client{ hosts = { "http://127.0.0.1:" .. closed_port() }, max_retries = 3,
                       dead_backoff_min = 1000, dead_backoff_max = 4000 }

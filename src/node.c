@@ -200,16 +200,20 @@ int esx_nodes_pick(esx_nodes *nodes, int64_t now, int max_per_route, uint64_t tr
     }
     if (any_eligible)
         return ESX_PICK_BUSY;
-    /* Every node is dead and none is due (or its probe is out): try the one due soonest. */
+    /* Every node is dead and none is due (or its probe is out): try the one due soonest among
+     * those with a free slot -- the soonest one full, the request would wait for it (and fail
+     * with pool_timeout) while another dead node, as likely to be back, had slots free. */
     if (!resurrect)
         return probing ? ESX_PICK_BUSY : ESX_PICK_NONE;
     esx_node *soonest = NULL;
     for (int i = 0; i < nodes->n; i++) {
         esx_node *n = &nodes->v[i];
+        if (n->in_flight >= max_per_route)
+            continue;
         if (!soonest || n->dead_until < soonest->dead_until)
             soonest = n;
     }
-    if (soonest->in_flight >= max_per_route)
+    if (!soonest)
         return ESX_PICK_BUSY;
     *out = soonest;
     return ESX_PICK_OK;

@@ -6,7 +6,8 @@
  * for min * 2^(failures-1) ms (capped at max); once that time has passed it is tried again,
  * and a success makes it alive.  Failures of attempts that were in flight when the node was
  * marked dead are not counted again.  When every
- * node is dead, the one due soonest is tried rather than failing outright.
+ * node is dead, the one due soonest that has a free slot is tried rather than failing
+ * outright.
  */
 #ifndef ESX_NODE_H
 #define ESX_NODE_H
