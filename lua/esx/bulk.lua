@@ -244,9 +244,10 @@ local function settle(self, entry)
       end
       return
     end
-    -- Another refusal of the request itself (401, 403, a 404 from a proxy): retrying cannot
-    -- change it, and would only wait out the back-off max_retries times per batch.
-    if (err.kind == "http" or err.kind == "not_found") and err.status >= 400 and
+    -- Another refusal of the request itself (401, 403, a 404 from a proxy), or a redirect (a
+    -- 3xx from a proxy: the indexer follows none): retrying cannot change it, and would only
+    -- wait out the back-off max_retries times per batch.
+    if (err.kind == "http" or err.kind == "not_found") and err.status >= 300 and
         err.status < 500 and err.status ~= 408 and err.status ~= 429 then
       for _, it in ipairs(items) do drop(self, it, tostring(err)) end
       return
