@@ -233,6 +233,39 @@ describe("client:bulk_indexer", function()
     assert.equal(10, count("p"))
   end)
 
+  it("splits a batch whose answer passes max_response_bytes until the answers fit, and reports none of its items failed", function()
+    -- before, the answer to 40 operations (~2.2 KB) failed the batch with decode: its items,
+    -- all applied, were sent again whole (the answer too big again) max_retries times and then
+    -- reported failed -- 40 failed, 40 in the index.  A create sent again meets its own write
+    -- (409): done -- but its result carries the conflict's reason, so halves of 20 and
+    -- quarters of 10 still pass 1024 bytes; eighths of 5 fit (1 + 2 + 4 + 8 requests).
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_response_bytes = 1024 })
+    local dropped = {}
+    local bi = c2:bulk_indexer{ max_retries = 1, backoff_min = 1, backoff_max = 1,
+                                on_drop = function(item, reason) dropped[#dropped + 1] = reason end }
+    for i = 1, 40 do
+      assert(bi:add(i % 2 == 0 and "create" or "index", { _index = "p", _id = tostring(i) }, { n = i }))
+    end
+    local s = bi:close()
+    assert.same({}, dropped)
+    assert.equal(40, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(0, s.retried)
+    assert.equal(7, s.split)
+    assert.equal(15, s.batches)
+    assert.equal(15, srv:requests("/_bulk").counts["/_bulk"])
+    assert.equal(40, count("p"))
+    -- operations without an _id are sent again too (their outcome is unknown, as after a
+    -- timeout): they are indexed, none reported failed -- and may be indexed more than once
+    bi = c2:bulk_indexer{ max_retries = 1, backoff_min = 1, backoff_max = 1 }
+    for i = 1, 40 do assert(bi:add("index", { _index = "q" }, { n = i })) end
+    s = bi:close()
+    c2:close()
+    assert.equal(40, s.indexed)
+    assert.equal(0, s.failed)
+    assert.is_true(count("q") >= 40)
+  end)
+
   it("retries the items of one batch together, in one batch, not each at its own jittered time", function()
     -- before, each item drew its own jitter: the retries of a batch of 200 refused with 429
     -- fell due one by one over 200-400 ms and went out as dozens of small bulks, multiplying

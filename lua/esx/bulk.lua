@@ -7,8 +7,9 @@
 -- Buffers operations into _bulk requests (flushed by bytes and by count), keeps at most
 -- `concurrency` of them in flight, retries items that the server rejected with 429 (or a
 -- retryable 5xx) with jittered exponential back-off, splits a batch the server refused as
--- too large (413) or as malformed (400), and reports every item it gives up on with its
--- reason — through `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
+-- too large (413) or as malformed (400), or whose answer passed the client's
+-- max_response_bytes, and reports every item it gives up on with its reason — through
+-- `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
 
 local core = require "esx.core"
 local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/ljson.h)
@@ -221,6 +222,17 @@ local function outcome_unknown(self, items, reason)
   end
 end
 
+-- Puts the two halves of a batch on the list of batches to send (pump sends them, as slots
+-- free up: settling never waits, see settle_oldest).
+local function split(self, items)
+  self.counters.split = self.counters.split + 1
+  local half = floor(#items / 2)
+  local a, b = {}, {}
+  for i, it in ipairs(items) do if i <= half then a[#a + 1] = it else b[#b + 1] = it end end
+  self.splits[#self.splits + 1] = a
+  self.splits[#self.splits + 1] = b
+end
+
 -- Reads a finished batch's outcome: per-item results, or a whole-request failure.
 local function settle(self, entry)
   local items = entry.items
@@ -234,14 +246,20 @@ local function settle(self, entry)
         drop(self, items[1], err.status == 413 and "the server refused the item as too large (413)"
           or tostring(err))
       else
-        self.counters.split = self.counters.split + 1
-        local half = floor(#items / 2)
-        local a, b = {}, {}
-        for i, it in ipairs(items) do if i <= half then a[#a + 1] = it else b[#b + 1] = it end end
-        -- sent by pump, as slots free up (settling never waits: see settle_oldest)
-        self.splits[#self.splits + 1] = a
-        self.splits[#self.splits + 1] = b
+        split(self, items)
       end
+      return
+    end
+    -- An answer over the client's max_response_bytes (a 2xx listing many results, or long
+    -- error reasons): the batch was most likely applied, but not one result can be read.  Sent
+    -- again whole, its answer would not fit again, and its items, in the index, would end up
+    -- reported failed.  Halve it until the answers fit; each item is marked, as after any
+    -- unknown outcome (a 409 for the re-send is this attempt's own write).  One item alone
+    -- whose answer still does not fit is retried as an unknown outcome (batch_failed).
+    if err.kind == "decode" and #items > 1 and type(err.message) == "string" and
+        err.message:find("max_response_bytes", 1, true) then
+      for _, it in ipairs(items) do it.maybe_applied = true end
+      split(self, items)
       return
     end
     -- Another refusal of the request itself (401, 403, a 404 from a proxy), or a redirect (a
@@ -349,7 +367,7 @@ local function send_now(self, items)
   -- the indexer retries items itself, so the transport does not repeat whole batches; it asks
   -- for the result fields settle reads, as the collector does: the whole results (_index,
   -- _version, _shards, _seq_no, ...) are ~3x as big, and a response over the client's
-  -- max_response_bytes fails the batch, applied, as a decode error (sent again, then dropped)
+  -- max_response_bytes fails the batch, applied, as a decode error (then sent again, split)
   local p, err = self.client:send("POST", BULK_PATH, body,
     { content_type = "application/x-ndjson", retries = 0 })
   if not p then
