@@ -266,6 +266,21 @@ describe("client:bulk_indexer", function()
     assert.is_true(count("q") >= 40)
   end)
 
+  it("retries a batch refused with 429 whose answer passes max_response_bytes after its back-off, not split at once", function()
+    -- a refusal is not an answer to halve: its items were not applied, and splitting sent
+    -- the halves at once to a cluster that had just said it was overloaded
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_response_bytes = 1024 })
+    srv:fault{ path = "/_bulk", status = 429, body = ("x"):rep(4096), count = 1 }
+    local bi = c2:bulk_indexer{ flush_count = 10, backoff_min = 1, backoff_max = 1 }
+    for i = 1, 10 do bi:add("index", { _index = "p", _id = tostring(i) }, { n = i }) end
+    local s = bi:close()
+    c2:close()
+    assert.equal(10, s.indexed)
+    assert.equal(0, s.split)
+    assert.equal(10, s.retried)
+    assert.equal(2, srv:requests("/_bulk").counts["/_bulk"])
+  end)
+
   it("retries the items of one batch together, in one batch, not each at its own jittered time", function()
     -- before, each item drew its own jitter: the retries of a batch of 200 refused with 429
     -- fell due one by one over 200-400 ms and went out as dozens of small bulks, multiplying

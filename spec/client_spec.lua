@@ -1157,6 +1157,27 @@ describe("error kinds and deadlines", function()
     c:close()
   end)
 
+  it("returns nil, err decode with the answer's status when a response passes max_response_bytes, on both transports", function()
+    -- a 2xx cut short may have been applied (a _bulk): err.status tells it from a refusal
+    local code = [[
+      local c = assert(esx.client{ hosts = { arg[1] }, max_response_bytes = 65536, max_retries = 0 })
+      local res, err = c:request("GET", "/")
+      c:close()
+      return { res = res ~= nil, kind = err.kind, message = err.message, status = err.status }
+    ]]
+    for _, status in ipairs{ 200, 503 } do
+      for _, transport in ipairs{ "h1", "curl" } do
+        srv:reset()
+        srv:fault{ path = "/", endless = true, status = status, count = -1 }
+        local r = in_child(code, "ESX_TRANSPORT=" .. transport)
+        assert.is_false(r.res)
+        assert.equal("decode", r.kind, transport)
+        assert.equal("response body exceeds max_response_bytes (65536)", r.message)
+        assert.equal(status, r.status, transport)
+      end
+    end
+  end)
+
   it("returns nil, err with kind 'reset' when every attempt is cut mid-response", function()
     srv:fault{ path = "/", count = -1, reset_after_bytes = 10 }
     local c = client{ max_retries = 2, dead_backoff_min = 1, dead_backoff_max = 1 }

@@ -420,6 +420,7 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
         return;
     }
     if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &req->status); /* err.status */
         esx_eng_release_attempt(e, req);
         esx_eng_finish(e, req, req->abort_kind, "%s", req->abort_msg);
         return;

@@ -393,6 +393,7 @@ static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
     /* a callback stopped (body too big, bad gzip), the headers are too big, or a transfer
      * coding esx does not decode: the node answered, the bytes cannot be read */
     const char *kind = rc == ESX_H1_ABORT ? req->abort_kind : ESX_EDECODE;
+    req->status = c->parser.status; /* (0 before the status line) err.status */
     char msg[160];
     snprintf(msg, sizeof msg, "%s", rc == ESX_H1_ABORT ? req->abort_msg : c->parser.error);
     esx_eng_list_remove(&e->active, req);

@@ -557,6 +557,11 @@ static int pending_result(lua_State *L)
         }
         lua_pushinteger(L, req->retries);
         lua_setfield(L, -2, "retries");
+        if (req->status > 0 && strcmp(req->err_kind, ESX_EDECODE) == 0) {
+            /* the node answered (a 2xx may have been applied); its bytes could not be read */
+            lua_pushinteger(L, (lua_Integer)req->status);
+            lua_setfield(L, -2, "status");
+        }
         return 2;
     }
     lua_createtable(L, 0, 5);

@@ -250,14 +250,15 @@ local function settle(self, entry)
       end
       return
     end
-    -- An answer over the client's max_response_bytes (a 2xx listing many results, or long
-    -- error reasons): the batch was most likely applied, but not one result can be read.  Sent
-    -- again whole, its answer would not fit again, and its items, in the index, would end up
-    -- reported failed.  Halve it until the answers fit; each item is marked, as after any
-    -- unknown outcome (a 409 for the re-send is this attempt's own write).  One item alone
-    -- whose answer still does not fit is retried as an unknown outcome (batch_failed).
-    if err.kind == "decode" and #items > 1 and type(err.message) == "string" and
-        err.message:find("max_response_bytes", 1, true) then
+    -- A 2xx over the client's max_response_bytes (many results, or long error reasons): the
+    -- batch was most likely applied, but not one result can be read.  Sent again whole, its
+    -- answer would not fit again, and its items, in the index, would end up reported failed.
+    -- Halve it until the answers fit; each item is marked, as after any unknown outcome (a 409
+    -- for the re-send is this attempt's own write).  One item alone whose answer still does
+    -- not fit is retried as an unknown outcome (batch_failed), and so is a refusal (429, 5xx)
+    -- with a body that big: after its back-off, not at once.
+    if err.kind == "decode" and #items > 1 and (err.status or 200) < 300 and
+        type(err.message) == "string" and err.message:find("max_response_bytes", 1, true) then
       for _, it in ipairs(items) do it.maybe_applied = true end
       split(self, items)
       return
