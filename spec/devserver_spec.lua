@@ -1956,6 +1956,33 @@ describe("esxd", function()
       assert.equal(400, st)
       query_shard_failure(b, "dterm", "parse_exception", "unit [x] not supported for date math [-1x]")
     end)
+    it("a date string of four digits is a year, as strict_date_optional_time reads it before epoch_millis", function()
+      -- ES's default format tries strict_date_optional_time first: "2024" is 2024-01-01, not 2024 ms
+      -- after the epoch; on a field whose format is only epoch_millis it stays epoch millis
+      assert.equal(200, (req("PUT", "/dyear", { mappings = { properties = { ts = { type = "date" },
+        em = { type = "date", format = "epoch_millis" } } } })))
+      put_doc("dyear", "1", { ts = "2024", em = "2024" }, false)
+      put_doc("dyear", "2", { ts = "2023-12-31T23:59:59Z", em = 5000 }, false)
+      assert.equal(200, (req("POST", "/dyear/_refresh")))
+      local function hits(q, extra)
+        local body = { query = q, sort = { "_doc" } }
+        for k, v in pairs(extra or {}) do body[k] = v end
+        local st, b = search("/dyear/_search", body)
+        assert.equal(200, st, cjson.encode(b))
+        return table.concat(ids(b), ","), b
+      end
+      assert.equal("1", (hits({ range = { ts = { gte = "2024", lt = "2024-01-01T00:00:01Z" } } })))
+      assert.equal("1", (hits({ term = { ts = "2024" } })))          -- the whole year
+      assert.equal("", (hits({ range = { ts = { lt = "1971" } } })))
+      assert.equal("1", (hits({ range = { ts = { gte = "2024", format = "strict_date_optional_time" } } })))
+      -- epoch_millis only: "2024" is 2024 ms, in documents and in queries
+      assert.equal("1", (hits({ range = { em = { lt = "2025" } } })))
+      assert.equal("1,2", (hits({ range = { em = { lte = "5000" } } })))
+      local _, b = hits({ match_all = {} }, { aggs = { m = { min = { field = "ts" } } } })
+      assert.equal("2023-12-31T23:59:59.000Z", b.aggregations.m.value_as_string)
+      _, b = hits({ match_all = {} }, { aggs = { m = { max = { field = "ts" } } } })
+      assert.equal("2024-01-01T00:00:00.000Z", b.aggregations.m.value_as_string)
+    end)
     it("term / terms values a date or numeric field cannot parse fail the shard, as in ES", function()
       -- ES's field types parse a term query's value like the field's own values (DateFieldType
       -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400,

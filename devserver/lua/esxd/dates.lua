@@ -39,11 +39,14 @@ end
 -- Parse to epoch milliseconds; returns number or nil. round_up: ES's round-up parser (range
 -- bounds gt / lte, DateFormatter's roundupParser): the components the string leaves out are
 -- month 1, day 1, 23:59:59.999 rather than midnight. zone_ms: the offset of a string without
--- one (a range query's time_zone); epoch millis are instants and ignore it.
-function _M.parse(v, round_up, zone_ms)
+-- one (a range query's time_zone); epoch millis are instants and ignore it. epoch: the
+-- field's format is only epoch_millis / epoch_second, so every digit string is epoch millis;
+-- otherwise strict_date_optional_time is tried first, as ES does, and takes exactly four
+-- digits as a year ("2024" is 2024-01-01, not 2024 ms after the epoch).
+function _M.parse(v, round_up, zone_ms, epoch)
   if type(v) == "number" then return v end
   if type(v) ~= "string" then return nil end
-  if v:match("^%-?%d+$") then return tonumber(v) end
+  if v:match("^%-?%d+$") and (epoch or not v:match("^%d%d%d%d$")) then return tonumber(v) end
   local y, mo, d, rest = v:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)(.*)$")
   if not y then
     y, mo, rest = v:match("^(%d%d%d%d)%-(%d%d)(.*)$")

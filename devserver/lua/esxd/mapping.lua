@@ -867,6 +867,12 @@ function _M.values(source, path, types)
     end
     out = kept
   end
+  if ty and _M.is_date(ty) and epoch_only(_M.format_of(types, path)) then
+    -- an epoch-only field's digit strings are epoch millis ("2024" is not the year there)
+    for i, v in ipairs(out) do
+      if type(v) == "string" and v:match("^%-?%d+%.?%d*$") then out[i] = tonumber(v) or v end
+    end
+  end
   return out
 end
 
