@@ -71,7 +71,9 @@ function _M.parse(v, round_up, zone_ms, epoch)
         s = tonumber(ss); tail = tail3
         local frac, tail4 = tail:match("^[%.,](%d+)(.*)$")
         if frac then
-          ms = floor(tonumber(("0." .. frac)) * 1000 + 0.5); tail = tail4
+          -- java.time keeps nanoseconds and ES's millisecond resolution truncates them:
+          -- ".9999" is 999 ms, not the next second
+          ms = tonumber((frac .. "00"):sub(1, 3)); tail = tail4
         end
       end
     end
