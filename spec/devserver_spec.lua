@@ -3887,3 +3887,33 @@ describe("esxd command", function()
     assert.equal("", left)
   end)
 end)
+
+describe("esxd.errors.search_phase_all", function()
+  -- the module itself (it needs only cjson), for what no HTTP request can reach yet: every
+  -- shard failure esxd makes over HTTP is a 400
+  local saved
+  setup(function()
+    saved = package.path
+    package.path = "./devserver/lua/?.lua;" .. package.path
+  end)
+  teardown(function() package.path = saved end)
+
+  it("returns the status SearchPhaseExecutionException.status gives: first 502-504, else the last 5xx", function()
+    local errors = require "esxd.errors"
+    local function failure(status)
+      return errors.search_phase("i" .. status, errors.new(status, "exception", "failed with " .. status))
+    end
+    local function status_of(...)
+      local list = {}
+      for i, st in ipairs({ ... }) do list[i] = failure(st) end
+      return errors.search_phase_all(list, "all shards failed").status
+    end
+    assert.equal(400, status_of(400, 404))
+    assert.equal(404, status_of(404, 400))
+    assert.equal(503, status_of(400, 500, 503, 502))   -- a retryable one wins over any other
+    assert.equal(504, status_of(504, 503))
+    assert.equal(501, status_of(500, 400, 501))        -- else the last 5xx, not the first
+    assert.equal(500, status_of(429, 500))
+    assert.equal(503, errors.search_phase_all({ failure(500), failure(503) }, "Partial shards failure").status)
+  end)
+end)

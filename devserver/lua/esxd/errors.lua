@@ -126,15 +126,25 @@ end
 -- ExceptionsHelper.groupBy groups them) as one SearchPhaseExecutionException: every group's
 -- root cause and failed_shards entry; caused_by is the first failure's root cause for "all
 -- shards failed", none for allow_partial_search_results=false's "Partial shards failure".
--- The status is the first failure's unless one is 5xx (SearchPhaseExecutionException.status).
+-- The status is SearchPhaseExecutionException.status's: the first 502, 503 or 504 (a failure
+-- worth retrying), else the last other 5xx, else the first failure's.
+local function phase_status(list)
+  local status
+  for _, e in ipairs(list) do
+    if e.status >= 502 and e.status <= 504 then return e.status end
+    if e.status >= 500 then status = e.status end
+  end
+  return status or list[1].status
+end
+_M.phase_status = phase_status
+
 function _M.search_phase_all(list, reason)
   if #list == 1 and reason == "all shards failed" then return list[1] end
   local roots, shards = {}, json.array()
-  local status = list[1].status
+  local status = phase_status(list)
   for _, e in ipairs(list) do
     for _, r in ipairs(e.root_cause) do roots[#roots + 1] = r end
     shards[#shards + 1] = e.shard_failure
-    if e.status >= 500 and status < 500 then status = e.status end
   end
   return _M.new(status, "search_phase_execution_exception", reason, nil, {
     root_cause = roots,
