@@ -1857,6 +1857,35 @@ describe("esxd", function()
         boost = 2, _name = "c" } } })
       assert.equal(200, st)
     end)
+    it("range keeps the last of gt / gte / from (and lt / lte / to) given in the body, as ES's parser does", function()
+      -- RangeQueryBuilder.fromXContent reads the keys in order, each bound key replacing the
+      -- bound and its inclusion; cjson's tables lose that order, so the raw body decides
+      for i = 1, 5 do put_doc("rorder", tostring(i), { n = i }, false) end
+      assert.equal(200, (req("POST", "/rorder/_refresh")))
+      local function hits(range)
+        local st, b = jreq("POST", "/rorder/_search",
+          '{"sort":["n"],"query":{"range":{"n":' .. range .. '}}}', JSON)
+        assert.equal(200, st, cjson.encode(b))
+        return table.concat(ids(b), ",")
+      end
+      assert.equal("2,3,4,5", hits('{"gt": 3, "gte": 2}'))
+      assert.equal("4,5", hits('{"gte": 2, "gt": 3}'))
+      assert.equal("1,2", hits('{"lte": 4, "lt": 3}'))
+      assert.equal("1,2,3,4", hits('{"lt": 3, "lte": 4}'))
+      assert.equal("2,3,4,5", hits('{"gt": 2, "include_lower": true}'))
+      assert.equal("3,4,5", hits('{"include_lower": true, "gt": 2}'))
+      assert.equal("3,4", hits('{"gte": 2, "include_lower": false, "to": 4}'))
+      assert.equal("2,3", hits('{"include_upper": false, "lte": 3, "from": 2}'))
+      -- a bound replaced before it is used is never parsed (ES builds the query from the last)
+      local st = jreq("POST", "/rorder/_search", '{"query":{"range":{"n":{"gt": "x", "gte": 4}}}}', JSON)
+      assert.equal(200, st)
+      -- _msearch bodies and _count too
+      local _, b = jreq("POST", "/rorder/_count", '{"query":{"range":{"n":{"gt": 3, "gte": 2}}}}', JSON)
+      assert.equal(4, b.count)
+      st, b = jreq("POST", "/_msearch", '{"index":"rorder"}\n{"query":{"range":{"n":{"lt": 1, "lte": 2}}}}\n', NDJSON)
+      assert.equal(200, st)
+      assert.equal(2, b.responses[1].hits.total.value)
+    end)
     it("range on a date field parses its bounds with the field's mapping format (epoch_millis: numbers only)", function()
       -- ES's DateFieldType.rangeQuery parses with the field's format unless the query gives one:
       -- an ISO date against {"format":"epoch_millis"} fails the shard with a parse_exception

@@ -71,7 +71,7 @@ function _M.msearch(ctx)
     end
     local qline = lines[i + 1]
     if qline == nil then break end
-    local q, qerr = json.decode(qline)
+    local q, qerr = json.decode(qline, true)
     if q == nil then
       error(errors.x_content_parse("[" .. (i + 1) .. ":1] Malformed msearch body: " .. tostring(qerr)), 0)
     end

@@ -178,8 +178,67 @@ local function unmark(v)
   return v
 end
 
+-- Key order. cjson's tables forget the order of an object's keys, which ES's parsers follow
+-- (a range query's later "gte" replaces an earlier "gt"). json.decode(s, true) walks the
+-- text once more beside the decoded value and records each object's keys in document order
+-- (duplicates included); json.keys(t) returns them, or nil for a table not decoded that way.
+local ORDER = setmetatable({}, { __mode = "k" })
+
+local function skip_ws(s, i) return find(s, "[^ \t\r\n]", i) or #s + 1 end
+
+local function scan_string(s, i) -- s[i] is the opening quote; returns the raw text, next index
+  local j = i + 1
+  while true do
+    local q = find(s, '["\\]', j)
+    if not q then return sub(s, i + 1), #s + 1 end
+    if sub(s, q, q) == "\\" then j = q + 2 else return sub(s, i + 1, q - 1), q + 1 end
+  end
+end
+
+local walk
+walk = function(s, i, v)
+  i = skip_ws(s, i)
+  local c = sub(s, i, i)
+  if c == "{" then
+    local keys = {}
+    if type(v) == "table" then ORDER[v] = keys end
+    i = skip_ws(s, i + 1)
+    if sub(s, i, i) == "}" then return i + 1 end
+    while sub(s, i, i) == '"' do
+      local raw
+      raw, i = scan_string(s, i)
+      local key = raw
+      if find(raw, "\\", 1, true) then key = cjson.decode('"' .. raw .. '"') or raw end
+      keys[#keys + 1] = key
+      i = skip_ws(s, i) + 1 -- the colon
+      i = skip_ws(s, walk(s, i, type(v) == "table" and v[key] or nil))
+      if sub(s, i, i) ~= "," then break end
+      i = skip_ws(s, i + 1)
+    end
+    return i + 1
+  elseif c == "[" then
+    local n = 0
+    i = skip_ws(s, i + 1)
+    if sub(s, i, i) == "]" then return i + 1 end
+    while i <= #s do
+      n = n + 1
+      i = skip_ws(s, walk(s, i, type(v) == "table" and v[n] or nil))
+      if sub(s, i, i) ~= "," then break end
+      i = i + 1
+    end
+    return i + 1
+  elseif c == '"' then
+    local _, j = scan_string(s, i)
+    return j
+  end
+  return find(s, "[,%]} \t\r\n]", i) or #s + 1
+end
+
+function _M.keys(t) return ORDER[t] end
+
 -- Decode; returns value or nil, message. Empty arrays come back as json.array() tables.
-function _M.decode(s)
+-- ordered: record every object's key order (json.keys).
+function _M.decode(s, ordered)
   local marked = type(s) == "string" and mark_empty_arrays(s)
   local v, err = cjson.decode(marked or s)
   if v == nil and err then
@@ -187,6 +246,7 @@ function _M.decode(s)
     return nil, err
   end
   if marked then v = unmark(v) end
+  if ordered and type(v) == "table" then walk(s, 1, v) end
   return v
 end
 

@@ -411,6 +411,9 @@ local ISO_FORMATS = { strict_date_optional_time = true, date_optional_time = tru
 local RANGE_KEYS = { gt = true, gte = true, lt = true, lte = true, format = true, time_zone = true,
   boost = true, relation = true, from = true, to = true, include_lower = true, include_upper = true }
 
+-- the keys' order when it is not known (a query not decoded from a body)
+local RANGE_ORDER = { "from", "to", "include_lower", "include_upper", "gt", "gte", "lt", "lte" }
+
 builders.range = function(body, types)
   -- RangeQueryBuilder.fromXContent: only objects (a field's bounds) at this level
   if is_obj(body) then
@@ -430,12 +433,27 @@ builders.range = function(body, types)
   local ty = mapping.type_of(types, field)
   local is_date = mapping.is_date(ty)
   -- the query's format, else the field's mapping format (epoch_millis: numbers only), as ES
+  -- RangeQueryBuilder.fromXContent reads the keys in order: gt / gte / from set the lower
+  -- bound, gt / gte / include_lower its inclusion (the upper one likewise), so the last key
+  -- given wins ({"gt": 1, "gte": 2} is gte 2)
+  local from, to, incl_lower, incl_upper = null, null, true, true
+  for _, k in ipairs(json.keys(spec) or RANGE_ORDER) do
+    local val = spec[k]
+    if val ~= nil then
+      if k == "from" then from = val
+      elseif k == "to" then to = val
+      elseif k == "include_lower" then incl_lower = val ~= false and val ~= "false"
+      elseif k == "include_upper" then incl_upper = val ~= false and val ~= "false"
+      elseif k == "gt" then from, incl_lower = val, false
+      elseif k == "gte" then from, incl_lower = val, true
+      elseif k == "lt" then to, incl_upper = val, false
+      elseif k == "lte" then to, incl_upper = val, true end
+    end
+  end
   local format = spec.format or mapping.format_of(types, field)
   if is_date and not spec.format then
     -- DateFieldType.rangeQuery: a number among the bounds forces epoch_millis on all of them
-    for _, k in ipairs({ "gt", "gte", "lt", "lte", "from", "to" }) do
-      if type(spec[k]) == "number" then format = "epoch_millis" end
-    end
+    if type(from) == "number" or type(to) == "number" then format = "epoch_millis" end
   end
   local zone_ms = spec.time_zone and dates.zone_offset(spec.time_zone)
   local function conv(x, round_up)
@@ -455,9 +473,9 @@ builders.range = function(body, types)
     return tostring(x)
   end
   -- DateFieldType.rangeQuery rounds gt and lte bounds up (roundUp = !includeLower / includeUpper)
-  local gt, gte, lt, lte = conv(spec.gt, true), conv(spec.gte, false), conv(spec.lt, false), conv(spec.lte, true)
-  if spec.from ~= nil then if spec.include_lower == false then gt = conv(spec.from, true) else gte = conv(spec.from, false) end end
-  if spec.to ~= nil then if spec.include_upper == false then lt = conv(spec.to, false) else lte = conv(spec.to, true) end end
+  local gt, gte, lt, lte
+  if incl_lower then gte = conv(from, false) else gt = conv(from, true) end
+  if incl_upper then lte = conv(to, true) else lt = conv(to, false) end
   return function(rec)
     for _, dv in ipairs(values(rec.source, field, types)) do
       local x

@@ -56,7 +56,7 @@ function Ctx:json(optional)
     if optional then return nil end
     error(errors.body_required(), 0)
   end
-  local v, err = json.decode(self.body)
+  local v, err = json.decode(self.body, true) -- key order: ES's parsers follow it
   if v == nil then error(errors.json_parse(err), 0) end
   return v
 end
