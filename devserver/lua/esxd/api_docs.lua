@@ -46,7 +46,8 @@ local function doc_body(ctx)
   if ctx.body == nil or ctx.body == "" then error(errors.body_required(), 0) end
   local src, err = json.decode(ctx.body)
   if src == nil then
-    error(errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. tostring(err), nil,
+    local line, col = json.error_position(ctx.body, err)
+    error(errors.new(400, "document_parsing_exception", "[" .. line .. ":" .. col .. "] failed to parse: " .. tostring(err), nil,
       { caused_by = { type = "json_parse_exception", reason = tostring(err) } }), 0)
   end
   return src

@@ -153,8 +153,11 @@ function _M.search_phase_all(list, reason)
   })
 end
 
-function _M.json_parse(msg)
-  return _M.new(400, "x_content_parse_exception", "Failed to parse JSON: " .. tostring(msg),
+-- A body that is not JSON: ES's XContentParseException prefixes the parser's message with
+-- its location, "[line:col] ...", caused by the json_parse_exception. text: the body.
+function _M.json_parse(msg, text)
+  local line, col = json.error_position(text or "", msg)
+  return _M.new(400, "x_content_parse_exception", "[" .. line .. ":" .. col .. "] " .. tostring(msg),
     nil, { caused_by = { type = "json_parse_exception", reason = tostring(msg) } })
 end
 

@@ -236,6 +236,14 @@ end
 
 function _M.keys(t) return ORDER[t] end
 
+-- The 1-based [line, column] of a decode error of s: cjson says "at character N" (bytes).
+function _M.error_position(s, err)
+  local n = tonumber(tostring(err):match("at character (%d+)")) or 1
+  local line, last = 1, 0
+  for p in sub(s, 1, n - 1):gmatch("()\n") do line, last = line + 1, p end
+  return line, n - last
+end
+
 -- Decode; returns value or nil, message. Empty arrays come back as json.array() tables.
 -- ordered: record every object's key order (json.keys).
 function _M.decode(s, ordered)

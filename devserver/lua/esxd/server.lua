@@ -57,7 +57,7 @@ function Ctx:json(optional)
     error(errors.body_required(), 0)
   end
   local v, err = json.decode(self.body, true) -- key order: ES's parsers follow it
-  if v == nil then error(errors.json_parse(err), 0) end
+  if v == nil then error(errors.json_parse(err, self.body), 0) end
   return v
 end
 
