@@ -645,14 +645,12 @@ builders.query_string = function(body, types)
         -- field type's prefix query, "1?" / "1*2" its (normalized) wildcard query, which only
         -- string fields have (lenient: no match)
         if lenient then skip = true else need_string_field(types, field, prefix and "prefix" or "wildcard") end
-      elseif field and ty and (mapping.NUMERIC[ty] or mapping.is_date(ty)) then
-        local ok = mapping.is_date(ty) and dates.parse(value) or (not mapping.is_date(ty) and tonumber(value))
-        if not ok then
-          if lenient then skip = true
-          elseif mapping.is_date(ty) then errors.raise(400, "parse_exception", "failed to parse date field [" .. value .. "] with format [" .. mapping.default_format(ty) .. "]")
-          else errors.raise(400, "number_format_exception", 'For input string: "' .. value .. '"') end
-        end
+      elseif field and ty and mapping.NUMERIC[ty] and not tonumber(value) then
+        if lenient then skip = true
+        else errors.raise(400, "number_format_exception", 'For input string: "' .. value .. '"') end
       end
+      -- a date field's value is its term query (DateFieldType.termQuery), built by match below:
+      -- date math ("now-1d"), the field's format, and the parse failure unless lenient
       if not skip then
         if value:find("[%*%?]") and not phrase then
           local v = (ty == nil or ty == "text") and value:lower() or value
