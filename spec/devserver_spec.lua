@@ -563,6 +563,20 @@ describe("esxd", function()
       st, b = jreq("GET", "/gp/_doc/1?stored_fields=_source")
       assert.same({ a = 2 }, b._source)
     end)
+    it("returns 400 when an index is created with aliases, which esxd does not implement", function()
+      -- ES would resolve the alias in searches, counts, terms lookups and writes; esxd ignored
+      -- it, so every later use of the name was a 404 (or auto-created an index of that name)
+      local st, b = jreq("PUT", "/withalias", '{"aliases":{"wa-read":{},"wa-all":{"is_write_index":true}}}', JSON)
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "esxd does not implement aliases: index [withalias] " ..
+        "cannot be created with aliases [wa-read], [wa-all]; create it without them and use the index name"), b)
+      assert.equal(404, (req("HEAD", "/withalias")))
+      -- an empty aliases object (what GET /{index} shows) is fine
+      st = jreq("PUT", "/withalias", { aliases = {}, mappings = { properties = { a = { type = "long" } } } })
+      assert.equal(200, st)
+      local _, g = jreq("GET", "/withalias")
+      assert.same({}, g.withalias.aliases)
+    end)
     it("require_alias=true fails single-document writes (esxd has no aliases)", function()
       put_doc("ra", "1", { a = 1 })
       for _, r in ipairs({ { "PUT", "/ra/_doc/2" }, { "POST", "/ra/_doc" }, { "PUT", "/ra/_create/3" },

@@ -30,6 +30,15 @@ function _M.create(ctx)
       end
     end
   end
+  if body ~= nil and type(body.aliases) == "table" and next(body.aliases) ~= nil then
+    -- ES would make each alias a name that searches, counts, terms lookups and writes resolve
+    -- to this index; esxd has no aliases, and ignoring them left a 404 for every use of the
+    -- name later: refused here instead, as esxd refuses what it does not implement
+    local list = {}
+    for _, a in ipairs(json.keys(body.aliases) or {}) do list[#list + 1] = "[" .. a .. "]" end
+    error(errors.illegal_argument("esxd does not implement aliases: index [" .. name .. "] cannot be created with " ..
+      "aliases " .. table.concat(list, ", ") .. "; create it without them and use the index name"), 0)
+  end
   if body ~= nil and type(body.mappings) == "table" then
     -- CreateIndexRequest.mapping / MappingParser: {"_doc": {...}} (the one type name ES 8
     -- still takes) is the same mapping as {...}
