@@ -2015,7 +2015,9 @@ describe("esxd", function()
         return table.concat(ids(b), ","), b
       end
       assert.equal("1", (hits({ range = { ts = { gte = "2024", lt = "2024-01-01T00:00:01Z" } } })))
-      assert.equal("1", (hits({ term = { ts = "2024" } })))          -- the whole year
+      -- (a term is the value rounded down to rounded up; ES rounds up a missing month and day to
+      -- 1, so "2024" is the day 2024-01-01)
+      assert.equal("1", (hits({ term = { ts = "2024" } })))
       assert.equal("", (hits({ range = { ts = { lt = "1971" } } })))
       assert.equal("1", (hits({ range = { ts = { gte = "2024", format = "strict_date_optional_time" } } })))
       -- epoch_millis only: "2024" is 2024 ms, in documents and in queries
