@@ -44,7 +44,7 @@ end
 
 local function doc_body(ctx)
   if ctx.body == nil or ctx.body == "" then error(errors.body_required(), 0) end
-  local src, err = json.decode(ctx.body)
+  local src, err = json.decode(ctx.body, "strict") -- duplicate names refused, as in ES
   if src == nil then
     local line, col = json.error_position(ctx.body, err)
     error(errors.new(400, "document_parsing_exception", "[" .. line .. ":" .. col .. "] failed to parse: " .. tostring(err), nil,

@@ -64,7 +64,7 @@ function _M.msearch(ctx)
   local responses = json.array()
   local i = 1
   while i <= #lines do
-    local header, herr = json.decode(lines[i])
+    local header, herr = json.decode(lines[i], true)
     if lines[i]:match("^%s*$") then header = {} end
     if header == nil or type(header) ~= "table" then
       error(errors.x_content_parse("[" .. i .. ":1] Malformed msearch header: " .. tostring(herr or "expected an object")), 0)

@@ -50,7 +50,7 @@ function _M.parse(body, default_index, params)
     if line:match("^%s*$") then
       return nil, malformed(lineno, "expected START_OBJECT but found [null]")
     end
-    local action, derr = json.decode(line)
+    local action, derr = json.decode(line, "strict")
     if action == nil then
       return nil, errors.new(400, "x_content_parse_exception", "[" .. lineno .. ":1] Unexpected character: " .. tostring(derr),
         nil, { caused_by = { type = "json_parse_exception", reason = tostring(derr) } })
@@ -113,7 +113,7 @@ function _M.parse(body, default_index, params)
       op.source_line = lines[i + 1]
       i = i + 2
       if name == "update" then
-        local ub, uerr = json.decode(op.source_line)
+        local ub, uerr = json.decode(op.source_line, "strict")
         if ub == nil or kind(ub) ~= "START_OBJECT" then
           return nil, errors.new(400, "x_content_parse_exception",
             "[" .. (lineno + 1) .. ":1] [UpdateRequest] failed to parse: " .. tostring(uerr or "expected an object"))
@@ -266,9 +266,11 @@ function _M.execute(ops, params, fault, started)
         if op.id == "" then
           err = errors.illegal_argument("if _id is specified it must not be empty")
         else
-          local src, derr = json.decode(op.source_line)
+          local src, derr = json.decode(op.source_line, "strict")
           if src == nil or type(src) ~= "table" or (#src > 0) then
-            err = errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. tostring(derr or "root must be an object"),
+            local line, col = 1, 1
+            if derr then line, col = json.error_position(op.source_line, derr) end
+            err = errors.new(400, "document_parsing_exception", "[" .. line .. ":" .. col .. "] failed to parse: " .. tostring(derr or "root must be an object"),
               nil, { caused_by = { type = "json_parse_exception", reason = tostring(derr or "not an object") } })
           else
             st, res = store.index(op.index, id, src, op.source_line,

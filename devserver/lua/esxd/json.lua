@@ -180,9 +180,14 @@ end
 
 -- Key order. cjson's tables forget the order of an object's keys, which ES's parsers follow
 -- (a range query's later "gte" replaces an earlier "gt"). json.decode(s, true) walks the
--- text once more beside the decoded value and records each object's keys in document order
--- (duplicates included); json.keys(t) returns them, or nil for a table not decoded that way.
+-- text once more beside the decoded value and records each object's keys in document order;
+-- json.keys(t) returns them, or nil for a table not decoded that way. The walk also finds
+-- what cjson lets through and ES's parser refuses (JsonParser.Feature.
+-- STRICT_DUPLICATE_DETECTION): a name given twice in one object.
 local ORDER = setmetatable({}, { __mode = "k" })
+
+local byte = string.byte
+local B_OBJ, B_ARR, B_QUOTE, B_COMMA, B_CLOSE_OBJ, B_CLOSE_ARR = 123, 91, 34, 44, 125, 93
 
 local function skip_ws(s, i) return find(s, "[^ \t\r\n]", i) or #s + 1 end
 
@@ -191,43 +196,52 @@ local function scan_string(s, i) -- s[i] is the opening quote; returns the raw t
   while true do
     local q = find(s, '["\\]', j)
     if not q then return sub(s, i + 1), #s + 1 end
-    if sub(s, q, q) == "\\" then j = q + 2 else return sub(s, i + 1, q - 1), q + 1 end
+    if byte(s, q) == 92 then j = q + 2 else return sub(s, i + 1, q - 1), q + 1 end
   end
 end
 
+-- Returns the index after the value at i, or nil and an error message in cjson's manner.
 local walk
 walk = function(s, i, v)
   i = skip_ws(s, i)
-  local c = sub(s, i, i)
-  if c == "{" then
-    local keys = {}
+  local c = byte(s, i)
+  if c == B_OBJ then
+    local keys, seen = {}, {}
     if type(v) == "table" then ORDER[v] = keys end
     i = skip_ws(s, i + 1)
-    if sub(s, i, i) == "}" then return i + 1 end
-    while sub(s, i, i) == '"' do
-      local raw
+    if byte(s, i) == B_CLOSE_OBJ then return i + 1 end
+    local n = 0
+    while byte(s, i) == B_QUOTE do
+      local raw, err
       raw, i = scan_string(s, i)
       local key = raw
       if find(raw, "\\", 1, true) then key = cjson.decode('"' .. raw .. '"') or raw end
-      keys[#keys + 1] = key
+      if seen[key] then return nil, "Duplicate field '" .. key .. "' at character " .. i end
+      seen[key] = true
+      n = n + 1
+      keys[n] = key
       i = skip_ws(s, i) + 1 -- the colon
-      i = skip_ws(s, walk(s, i, type(v) == "table" and v[key] or nil))
-      if sub(s, i, i) ~= "," then break end
+      i, err = walk(s, i, type(v) == "table" and v[key] or nil)
+      if not i then return nil, err end
+      i = skip_ws(s, i)
+      if byte(s, i) ~= B_COMMA then break end
       i = skip_ws(s, i + 1)
     end
     return i + 1
-  elseif c == "[" then
-    local n = 0
+  elseif c == B_ARR then
+    local n, err = 0, nil
     i = skip_ws(s, i + 1)
-    if sub(s, i, i) == "]" then return i + 1 end
+    if byte(s, i) == B_CLOSE_ARR then return i + 1 end
     while i <= #s do
       n = n + 1
-      i = skip_ws(s, walk(s, i, type(v) == "table" and v[n] or nil))
-      if sub(s, i, i) ~= "," then break end
+      i, err = walk(s, i, type(v) == "table" and v[n] or nil)
+      if not i then return nil, err end
+      i = skip_ws(s, i)
+      if byte(s, i) ~= B_COMMA then break end
       i = i + 1
     end
     return i + 1
-  elseif c == '"' then
+  elseif c == B_QUOTE then
     local _, j = scan_string(s, i)
     return j
   end
@@ -244,8 +258,21 @@ function _M.error_position(s, err)
   return line, n - last
 end
 
+-- The names of every object in a decoded value (cjson keeps one of each).
+local function count_names(v)
+  local n = 0
+  for k, e in pairs(v) do
+    if type(k) == "string" then n = n + 1 end
+    if type(e) == "table" then n = n + count_names(e) end
+  end
+  return n
+end
+
 -- Decode; returns value or nil, message. Empty arrays come back as json.array() tables.
--- ordered: record every object's key order (json.keys).
+-- ordered: refuse duplicate names as ES does; true also records every object's key order
+-- (json.keys), "strict" (documents) walks the text only when it may hold a duplicate: every
+-- name ends with '"' then ':' (so might the odd escaped quote in a string), and cjson's
+-- tables hold fewer names than the text only when one is given twice.
 function _M.decode(s, ordered)
   local marked = type(s) == "string" and mark_empty_arrays(s)
   local v, err = cjson.decode(marked or s)
@@ -254,7 +281,14 @@ function _M.decode(s, ordered)
     return nil, err
   end
   if marked then v = unmark(v) end
-  if ordered and type(v) == "table" then walk(s, 1, v) end
+  if ordered == "strict" and type(v) == "table" then
+    local _, n = gsub(s, '"%s*:', "")
+    if n == count_names(v) then return v end
+  end
+  if ordered and type(v) == "table" then
+    local ok, err = walk(s, 1, v)
+    if not ok then return nil, err end
+  end
   return v
 end
 
