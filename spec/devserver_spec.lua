@@ -906,6 +906,31 @@ describe("esxd", function()
       _, b = jreq("GET", "/nv/_doc/1")
       assert.equal(cjson.null, b._source.status)
     end)
+    it("sorts on the doc values the mapping makes: null_value, ignore_malformed, ignore_above, copy_to", function()
+      -- ES sorts on doc values, which hold what the mapping indexed: a null's null_value, no
+      -- malformed value that was ignored, no string over ignore_above, the copy_to values
+      assert.equal(200, (jreq("PUT", "/srtmap", { mappings = { properties = {
+        n = { type = "long", null_value = 3 }, m = { type = "long", ignore_malformed = true },
+        k = { type = "keyword", ignore_above = 3 }, a = { type = "long", copy_to = "c" }, c = { type = "long" } } } })))
+      req("PUT", "/srtmap/_doc/1", '{"n":null,"m":"x","k":"zzzz","a":1}', JSON)
+      req("PUT", "/srtmap/_doc/2", '{"n":5,"m":2,"k":"b","a":9}', JSON)
+      req("PUT", "/srtmap/_doc/3?refresh=true", '{"n":1,"m":1,"k":"c","c":5}', JSON)
+      local function sorted(field, order)
+        local st, b = jreq("POST", "/srtmap/_search", { sort = { { [field] = order or "asc" } } })
+        assert.equal(200, st, cjson.encode(b))
+        local out = {}
+        for i, h in ipairs(b.hits.hits) do
+          local v = h.sort[1]
+          out[i] = h._id .. "=" .. (type(v) == "number" and string.format("%d", v) or v == cjson.null and "null" or tostring(v))
+        end
+        return table.concat(out, " ")
+      end
+      assert.equal("3=1 1=3 2=5", sorted("n"))
+      -- (a missing value sorts last)
+      assert.matches("^3=1 2=2 1=", sorted("m"))
+      assert.equal("2=b 3=c 1=null", sorted("k"))
+      assert.equal("2=9 3=5 1=1", sorted("c", "desc"))
+    end)
     it("a multi-field of any name indexes its parent's values, as in ES", function()
       assert.equal(200, (jreq("PUT", "/mfx", { mappings = { properties = {
         t = { type = "text", fields = { raw = { type = "keyword" } } },

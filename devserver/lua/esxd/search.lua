@@ -154,9 +154,11 @@ local function sort_value(hit, it)
     error(errors.search_phase(hit.index, errors.new(400, "illegal_argument_exception",
       "Fielddata is disabled on [" .. it.field .. "] in [" .. hit.index .. "]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [" .. it.field .. "] in order to load field data by uninverting the inverted index. Note that this can use significant memory.")), 0)
   end
-  local vals = mapping.values(hit.rec.source, it.field)
+  -- the field's doc values, as the mapping makes them (null_value, copy_to, ignore_above,
+  -- ignore_malformed, epoch formats), as queries and aggregations see them
+  local vals = mapping.values(hit.rec.source, it.field, ty and hit.types or nil)
   local parent = #vals == 0 and hit.types and mapping.multi_field_parent(hit.types, it.field)
-  if parent then vals = mapping.values(hit.rec.source, parent) end
+  if parent then vals = mapping.values(hit.rec.source, parent, hit.types) end
   if ty == "text" then -- "fielddata": true: the field data are the tokens
     local toks = {}
     for _, v in ipairs(vals) do
