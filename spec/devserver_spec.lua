@@ -2095,6 +2095,32 @@ describe("esxd", function()
       assert.equal(400, st)
       query_shard_failure(b, "qsd", "parse_exception", "unit [x] not supported for date math [-1x]")
     end)
+    it("a date field whose format reads epoch_second first holds seconds, and queries numbers as millis", function()
+      -- ES parses a document's number with the field's format: under epoch_second 1700000000 is
+      -- 2023-11-14T22:13:20Z (sort value 1700000000000); a query's number is epoch millis
+      -- whatever the format (DateFieldType forces EPOCH_MILLIS), a query's string the format's
+      assert.equal(200, (req("PUT", "/esec", { mappings = { properties = {
+        s = { type = "date", format = "epoch_second" }, m = { type = "date", format = "epoch_second||epoch_millis" } } } })))
+      put_doc("esec", "1", { s = 1700000000, m = "1700000000" }, false)
+      put_doc("esec", "2", { s = "1600000000", m = 1600000000 }, false)
+      assert.equal(200, (req("POST", "/esec/_refresh")))
+      local function hits(q, sort)
+        local st, b = search("/esec/_search", { query = q, sort = { { [sort or "s"] = "desc" } } })
+        assert.equal(200, st, cjson.encode(b))
+        return table.concat(ids(b), ","), b
+      end
+      local all, b = hits({ match_all = {} })
+      assert.equal("1,2", all)
+      assert.same({ 1700000000000 }, b.hits.hits[1].sort)
+      assert.same({ 1600000000000 }, b.hits.hits[2].sort)
+      assert.equal("1", (hits({ range = { s = { gte = 1699999999000 } } })))
+      assert.equal("1", (hits({ range = { s = { gte = "1699999999" } } })))
+      assert.equal("1", (hits({ range = { s = { gte = "2023-11-14", format = "strict_date_optional_time" } } })))
+      assert.equal("2", (hits({ term = { m = "1600000000" } }, "m")))
+      assert.equal("2", (hits({ term = { m = 1600000000000 } }, "m")))
+      _, b = hits({ match_all = {} }, "m")
+      assert.same({ 1700000000000 }, b.hits.hits[1].sort)
+    end)
     it("term / terms values a date or numeric field cannot parse fail the shard, as in ES", function()
       -- ES's field types parse a term query's value like the field's own values (DateFieldType
       -- and NumberFieldType.termQuery): "abc" against a long or date field is not 0 hits but 400,

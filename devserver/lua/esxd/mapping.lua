@@ -499,6 +499,31 @@ local function epoch_only(format)
 end
 _M.epoch_only = epoch_only
 
+-- A string a date field with this format reads as an epoch, in milliseconds (else nil): with
+-- an epoch-only format every digit string (fraction allowed); otherwise a digit string that
+-- strict_date_optional_time does not take first (four digits are a year). The first epoch
+-- parser in the format decides the unit: epoch_second counts seconds.
+local function epoch_scale(format)
+  if type(format) ~= "string" then return 1 end
+  for f in format:gmatch("[^|]+") do
+    f = f:match("^%s*(.-)%s*$")
+    if f == "epoch_second" then return 1000 end
+    if f == "epoch_millis" then return 1 end
+  end
+  return 1
+end
+_M.epoch_scale = epoch_scale
+
+function _M.epoch_string(v, format)
+  if type(v) ~= "string" then return nil end
+  if epoch_only(format) then
+    if not v:match("^%-?%d+%.?%d*$") then return nil end
+  elseif not v:match("^%-?%d+$") or v:match("^%d%d%d%d$") then
+    return nil
+  end
+  return tonumber(v) * epoch_scale(format)
+end
+
 local function date_fits(v, format)
   if epoch_only(format) then
     return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
@@ -867,10 +892,17 @@ function _M.values(source, path, types)
     end
     out = kept
   end
-  if ty and _M.is_date(ty) and epoch_only(_M.format_of(types, path)) then
-    -- an epoch-only field's digit strings are epoch millis ("2024" is not the year there)
-    for i, v in ipairs(out) do
-      if type(v) == "string" and v:match("^%-?%d+%.?%d*$") then out[i] = tonumber(v) or v end
+  if ty and _M.is_date(ty) then
+    -- the instants of the values the field's format reads as epochs: an epoch-only field's
+    -- digit strings ("2024" is not the year there), and epoch_second's numbers and strings
+    -- in seconds
+    local format = _M.format_of(types, path)
+    local scale = epoch_scale(format)
+    if scale ~= 1 or epoch_only(format) then
+      for i, v in ipairs(out) do
+        if type(v) == "number" then out[i] = v * scale
+        else out[i] = _M.epoch_string(v, format) or v end
+      end
     end
   end
   return out

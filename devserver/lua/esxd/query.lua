@@ -132,7 +132,10 @@ local function date_value(x, round_up, format, zone_ms, ty)
   end
   local function parse(v, up)
     if v == "" then errors.raise(400, "parse_exception", "cannot parse empty datetime") end
-    local ms = mapping.date_fits(v, format) and dates.parse(v, up, zone_ms, mapping.epoch_only(format))
+    -- a number is epoch millis whatever the format (DateFieldType parses it with
+    -- EPOCH_MILLIS); a string with the format, epoch_second in seconds
+    local ms = mapping.date_fits(v, format) and
+      (mapping.epoch_string(v, format) or dates.parse(v, up, zone_ms, mapping.epoch_only(format)))
     if not ms then fail(v) end
     return ms
   end
