@@ -127,9 +127,18 @@ function _M.create(ctx)
   return write_doc(ctx, ctx.vars.id, src, opts)
 end
 
+-- An update body is UpdateRequest's own JSON, not a document: a syntax error there is the
+-- parser's x_content_parse_exception, as for a search body.
+local function update_body(ctx)
+  if ctx.body == nil or ctx.body == "" then error(errors.body_required(), 0) end
+  local body, err = json.decode(ctx.body, "strict")
+  if body == nil then error(errors.json_parse(err, ctx.body), 0) end
+  return body
+end
+
 function _M.update(ctx)
   check_index_name(ctx.vars.index)
-  local body = doc_body(ctx)
+  local body = update_body(ctx)
   local opts = write_opts(ctx)
   check_require_alias(ctx)
   local a = ctx.args
