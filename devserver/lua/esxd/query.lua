@@ -596,8 +596,11 @@ end
 -- query_string (and ?q=): a small subset of Lucene syntax: whitespace-separated clauses,
 -- each "field:value" or "value" (default field, else all fields), quoted phrases matched as
 -- all their tokens, "*" / "?" wildcards (lowercased on text fields), optional +/- prefixes,
--- combined with default_operator (OR / AND). lenient drops clauses whose value does not fit
--- a numeric/date field.
+-- combined as Lucene's classic QueryParser combines them (QueryParserBase.addClause): AND /
+-- && make the clause and the one before required, OR / || make them optional under
+-- default_operator AND, NOT / ! / - prohibit, + requires; a query of prohibited clauses only
+-- matches every other document (ES's fixNegativeQueryIfNeeded). lenient makes a clause whose
+-- value does not fit a numeric/date field match nothing.
 local function qs_clauses(text)
   local out = {}
   local i, n = 1, #text
@@ -628,89 +631,110 @@ builders.query_string = function(body, types)
   local df = body.default_field or body.df
   if df == "*" then df = nil end
   local parts = {}
+  -- QueryParserBase.addClause: the occurrence of a clause from its conjunction and modifier,
+  -- which may also change the clause before it
+  local function add(conj, mod, fn)
+    local prev = parts[#parts]
+    if prev and conj == "and" and prev.occur ~= "must_not" then prev.occur = "must" end
+    if prev and op == "and" and conj == "or" and prev.occur ~= "must_not" then prev.occur = "should" end
+    local occur
+    if mod == "not" then occur = "must_not"
+    elseif op == "and" then occur = conj ~= "or" and "must" or "should"
+    else occur = (mod == "req" or conj == "and") and "must" or "should" end
+    parts[#parts + 1] = { occur = occur, fn = fn }
+  end
+  local conj, mod
   for _, clause in ipairs(qs_clauses(tostring(body.query))) do
-    local must, must_not = false, false
-    if clause:sub(1, 1) == "+" then must = true; clause = clause:sub(2)
-    elseif clause:sub(1, 1) == "-" then must_not = true; clause = clause:sub(2) end
-    local field, value = clause:match("^([%w_%.%-%*]+):(.+)$")
-    if not field then field, value = df, clause end
-    if clause == "*" or (field and value == "*") then
-      parts[#parts + 1] = { must = must, must_not = must_not, fn = field and builders.exists({ field = field }) or builders.match_all() }
-    elseif value ~= "AND" and value ~= "OR" then
-      local fn
-      local phrase = value:match('^"(.*)"$')
-      local ty = field and mapping.type_of(types, field)
-      local skip = false
-      local prefix = not phrase and value:match("^[^%*%?]*%*$")
-      local wild = not phrase and value:find("[%*%?]")
-      if field and ty and wild and (mapping.NUMERIC[ty] or mapping.is_date(ty) or ty == "boolean" or ty == "ip") then
-        -- QueryStringQueryParser.getPrefixQuerySingle / getWildcardQuerySingle: "12*" is the
-        -- field type's prefix query, "1?" / "1*2" its (normalized) wildcard query, which only
-        -- string fields have (lenient: no match)
-        if lenient then skip = true else need_string_field(types, field, prefix and "prefix" or "wildcard") end
-      elseif field and ty and mapping.NUMERIC[ty] and not tonumber(value) then
-        if lenient then skip = true
-        else errors.raise(400, "number_format_exception", 'For input string: "' .. value .. '"') end
-      end
-      -- a date field's value is its term query (DateFieldType.termQuery), built by match below:
-      -- date math ("now-1d"), the field's format, and the parse failure unless lenient
-      if not skip then
-        if value:find("[%*%?]") and not phrase then
-          local v = (ty == nil or ty == "text") and value:lower() or value
-          if field then
-            fn = builders.wildcard({ [field] = v }, types)
+    if clause == "AND" or clause == "&&" then conj = "and"
+    elseif clause == "OR" or clause == "||" then conj = "or"
+    elseif clause == "NOT" then mod = "not"
+    else
+      local c1 = clause:sub(1, 1)
+      if c1 == "+" then mod = "req"; clause = clause:sub(2)
+      elseif c1 == "-" or c1 == "!" then mod = "not"; clause = clause:sub(2) end
+      local field, value = clause:match("^([%w_%.%-%*]+):(.+)$")
+      if not field then field, value = df, clause end
+      if clause == "*" or (field and value == "*") then
+        add(conj, mod, field and builders.exists({ field = field }) or builders.match_all())
+      else
+        local fn
+        local phrase = value:match('^"(.*)"$')
+        local ty = field and mapping.type_of(types, field)
+        local skip = false
+        local prefix = not phrase and value:match("^[^%*%?]*%*$")
+        local wild = not phrase and value:find("[%*%?]")
+        if field and ty and wild and (mapping.NUMERIC[ty] or mapping.is_date(ty) or ty == "boolean" or ty == "ip") then
+          -- QueryStringQueryParser.getPrefixQuerySingle / getWildcardQuerySingle: "12*" is the
+          -- field type's prefix query, "1?" / "1*2" its (normalized) wildcard query, which only
+          -- string fields have (lenient: no match)
+          if lenient then skip = true else need_string_field(types, field, prefix and "prefix" or "wildcard") end
+        elseif field and ty and mapping.NUMERIC[ty] and not tonumber(value) then
+          if lenient then skip = true
+          else errors.raise(400, "number_format_exception", 'For input string: "' .. value .. '"') end
+        end
+        -- a date field's value is its term query (DateFieldType.termQuery), built by match below:
+        -- date math ("now-1d"), the field's format, and the parse failure unless lenient
+        if not skip then
+          if value:find("[%*%?]") and not phrase then
+            local v = (ty == nil or ty == "text") and value:lower() or value
+            if field then
+              fn = builders.wildcard({ [field] = v }, types)
+            else
+              local pat = "^" .. v:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+              fn = function(rec)
+                local function walk(node)
+                  if type(node) == "table" then
+                    for _, x in pairs(node) do if walk(x) then return true end end
+                  elseif node ~= nil and node ~= null then
+                    for _, t in ipairs(mapping.tokens(node)) do if t:match(pat) then return true end end
+                  end
+                  return false
+                end
+                return walk(rec.source), 1.0
+              end
+            end
+          elseif field then
+            fn = builders.match({ [field] = { query = phrase or value, operator = phrase and "and" or "or", lenient = lenient } }, types)
           else
-            local pat = "^" .. v:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+            local qt = mapping.tokens(phrase or value)
             fn = function(rec)
+              local have = {}
               local function walk(node)
                 if type(node) == "table" then
-                  for _, x in pairs(node) do if walk(x) then return true end end
+                  for _, x in pairs(node) do walk(x) end
                 elseif node ~= nil and node ~= null then
-                  for _, t in ipairs(mapping.tokens(node)) do if t:match(pat) then return true end end
+                  for _, t in ipairs(mapping.tokens(node)) do have[t] = true end
                 end
-                return false
               end
-              return walk(rec.source), 1.0
+              walk(rec.source)
+              local n = 0
+              for _, t in ipairs(qt) do if have[t] then n = n + 1 end end
+              if n > 0 and (not phrase or n == #qt) then return true, n * 1.0 end
+              return false, 0
             end
           end
-        elseif field then
-          fn = builders.match({ [field] = { query = phrase or value, operator = phrase and "and" or "or", lenient = lenient } }, types)
+          add(conj, mod, fn)
         else
-          local qt = mapping.tokens(phrase or value)
-          fn = function(rec)
-            local have = {}
-            local function walk(node)
-              if type(node) == "table" then
-                for _, x in pairs(node) do walk(x) end
-              elseif node ~= nil and node ~= null then
-                for _, t in ipairs(mapping.tokens(node)) do have[t] = true end
-              end
-            end
-            walk(rec.source)
-            local n = 0
-            for _, t in ipairs(qt) do if have[t] then n = n + 1 end end
-            if n > 0 and (not phrase or n == #qt) then return true, n * 1.0 end
-            return false, 0
-          end
+          -- lenient: ES's newLenientFieldQuery, a clause that matches nothing
+          add(conj, mod, builders.match_none())
         end
-        parts[#parts + 1] = { must = must, must_not = must_not, fn = fn }
-      elseif must then
-        parts[#parts + 1] = { must = true, fn = builders.match_none() }
       end
+      conj, mod = nil, nil
     end
   end
+  local positive = false
+  for _, p in ipairs(parts) do if p.occur ~= "must_not" then positive = true end end
   return function(rec)
-    local score, any, optional = 0, false, 0
+    local score, any = 0, not positive and #parts > 0
     for _, p in ipairs(parts) do
       local ok, sc = p.fn(rec)
-      if p.must_not then
+      if p.occur == "must_not" then
         if ok then return false, 0 end
-      elseif p.must or op == "and" then
+      elseif p.occur == "must" then
         if not ok then return false, 0 end
         any = true; score = score + sc
-      else
-        optional = optional + 1
-        if ok then any = true; score = score + sc end
+      elseif ok then
+        any = true; score = score + sc
       end
     end
     if any then return true, score end
