@@ -255,7 +255,10 @@ function _M.search(expr, params, body, started, path)
     if v ~= nil and tonumber(v) < r[2] then errors.raise(400, "illegal_argument_exception", r[3]) end
   end
   local from = int_param("from", params.from or body.from, 0)
-  local size = int_param("size", params.size or body.size, 10)
+  -- RestSearchAction: a size parameter of -1 is no size parameter (the body's, else 10)
+  local usize = params.size
+  if usize ~= nil and int_param("size", usize) == -1 then usize = nil end
+  local size = int_param("size", usize or body.size, 10)
   if from < 0 then errors.raise(400, "illegal_argument_exception", "[from] parameter cannot be negative but was [" .. from .. "]") end
   if size < 0 then errors.raise(400, "illegal_argument_exception", "[size] parameter cannot be negative, found [" .. size .. "]") end
   local as_int = truthy(params.rest_total_hits_as_int)
