@@ -166,6 +166,9 @@ local function sort_value(hit, it)
     end
     vals = toks
   end
+  if #vals == 0 and it.missing ~= nil and it.missing ~= "_first" and it.missing ~= "_last" then
+    vals = { it.missing } -- a custom missing value: the document sorts as if it had it
+  end
   local best
   for _, v in ipairs(vals) do
     local x = v
@@ -178,6 +181,20 @@ local function sort_value(hit, it)
     end
   end
   return best
+end
+
+-- The sort value ES shows for a document without a value: the extreme its numeric sort type
+-- sorts last (or first) with, Long.MAX_VALUE / MIN_VALUE for the integral types, dates and
+-- booleans (SortField.Type.LONG), +/-Infinity (a string, as Jackson writes it) for the
+-- floating ones; null for keywords, text and ip.
+local LONG_SORTED = { long = true, integer = true, short = true, byte = true, date = true, date_nanos = true,
+  boolean = true }
+local FLOAT_SORTED = { double = true, float = true, half_float = true, scaled_float = true }
+local function missing_sort_value(ty, it)
+  local high = (it.dir == "asc") == (it.missing ~= "_first")
+  if LONG_SORTED[ty] then return json.raw(high and "9223372036854775807" or "-9223372036854775808") end
+  if FLOAT_SORTED[ty] then return high and "Infinity" or "-Infinity" end
+  return nil
 end
 
 local function total_hits(n, tth, as_int)
@@ -414,6 +431,7 @@ function _M.search(expr, params, body, started, path)
           v = json.raw(string.format("%d", v) .. (v ~= 0 and "000000" or ""))
         end
         if type(v) == "string" and h.types and mapping.type_of(h.types, it.field) == "ip" then v = mapping.ip_format(v) end
+        if v == nil and h.types then v = missing_sort_value(mapping.type_of(h.types, it.field), it) end
         sv[k] = v == nil and null or v
       end
       json.set(hit, "sort", sv)
