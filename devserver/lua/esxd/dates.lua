@@ -33,7 +33,7 @@ _M.civil_from_days = civil_from_days
 
 -- Does this string look like a date for dynamic date detection?
 function _M.looks_like_date(s)
-  return type(s) == "string" and (s:match("^%d%d%d%d%-%d%d%-%d%d$") or s:match("^%d%d%d%d%-%d%d%-%d%d[T ]%d%d")) ~= nil
+  return type(s) == "string" and (s:match("^%d%d%d%d%-%d%d%-%d%d$") or s:match("^%d%d%d%d%-%d%d%-%d%dT%d%d")) ~= nil
 end
 
 -- Parse to epoch milliseconds; returns number or nil. round_up: ES's round-up parser (range
@@ -60,7 +60,9 @@ function _M.parse(v, round_up, zone_ms, epoch)
   if round_up then h, mi, s, ms = 23, 59, 59, 999 end
   local offset = zone_ms or 0
   if rest ~= "" then
-    local hh, tail = rest:match("^[T ](%d%d)(.*)$")
+    -- strict_date_optional_time separates the time with a 'T' only: "2024-01-02 10:00" is
+    -- not a date there (a date field refuses it, dynamic mapping makes it text)
+    local hh, tail = rest:match("^T(%d%d)(.*)$")
     if not hh then return nil end
     h = tonumber(hh)
     local mm, tail2 = tail:match("^:(%d%d)(.*)$")
