@@ -56,6 +56,10 @@ function _M.parse(v, round_up, zone_ms, epoch)
   end
   y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
   if mo < 1 or mo > 12 or d < 1 or d > 31 then return nil end
+  -- java.time resolves strictly: no February 30th (it was March 1st)
+  local ny, nm = y, mo + 1
+  if nm > 12 then ny, nm = y + 1, 1 end
+  if d > days_from_civil(ny, nm, 1) - days_from_civil(y, mo, 1) then return nil end
   local h, mi, s, ms = 0, 0, 0, 0
   if round_up then h, mi, s, ms = 23, 59, 59, 999 end
   local offset = zone_ms or 0
