@@ -3214,6 +3214,12 @@ describe("esxd", function()
       local st, b = jreq("DELETE", "/_search")
       assert.equal(405, st)
       assert.same({ error = "Incorrect HTTP method for uri [/_search] and method [DELETE], allowed: [GET, POST]", status = 405 }, b)
+      -- each allowed method once, in the message and in Allow
+      local h
+      st, b, h = jreq("POST", "/some-index")
+      assert.equal(405, st)
+      assert.same({ error = "Incorrect HTTP method for uri [/some-index] and method [POST], allowed: [DELETE, GET, HEAD, PUT]", status = 405 }, b)
+      assert.equal("DELETE,GET,HEAD,PUT", h.allow)
     end)
     it("the routing errors quote the whole URI, query string included (request.uri())", function()
       local st, b = jreq("GET", "/a/b/c/d?x=1&y")

@@ -74,7 +74,12 @@ function _M.find(method, segs, raw_path)
       local h = r[2][method]
       if h then return h, vars end
       allowed = allowed or {}
-      for m in pairs(r[2]) do allowed[#allowed + 1] = m end
+      -- (PUT /{index} is in two routes: each method is listed once)
+      for m in pairs(r[2]) do
+        local seen = false
+        for _, a in ipairs(allowed) do if a == m then seen = true end end
+        if not seen then allowed[#allowed + 1] = m end
+      end
     end
   end
   if allowed then
