@@ -2932,6 +2932,27 @@ describe("esxd", function()
       assert.same({ value = 3 }, a.card)
       assert.same({ value = cjson.null }, a.nomin)
     end)
+    it("metrics on a date field carry their values as dates: sum, avg, stats too", function()
+      -- InternalSum / InternalAvg / InternalStats print *_as_string with the field's format
+      -- whenever it is not RAW, as min and max do
+      assert.equal(200, (req("PUT", "/dstats", { mappings = { properties = { d = { type = "date" } } } })))
+      put_doc("dstats", "1", { d = "2024-01-01T00:00:00Z" }, false)
+      put_doc("dstats", "2", { d = "2024-01-02T00:00:00.001Z" })
+      local st, b = jreq("POST", "/dstats/_search", { size = 0, aggs = {
+        s = { sum = { field = "d" } }, a = { avg = { field = "d" } }, st = { stats = { field = "d" } } } })
+      assert.equal(200, st)
+      local r = b.aggregations
+      assert.same({ value = 3408220800001, value_as_string = "2078-01-01T00:00:00.001Z" }, r.s)
+      assert.same({ value = 1704110400000.5, value_as_string = "2024-01-01T12:00:00.000Z" }, r.a)
+      assert.same({ count = 2, min = 1704067200000, max = 1704153600001, avg = 1704110400000.5, sum = 3408220800001,
+        min_as_string = "2024-01-01T00:00:00.000Z", max_as_string = "2024-01-02T00:00:00.001Z",
+        avg_as_string = "2024-01-01T12:00:00.000Z", sum_as_string = "2078-01-01T00:00:00.001Z" }, r.st)
+      -- and none without values
+      st, b = jreq("POST", "/dstats/_search", { size = 0, query = { match_none = {} }, aggs = {
+        a = { avg = { field = "d" } }, st = { stats = { field = "d" } } } })
+      assert.same({ value = cjson.null }, b.aggregations.a)
+      assert.is_nil(b.aggregations.st.min_as_string)
+    end)
     it("aggregations respect the query", function()
       local a = aggs({ s = { terms = { field = "site" } } }, { range = { ms = { gte = 10 } } })
       assert.same({ { key = "a", doc_count = 3 } }, a.s.buckets)

@@ -98,16 +98,22 @@ local function collect_numbers(docs, field, types, kind)
   return out, ty
 end
 
-local function with_date_string(o, ty, v)
-  if mapping.is_date(ty) and v ~= null then json.set(o, "value_as_string", dates.format(v)) end
+-- A date field's metrics carry their values formatted with the field's DocValueFormat, as
+-- ES's InternalSum / InternalAvg / InternalMin / InternalMax / InternalStats print them
+-- (the value truncated to a whole millisecond); name: the string field's name.
+local function date_string(v)
+  return dates.format(v < 0 and math.ceil(v) or math.floor(v))
+end
+local function with_date_string(o, ty, v, name)
+  if mapping.is_date(ty) and v ~= null then json.set(o, name or "value_as_string", date_string(v)) end
   return o
 end
 
 metric.sum = function(spec, docs, types)
-  local nums = collect_numbers(docs, need_field("sum", spec), types, "sum")
+  local nums, ty = collect_numbers(docs, need_field("sum", spec), types, "sum")
   local s = 0
   for _, n in ipairs(nums) do s = s + n end
-  return json.obj("value", json.float(s))
+  return with_date_string(json.obj("value", json.float(s)), ty, s)
 end
 metric.min = function(spec, docs, types)
   local nums, ty = collect_numbers(docs, need_field("min", spec), types, "min")
@@ -122,22 +128,29 @@ metric.max = function(spec, docs, types)
   return with_date_string(json.obj("value", m and json.float(m) or null), ty, m or null)
 end
 metric.avg = function(spec, docs, types)
-  local nums = collect_numbers(docs, need_field("avg", spec), types, "avg")
+  local nums, ty = collect_numbers(docs, need_field("avg", spec), types, "avg")
   if #nums == 0 then return json.obj("value", null) end
   local s = 0
   for _, n in ipairs(nums) do s = s + n end
-  return json.obj("value", json.float(s / #nums))
+  return with_date_string(json.obj("value", json.float(s / #nums)), ty, s / #nums)
 end
 metric.stats = function(spec, docs, types)
-  local nums = collect_numbers(docs, need_field("stats", spec), types, "stats")
+  local nums, ty = collect_numbers(docs, need_field("stats", spec), types, "stats")
   local s, mn, mx = 0, nil, nil
   for _, n in ipairs(nums) do
     s = s + n
     if mn == nil or n < mn then mn = n end
     if mx == nil or n > mx then mx = n end
   end
-  return json.obj("count", #nums, "min", mn and json.float(mn) or null, "max", mx and json.float(mx) or null,
+  local o = json.obj("count", #nums, "min", mn and json.float(mn) or null, "max", mx and json.float(mx) or null,
     "avg", #nums > 0 and json.float(s / #nums) or null, "sum", json.float(s))
+  if #nums > 0 then
+    with_date_string(o, ty, mn, "min_as_string")
+    with_date_string(o, ty, mx, "max_as_string")
+    with_date_string(o, ty, s / #nums, "avg_as_string")
+    with_date_string(o, ty, s, "sum_as_string")
+  end
+  return o
 end
 metric.value_count = function(spec, docs, types)
   local field = need_field("value_count", spec)
