@@ -2932,7 +2932,7 @@ describe("esxd", function()
       assert.same({ value = 3 }, a.card)
       assert.same({ value = cjson.null }, a.nomin)
     end)
-    it("metrics on a date field carry their values as dates: sum, avg, stats too", function()
+    it("metrics on a date or boolean field carry their values as strings: sum, avg, stats too", function()
       -- InternalSum / InternalAvg / InternalStats print *_as_string with the field's format
       -- whenever it is not RAW, as min and max do
       assert.equal(200, (req("PUT", "/dstats", { mappings = { properties = { d = { type = "date" } } } })))
@@ -2952,6 +2952,15 @@ describe("esxd", function()
         a = { avg = { field = "d" } }, st = { stats = { field = "d" } } } })
       assert.same({ value = cjson.null }, b.aggregations.a)
       assert.is_nil(b.aggregations.st.min_as_string)
+      -- a boolean field's DocValueFormat prints "true" for anything but 0
+      put_doc("bstats", "1", { f = true }, false)
+      put_doc("bstats", "2", { f = false })
+      st, b = jreq("POST", "/bstats/_search", { size = 0, aggs = { mn = { min = { field = "f" } },
+        a = { avg = { field = "f" } }, st = { stats = { field = "f" } } } })
+      assert.same({ value = 0, value_as_string = "false" }, b.aggregations.mn)
+      assert.same({ value = 0.5, value_as_string = "true" }, b.aggregations.a)
+      assert.same({ count = 2, min = 0, max = 1, avg = 0.5, sum = 1, min_as_string = "false",
+        max_as_string = "true", avg_as_string = "true", sum_as_string = "true" }, b.aggregations.st)
     end)
     it("aggregations respect the query", function()
       local a = aggs({ s = { terms = { field = "site" } } }, { range = { ms = { gte = 10 } } })

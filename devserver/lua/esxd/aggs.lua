@@ -98,14 +98,18 @@ local function collect_numbers(docs, field, types, kind)
   return out, ty
 end
 
--- A date field's metrics carry their values formatted with the field's DocValueFormat, as
--- ES's InternalSum / InternalAvg / InternalMin / InternalMax / InternalStats print them
--- (the value truncated to a whole millisecond); name: the string field's name.
-local function date_string(v)
+-- A date or boolean field's metrics carry their values formatted with the field's
+-- DocValueFormat, as ES's InternalSum / InternalAvg / InternalMin / InternalMax /
+-- InternalStats print them (a date truncated to a whole millisecond; DocValueFormat.BOOLEAN:
+-- "true" for anything but 0); name: the string field's name.
+local function value_string(ty, v)
+  if ty == "boolean" then return v ~= 0 and "true" or "false" end
   return dates.format(v < 0 and math.ceil(v) or math.floor(v))
 end
 local function with_date_string(o, ty, v, name)
-  if mapping.is_date(ty) and v ~= null then json.set(o, name or "value_as_string", date_string(v)) end
+  if (mapping.is_date(ty) or ty == "boolean") and v ~= null then
+    json.set(o, name or "value_as_string", value_string(ty, v))
+  end
   return o
 end
 
