@@ -2133,6 +2133,11 @@ describe("esxd", function()
       st, b = search("/dfrac/_search", { query = { term = { ts = "2024-05-01T10:20:30.0009Z" } } })
       assert.equal(200, st)
       assert.same({ "2" }, ids(b))
+      -- nine digits at most (nanoseconds): a tenth is not a date
+      assert.equal(201, (req("PUT", "/dfrac/_doc/3", { ts = "2024-05-01T10:20:30.123456789Z" })))
+      st, b = jreq("PUT", "/dfrac/_doc/4", { ts = "2024-05-01T10:20:30.1234567891Z" })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
     end)
     it("query_string combines AND, OR, NOT, +, - as Lucene's classic query parser does", function()
       -- QueryParserBase.addClause: AND makes both sides required, OR both optional under

@@ -76,6 +76,7 @@ function _M.parse(v, round_up, zone_ms, epoch)
       if ss then
         s = tonumber(ss); tail = tail3
         local frac, tail4 = tail:match("^[%.,](%d+)(.*)$")
+        if frac and #frac > 9 then return nil end -- appendFraction(NANO_OF_SECOND, 1, 9)
         if frac then
           -- java.time keeps nanoseconds and ES's millisecond resolution truncates them:
           -- ".9999" is 999 ms, not the next second
