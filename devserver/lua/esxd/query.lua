@@ -246,6 +246,8 @@ builders.term = function(body, types)
     v = v.value
   end
   if type(v) == "table" then perr("[term] query does not support array of values") end
+  -- the _id metadata field: IdFieldType.termQuery is the ids query
+  if field == "_id" then return builders.ids({ values = { v } }) end
   local ty = mapping.type_of(types, field)
   v = check_term_value(types, field, ty, v) or v
   return function(rec)
@@ -319,6 +321,7 @@ builders.terms = function(body, types)
   if type(list) ~= "table" then
     perr("[terms] query does not support [" .. field .. "]")
   end
+  if field == "_id" then return builders.ids({ values = list }) end -- IdFieldType.termsQuery
   local ty = mapping.type_of(types, field)
   -- TermsQueryBuilder.doToQuery (a field that is not mapped was rewritten to match_none)
   local max = mapping.limits_of(types).max_terms_count or 65536
