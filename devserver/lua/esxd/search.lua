@@ -121,7 +121,8 @@ local function parse_sort(spec)
       elseif is_obj(s) then
         for f, o in pairs(s) do
           if type(o) == "string" then items[#items + 1] = { field = f, dir = o }
-          elseif is_obj(o) then items[#items + 1] = { field = f, dir = o.order, missing = o.missing }
+          elseif is_obj(o) then
+            items[#items + 1] = { field = f, dir = o.order, missing = o.missing, unmapped_type = o.unmapped_type }
           else errors.raise(400, "parsing_exception", "[" .. f .. "] failed to parse field [sort]") end
         end
       else
@@ -145,6 +146,7 @@ end
 local function sort_value(hit, it)
   if it.field == "_score" then return hit.score end
   if it.field == "_doc" then return hit.order end
+  if it.field == "_index" then return hit.index end
   local ty = hit.types and mapping.type_of(hit.types, it.field)
   local fd = hit.types and mapping.fielddata_error(hit.types, it.field)
   if fd and fd ~= "text" then
@@ -195,6 +197,22 @@ local function missing_sort_value(ty, it)
   if LONG_SORTED[ty] then return json.raw(high and "9223372036854775807" or "-9223372036854775808") end
   if FLOAT_SORTED[ty] then return high and "Infinity" or "-Infinity" end
   return nil
+end
+
+-- FieldSortBuilder.build on a shard, documents or not: a field the index does not map fails
+-- it unless unmapped_type names a type to sort it as; _id has no field data in ES 8
+-- (indices.id_field_data.enabled is false).
+local SORT_META = { _score = true, _doc = true, _index = true }
+local function sort_check(idx, it)
+  local where = { "index_uuid", idx.uuid, "index", idx.name }
+  if it.field == "_id" then
+    error(errors.search_phase(idx.name, errors.new(400, "illegal_argument_exception", "Fielddata access on the _id " ..
+      "field is disallowed, you can re-enable it by updating the dynamic cluster setting: indices.id_field_data.enabled")), 0)
+  end
+  if not SORT_META[it.field] and it.unmapped_type == nil and mapping.type_of(idx.types, it.field) == nil then
+    error(errors.search_phase(idx.name, errors.new(400, "query_shard_exception",
+      "No mapping found for [" .. it.field .. "] in order to sort on", where)), 0)
+  end
 end
 
 local function total_hits(n, tth, as_int)
@@ -331,6 +349,7 @@ function _M.search(expr, params, body, started, path)
           ("Result window is too large, from + size must be less than or equal to: [%d] but was [%d]. See the scroll api for a more efficient way to request large data sets. This limit can be set by changing the [index.max_result_window] index level setting.")
             :format(window, from + size))), 0)
       end
+      for _, it in ipairs(sorts or {}) do sort_check(idx, it) end
       for _, rec in ipairs(idx.visible_list) do
         local ok, score = false, 0
         if not rec.dead then ok, score = matcher(rec) end
@@ -431,7 +450,7 @@ function _M.search(expr, params, body, started, path)
           v = json.raw(string.format("%d", v) .. (v ~= 0 and "000000" or ""))
         end
         if type(v) == "string" and h.types and mapping.type_of(h.types, it.field) == "ip" then v = mapping.ip_format(v) end
-        if v == nil and h.types then v = missing_sort_value(mapping.type_of(h.types, it.field), it) end
+        if v == nil and h.types then v = missing_sort_value(mapping.type_of(h.types, it.field) or it.unmapped_type, it) end
         sv[k] = v == nil and null or v
       end
       json.set(hit, "sort", sv)
