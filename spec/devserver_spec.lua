@@ -2643,6 +2643,22 @@ describe("esxd", function()
       assert.equal("Fielddata access on the _id field is disallowed, you can re-enable it by updating the dynamic " ..
         "cluster setting: indices.id_field_data.enabled", b.error.root_cause[1].reason)
     end)
+    it("sort takes mode min / max on multi-valued fields and refuses options it does not know or implement", function()
+      put_doc("smode", "1", { v = { 1, 10 } }, false)
+      put_doc("smode", "2", { v = { 5 } })
+      local _, b = search("/smode/_search", { sort = { { v = "asc" } } })
+      assert.same({ "1", "2" }, ids(b))                        -- asc: each document's min (1, 5)
+      _, b = search("/smode/_search", { sort = { { v = { order = "asc", mode = "max" } } } })
+      assert.same({ "2", "1" }, ids(b))                        -- max: 5, 10
+      assert.same({ 5 }, b.hits.hits[1].sort)
+      _, b = search("/smode/_search", { sort = { { v = { order = "desc", mode = "min" } } } })
+      assert.same({ "2", "1" }, ids(b))
+      for _, o in ipairs({ { bogus = 1 }, { mode = "avg" }, { nested = { path = "x" } }, { format = "x" } }) do
+        local st, e = search("/smode/_search", { sort = { { v = o } } })
+        assert.equal(400, st)
+        assert.same(es_error(400, "x_content_parse_exception", "[field_sort] unknown field [" .. next(o) .. "]"), e)
+      end
+    end)
     it("refuses to sort on a text field", function()
       local st, b = search("/events-a/_search", { sort = { "title" } })
       assert.equal(400, st)

@@ -104,7 +104,9 @@ local function int_param(name, v, default)
   return n
 end
 
--- Build the list of sort clauses: {field=, dir=, missing=}
+local SORT_KEYS = { order = true, missing = true, unmapped_type = true, mode = true }
+
+-- Build the list of sort clauses: {field=, dir=, missing=, unmapped_type=, mode=}
 local function parse_sort(spec)
   if spec == nil or spec == null then return nil end
   local items = {}
@@ -122,7 +124,16 @@ local function parse_sort(spec)
         for f, o in pairs(s) do
           if type(o) == "string" then items[#items + 1] = { field = f, dir = o }
           elseif is_obj(o) then
-            items[#items + 1] = { field = f, dir = o.order, missing = o.missing, unmapped_type = o.unmapped_type }
+            -- FieldSortBuilder's parser ("field_sort"): a key it does not know is its error,
+            -- and so are the ones esxd does not implement (numeric_type, format, nested, the
+            -- modes other than min and max), rather than being ignored
+            for k, v in pairs(o) do
+              if not SORT_KEYS[k] or (k == "mode" and v ~= "min" and v ~= "max") then
+                errors.raise(400, "x_content_parse_exception", "[field_sort] unknown field [" .. tostring(k) .. "]")
+              end
+            end
+            items[#items + 1] = { field = f, dir = o.order, missing = o.missing, unmapped_type = o.unmapped_type,
+              mode = o.mode }
           else errors.raise(400, "parsing_exception", "[" .. f .. "] failed to parse field [sort]") end
         end
       else
@@ -179,7 +190,9 @@ local function sort_value(hit, it)
     elseif ty == "ip" then x = mapping.ip_bytes(v)   -- ordered by its bytes, printed canonically
     elseif type(v) == "boolean" then x = v and 1 or 0 end
     if x ~= nil and type(x) ~= "table" then
-      if best == nil or (type(best) == type(x) and ((it.dir == "asc" and x < best) or (it.dir == "desc" and x > best))) then best = x end
+      -- the mode: min for asc, max for desc unless given (SortMode)
+      local low = (it.mode or (it.dir == "asc" and "min" or "max")) == "min"
+      if best == nil or (type(best) == type(x) and ((low and x < best) or (not low and x > best))) then best = x end
     end
   end
   return best
