@@ -202,12 +202,13 @@ local function int_opt(agg, name, v, default)
   return n
 end
 
-bucket.terms = function(spec, docs, types, subspec)
+bucket.terms = function(spec, docs, types, subspec, name)
   local field = need_field("terms", spec)
   local ty = mapping.type_of(types, field)
   need_fielddata(types, field)
   local size = int_opt("terms", "size", spec.size, 10)
-  if size < 1 then bad("[size] must be greater than 0. Found [" .. size .. "] in [terms]") end
+  -- TermsAggregationBuilder.size names the aggregation, not its type
+  if size < 1 then bad("[size] must be greater than 0. Found [" .. size .. "] in [" .. tostring(name) .. "]") end
   local min_doc = int_opt("terms", "min_doc_count", spec.min_doc_count, 1)
   if spec.order ~= nil and type(spec.order) ~= "table" then
     errors.raise(400, "x_content_parse_exception", "[1:1] [terms] failed to parse field [order]")
@@ -393,10 +394,10 @@ bucket.date_histogram = function(spec, docs, types, subspec)
   return json.obj("buckets", buckets)
 end
 
-bucket.histogram = function(spec, docs, types, subspec)
+bucket.histogram = function(spec, docs, types, subspec, name)
   local field = need_field("histogram", spec)
   local interval = tonumber(spec.interval)
-  if not interval or interval <= 0 then bad("[interval] must be >0 for histogram aggregation [histogram]") end
+  if not interval or interval <= 0 then bad("[interval] must be >0 for histogram aggregation [" .. tostring(name) .. "]") end
   local ty = mapping.type_of(types, field)
   need_fielddata(types, field)
   need_numeric(types, field, "histogram")
@@ -564,7 +565,7 @@ run_aggs = function(spec, docs, types)
     if not kind then errors.raise(400, "parsing_exception", "Missing definition for aggregation [" .. name .. "]") end
     check_agg_options(kind, body)
     if bucket[kind] then
-      json.set(out, name, bucket[kind](body, docs, types, sub))
+      json.set(out, name, bucket[kind](body, docs, types, sub, name))
     elseif metric[kind] then
       if sub then no_sub_aggs(name, kind) end
       json.set(out, name, metric[kind](body, docs, types))
