@@ -245,7 +245,8 @@ bucket.terms = function(spec, docs, types, subspec, name)
     return tostring(a.key) < tostring(b.key)
   end
   local metric_vals = {}
-  if ok_key ~= "_count" and ok_key ~= "_key" and ok_key ~= "_term" then
+  -- (ES 8 dropped the _term alias of _key: it is a sub-aggregation path like any other name)
+  if ok_key ~= "_count" and ok_key ~= "_key" then
     local aggname, prop = tostring(ok_key):match("^([^%.]+)%.?(.*)$")
     if not subspec or not subspec[aggname] then
       bad("Invalid aggregation order path [" .. tostring(ok_key) .. "]. The provided aggregation [" .. tostring(aggname) .. "] either does not exist, or is a pipeline aggregation and cannot be used to sort the buckets.")
@@ -258,7 +259,7 @@ bucket.terms = function(spec, docs, types, subspec, name)
     end
   end
   table.sort(order, function(a, b)
-    if ok_key == "_key" or ok_key == "_term" then
+    if ok_key == "_key" then
       if dir == "asc" then return keycmp(a, b) else return keycmp(b, a) end
     elseif ok_key == "_count" then
       if #a.docs ~= #b.docs then
