@@ -2293,6 +2293,43 @@ describe("spool", function()
                  "to keep them: they are lost\n", err)
   end)
 
+  it("counts and says the rollup rows close could not queue for want of memory, spool or not #child", function()
+    -- close queues the table's dirty rows (to spool them, or to count them undelivered): when
+    -- memory ran out doing so, the rows it could not queue stayed in the table, freed with the
+    -- collector -- neither written nor counted in rollup_lost
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    assert.truthy(os.execute("cc -std=c11 -D_GNU_SOURCE -shared -fPIC -O1 -I/usr/include/lua5.4 " ..
+                             "tools/failmalloc.c -o " .. dir .. "/failmalloc.so"))
+    local cmd = child_script(dir, "rollnomem", ([[
+      package.cpath = "%s/?.so;" .. package.cpath
+      local fm = require "failmalloc"
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      for _, spool in ipairs{ "%s/spool", false } do
+        local col = esx.collector{ sink = c, spool_dir = spool or nil, flush_interval = 60000,
+                                   rollup = { window = 3600000, interval = 3600000 } }
+        for i = 1, 5 do
+          assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+            body = '{"site_id":"s1","type":"view","block_id":"b' .. i .. '"}' } == 204)
+        end
+        fm.arm(1, 0, "esx thread") -- every allocation of esx's in this thread fails
+        col:close(0)
+        fm.disarm()
+        print(col.c:stats().rollup_lost)
+      end
+      c:close()
+    ]]):format(dir, dir))
+    local p = io.popen("LD_PRELOAD=" .. dir .. "/failmalloc.so " .. cmd .. " 2>" .. dir .. "/err")
+    local out = p:read("*a")
+    p:close()
+    local err = slurp(dir .. "/err")
+    -- five rows (one per block_id), none queued: before, 0 and 0
+    assert.equal("5\n5\n", out, err)
+    assert.truthy(err:find("esx.collector: close: 5 rollup rows could not be written to the spool", 1, true), err)
+    assert.truthy(err:find("esx.collector: close: 5 rollup rows were not delivered and there is no spool", 1, true), err)
+  end)
+
   it("counts and says a failed fdatasync of a segment, and writes on in a new one #child", function()
     -- EIO from fdatasync (a failing disk) was ignored: nothing said that what the spool held
     -- might not survive a power loss.  A later sync of the same file succeeds without the

@@ -424,13 +424,13 @@ static int spool_row(esx_collector *col, esx_buf *b, int64_t *rows, int64_t *spo
  * would ship or spool them any more (its events are on disk already), and the spool is
  * let go of below; should it succeed, the replayed copy is the same row at the same
  * version, written again.  Rows that could not be written (spool_max_bytes reached, a full
- * disk, no memory) are lost: counted in rollup_lost and said on stderr, since stats cannot be
+ * disk, no memory -- unqueued of them could not even be queued) are lost: counted in rollup_lost and said on stderr, since stats cannot be
  * read after close -- they vanished without a trace.  Called with mu held, the shipper gone. */
-static void spool_rollups(esx_collector *col)
+static void spool_rollups(esx_collector *col, int64_t unqueued)
 {
     esx_buf b;
     esx_buf_init(&b, ESX_SPOOL_MAX_RECORD);
-    int64_t rows = 0, total = 0, spooled = 0;
+    int64_t rows = 0, total = unqueued, spooled = 0;
     int failed = 0;
     run ready = {.head = col->ready_head};
     for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next)
@@ -459,8 +459,9 @@ static void spool_rollups(esx_collector *col)
  * in flight may yet be acknowledged: not counted.) */
 static void rollups_lost_at_close(esx_collector *col)
 {
-    esx_col_queue_rollups(col);
     int64_t lost = 0;
+    if (esx_col_queue_rollups(col) != 0) /* out of memory: the rest stayed in the table */
+        lost = (int64_t)esx_rollups_dirty(col->rollups);
     run ready = {.head = col->ready_head};
     for (run *r = &ready; r; r = r == &ready ? col->delayed : r->next)
         for (item *it = r->head; it; it = it->next)
@@ -504,10 +505,11 @@ int64_t esx_collector_close(esx_collector *col, int64_t timeout_ms)
     left = col->queue_events - col->queue_rollups;
     /* rows the shipper did not queue within timeout_ms (close(0) gives it no time) are
      * queued here, to be spooled with the rest: the events they count are on disk */
-    if (col->spool)
-        esx_col_queue_rollups(col);
-    if (col->spool && col->queue_rollups > 0)
-        spool_rollups(col);
+    int64_t unqueued = 0;
+    if (col->spool && esx_col_queue_rollups(col) != 0) /* out of memory: the rest stayed in */
+        unqueued = (int64_t)esx_rollups_dirty(col->rollups); /* the table, to be counted lost */
+    if (col->spool && (col->queue_rollups > 0 || unqueued > 0))
+        spool_rollups(col, unqueued);
     else if (!col->spool && col->rollups)
         rollups_lost_at_close(col);
     /* the directory is free for a collector that replaces this one (which claims and

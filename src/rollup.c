@@ -290,6 +290,15 @@ size_t esx_rollups_rows(const esx_rollups *r)
     return r->rows;
 }
 
+size_t esx_rollups_dirty(const esx_rollups *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nbuckets; i++)
+        for (const esx_rollup_row *row = r->buckets[i]; row; row = row->next)
+            n += row->dirty != 0;
+    return n;
+}
+
 uint64_t esx_rollups_dropped(const esx_rollups *r)
 {
     return r->dropped;

@@ -60,6 +60,8 @@ int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instan
 
 /* Rows held, rows refused since creation, bytes of memory held. */
 size_t esx_rollups_rows(const esx_rollups *r);
+/* Rows changed since last written (those an emit that failed left behind). */
+size_t esx_rollups_dirty(const esx_rollups *r);
 uint64_t esx_rollups_dropped(const esx_rollups *r);
 size_t esx_rollups_memory(const esx_rollups *r);
 
