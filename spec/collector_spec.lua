@@ -2601,6 +2601,12 @@ describe("spool", function()
     assert.is_true(B:close(5000 * SCALE))
   end)
 
+  it("counts once a dead process's segment refused at a scan, claimed, then refused at its replay (tools/unit)", function()
+    -- a backup tool's second link, gone at the claim and made again before the replay: the
+    -- replay's refusal counted the file in spool_segments_refused a second time
+    unit("spool_refused_once", "src/spool.c src/private.c src/proc.c -lz -lpthread", 4)
+  end)
+
   it("lets one process claim a dead one's segment without RENAME_NOREPLACE, never two (tools/unit)", function()
     -- the link-then-unlink fallback ignored a failed unlink: a process that had linked the
     -- old name too, between, and removed it first, replayed the segment as well

@@ -475,6 +475,15 @@ static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
     return seg->bytes;
 }
 
+/* 1 when the file st describes was refused at a scan already (counted and said then). */
+static int refused_before(const esx_spool *sp, const struct stat *st)
+{
+    for (size_t i = 0; i < sp->n_refused; i++)
+        if (sp->refused[i].dev == st->st_dev && sp->refused[i].ino == st->st_ino)
+            return 1;
+    return 0;
+}
+
 int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
                    void *ud)
@@ -501,12 +510,18 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
             /* There, but not to be read as ours: its events are not lost -- the file stays
              * (in the segment list, never deleted: this process does not claim it again), for
              * its owner to look at, and for the next process once it is ours again.  Any
-             * error but ENOENT counted as gone and unlinked it, and the events with it. */
-            fprintf(stderr, "esx.collector: spool segment %s cannot be read (%s): left on disk, "
-                            "not replayed\n", seg->path,
-                    errno == EPERM ? "not this user's private file: its owner, mode or links"
-                                   : strerror(errno));
-            sp->segments_refused++;
+             * error but ENOENT counted as gone and unlinked it, and the events with it.
+             * Counted and said once per file: not again when a scan refused it before it
+             * was claimed (a backup tool's second link, gone at the claim, made again). */
+            int err = errno;
+            struct stat st;
+            if (stat(seg->path, &st) != 0 || !refused_before(sp, &st)) {
+                fprintf(stderr, "esx.collector: spool segment %s cannot be read (%s): left on disk, "
+                                "not replayed\n", seg->path,
+                        err == EPERM ? "not this user's private file: its owner, mode or links"
+                                     : strerror(err));
+                sp->segments_refused++;
+            }
             backlog_remove(sp, seg);
             continue;
         }
@@ -649,9 +664,8 @@ static int owned(const esx_spool *sp, const char *path)
  * said nothing: the acknowledged events in it were waiting for ever, unseen. */
 static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st)
 {
-    for (size_t i = 0; i < sp->n_refused; i++)
-        if (sp->refused[i].dev == st->st_dev && sp->refused[i].ino == st->st_ino)
-            return;
+    if (refused_before(sp, st))
+        return;
     if (sp->n_refused >= ESX_SPOOL_MAX_REFUSED)
         return;
     if (sp->n_refused == sp->cap_refused) {
