@@ -2601,6 +2601,12 @@ describe("spool", function()
     assert.is_true(B:close(5000 * SCALE))
   end)
 
+  it("does not refuse a dead process's segment another process is claiming without RENAME_NOREPLACE (tools/unit)", function()
+    -- between the claimer's link and its unlink the old name has two links: a scan that
+    -- looked then counted it in spool_segments_refused and said it was left on disk
+    unit("spool_claim_look", "src/spool.c src/private.c src/proc.c -lz -lpthread", 3)
+  end)
+
   it("counts once a dead process's segment refused at a scan, claimed, then refused at its replay (tools/unit)", function()
     -- a backup tool's second link, gone at the claim and made again before the replay: the
     -- replay's refusal counted the file in spool_segments_refused a second time

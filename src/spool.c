@@ -684,6 +684,39 @@ static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st
                     "owner, mode or links): left on disk, not replayed\n", path);
 }
 
+/* 1 when the file st describes (an orphan's, with more than one link) has a second name in
+ * the directory that is a segment of a live process: that process is claiming it where
+ * RENAME_NOREPLACE is missing (between its link and its unlink), or has just claimed it --
+ * passed over, not refused: the next scan finds the old name gone.  Refused, it was counted
+ * in spool_segments_refused and said on stderr, and then never counted again when it was in
+ * fact refused. */
+static int being_claimed(const esx_spool *sp, const char *from, const struct stat *st)
+{
+    struct stat now;
+    if (lstat(from, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
+        now.st_nlink == 1)
+        return 1; /* gone, or one name again: the next scan decides */
+    DIR *d = opendir(sp->dir);
+    if (d == NULL)
+        return 0;
+    int found = 0;
+    struct dirent *de;
+    while (!found && (de = readdir(d)) != NULL) {
+        int pid;
+        unsigned long long seq;
+        char tail[8];
+        if (sscanf(de->d_name, "seg-%d-%llu%7s", &pid, &seq, tail) != 3 || strcmp(tail, ".log"))
+            continue;
+        char other[600];
+        snprintf(other, sizeof other, "%.500s/%.90s", sp->dir, de->d_name);
+        found = strcmp(other, from) != 0 && lstat(other, &now) == 0 &&
+                now.st_dev == st->st_dev && now.st_ino == st->st_ino &&
+                (pid == (int)sp->pid || pid_alive((pid_t)pid));
+    }
+    closedir(d);
+    return found;
+}
+
 int esx_spool_claim_orphans(esx_spool *sp)
 {
     DIR *d = opendir(sp->dir);
@@ -707,6 +740,10 @@ int esx_spool_claim_orphans(esx_spool *sp)
         if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
             (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_nlink != 1) {
             /* (as esx_private_read would refuse it: never claimed, never stuck) */
+            if (S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && !refused_before(sp, &st) &&
+                being_claimed(sp, from, &st))
+                continue;
             refuse_orphan(sp, from, &st);
             continue;
         }

@@ -142,7 +142,8 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
  * this process that no live spool of it owns (a collector closed earlier), adding them to
  * the backlog.  One that is not this user's private file (owner, group/other write, more
  * than one link) is left where it is, counted in segments_refused and said on stderr once
- * (for the first ESX_SPOOL_MAX_REFUSED such files: later ones are not counted).  One spool_dir serves one live spool per process (esx_spool_open refuses a
+ * (for the first ESX_SPOOL_MAX_REFUSED such files: later ones are not counted) -- unless its
+ * second link is a live process's segment name (a claim by link and unlink, half done).  One spool_dir serves one live spool per process (esx_spool_open refuses a
  * second).  Returns the number of segments claimed. */
 int esx_spool_claim_orphans(esx_spool *sp);
 

@@ -1,0 +1,87 @@
+/*
+ * spool_claim_look.c -- a scan that meets a dead process's segment while another process
+ * claims it on a file system without RENAME_NOREPLACE, run by spec/collector_spec.lua.  The
+ * claim falls back to link(2), then unlink(2) of the old name: between the two, the old name
+ * has two links.  A scan of another process that looks then must pass it over as being
+ * claimed, not refuse it as not private (spool_segments_refused, and a line on stderr, for a
+ * file that is replayed).  The other process's scan is run from inside the claimer's link,
+ * once the link is made (here: a second spool, as another process, with a pid of its own).
+ * Prints "ok <name>" per check; exits 1 on a failure.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "spool.h"
+
+static esx_spool *second; /* scans from inside the first claimer's link, once */
+static int second_claimed = -1;
+
+/* a file system without RENAME_NOREPLACE */
+int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath,
+              unsigned int flags)
+{
+    (void)olddirfd, (void)oldpath, (void)newdirfd, (void)newpath, (void)flags;
+    errno = EINVAL;
+    return -1;
+}
+
+int link(const char *from, const char *to)
+{
+    int rc = linkat(AT_FDCWD, from, AT_FDCWD, to, 0);
+    if (rc == 0 && second) {
+        esx_spool *sp = second;
+        second = NULL;
+        second_claimed = esx_spool_claim_orphans(sp);
+    }
+    return rc;
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/esx-look-XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    pid_t dead = fork(); /* a process that no longer exists */
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        return 1;
+    static const char rec[] = "{\"create\":{}}\n{}\n";
+    unsigned char head[8] = {(unsigned char)(sizeof rec - 1)};
+    if (write(fd, head, 8) != 8 || write(fd, rec, sizeof rec - 1) != (ssize_t)sizeof rec - 1)
+        return 1;
+    close(fd);
+
+    char why[256];
+    /* the other process: a pid of its own that is alive (1) */
+    esx_spool *b = esx_spool_open(dir, 1 << 20, why);
+    if (b == NULL)
+        return 1;
+    b->pid = 1;
+    esx_spool *a = esx_spool_open(dir, 1 << 20, why);
+    if (a == NULL)
+        return 1;
+    second = b;
+    int a_claimed = esx_spool_claim_orphans(a);
+    check(second == NULL && second_claimed == 0,
+          "the other process scanned between the claimer's link and unlink, claiming nothing");
+    check(a_claimed == 1 && esx_spool_has_backlog(a), "the claimer has the segment");
+    check(b->segments_refused == 0, "the other process does not count it as refused");
+    esx_spool_close(a);
+    esx_spool_close(b);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        return 1;
+    return fails ? 1 : 0;
+}
