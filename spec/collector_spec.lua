@@ -2330,6 +2330,41 @@ describe("spool", function()
     assert.truthy(err:find("esx.collector: close: 5 rollup rows were not delivered and there is no spool", 1, true), err)
   end)
 
+  it("never has a request wait for the disk, however many segments it seals between two syncs #child", function()
+    -- with 8 sealed segments waiting for the shipper's sync, the request that sealed a 9th
+    -- synced it itself, under the collector's lock: with a small spool_segment_bytes every
+    -- request of a busy second waited for the disk (in nginx, the worker's event loop)
+    local dir = tmpdir()
+    finally(function() os.execute("rm -rf " .. dir) end)
+    local so = dir .. "/slowsync.so"
+    assert.truthy(os.execute("cc -shared -fPIC tools/slowsync.c -o " .. so))
+    local cmd = child_script(dir, "slowsync", ([[
+      local esx = require "esx"
+      local socket = require "socket"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s/spool", spool_segment_bytes = 4096,
+                                 spool_sync_interval = 60000, flush_interval = 60000, rollup = false }
+      local slowest = 0
+      for i = 1, 30 do
+        local t0 = socket.gettime()
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","event_id":"w' .. i .. '","pad":"' ..
+                 ("p"):rep(4096) .. '"}' } == 204) -- a segment each
+        slowest = math.max(slowest, socket.gettime() - t0)
+      end
+      print(("%%.3f"):format(slowest))
+      io.stdout:flush()
+      os.exit(0) -- (close would sync the segments left, 500 ms each)
+    ]]):format(dir))
+    local p = io.popen("LD_PRELOAD=" .. so .. " " .. cmd .. " 2>" .. dir .. "/err")
+    local out = p:read("*a")
+    p:close()
+    local slowest = tonumber(out:match("^([%d.]+)\n$"))
+    assert.truthy(slowest, out .. slurp(dir .. "/err"))
+    -- a sync takes 500 ms here: no request waited for one
+    assert.is_true(slowest < 0.25 * SCALE, "a request took " .. slowest .. " s")
+  end)
+
   it("counts and says a failed fdatasync of a segment, and writes on in a new one #child", function()
     -- EIO from fdatasync (a failing disk) was ignored: nothing said that what the spool held
     -- might not survive a power loss.  A later sync of the same file succeeds without the
@@ -2599,6 +2634,10 @@ describe("spool", function()
     assert.equal(1, B:stats().queued_events)
     assert.equal(1, segments(dir)) -- B's write-ahead segment is still on disk
     assert.is_true(B:close(5000 * SCALE))
+  end)
+
+  it("syncs every segment sealed between two syncs in the shipper, none in the append (tools/unit)", function()
+    unit("spool_seal_sync", "src/spool.c src/private.c src/proc.c -lz -lpthread", 4)
   end)
 
   it("does not refuse a dead process's segment another process is claiming without RENAME_NOREPLACE (tools/unit)", function()

@@ -297,8 +297,9 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
          col->ready_count >= col->cfg.batch_max_events) &&
         col->inflight < col->cfg.bulk_concurrency && now >= col->paused_until)
         pthread_cond_signal(&col->wake);
-    else if (seg && col->cfg.spool_sync_interval == 0)
-        pthread_cond_signal(&col->wake); /* 0: the record is synced on the next pass, now */
+    else if (seg && (col->cfg.spool_sync_interval == 0 || esx_spool_sync_wanted(col->spool)))
+        pthread_cond_signal(&col->wake); /* 0: the record is synced on the next pass, now;
+                                          * sealed segments piling up: synced now too */
     pthread_mutex_unlock(&col->mu);
     out->accepted = accepted;
     out->status = out->n_rejects ? 200 : 204;

@@ -532,18 +532,26 @@ static void housekeeping(esx_collector *col, int64_t now)
             size_t room = (col->cfg.queue_max_bytes - col->queue_bytes) / 2 + 1;
             esx_spool_load(col->spool, room < LOAD_PER_PASS ? room : LOAD_PER_PASS, replay_record, col);
         }
-        if (now - col->last_sync >= col->cfg.spool_sync_interval) {
+        if (now - col->last_sync >= col->cfg.spool_sync_interval ||
+            esx_spool_sync_wanted(col->spool)) {
             /* the disk write without the lock: in nginx the intake runs on the worker's
-             * event loop, which would wait out every fdatasync */
-            int fds[ESX_SPOOL_SYNC_FDS];
-            int n = esx_spool_sync_begin(col->spool, fds);
+             * event loop, which would wait out every fdatasync.  Every segment sealed
+             * until now is synced: a pass takes a few, so passes follow while they wait
+             * (as many as they need, not those sealed meanwhile: for the next sync) */
+            int rounds = col->spool->n_unsynced / (ESX_SPOOL_SYNC_FDS - 3) + 1;
             col->last_sync = now;
-            if (n > 0) {
-                pthread_mutex_unlock(&col->mu);
-                int failed = esx_spool_sync_end(fds, n), err = errno;
-                pthread_mutex_lock(&col->mu);
-                /* (the spool is still there: close() joins this thread before closing it) */
-                esx_spool_sync_failed(col->spool, failed, err);
+            while (rounds-- > 0) {
+                int fds[ESX_SPOOL_SYNC_FDS];
+                int n = esx_spool_sync_begin(col->spool, fds);
+                if (n > 0) {
+                    pthread_mutex_unlock(&col->mu);
+                    int failed = esx_spool_sync_end(fds, n), err = errno;
+                    pthread_mutex_lock(&col->mu);
+                    /* (the spool is still there: close() joins this thread before closing it) */
+                    esx_spool_sync_failed(col->spool, failed, err);
+                }
+                if (col->spool->n_unsynced == 0)
+                    break;
             }
         }
     }
@@ -571,6 +579,8 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
     if (col->spool && col->cfg.spool_sync_interval > 0 &&
         col->last_sync + col->cfg.spool_sync_interval < t)
         t = col->last_sync + col->cfg.spool_sync_interval;
+    if (col->spool && esx_spool_sync_wanted(col->spool))
+        t = now; /* sealed segments pile up: sync them now */
     if (col->spool && esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes / 2 &&
         now + 20 < t)
         t = now + 20; /* room for the backlog: load more soon */

@@ -219,9 +219,24 @@ static void seal(esx_spool *sp, esx_segment *seg)
         seg->rfd = fcntl(seg->fd, F_DUPFD_CLOEXEC, 0);
     }
     if (seg->fd >= 0) {
-        /* synced by the next esx_spool_sync, outside the caller's lock (a request that
-         * rotates the segment does not wait for the disk), or here when 8 already wait */
-        if (sp->n_unsynced < (int)(sizeof sp->unsynced / sizeof sp->unsynced[0])) {
+        /* synced by the next esx_spool_sync, outside the caller's lock: a request that
+         * rotates the segment does not wait for the disk -- however many rotations come
+         * between two syncs (with 8 waiting, the 9th request to rotate synced inline, under
+         * the collector's lock: with a small spool_segment_bytes, every request of a busy
+         * second waited for the disk).  esx_spool_sync_wanted asks for an early sync then.
+         * Here only when there is no memory to remember the descriptor, or when
+         * ESX_SPOOL_MAX_UNSYNCED wait already: the shipper has not come to sync them (held
+         * up by a hung disk or a dead-letter file's lock), and every descriptor more is one
+         * the process's sockets lack (EMFILE) -- the requests wait for the disk then. */
+        if (sp->n_unsynced == sp->cap_unsynced && sp->cap_unsynced < ESX_SPOOL_MAX_UNSYNCED) {
+            int cap = sp->cap_unsynced ? sp->cap_unsynced * 2 : ESX_SPOOL_SYNC_SOON;
+            int *u = realloc(sp->unsynced, (size_t)cap * sizeof *u);
+            if (u != NULL) {
+                sp->unsynced = u;
+                sp->cap_unsynced = cap;
+            }
+        }
+        if (sp->n_unsynced < sp->cap_unsynced) {
             sp->unsynced[sp->n_unsynced++] = seg->fd;
         } else {
             if (fdatasync(seg->fd) != 0)
@@ -590,9 +605,13 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
     seal_if_unnamed(sp, sp->current);
     seal_if_unnamed(sp, sp->overflow);
     int n = 0;
-    for (int i = 0; i < sp->n_unsynced; i++)
-        fds[n++] = sp->unsynced[i];
-    sp->n_unsynced = 0;
+    /* the oldest sealed segments, as many as leave room for the three below */
+    while (n < sp->n_unsynced && n < ESX_SPOOL_SYNC_FDS - 3) {
+        fds[n] = sp->unsynced[n];
+        n++;
+    }
+    sp->n_unsynced -= n;
+    memmove(sp->unsynced, sp->unsynced + n, (size_t)sp->n_unsynced * sizeof *sp->unsynced);
     if (sp->dirty) {
         if (sp->current && sp->current->fd >= 0 && (fds[n] = dup(sp->current->fd)) >= 0)
             n++;
@@ -605,6 +624,11 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
         sp->dir_dirty = 0;
     }
     return n;
+}
+
+int esx_spool_sync_wanted(const esx_spool *sp)
+{
+    return sp->n_unsynced >= ESX_SPOOL_SYNC_SOON;
 }
 
 int esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n)
@@ -824,6 +848,7 @@ void esx_spool_close(esx_spool *sp)
     }
     if (failed > 0)
         sync_failed(sp, failed, err);
+    free(sp->unsynced);
     free(sp->refused);
     free(sp);
 }
@@ -846,6 +871,7 @@ void esx_spool_forget(esx_spool *sp)
         free(seg);
         seg = next;
     }
+    free(sp->unsynced);
     free(sp->refused);
     free(sp);
 }

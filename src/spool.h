@@ -49,8 +49,8 @@ typedef struct esx_spool {
     int dirty;               /* written since the last fdatasync */
     int dir_dirty;           /* a segment was created or claimed (renamed) since: the
                               * directory is synced too, or its entry could vanish */
-    int unsynced[8];         /* descriptors of sealed segments, for the next esx_spool_sync */
-    int n_unsynced;
+    int *unsynced;           /* descriptors of sealed segments, for the next esx_spool_sync */
+    int n_unsynced, cap_unsynced;
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged),
                              * or whose file was gone (segments_gone) */
@@ -131,6 +131,14 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
  * file succeeds without them -- no later event is written to it. */
 #define ESX_SPOOL_SYNC_FDS 11
 int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS]);
+/* A sealed segment is synced by the next sync (never by the append that sealed it: that
+ * runs under the caller's lock, on a request's way to its answer).  Each _begin takes
+ * ESX_SPOOL_SYNC_FDS - 3 of them at most, oldest first: while n_unsynced > 0, the caller
+ * begins again.  esx_spool_sync_wanted: 1 when ESX_SPOOL_SYNC_SOON of them or more wait --
+ * sync now, before the interval is up (their descriptors stay open until then). */
+#define ESX_SPOOL_SYNC_SOON 8
+#define ESX_SPOOL_MAX_UNSYNCED 64 /* sealed and waiting: past it, seal syncs itself */
+int esx_spool_sync_wanted(const esx_spool *sp);
 int esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n);
 void esx_spool_sync_failed(esx_spool *sp, int n, int err);
 
