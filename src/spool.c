@@ -290,8 +290,9 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     /* O_EXCL: a segment of an earlier process that had this pid (a restart in a container
      * reuses pids) is never appended to -- it is that process's, to be claimed and replayed */
     for (int tries = 0; tries < 1000; tries++) {
+        seg->seq = next_seq();
         snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
-                 next_seq());
+                 seg->seq);
         /* (readable too: a replay reads through a copy of it, see read_record_at) */
         seg->fd = open(seg->path, O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
         if (seg->fd < 0 && errno == ENOENT && !remade) {
@@ -683,6 +684,58 @@ static int owned(const esx_spool *sp, const char *path)
     return 0;
 }
 
+static int by_seq(const void *a, const void *b)
+{
+    unsigned long long x = (*(esx_segment *const *)a)->seq, y = (*(esx_segment *const *)b)->seq;
+    return x < y ? -1 : x > y;
+}
+
+/* The spool's segments by sequence number, for owned_by_seq: made at a scan's first name of
+ * this pid.  owned() for each name walked every segment: with a small spool_segment_bytes and
+ * a full spool (16384 segments of 64 KiB in 1 GiB) a scan took seconds under the collector's
+ * lock, every 2 s -- every request waited.  NULL when memory ran out: owned() then. */
+static esx_segment **segments_by_seq(const esx_spool *sp, size_t *n)
+{
+    size_t count = 0;
+    for (const esx_segment *seg = sp->segments; seg; seg = seg->next)
+        count++;
+    esx_segment **v = malloc((count ? count : 1) * sizeof *v);
+    if (v == NULL)
+        return NULL;
+    count = 0;
+    for (esx_segment *seg = sp->segments; seg; seg = seg->next)
+        v[count++] = seg;
+    qsort(v, count, sizeof *v, by_seq);
+    *n = count;
+    return v;
+}
+
+/* owned() among the first n segments of the list: those claimed since (each goes first). */
+static int owned_first(const esx_spool *sp, int n, const char *path)
+{
+    for (const esx_segment *seg = sp->segments; seg && n-- > 0; seg = seg->next)
+        if (strcmp(seg->path, path) == 0)
+            return 1;
+    return 0;
+}
+
+/* owned() through segments_by_seq's array v of n segments. */
+static int owned_by_seq(esx_segment **v, size_t n, unsigned long long seq, const char *path)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v[mid]->seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (; lo < n && v[lo]->seq == seq; lo++)
+        if (strcmp(v[lo]->path, path) == 0)
+            return 1;
+    return 0;
+}
+
 /* A segment file claim_orphans will not take (not this user's private file): counted and
  * said once per file, however many scans meet it.  Any number of them at every scan (2 s)
  * said nothing: the acknowledged events in it were waiting for ever, unseen. */
@@ -746,7 +799,10 @@ int esx_spool_claim_orphans(esx_spool *sp)
     DIR *d = opendir(sp->dir);
     if (d == NULL)
         return 0;
-    int claimed = 0;
+    int claimed = 0, sorted = 0;
+    esx_segment **by = NULL; /* the segments by seq, once a name of this pid is met */
+    size_t n_by = 0;
+    unsigned long long mark = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         int pid;
@@ -756,7 +812,17 @@ int esx_spool_claim_orphans(esx_spool *sp)
             continue;
         char from[600];
         snprintf(from, sizeof from, "%.500s/%.90s", sp->dir, de->d_name);
-        if (pid == (int)sp->pid ? owned(sp, from) : pid_alive((pid_t)pid))
+        if (pid == (int)sp->pid && !sorted) {
+            /* (names from mark on are newer than the array: made by the claims below) */
+            mark = (unsigned long long)atomic_load(&segment_seq) + 1;
+            by = segments_by_seq(sp, &n_by);
+            sorted = 1;
+        }
+        if (pid == (int)sp->pid
+                ? (by == NULL   ? owned(sp, from)
+                   : seq < mark ? owned_by_seq(by, n_by, seq, from)
+                                : owned_first(sp, claimed, from))
+                : pid_alive((pid_t)pid))
             continue;
         struct stat st; /* a regular file of this user's: nothing else is replayed */
         if (lstat(from, &st) != 0)
@@ -778,8 +844,9 @@ int esx_spool_claim_orphans(esx_spool *sp)
          * this pid) moves on to the next sequence number */
         int rc = -1;
         for (int tries = 0; tries < 1000; tries++) {
+            seg->seq = next_seq();
             snprintf(seg->path, sizeof seg->path, "%s/seg-%d-%llu.log", sp->dir, (int)sp->pid,
-                     next_seq());
+                     seg->seq);
             rc = renameat2(AT_FDCWD, from, AT_FDCWD, seg->path, RENAME_NOREPLACE);
             if (rc != 0 && (errno == EINVAL || errno == ENOSYS) &&
                 (rc = link(from, seg->path)) == 0 && unlink(from) != 0) {
@@ -811,6 +878,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
         claimed++;
     }
     closedir(d);
+    free(by);
     return claimed;
 }
 

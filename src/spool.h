@@ -25,6 +25,7 @@
 
 typedef struct esx_segment {
     char path[600];
+    unsigned long long seq;  /* of its name, seg-<pid>-<seq>.log */
     int fd;                  /* open for appending while current, else -1 */
     int rfd;                 /* open for reading while in the backlog, else -1 */
     size_t bytes;            /* bytes in the file */
