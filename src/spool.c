@@ -614,9 +614,13 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
     sp->n_unsynced -= n;
     memmove(sp->unsynced, sp->unsynced + n, (size_t)sp->n_unsynced * sizeof *sp->unsynced);
     if (sp->dirty) {
-        if (sp->current && sp->current->fd >= 0 && (fds[n] = dup(sp->current->fd)) >= 0)
+        /* (closed on exec: a program another thread starts meanwhile must not keep a copy,
+         * holding the segment's disk space after its unlink for as long as it runs) */
+        if (sp->current && sp->current->fd >= 0 &&
+            (fds[n] = fcntl(sp->current->fd, F_DUPFD_CLOEXEC, 0)) >= 0)
             n++;
-        if (sp->overflow && sp->overflow->fd >= 0 && (fds[n] = dup(sp->overflow->fd)) >= 0)
+        if (sp->overflow && sp->overflow->fd >= 0 &&
+            (fds[n] = fcntl(sp->overflow->fd, F_DUPFD_CLOEXEC, 0)) >= 0)
             n++;
     }
     sp->dirty = 0;

@@ -4,9 +4,10 @@
  * collector's lock, on a request's way to its answer: it must never wait for the disk.  With
  * 8 sealed segments already waiting, seal() ran fdatasync inline.  The shipper's sync --
  * esx_spool_sync_begin and _end, again while sealed segments wait -- must still sync every
- * sealed segment.  fdatasync is replaced here: it counts the calls.  Prints "ok <name>"
- * per check; exits 1 on a failure.
+ * sealed segment, through descriptors closed on exec.  fdatasync is replaced here: it counts
+ * the calls.  Prints "ok <name>" per check; exits 1 on a failure.
  */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,14 +46,19 @@ int main(void)
             return 1;
     check(syncs == 0, "no append waits for the disk (40 segments, 39 sealed)");
     check(esx_spool_sync_wanted(sp), "the spool asks for a sync before its interval");
-    int rounds = 0;
+    int rounds = 0, inherited = 0;
     do {
         int fds[ESX_SPOOL_SYNC_FDS];
         int n = esx_spool_sync_begin(sp, fds);
+        for (int i = 0; i < n; i++)
+            inherited += !(fcntl(fds[i], F_GETFD) & FD_CLOEXEC);
         if (esx_spool_sync_end(fds, n) != 0)
             return 1;
         rounds++;
     } while (sp->n_unsynced > 0 && rounds < 100);
+    /* (a program another thread starts meanwhile -- io.popen -- kept a copy of a segment,
+     * its disk space held after the unlink for as long as that program ran) */
+    check(inherited == 0, "the descriptors a sync takes are closed on exec");
     check(file_syncs == 40, "the sync passes sync the 39 sealed segments and the current one");
     check(sp->n_unsynced == 0 && !esx_spool_sync_wanted(sp), "then nothing waits");
     esx_spool_close(sp);
