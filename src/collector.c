@@ -424,8 +424,9 @@ static int spool_row(esx_collector *col, esx_buf *b, int64_t *rows, int64_t *spo
  * would ship or spool them any more (its events are on disk already), and the spool is
  * let go of below; should it succeed, the replayed copy is the same row at the same
  * version, written again.  Rows that could not be written (spool_max_bytes reached, a full
- * disk, no memory -- unqueued of them could not even be queued) are lost: counted in rollup_lost and said on stderr, since stats cannot be
- * read after close -- they vanished without a trace.  Called with mu held, the shipper gone. */
+ * disk, no memory -- unqueued of them could not even be queued) are lost: counted in
+ * rollup_lost and said on stderr, since stats cannot be read after close -- they vanished
+ * without a trace.  Called with mu held, the shipper gone. */
 static void spool_rollups(esx_collector *col, int64_t unqueued)
 {
     esx_buf b;

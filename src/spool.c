@@ -835,8 +835,8 @@ int esx_spool_claim_orphans(esx_spool *sp)
             (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_nlink != 1) {
             /* (as esx_private_read would refuse it: never claimed, never stuck) */
             if (S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-                (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && !refused_before(sp, &st) &&
-                being_claimed(sp, from, &st))
+                (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && sp->n_refused < ESX_SPOOL_MAX_REFUSED &&
+                !refused_before(sp, &st) && being_claimed(sp, from, &st))
                 continue;
             refuse_orphan(sp, from, &st);
             continue;

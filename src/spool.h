@@ -132,8 +132,9 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
  * file succeeds without them -- no later event is written to it. */
 #define ESX_SPOOL_SYNC_FDS 11
 int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS]);
-/* A sealed segment is synced by the next sync (never by the append that sealed it: that
- * runs under the caller's lock, on a request's way to its answer).  Each _begin takes
+/* A sealed segment is synced by the next sync (not by the append that sealed it: that runs
+ * under the caller's lock, on a request's way to its answer -- unless ESX_SPOOL_MAX_UNSYNCED
+ * wait already, or there is no memory to remember one more).  Each _begin takes
  * ESX_SPOOL_SYNC_FDS - 3 of them at most, oldest first: while n_unsynced > 0, the caller
  * begins again.  esx_spool_sync_wanted: 1 when ESX_SPOOL_SYNC_SOON of them or more wait --
  * sync now, before the interval is up (their descriptors stay open until then). */
@@ -152,8 +153,8 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
  * the backlog.  One that is not this user's private file (owner, group/other write, more
  * than one link) is left where it is, counted in segments_refused and said on stderr once
  * (for the first ESX_SPOOL_MAX_REFUSED such files: later ones are not counted) -- unless its
- * second link is a live process's segment name (a claim by link and unlink, half done).  One spool_dir serves one live spool per process (esx_spool_open refuses a
- * second).  Returns the number of segments claimed. */
+ * second link is a live process's segment name (a claim by link and unlink, half done).
+ * One spool_dir serves one live spool per process (esx_spool_open refuses a second).  Returns the number of segments claimed. */
 int esx_spool_claim_orphans(esx_spool *sp);
 
 /* Closes the files (segments with pending events stay on disk for replay) and frees. */
