@@ -612,7 +612,8 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
         n++;
     }
     sp->n_unsynced -= n;
-    memmove(sp->unsynced, sp->unsynced + n, (size_t)sp->n_unsynced * sizeof *sp->unsynced);
+    if (n > 0 && sp->n_unsynced > 0) /* (unsynced is NULL before the first seal) */
+        memmove(sp->unsynced, sp->unsynced + n, (size_t)sp->n_unsynced * sizeof *sp->unsynced);
     if (sp->dirty) {
         /* (closed on exec: a program another thread starts meanwhile must not keep a copy,
          * holding the segment's disk space after its unlink for as long as it runs) */
