@@ -2,10 +2,10 @@
  * spool_scan_many.c -- the scan for orphans in a spool of many segments (a small
  * spool_segment_bytes, a spool filled during an outage), run by spec/collector_spec.lua.  The
  * scan runs under the collector's lock every 2 s; each name of this process's was looked up by
- * walking every segment: 10000 segments took half a second, 20000 two, a stall of every request.  It must stay
- * fast, claim none of this spool's own segments, and still claim what is not its own: a dead
- * process's segment, and one an earlier process with this pid left (a sequence number this
- * process has not reached).  Prints "ok <name>" per check; exits 1 on a failure.
+ * walking every segment: 10000 segments took half a second of CPU, 20000 two, a stall of every
+ * request.  It must stay fast, claim none of this spool's own segments, and still claim what
+ * is not its own: a dead process's segment, and one an earlier process with this pid left (a
+ * sequence number this process has not reached).  Prints "ok <name>" per check; exits 1 on a failure.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -20,10 +20,11 @@
 
 #define SEGMENTS 10000
 
+/* CPU time, not the wall clock's: a process preempted on a busy machine is not slow */
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
@@ -41,9 +42,13 @@ static int leave(const char *path)
 
 int main(void)
 {
-    char dir[] = "/tmp/esx-scanmany-XXXXXX";
-    if (mkdtemp(dir) == NULL)
-        return 1;
+    /* on tmpfs when there is one (10000 files on a disk take seconds to make) */
+    char dir[64] = "/dev/shm/esx-scanmany-XXXXXX";
+    if (mkdtemp(dir) == NULL) {
+        strcpy(dir, "/tmp/esx-scanmany-XXXXXX");
+        if (mkdtemp(dir) == NULL)
+            return 1;
+    }
     char why[256];
     esx_spool *sp = esx_spool_open(dir, 16, why); /* a segment per record */
     if (sp == NULL)
@@ -63,8 +68,8 @@ int main(void)
     int claimed = esx_spool_claim_orphans(sp);
     double took = now() - t0;
     check(claimed == 0, "none of its own segments is claimed");
-    check(took < 0.2, "the scan of 10000 segments of its own is fast");
-    if (took >= 0.2)
+    check(took < 0.25, "the scan of 10000 segments of its own is fast"); /* (was 0.5 s) */
+    if (took >= 0.25)
         printf("(it took %.2f s)\n", took);
 
     pid_t dead = fork(); /* a process that no longer exists */
