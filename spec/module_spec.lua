@@ -270,6 +270,25 @@ describe("esx.metrics", function()
     end
   end)
 
+  it("gives every item of a list its own series, whatever its id looks like", function()
+    -- a node URL may hold a '#': {U, U .. "#3", U} named the third U#3 too (a duplicate series,
+    -- which makes Prometheus refuse the whole scrape)
+    local registry = require "esx.registry"
+    local obj = {}
+    local u = "http://127.0.0.1:1/a"
+    registry.add(obj, "test", "t4", function()
+      return { nodes = { { url = u, up = 1 }, { url = u .. "#3", up = 2 }, { url = u, up = 3 } } }
+    end)
+    finally(function() registry.remove(obj) end)
+    local series = read_exposition(esx.metrics())
+    local values = {}
+    for k, v in pairs(series) do
+      if k:find('^esx_test_nodes_up{name="t4"') then values[#values + 1] = tonumber(v) end
+    end
+    table.sort(values)
+    assert.same({ 1, 2, 3 }, values)
+  end)
+
   it("writes NaN and infinities as Prometheus reads them", function()
     local registry = require "esx.registry"
     local obj = {}

@@ -79,7 +79,8 @@ local by_label = {
 
 -- Flattens a stats table into samples {name, labels, value, type}: nested keys join with "_";
 -- lists of tables (e.g. nodes) become one series per element labelled by its `url` or index
--- (an id seen twice in one list -- a node listed twice -- gets "#<position>").
+-- (an id seen twice in one list -- a node listed twice -- gets "#<position>", and
+-- "#<position>-<k>" should that be taken too).
 local function flatten(kind, path, labels, t, out, typ)
   local known = types[kind] or {}
   for k, v in pairs(t) do
@@ -101,8 +102,13 @@ local function flatten(kind, path, labels, t, out, typ)
       if #v > 0 and type(v[1]) == "table" then
         local seen = {}
         for i, item in ipairs(v) do
-          local id = tostring(item.url or item.name or i)
-          if seen[id] then id = id .. "#" .. i end
+          local base = tostring(item.url or item.name or i)
+          local id, k = base, 1
+          -- (a URL may hold a '#': "#<position>" may be another item's id, then "-<k>" too)
+          while seen[id] do
+            id = base .. "#" .. i .. (k > 1 and ("-" .. k) or "")
+            k = k + 1
+          end
           seen[id] = true
           flatten(kind, key, labels .. ',item="' .. escape_label(id) .. '"', item, out, ktype)
         end
