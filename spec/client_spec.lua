@@ -135,7 +135,7 @@ describe("esx.client", function()
       "esx.client: bad option 'hosts' (no node URL given)")
   end)
 
-  it("raises on a node URL with a port outside 1-65535, an unclosed IPv6 address or a byte that is not ASCII", function()
+  it("raises on a node URL with a port outside 1-65535, an unclosed IPv6 address, a byte that is not ASCII, a query or a fragment", function()
     for _, url in ipairs{ "http://127.0.0.1:99999", "http://127.0.0.1:0", "http://127.0.0.1:",
                           "http://127.0.0.1:92x0", "https://h:-1/p" } do
       assert.has_error(function() esx.client{ hosts = { url } } end,
@@ -149,6 +149,10 @@ describe("esx.client", function()
       assert.has_error(function() esx.client{ hosts = { url } } end,
         "esx.client: bad option 'hosts' (node URL contains a space, a control character or a byte " ..
         "that is not ASCII (percent-encode it))", url)
+    end
+    for _, url in ipairs{ "http://127.0.0.1:9200?x=1", "http://h#f", "http://h:1/es?x", "http://h:1/a#3", "http://h/a/b?#" } do
+      assert.has_error(function() esx.client{ hosts = { url } } end,
+        "esx.client: bad option 'hosts' (node URL must not have a query or fragment)", url)
     end
     for _, url in ipairs{ "http://127.0.0.1:65535", "http://[::1]:9200/es", "https://es.example", "http://[::1]" } do
       assert(esx.client{ hosts = { url } }):close()

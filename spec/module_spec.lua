@@ -271,8 +271,9 @@ describe("esx.metrics", function()
   end)
 
   it("gives every item of a list its own series, whatever its id looks like", function()
-    -- a node URL may hold a '#': {U, U .. "#3", U} named the third U#3 too (a duplicate series,
-    -- which makes Prometheus refuse the whole scrape)
+    -- an item's id may hold a '#' (a node URL could, until esx.client refused fragments):
+    -- {U, U .. "#3", U} named the third U#3 too (a duplicate series, which makes Prometheus
+    -- refuse the whole scrape)
     local registry = require "esx.registry"
     local obj = {}
     local u = "http://127.0.0.1:1/a"

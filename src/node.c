@@ -79,7 +79,9 @@ int esx_node_parse(esx_node *node, const char *url, char *user, char *pass, char
         snprintf(why, 256, "node URL has no host");
         return -1;
     }
-    if (*host_end == '?' || *host_end == '#') {
+    if (strpbrk(host_end, "?#")) {
+        /* after a path too: h1 sent it in the request line ("GET /p#f/_search", not HTTP),
+         * libcurl cut the path there -- two transports, two paths */
         snprintf(why, 256, "node URL must not have a query or fragment");
         return -1;
     }
