@@ -114,6 +114,19 @@ setup(function()
       location = /fast {
         content_by_lua_block { ngx.say("fast ", ngx.worker.pid()) }
       }
+      location = /rmdir {
+        content_by_lua_block {
+          local c = package.loaded.test_client
+          local p = assert(c:send("GET", "/_cluster/health"))
+          local old = assert(p:waiter_path())
+          assert(require("esx.nginx").wait(p))
+          -- a /tmp cleaner takes the waiter socket's directory away
+          assert(os.execute("rm -rf " .. old:match("^(.*)/")))
+          local res, err = c:search("rmdir", { query = { match_all = {} } })
+          local new = c.c:waiter_path()
+          ngx.say(res and "ok" or tostring(err), " ", tostring(new ~= old))
+        }
+      }
     ]],
   }
 end)
@@ -228,6 +241,16 @@ describe("esx.client in nginx #nginx", function()
     local status, body = web:get("/burst?n=900")
     assert.equal(200, status)
     assert.equal("900 200\n", body)
+  end)
+
+  it("waits again once the waiter socket's directory was removed (a /tmp cleaner)", function()
+    -- the engine listened on a path that was gone: every wait of more than a second failed
+    -- with "internal: cannot reach the esx waiter socket" for the life of the worker
+    if es:request("HEAD", "/rmdir") ~= 200 then assert.equal(200, (es:request("PUT", "/rmdir"))) end
+    es:fault{ path = "/rmdir/_search", stall_ms = 1500, count = 1 } -- longer than its connect retries
+    local status, body = web:get("/rmdir")
+    assert.equal(200, status)
+    assert.equal("ok true\n", body)
   end)
 
   for _, path in ipairs{ "/slow", "/srewrite" } do

@@ -2342,6 +2342,24 @@ describe("pending:waiter_path", function()
     assert.is_false(ok == true or ok == 0, "the directory is left behind")
   end)
 
+  it("makes a new socket once its directory was removed, and a waiter is woken through it", function()
+    -- before, the engine kept answering the removed path: no waiter could connect again
+    local c = client()
+    finally(function() c:close() end)
+    local old = assert(c.c:waiter_path())
+    assert(os.execute("rm -rf " .. old:match("^(.*)/[^/]+$")))
+    srv:fault{ path = "/", stall_ms = 300, count = 1 }
+    local p = assert(c:send("GET", "/"))
+    local path = assert(p:waiter_path())
+    assert.are_not.equal(old, path)
+    local w = waiter(p)
+    w:settimeout(5)
+    assert.equal("1", (w:receive(1))) -- once the request is done
+    assert.is_true(p:ready())
+    w:close()
+    assert.equal(path, (p:waiter_path())) -- kept while its file is there
+  end)
+
   it("wakes every waiter of a request once it is done, and none before", function()
     srv:fault{ path = "/", stall_ms = 2000, count = 1 }
     local c = client()

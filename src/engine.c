@@ -841,6 +841,9 @@ static void *io_main(void *arg)
             esx_eng_thread_gone();
             pthread_exit(NULL); /* test hook: die with everything in flight */
         }
+        int stale = atomic_exchange(&e->stale_listen_fd, -1);
+        if (stale >= 0)
+            close(stale); /* a waiter socket whose file went away: out of the poll set now */
         int64_t now = esx_now_ms();
         esx_eng_take_submissions(e, now);
         start_waiting(e, now); /* before expiring: pool_timeout 0 means "only if a slot is free" */
@@ -977,6 +980,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     e->generation = atomic_fetch_add(&next_generation, 1);
     e->rng = (unsigned)e->generation * 2654435761u ^ (unsigned)e->pid;
     atomic_init(&e->listen_fd, -1);
+    atomic_init(&e->stale_listen_fd, -1);
     atomic_init(&e->alive, 0);
     atomic_init(&e->stop, 0);
     atomic_init(&e->kill, 0);
@@ -1125,6 +1129,9 @@ static void free_rest(esx_engine *e)
     for (int i = 0; i < e->nconns; i++)
         close(e->conns[i].fd);
     free(e->conns);
+    int stale = atomic_load(&e->stale_listen_fd);
+    if (stale >= 0)
+        close(stale);
     int lfd = atomic_load(&e->listen_fd);
     if (lfd >= 0) {
         close(lfd);

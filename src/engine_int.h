@@ -128,6 +128,9 @@ struct esx_engine {
     char listen_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     dev_t listen_dev;        /* the waiter socket's identity, for a forked child's abandon */
     ino_t listen_ino;
+    dev_t path_dev;          /* its file's identity: a file removed (a /tmp cleaner) or replaced */
+    ino_t path_ino;          /* is a new socket (esx_engine_waiter_path) */
+    atomic_int stale_listen_fd; /* the waiter socket it replaced: the I/O thread closes it */
 };
 
 /* ---------------------------------------------------------------- engine.c */

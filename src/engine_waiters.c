@@ -160,14 +160,30 @@ void esx_eng_read_waiter(esx_engine *e, int i)
         e->conns[i] = e->conns[--e->nconns];
 }
 
+/* Whether the socket file at e->listen_path is still the one e listens on.  Something may
+ * have removed it -- a /tmp cleaner, an `rm -rf` of /tmp, its directory made unreadable -- and
+ * no waiter could connect again for the life of the engine: each wait failed with
+ * `internal` after a second of retries. */
+static int path_is_ours(const esx_engine *e)
+{
+    struct stat st;
+    return stat(e->listen_path, &st) == 0 && st.st_dev == e->path_dev &&
+           st.st_ino == e->path_ino;
+}
+
+/* Called by the owner's threads one at a time (esx_client_waiter_path holds the client's
+ * lock), so listen_path is not rewritten while another caller reads it. */
 const char *esx_engine_waiter_path(esx_engine *e, char *why)
 {
-    if (atomic_load(&e->listen_fd) >= 0)
+    if (atomic_load(&e->listen_fd) >= 0 && path_is_ours(e))
         return e->listen_path; /* written before listen_fd was published */
     /* Under the lock: two threads creating it at once would each unlink the other's socket
      * file, and the one that won could be listening on a path that no longer exists. */
     pthread_mutex_lock(&e->mu);
-    if (atomic_load(&e->listen_fd) >= 0) {
+    int old = atomic_load(&e->listen_fd);
+    if (old >= 0 && (path_is_ours(e) || atomic_load(&e->stale_listen_fd) >= 0)) {
+        /* (a socket replaced a moment ago whose old one the I/O thread has not closed yet:
+         * the next call replaces it if it is gone too) */
         pthread_mutex_unlock(&e->mu);
         return e->listen_path;
     }
@@ -197,8 +213,27 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
         rmdir(dir);
         goto fail;
     }
-    memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
     struct stat st;
+    if (stat(addr.sun_path, &st) != 0) {
+        snprintf(why, 256, "cannot stat %s: %s", addr.sun_path, strerror(errno));
+        close(fd);
+        unlink(addr.sun_path);
+        rmdir(dir);
+        goto fail;
+    }
+    e->path_dev = st.st_dev;
+    e->path_ino = st.st_ino;
+    if (old >= 0) {
+        /* the old file is gone (or is not ours: left alone): the I/O thread, which polls
+         * the old socket, closes it; its directory is removed if it is there and empty */
+        char *slash = strrchr(e->listen_path, '/');
+        if (slash) {
+            *slash = '\0';
+            rmdir(e->listen_path);
+        }
+        atomic_store(&e->stale_listen_fd, old);
+    }
+    memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
     if (fstat(fd, &st) == 0) { /* (else an abandon in a forked child leaves it open) */
         e->listen_dev = st.st_dev;
         e->listen_ino = st.st_ino;
