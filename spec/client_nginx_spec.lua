@@ -348,6 +348,62 @@ describe("esx.nginx.wait with few descriptors #nginx", function()
   end)
 end)
 
+describe("esx.nginx.wait in a worker out of worker_connections #nginx", function()
+  -- each wait holds one of the worker's connections (its cosocket to the waiter socket); past
+  -- worker_connections nginx fails the connect with a stale errno, and the wait failed with
+  -- "cannot reach the esx waiter socket: no such file or directory" -- of a file that was there
+  local es3, web3
+  setup(function()
+    es3 = ds.start{}
+    web3 = nginx.start{
+      workers = 1,
+      worker_connections = 64,
+      http = ([[
+        lua_socket_log_errors off;
+        init_by_lua_block {
+          package.loaded.c = assert(require("esx").client{ hosts = { "%s" }, max_total = 100,
+                                                            max_per_route = 100 })
+        }]]):format(es3.url),
+      server = [[
+        location = /burst { content_by_lua_block {
+          local c, wait = package.loaded.c, require("esx.nginx").wait
+          local threads, counts = {}, {}
+          for i = 1, 80 do
+            threads[i] = ngx.thread.spawn(function()
+              local res, err = wait(assert(c:send("GET", "/wc/_search")), 10000)
+              return res and tostring(res.status) or err.kind .. ": " .. err.message
+            end)
+          end
+          for i = 1, 80 do
+            local _, r = ngx.thread.wait(threads[i])
+            counts[r] = (counts[r] or 0) + 1
+          end
+          ngx.say(require("cjson").encode(counts))
+        } }
+      ]] }
+  end)
+  teardown(function()
+    if web3 then web3:stop() end
+    if es3 then es3:stop() end
+  end)
+
+  it("returns nil, err of kind internal naming worker_connections", function()
+    assert.equal(200, (es3:request("PUT", "/wc")))
+    es3:fault{ path = "/wc/_search", stall_ms = 2000, count = 80 } -- past the connect retries
+    local status, body = web3:get("/burst")
+    assert.equal(200, status)
+    local failed = 0
+    for r, k in pairs(cjson.decode(body)) do
+      if r ~= "200" then
+        assert.matches("^internal: cannot reach the esx waiter socket: .* %(or the worker is " ..
+                       "out of worker_connections: each wait holds one%)$", r)
+        failed = failed + k
+      end
+    end
+    assert.is_true(failed > 0, body)
+  end)
+end)
+
 describe("a client made in init_by_lua of a master that is not forked off (daemon off) #nginx", function()
   it("leaves nginx's signals to the master: every worker killed is started again", function()
     local fg

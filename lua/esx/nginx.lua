@@ -41,7 +41,14 @@ local function connect_waiter(pending, sock, path, deadline, timeout)
       return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
     end
     if now >= give_up then
-      return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err))
+      -- A worker out of worker_connections (each wait holds one) fails the connect with
+      -- whatever errno was set last ("no such file or directory", "no such device or
+      -- address"... of a file that is there): when the file is there (opening a socket file
+      -- fails with ENXIO, not ENOENT), name that cause too.
+      local f, _, code = io.open(path)
+      if f then f:close() end
+      local hint = code ~= 2 and " (or the worker is out of worker_connections: each wait holds one)" or ""
+      return nil, core.error("internal", "cannot reach the esx waiter socket: " .. tostring(err) .. hint)
     end
     local nap = delay
     if deadline and deadline - now < nap then nap = deadline - now end

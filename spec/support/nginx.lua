@@ -5,7 +5,8 @@
 --   local srv = nginx.start{ server = "location /t { content_by_lua_block { ... } }",
 --                            http = "lua_shared_dict d 1m;", workers = 2,
 --                            user = "nobody nogroup", -- (root only: workers of that user)
---                            daemon = false }         -- (the master is not forked off)
+--                            daemon = false,          -- (the master is not forked off)
+--                            worker_connections = 64 } -- (1024 by default)
 --   local status, body = srv:get("/t")
 --   local pids = srv:workers()
 --   local conn = srv:start_get("/slow") ... local status, body = nginx.answer(conn)
@@ -45,7 +46,7 @@ daemon %s;
 pid %s/nginx.pid;
 error_log %s/error.log info;
 %s
-events { worker_connections 1024; }
+events { worker_connections %d; }
 http {
   access_log off;
   client_body_temp_path %s/tmp/body;
@@ -74,6 +75,7 @@ function _M.start(opts)
   if opts.user then user = "user " .. opts.user .. ";" end -- workers of another user (as root)
   local daemon = opts.daemon ~= false
   local conf = CONF:format(user, opts.workers or 1, daemon and "on" or "off", dir, dir, opts.main or "",
+    opts.worker_connections or 1024,
     dir, dir, dir, dir, dir, root, root, root, root, opts.http or "", port, opts.server or "")
   write(dir .. "/nginx.conf", conf)
   local cmd = "nginx -q -p " .. dir .. " -c " .. dir .. "/nginx.conf -e " .. dir .. "/error.log"
