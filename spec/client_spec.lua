@@ -2326,6 +2326,23 @@ describe("pending:waiter_path", function()
     return s
   end
 
+  it("lives in /tmp, as the collector's default dead-letter file does, when TMPDIR is set empty", function()
+    -- ("Environment=TMPDIR=" in a unit): both went to the root directory, where a worker that
+    -- is not root may not write -- every wait failed with internal
+    local r = in_child([[
+      local c = assert(esx.client{ hosts = { arg[1] } })
+      local p = assert(c:send("GET", "/"))
+      local path = p:waiter_path()
+      local col = assert(esx.collector{ sink = c })
+      local letters = col.dead_letter
+      col:close(0)
+      c:close()
+      return { path = path, letters = letters }
+    ]], "TMPDIR=")
+    assert.truthy(r.path:find("^/tmp/esx%-%w+/waiter%.sock$"), r.path)
+    assert.equal("/tmp/esx-dead-letter.ndjson", r.letters)
+  end)
+
   it("lives in a directory of its own that only this user may enter, removed on close", function()
     local c = client()
     finally(function() c:close() end) -- (closed in the body already when it ran to its end)

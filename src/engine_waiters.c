@@ -190,7 +190,7 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
     /* In a directory of its own (mkdtemp: mode 0700, a name no one can guess or take
      * first): only this user can connect, and another user cannot block the path. */
     const char *tmp = getenv("TMPDIR");
-    if (tmp == NULL || strlen(tmp) > 60)
+    if (tmp == NULL || tmp[0] == '\0' || strlen(tmp) > 60) /* ("TMPDIR=": /esx-XXXXXX) */
         tmp = "/tmp";
     char dir[80];
     snprintf(dir, sizeof dir, "%s/esx-XXXXXX", tmp);

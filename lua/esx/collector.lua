@@ -191,9 +191,10 @@ function _M.new(opts)
     -- a request max_body allows could never be taken: memory is all there is
     error("esx.collector: bad option 'queue_max_bytes' (must be >= max_body without spool_dir)", 2)
   end
+  local tmp = os.getenv("TMPDIR")
+  if tmp == nil or tmp == "" then tmp = "/tmp" end -- ("TMPDIR=" would give the root directory)
   local dead_letter = o.dead_letter or
-    (o.spool_dir and (o.spool_dir .. "/dead-letter.ndjson")) or
-    ((os.getenv("TMPDIR") or "/tmp") .. "/esx-dead-letter.ndjson")
+    (o.spool_dir and (o.spool_dir .. "/dead-letter.ndjson")) or (tmp .. "/esx-dead-letter.ndjson")
   local rollup = o.rollup or {}
   -- by default esx creates the indices it names by the day (see docs: create_index), not a
   -- fixed name, which may be an alias or a data stream the user manages
