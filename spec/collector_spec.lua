@@ -642,6 +642,42 @@ describe("col:handle", function()
     c2:close()
   end)
 
+  it("sends Vary: Origin on every answer, since each one's CORS headers depend on the Origin", function()
+    -- listed origins mixed with "*": a shared cache keyed on the URL alone would serve the
+    -- "*" answer (or the one without CORS headers, or a 403) to the listed origin, or the
+    -- listed origin's echo to another one, unless every answer says it varies by Origin
+    local c2 = new{ allowed_origins = { "https://shop.example", "*" } }
+    local body = cjson.encode(ev())
+    for _, origin in ipairs{ "https://shop.example", "https://other.example", false } do
+      local hdrs = { ["content-type"] = "text/plain", origin = origin or nil }
+      local status, headers = post(c2, body, hdrs)
+      assert.equal(204, status)
+      assert.equal("Origin", headers.Vary, tostring(origin))
+      status, headers = post(c2, "not json", hdrs)
+      assert.equal(400, status)
+      assert.equal("Origin", headers.Vary, tostring(origin))
+      status, headers = c2:handle{ method = "OPTIONS", headers = { origin = origin or nil } }
+      assert.equal(204, status)
+      assert.equal("Origin", headers.Vary, tostring(origin))
+    end
+    -- with listed origins only, the 403 to another origin varies by Origin too
+    local c3 = new{ allowed_origins = { "https://shop.example" } }
+    local status, headers = post(c3, body, { ["content-type"] = "text/plain", origin = "https://evil.example" })
+    assert.equal(403, status)
+    assert.equal("Origin", headers.Vary)
+    status, headers = post(c3, body, { ["content-type"] = "text/plain" })
+    assert.equal(204, status)
+    assert.equal("Origin", headers.Vary)
+    -- and so does the 503 over max_concurrent
+    local c4 = new{ allowed_origins = { "https://shop.example", "*" }, max_concurrent = 1 }
+    assert.is_true(c4:enter())
+    status, headers = post(c4, body, { ["content-type"] = "text/plain", origin = "https://other.example" })
+    assert.equal(503, status)
+    assert.equal("Origin", headers.Vary)
+    c4:leave()
+    c2:close(); c3:close(); c4:close()
+  end)
+
   it("sends '*' only when configured", function()
     local _, headers = post(col, cjson.encode(ev()), { ["content-type"] = "text/plain", origin = "https://a.example" })
     assert.equal("*", headers["Access-Control-Allow-Origin"])
@@ -654,10 +690,11 @@ describe("col:handle", function()
     local c2 = new{ allowed_origins = { "https://shop.example", "*" } }
     local body = cjson.encode(ev())
     local cases = {
-      { nil, { ["Cache-Control"] = "no-store" } },
+      { nil, { ["Cache-Control"] = "no-store", Vary = "Origin" } },
       { "https://shop.example", { ["Cache-Control"] = "no-store", ["Access-Control-Allow-Origin"] = "https://shop.example",
                                   ["Access-Control-Allow-Credentials"] = "true", Vary = "Origin" } },
-      { "https://other.example", { ["Cache-Control"] = "no-store", ["Access-Control-Allow-Origin"] = "*" } },
+      { "https://other.example", { ["Cache-Control"] = "no-store", ["Access-Control-Allow-Origin"] = "*",
+                                   Vary = "Origin" } },
     }
     for round = 1, 2 do
       for _, c in ipairs(cases) do

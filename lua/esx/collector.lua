@@ -239,8 +239,11 @@ end
 -- Answers carry their headers as a flat list {name, value, name, value, ...}.  The lists of
 -- the common answers are made once and shared (read only): no table per request.  col:handle
 -- gives its caller a fresh map; esx.nginx.collect sets the list's headers directly.
-local NO_STORE = { "Cache-Control", "no-store" }
-local STAR = { "Cache-Control", "no-store", "Access-Control-Allow-Origin", "*" }
+-- Every answer carries `Vary: Origin`: its CORS headers depend on the request's Origin (none
+-- without one, the origin echoed with credentials for a listed one, "*" for the others, a
+-- 403 for a refused one), so a shared cache must not serve one origin's answer to another.
+local NO_STORE = { "Cache-Control", "no-store", "Vary", "Origin" }
+local STAR = { "Cache-Control", "no-store", "Vary", "Origin", "Access-Control-Allow-Origin", "*" }
 
 -- The CORS part of an answer: the shared list for that origin (no Origin header, a listed
 -- origin, any origin under "*"), or nil for a refused origin.  A listed origin's list is made
@@ -250,8 +253,8 @@ local function cors(self, origin)
   local h = self.cors_lists[origin]
   if h then return h end
   if self.origins[origin] then
-    h = { "Cache-Control", "no-store", "Access-Control-Allow-Origin", origin,
-          "Access-Control-Allow-Credentials", "true", "Vary", "Origin" }
+    h = { "Cache-Control", "no-store", "Vary", "Origin", "Access-Control-Allow-Origin", origin,
+          "Access-Control-Allow-Credentials", "true" }
     self.cors_lists[origin] = h
     return h
   end
