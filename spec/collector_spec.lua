@@ -3036,6 +3036,23 @@ describe("col:stats and esx.metrics", function()
     col:close()
   end)
 
+  it("counts an empty array's 400 once under not_json, as an empty body's", function()
+    local col = new()
+    for _, body in ipairs{ "[]", " [ ]\n" } do
+      local status, _, b = post(col, body)
+      assert.equal(400, status)
+      assert.same({ error = "no event in the request" }, cjson.decode(b))
+    end
+    assert.equal(400, (post(col, "")))
+    local s = col:stats()
+    assert.equal(2, s.requests) -- the empty body is refused before parsing
+    assert.equal(3, s.rejected.not_json)
+    assert.equal(0, s.rejected.invalid)
+    assert.equal(3, s.rejected.total)
+    assert.equal(0, s.accepted)
+    col:close()
+  end)
+
   it("counts every bulk it made in bulk_requests, those refused by a closed sink too", function()
     local down = assert(esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 })
     local col = esx.collector{ sink = down, flush_interval = 20 }

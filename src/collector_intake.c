@@ -92,10 +92,14 @@ static void ingest(esx_collector *col, const char *body, size_t len, int from_qu
     pthread_mutex_lock(&col->mu);
     col->st.requests++;
     col->st.rejected[ESX_RJ_INVALID] += (uint64_t)nr;
+    /* an empty array holds no event to count as invalid: refused as an empty body is, once
+     * under not_json -- else its 400 was counted under no reason (rejected.total missed it) */
+    if (n == 0 && nr == 0)
+        col->st.rejected[ESX_RJ_NOT_JSON]++;
     pthread_mutex_unlock(&col->mu);
     if (n == 0) {
         out->status = 400;
-        snprintf(out->message, sizeof out->message, "no valid event");
+        snprintf(out->message, sizeof out->message, nr ? "no valid event" : "no event in the request");
         return;
     }
 
