@@ -946,6 +946,29 @@ describe("shipping", function()
     col:close()
   end)
 
+  it("rejects at intake, alone, an event whose ts the day's index (epoch_millis) would refuse", function()
+    -- ts is mapped as a date of format epoch_millis: an exponent form got its 2xx, then its
+    -- document was refused by the bulk and dead-lettered -- accepted, never indexed
+    local col = new{ rollup = false }
+    local body = '[{"site_id":"s1","type":"view","event_id":"t1","ts":1700000000000.5},' ..
+      '{"site_id":"s1","type":"view","event_id":"t2","ts":1.7e12},' ..
+      '{"site_id":"s1","type":"view","event_id":"t3","ts":-1}]'
+    local status, _, b = post(col, body)
+    assert.equal(200, status)
+    assert.same({ accepted = 1, rejected = {
+      { index = 1, error = "ts: exponent form (Elasticsearch's epoch_millis takes digits only)" },
+      { index = 2, error = "ts: negative (before 1970)" } } }, cjson.decode(b))
+    assert.is_true(col:flush(5000))
+    local s = col:stats()
+    assert.equal(0, s.dead_lettered)
+    assert.equal(1, s.shipped)
+    assert.equal(2, s.rejected.invalid)
+    local n, hits = indexed()
+    assert.equal(1, n)
+    assert.equal("t1", hits[1]._id)
+    col:close()
+  end)
+
   -- the day's name of an index pattern
   local function today(fmt) return os.date("!" .. fmt) end
 

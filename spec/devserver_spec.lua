@@ -834,6 +834,45 @@ describe("esxd", function()
       assert.equal(400, b.items[1].index.status)
       assert.equal("document_parsing_exception", b.items[1].index.error.type)
     end)
+    it("a date field reads a number from its text, as ES does: no exponent, 19 digits, 6 decimals", function()
+      -- ES's epoch_millis parser (EpochTime) takes 1-19 digits within Long.MAX_VALUE and up
+      -- to 6 decimals from the number's text; 1.7e12 is refused (ES #48472), whatever the
+      -- format, so the collector's events with such a ts were dead-lettered after their 2xx
+      assert.equal(200, (req("PUT", "/epochtext", { mappings = { date_detection = false, properties = {
+        ts = { type = "date", format = "epoch_millis" }, at = { type = "date" },
+        s = { type = "date", format = "epoch_second" }, n = { type = "double" },
+        o = { properties = { ts = { type = "date", format = "epoch_millis" } } } } } })))
+      local ok_docs = { '{"ts":1700000000000}', '{"ts":1700000000000.123456}', '{"ts":9223372036854775807}',
+        '{"ts":-5}', '{"at":1700000000000.5}', '{"s":1700000000.123456789}', '{"n":1.7e12,"ts":1}',
+        '{"x":{"ts":1.7e12},"ts":[1,2.5]}', '{"ts":1,"k":"1.7e12 \\" \\u0074s"}' }
+      for i, doc in ipairs(ok_docs) do
+        assert.equal(201, (req("PUT", "/epochtext/_doc/ok" .. i, doc)), doc)
+      end
+      local bad_docs = {
+        { '{"ts":1.7e12}', "ts", "1.7e12" },
+        { '{"ts":1700000000000E0}', "ts", "1700000000000E0" },
+        { '{"at":1.7E+12}', "at", "1.7E+12" },
+        { '{"ts":9223372036854775808}', "ts", "9223372036854775808" },
+        { '{"ts":1700000000000.1234567}', "ts", "1700000000000.1234567" },
+        { '{"ts":[1,1.7e12]}', "ts", "1.7e12" },
+        { '{"o":[{"ts":1},{"ts":2e3}]}', "o.ts", "2e3" },
+        { '{"\\u0074s":1.7e12}', "ts", "1.7e12" },
+      }
+      for i, c in ipairs(bad_docs) do
+        local st, b = jreq("PUT", "/epochtext/_doc/bad" .. i, c[1])
+        assert.equal(400, st, c[1])
+        assert.equal("document_parsing_exception", b.error.type)
+        assert.equal(("[1:1] failed to parse field [%s] of type [date] in document with id 'bad%d'. " ..
+          "Preview of field's value: '%s'"):format(c[2], i, c[3]), b.error.reason)
+      end
+      local st, b = jreq("POST", "/_bulk", '{"create":{"_index":"epochtext","_id":"b1"}}\n{"ts":1.7e12}\n' ..
+        '{"create":{"_index":"epochtext","_id":"b2"}}\n{"ts":1700000000000}\n', NDJSON)
+      assert.equal(200, st)
+      assert.is_true(b.errors)
+      assert.equal(400, b.items[1].create.status)
+      assert.equal("document_parsing_exception", b.items[1].create.error.type)
+      assert.equal(201, b.items[2].create.status)
+    end)
     it("_update keeps empty arrays and objects in _source as they were sent", function()
       put_doc("ea", "1", { n = 1 })
       -- cjson would decode [] and {} alike: compare the raw text

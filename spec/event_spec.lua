@@ -129,6 +129,16 @@ describe("core.events_parse", function()
       { ev(',"event_id":"' .. ("e"):rep(65) .. '"'), "event_id: invalid length" },
       { ev(',"event_id":"e/1"'), "event_id: invalid characters" },
       { ev(',"ts":"1"'), "ts: not a number" },
+      -- ts is a date of format epoch_millis in the day's index: what that parser refuses
+      -- would be dead-lettered after its 2xx
+      { ev(',"ts":1.7e12'), "ts: exponent form (Elasticsearch's epoch_millis takes digits only)" },
+      { ev(',"ts":1700000000000E0'), "ts: exponent form (Elasticsearch's epoch_millis takes digits only)" },
+      { ev(',"ts":-1.5e3'), "ts: exponent form (Elasticsearch's epoch_millis takes digits only)" },
+      { ev(',"ts":-1'), "ts: negative (before 1970)" },
+      { ev(',"ts":-0'), "ts: negative (before 1970)" },
+      { ev(',"ts":9223372036854775808'), "ts: out of range (more than 2^63-1 ms)" },
+      { ev(',"ts":10000000000000000000.5'), "ts: out of range (more than 2^63-1 ms)" },
+      { ev(',"ts":1700000000000.1234567'), "ts: more than 6 decimal places" },
       { ev(',"":1'), "empty member name" },
       { ev(',"_id":"x"'), "reserved field _id" },
       { ev(',"_index":"other"'), "reserved field _index" },
@@ -148,10 +158,17 @@ describe("core.events_parse", function()
     it("accepts the limits of every field", function()
       local d = accepted('{"site_id":"' .. ("a"):rep(64) .. '","type":"' .. ("Z"):rep(32)
         .. '","block_id":"' .. ("0"):rep(64) .. '","variant":"._-","event_id":"' .. ("e"):rep(64)
-        .. '","user_id":"' .. ("ü"):rep(64) .. '","ts":-1.5e3}')
+        .. '","user_id":"' .. ("ü"):rep(64) .. '","ts":9223372036854775807.123456}')
       assert.equal(("a"):rep(64), d.site_id)
       assert.equal(("ü"):rep(64), d.user_id)
       assert.equal(("e"):rep(64), d.event_id)
+      assert.truthy(d.doc:find('"ts":9223372036854775807.123456,', 1, true))
+    end)
+
+    it("accepts a ts Elasticsearch's epoch_millis parser reads: 0, integers, up to 6 decimals", function()
+      for _, ts in ipairs{ "0", "0.5", "1700000000000", "1700000000000.123456", "9223372036854775807" } do
+        assert.truthy(accepted(ev(',"ts":' .. ts)).doc:find('"ts":' .. ts .. ",", 1, true), ts)
+      end
     end)
 
     it("takes an integer user_id as its decimal text", function()
@@ -625,8 +642,10 @@ describe("core.event_from_query", function()
     end)
   end
 
-  it("accepts a negative integer ts", function()
-    assert.truthy(q("site_id=s&type=t&ts=-5")[1].doc:find('"ts":-5,', 1, true))
+  it("rejects a ts Elasticsearch's epoch_millis parser refuses, as a body's", function()
+    assert.equal("ts: negative (before 1970)", qreason("site_id=s&type=t&ts=-5"))
+    assert.equal("ts: out of range (more than 2^63-1 ms)", qreason("site_id=s&type=t&ts=99999999999999999999"))
+    assert.truthy(q("site_id=s&type=t&ts=0")[1].doc:find('"ts":0,', 1, true))
   end)
 
   it("raises when received_at is not an integer", function()

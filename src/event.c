@@ -194,6 +194,44 @@ static int field_of(const esx_json_val *key)
     return F_OTHER;
 }
 
+/* ts is mapped as a date of format epoch_millis (create_index): a number Elasticsearch's
+ * epoch_millis parser refuses would get its 2xx here and then be dead-lettered -- accepted,
+ * never indexed.  That parser (EpochTime.MILLIS_FORMATTER) reads 1-19 digits within
+ * Long.MAX_VALUE and an optional fraction of at most 6 digits (nanoseconds of the
+ * millisecond), from the number's text: an exponent form (1.7e12) fails (ES #48472: not
+ * supported since 7.0), and a negative one fails on 8.0-8.1 (negative epochs came back in
+ * 8.2, ES #80208; the docs of 7.x-8.4 say "must be non-negative"), so both are refused here,
+ * with the event alone, as other schema errors are.  Returns 1, or 0 with reason filled. */
+static int check_ts(const esx_json_val *v, char *reason)
+{
+    static const char long_max[] = "9223372036854775807";
+    if (v->type != ESX_JSON_NUMBER) {
+        snprintf(reason, 96, "ts: not a number");
+        return 0;
+    }
+    const char *p = v->p, *end = v->p + v->len;
+    if (memchr(p, 'e', v->len) || memchr(p, 'E', v->len)) {
+        snprintf(reason, 96, "ts: exponent form (Elasticsearch's epoch_millis takes digits only)");
+        return 0;
+    }
+    if (*p == '-') {
+        snprintf(reason, 96, "ts: negative (before 1970)");
+        return 0;
+    }
+    const char *dot = memchr(p, '.', v->len);
+    size_t int_len = (size_t)((dot ? dot : end) - p);
+    if (int_len > sizeof long_max - 1 ||
+        (int_len == sizeof long_max - 1 && memcmp(p, long_max, int_len) > 0)) {
+        snprintf(reason, 96, "ts: out of range (more than 2^63-1 ms)");
+        return 0;
+    }
+    if (dot && end - dot - 1 > 6) {
+        snprintf(reason, 96, "ts: more than 6 decimal places");
+        return 0;
+    }
+    return 1;
+}
+
 static int put(esx_buf *out, const char *s, size_t n)
 {
     int rc = esx_buf_append(out, s, n);
@@ -285,10 +323,7 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             ok = check_user_id(&val, ev->user_id, reason);
             break;
         case F_TS:
-            if (val.type != ESX_JSON_NUMBER) {
-                snprintf(reason, 96, "ts: not a number");
-                ok = 0;
-            }
+            ok = check_ts(&val, reason);
             break;
         default:
             break;

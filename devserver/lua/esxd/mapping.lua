@@ -524,13 +524,81 @@ function _M.epoch_string(v, format)
   return tonumber(v) * epoch_scale(format)
 end
 
-local function date_fits(v, format)
+-- A JSON number's text as ES's date parsers read it (DateFieldMapper parses a number from
+-- its text): epoch_millis takes 1-19 digits within Long.MAX_VALUE and at most 6 decimals,
+-- epoch_second 9; an exponent form (1.7e12) is no date in any format (ES #48472).
+local LONG_MAX = "9223372036854775807"
+local function epoch_text_fits(text, format)
+  local int, frac = text:match("^%-?(%d+)%.?(%d*)$")
+  if not int or #int > #LONG_MAX or (#int == #LONG_MAX and int > LONG_MAX) then return false end
+  local seconds = type(format) == "string" and format:find("epoch_second", 1, true)
+  return #frac <= (seconds and 9 or 6)
+end
+
+-- text: the number's text in the document, when it is not a plain integer of up to 15 digits
+-- (number_texts below), which decoding loses.
+local function date_fits(v, format, text)
+  if text and type(v) == "number" and not epoch_text_fits(text, format) then return false end
   if epoch_only(format) then
     return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
   end
   return dates.parse(v) ~= nil
 end
 _M.date_fits = date_fits
+
+-- The texts of a document's numbers by dotted path, in document order, from its raw JSON
+-- (valid: it was decoded), for the date fields: nil when every number is a plain integer of
+-- up to 15 digits (one find per pattern for the common document), as those decode exactly.
+local find, sub, match = string.find, string.sub, string.match
+local function string_end(s, i) -- i: the opening quote; returns the index after the closing one
+  local k = i + 1
+  while true do
+    local q = find(s, '["\\]', k)
+    if sub(s, q, q) == "\\" then k = q + 2 else return q + 1 end
+  end
+end
+local function scan_value(s, i, path, out)
+  i = find(s, "[^ \t\r\n]", i)
+  local c = sub(s, i, i)
+  if c == "{" or c == "[" then
+    local close = c == "{" and "}" or "]"
+    i = find(s, "[^ \t\r\n]", i + 1)
+    if sub(s, i, i) == close then return i + 1 end
+    while true do
+      local p = path
+      if c == "{" then
+        local j = string_end(s, i)
+        local key = sub(s, i + 1, j - 2)
+        if find(key, "\\", 1, true) then key = json.decode(sub(s, i, j - 1)) end
+        p = path and (path .. "." .. key) or key
+        i = find(s, ":", j, true) + 1
+      end
+      i = find(s, "[^ \t\r\n]", scan_value(s, i, p, out))
+      if sub(s, i, i) ~= "," then return i + 1 end
+      i = find(s, "[^ \t\r\n]", i + 1)
+    end
+  elseif c == '"' then
+    return string_end(s, i)
+  end
+  local num = match(s, "^%-?%d+%.?%d*[eE]?[%+%-]?%d*", i)
+  if num and num ~= "" then
+    if path then
+      local l = out[path]
+      if not l then l = {}; out[path] = l end
+      l[#l + 1] = num
+    end
+    return i + #num
+  end
+  return i + #match(s, "^%a+", i) -- true, false, null
+end
+function _M.number_texts(raw)
+  if type(raw) ~= "string" or not (find(raw, "%d[eE.]") or find(raw, "%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d")) then
+    return nil
+  end
+  local out = {}
+  scan_value(raw, 1, nil, out)
+  return out
+end
 
 -- The date fields' mapping formats of an index, by its types table (store.create registers
 -- them), so that the query DSL parses a date field's values with the field's format.
@@ -713,7 +781,7 @@ local COERCE_CLASS = { long = "Long", integer = "Integer", short = "Short", byte
 
 -- Returns true, or false and (for some types) the reason of ES's caused_by.
 -- strict: the field's (or index's) "coerce" is false.
-local function fits(ty, e, format, strict)
+local function fits(ty, e, format, strict, text)
   if NUMERIC[ty] then
     local n = (type(e) == "number" or type(e) == "string") and tonumber(e)
     if not n or n ~= n then return false end
@@ -731,7 +799,7 @@ local function fits(ty, e, format, strict)
     end
     return true
   end
-  if ty == "date" then return date_fits(e, format) end
+  if ty == "date" then return date_fits(e, format, text) end
   if ty == "date_nanos" then
     local ms = date_fits(e, format) and dates.parse(e)
     return ms ~= nil and ms ~= false and ms >= 0 and ms <= NANOS_MAX_MS
@@ -773,19 +841,29 @@ local function strict_numbers(types, path)
   return c == false or c == "false"
 end
 
-local function check(types, obj, prefix, formats, malformed)
+-- texts: number_texts of the document's raw JSON, or nil; seen: how many numbers of each
+-- path were met (to take each one's text, in document order).
+local function check(types, obj, prefix, formats, malformed, texts, seen)
   for k, v in pairs(obj) do
     if type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
       local ty = types[path]
       local vals = (type(v) == "table" and v ~= null and #v > 0) and v or { v }
       for _, e in ipairs(vals) do
+        local text
+        if texts and type(e) == "number" then
+          seen = seen or {}
+          local n = (seen[path] or 0) + 1
+          seen[path] = n
+          text = texts[path] and texts[path][n]
+        end
         if type(e) == "table" and e ~= null then
           if next(e) ~= nil and #e == 0 then
             if ty and ty ~= "object" and ty ~= "nested" and ty ~= "flattened" then
               return { field = path, type = ty, value = e, object = true }
             end
-            local bad = check(types, e, path, formats, malformed)
+            seen = seen or (texts and {})
+            local bad = check(types, e, path, formats, malformed, texts, seen)
             if bad then return bad end
           end
         elseif e ~= null and (ty == "object" or ty == "nested") then
@@ -793,8 +871,9 @@ local function check(types, obj, prefix, formats, malformed)
           local disabled = disabled_by_types[types]
           if not (disabled and disabled[path]) then return { field = path, key = k, value = e, concrete = true } end
         elseif e ~= null and ty and not ignores_malformed(malformed, path, ty) then
-          local ok, cause = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path))
-          if not ok then return { field = path, type = ty, value = e, cause = cause } end
+          local ok, cause = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path),
+                                 text)
+          if not ok then return { field = path, type = ty, value = text or e, cause = cause } end
         end
       end
     end

@@ -311,7 +311,8 @@ local function doc_parse_error(id, bad)
 end
 
 local function put(idx, id, source, raw, cur, opts, external)
-  local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed)
+  -- (the raw text: a date field reads a number from its text, which decoding loses)
+  local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed, mapping.number_texts(raw))
   if bad then return nil, doc_parse_error(id, bad) end
   local new = mapping.strict(idx.types, idx.dynamic, source)
   if new then
