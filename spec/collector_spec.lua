@@ -2897,6 +2897,15 @@ describe("spool", function()
     unit("spool_read_error", "src/spool.c src/private.c src/proc.c -lz -lpthread", 3)
   end)
 
+  it("answers requests while the shipper reads the spool from a slow disk (tools/unit)", function()
+    -- the shipper read the backlog's records (pread) holding the lock every request takes:
+    -- with a read that took 1.5 s, a request waited 1491 ms for it
+    unit("spool_load_unlocked", ENGINE_SOURCES .. " src/collector.c src/collector_intake.c " ..
+      "src/collector_queue.c src/collector_ship.c src/deadletter.c src/spool.c src/private.c " ..
+      "src/rollup.c src/hll.c src/event.c src/json.c src/ratelimit.c src/hash.c " ..
+      "src/bulk_response.c -lm", 5)
+  end)
+
   it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
     local dir = tmpdir()
     local col

@@ -526,11 +526,14 @@ static void housekeeping(esx_collector *col, int64_t now)
             esx_spool_claim_orphans(col->spool);
             col->last_orphan_scan = now;
         }
-        /* load what waits on disk into the room memory has: at most LOAD_PER_PASS a pass,
-         * since the intake waits for the lock meanwhile (the next pass is 20 ms away) */
+        /* load what waits on disk into the room memory has: at most LOAD_PER_PASS a pass
+         * (the next pass is 20 ms away), the records read from disk without the lock, so
+         * that the intake never waits for the disk (a slow or failing one held every
+         * request for as long as the reads took) */
         if (esx_spool_has_backlog(col->spool) && col->queue_bytes < col->cfg.queue_max_bytes) {
             size_t room = (col->cfg.queue_max_bytes - col->queue_bytes) / 2 + 1;
-            esx_spool_load(col->spool, room < LOAD_PER_PASS ? room : LOAD_PER_PASS, replay_record, col);
+            esx_spool_load(col->spool, room < LOAD_PER_PASS ? room : LOAD_PER_PASS, replay_record, col,
+                           &col->mu);
         }
         if (now - col->last_sync >= col->cfg.spool_sync_interval ||
             esx_spool_sync_wanted(col->spool)) {

@@ -394,36 +394,45 @@ int64_t esx_spool_backlog_since(const esx_spool *sp)
 
 enum { REC_NONE, REC_OK, REC_BAD, REC_RETRY, REC_GONE, REC_REFUSED };
 
-/* Reads the record at offset off of seg into *buf, its length into *len.  Returns REC_OK,
- * REC_NONE when no record header is written there yet, REC_BAD for a record that is torn or
- * fails its checks (a length in bounds, a CRC-32 that matches, and the shape of bulk lines:
- * it starts with '{' and ends with '\n'), REC_RETRY when it could not be read for now (no
- * descriptor or memory left): nothing about the record is known then, REC_GONE when the
- * file is no longer there to read (removed by hand or by a /tmp cleaner: ENOENT), or
- * REC_REFUSED when it is there but cannot be opened as this user's private file (a second
- * link -- a backup tool's --, mode 0000 for a user other than root, EACCES...): errno says
- * why.  Waiting on either would hold every segment behind it for ever. */
-static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *cap, size_t *len)
+/* Opens seg's read descriptor if it is not open yet (under the caller's lock: seg->fd may be
+ * sealed and closed by an append meanwhile).  Returns REC_OK, or REC_RETRY when it cannot be
+ * opened for now (no descriptor or memory left): nothing about the record is known then,
+ * REC_GONE when the file is no longer there to read (removed by hand or by a /tmp cleaner:
+ * ENOENT), or REC_REFUSED when it is there but cannot be opened as this user's private file
+ * (a second link -- a backup tool's --, mode 0000 for a user other than root, EACCES...):
+ * errno says why.  Waiting on either would hold every segment behind it for ever. */
+static int open_for_read(esx_segment *seg)
 {
-    if (off + 8 > seg->bytes)
+    if (seg->rfd >= 0)
+        return REC_OK;
+    /* (a segment is replayed into _bulk as it is: only a file of this user's is read)
+     * through the descriptor still open for appending, when there is one: the same file
+     * even if its name was removed meanwhile (the events in it were acknowledged) */
+    seg->rfd = seg->fd >= 0 ? fcntl(seg->fd, F_DUPFD_CLOEXEC, 0) : esx_private_read(seg->path);
+    if (seg->rfd < 0)
+        return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? REC_RETRY
+               : errno == ENOENT                                 ? REC_GONE
+                                                                 : REC_REFUSED;
+    return REC_OK;
+}
+
+/* Reads the record at offset off of the segment open as rfd, whose first end bytes are
+ * written, into *buf, its length into *len.  Returns REC_OK, REC_NONE when no record header
+ * is written there yet, REC_BAD for a record that is torn or fails its checks (a length in
+ * bounds, a CRC-32 that matches, and the shape of bulk lines: it starts with '{' and ends
+ * with '\n'), or REC_RETRY when it could not be read for now (no memory).  It touches no
+ * spool state: esx_spool_load runs it without the caller's lock. */
+static int read_record_at(int rfd, uint64_t off, uint64_t end, char **buf, size_t *cap, size_t *len)
+{
+    if (off + 8 > end)
         return REC_NONE;
-    /* (a segment is replayed into _bulk as it is: only a file of this user's is read) */
-    if (seg->rfd < 0) {
-        /* through the descriptor still open for appending, when there is one: the same file
-         * even if its name was removed meanwhile (the events in it were acknowledged) */
-        seg->rfd = seg->fd >= 0 ? fcntl(seg->fd, F_DUPFD_CLOEXEC, 0) : esx_private_read(seg->path);
-        if (seg->rfd < 0)
-            return errno == EMFILE || errno == ENFILE || errno == ENOMEM ? REC_RETRY
-                   : errno == ENOENT                                 ? REC_GONE
-                                                                     : REC_REFUSED;
-    }
     unsigned char head[8];
-    if (pread(seg->rfd, head, 8, (off_t)off) != 8)
+    if (pread(rfd, head, 8, (off_t)off) != 8)
         return REC_BAD;
     uint32_t n, crc;
     memcpy(&n, head, 4);
     memcpy(&crc, head + 4, 4);
-    if (n == 0 || n > MAX_RECORD || off + 8 + n > seg->bytes)
+    if (n == 0 || n > MAX_RECORD || off + 8 + n > end)
         return REC_BAD;
     if (n > *cap) {
         char *b = realloc(*buf, n);
@@ -434,7 +443,7 @@ static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *ca
     }
     size_t got = 0;
     while (got < n) {
-        ssize_t k = pread(seg->rfd, *buf + got, n - got, (off_t)(off + 8 + got));
+        ssize_t k = pread(rfd, *buf + got, n - got, (off_t)(off + 8 + got));
         if (k <= 0)
             return REC_BAD;
         got += (size_t)k;
@@ -446,18 +455,18 @@ static int read_record_at(esx_segment *seg, uint64_t off, char **buf, size_t *ca
     return REC_OK;
 }
 
-/* After a record at seg->read_off that failed its checks: the offset of the next record that
- * passes them, seg->bytes when none does (a torn tail), or (uint64_t)-1 when the scan must be
+/* After a record at read_off that failed its checks: the offset of the next record that
+ * passes them, end when none does (a torn tail), or (uint64_t)-1 when the scan must be
  * tried again later (no memory).  Candidates are the offsets 8 bytes before a '{'; a false
  * match needs a length in bounds, a payload ending in '\n' and a CRC-32 match, about 1 in
- * 2^32 of the candidates that get that far. */
-static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
+ * 2^32 of the candidates that get that far.  Like read_record_at, no spool state. */
+static uint64_t resync(int rfd, uint64_t read_off, uint64_t end, char **buf, size_t *cap)
 {
     char chunk[16384];
-    uint64_t from = seg->read_off + 9; /* the '{' of a record that starts one byte later */
-    while (from < seg->bytes) {
-        size_t want = seg->bytes - from < sizeof chunk ? (size_t)(seg->bytes - from) : sizeof chunk;
-        ssize_t got = pread(seg->rfd, chunk, want, (off_t)from);
+    uint64_t from = read_off + 9; /* the '{' of a record that starts one byte later */
+    while (from < end) {
+        size_t want = end - from < sizeof chunk ? (size_t)(end - from) : sizeof chunk;
+        ssize_t got = pread(rfd, chunk, want, (off_t)from);
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0) {
@@ -466,7 +475,7 @@ static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
              * alone, and step over it when that fails as well (ending the scan here lost
              * every record behind a damaged one). */
             size_t block = 4096 - (size_t)(from % 4096);
-            if (block < want && (got = pread(seg->rfd, chunk, block, (off_t)from)) < 0) {
+            if (block < want && (got = pread(rfd, chunk, block, (off_t)from)) < 0) {
                 from += block;
                 continue;
             }
@@ -480,7 +489,7 @@ static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
         for (const char *q = chunk; (q = memchr(q, '{', (size_t)(chunk + got - q))) != NULL; q++) {
             uint64_t at = from + (uint64_t)(q - chunk) - 8;
             size_t n;
-            int rc = read_record_at(seg, at, buf, cap, &n);
+            int rc = read_record_at(rfd, at, end, buf, cap, &n);
             if (rc == REC_OK)
                 return at;
             if (rc == REC_RETRY)
@@ -488,7 +497,7 @@ static uint64_t resync(esx_segment *seg, char **buf, size_t *cap)
         }
         from += (uint64_t)got;
     }
-    return seg->bytes;
+    return end;
 }
 
 /* 1 when the file st describes was refused at a scan already (counted and said then). */
@@ -502,7 +511,7 @@ static int refused_before(const esx_spool *sp, const struct stat *st)
 
 int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
-                   void *ud)
+                   void *ud, pthread_mutex_t *mu)
 {
     char *buf = NULL;
     size_t cap = 0, given = 0;
@@ -510,7 +519,24 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
     while (sp->backlog_head && given < max_bytes) {
         esx_segment *seg = sp->backlog_head;
         size_t n = 0;
-        int rc = read_record_at(seg, seg->read_off, &buf, &cap, &n);
+        /* the bytes written so far (appends go on meanwhile, past them) */
+        uint64_t off = seg->read_off, end = seg->bytes, next = 0;
+        int rc = off + 8 > end ? REC_NONE : open_for_read(seg);
+        if (rc == REC_OK) {
+            /* The disk reads without the caller's lock (mu), which the intake takes for
+             * every request: a slow or failing disk must not hold the answers.  seg stays
+             * the backlog's head meanwhile, with its read descriptor: only this thread
+             * reads the backlog, and a segment with unread records is never deleted (an
+             * append may seal it: its read descriptor is another one). */
+            int rfd = seg->rfd;
+            if (mu)
+                pthread_mutex_unlock(mu);
+            rc = read_record_at(rfd, off, end, &buf, &cap, &n);
+            if (rc == REC_BAD)
+                next = resync(rfd, off, end, &buf, &cap);
+            if (mu)
+                pthread_mutex_lock(mu);
+        }
         if (rc == REC_RETRY)
             break; /* no descriptor or memory left: try again on the next pass */
         if (rc == REC_GONE) {
@@ -544,8 +570,7 @@ int esx_spool_load(esx_spool *sp, size_t max_bytes,
         if (rc == REC_BAD) {
             /* A torn tail (a write cut short by a kill: never acknowledged) or a damaged
              * record: the records after it, if any, are acknowledged events -- go on from
-             * the next one that passes every check. */
-            uint64_t next = resync(seg, &buf, &cap);
+             * the next one that passes every check (resync's answer, above). */
             if (next == (uint64_t)-1)
                 break;
             sp->bytes_skipped += next - seg->read_off;

@@ -19,6 +19,7 @@
 #ifndef ESX_SPOOL_H
 #define ESX_SPOOL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -115,10 +116,13 @@ int64_t esx_spool_backlog_since(const esx_spool *sp);
  * whose file is gone is given up (segments_gone); one whose file is there but refused (not
  * this user's private file, EACCES) is left on disk, not replayed (segments_refused, and a
  * line on stderr).
+ * mu, when not NULL, is the lock the caller holds over sp (and that fn expects held): it is
+ * let go of while the records are read from disk (pread), so that the intake does not wait
+ * for the disk; only one thread may load a spool's backlog.
  * Returns records loaded. */
 int esx_spool_load(esx_spool *sp, size_t max_bytes,
                    int64_t (*fn)(void *ud, esx_segment *seg, const char *data, size_t len),
-                   void *ud);
+                   void *ud, pthread_mutex_t *mu);
 
 /* fdatasync of what was written since the last sync (the segments being written and those
  * sealed since, and the directory when a segment was created or claimed), in two steps so that the caller's lock is not held across the disk write:

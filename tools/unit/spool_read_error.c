@@ -63,7 +63,7 @@ int main(void)
     /* a 4 KiB block inside the second record's payload cannot be read */
     bad_lo = 12288;
     bad_hi = 16384;
-    esx_spool_load(sp, SIZE_MAX, take, NULL);
+    esx_spool_load(sp, SIZE_MAX, take, NULL, NULL);
     check(failed_reads > 0, "the bad block was read");
     check(n_loaded == 2 && strcmp(loaded[0], "r1") == 0 && strcmp(loaded[1], "r3") == 0,
           "the records before and after the unreadable one are replayed");
