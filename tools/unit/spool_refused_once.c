@@ -56,7 +56,7 @@ int main(void)
           "claimed once the second link is gone");
     if (sp->backlog_head == NULL || link(sp->backlog_head->path, copy) != 0)
         return 1;
-    check(esx_spool_load(sp, SIZE_MAX, take, NULL) == 0 && !esx_spool_has_backlog(sp),
+    check(esx_spool_load(sp, SIZE_MAX, take, NULL, NULL) == 0 && !esx_spool_has_backlog(sp),
           "refused at its replay (linked again), and passed over");
     check(sp->segments_refused == 1, "the file is counted once");
     esx_spool_close(sp);
