@@ -2837,7 +2837,7 @@ describe("esxd", function()
       assert.is_nil(b.items[1].index.status)
     end)
     it("search body features esxd lacks are refused, not ignored", function()
-      for _, k in ipairs({ "search_after", "collapse", "highlight", "fields", "docvalue_fields", "pit",
+      for _, k in ipairs({ "collapse", "highlight", "fields", "docvalue_fields", "pit",
           "terminate_after", "rescore", "indices_boost", "script_fields", "runtime_mappings", "suggest" }) do
         local v = (k == "search_after" or k == "fields" or k == "docvalue_fields" or k == "indices_boost")
           and { "x" } or (k == "terminate_after" and 1 or { x = {} })
@@ -2850,6 +2850,88 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "parsing_exception", "Unknown key for a VALUE_BOOLEAN in [explain]."), b)
       assert.equal(200, (search("/events-a/_search", { explain = false, profile = false, timeout = "1s" })))
+    end)
+    it("search_after pages past the result window with the last hit's sort values", function()
+      -- 25 documents, n in 1..25 with every fifth one missing n, k a tie-breaker
+      local lines = {}
+      for i = 1, 25 do
+        lines[#lines + 1] = cjson.encode({ index = { _index = "sa", _id = tostring(i) } })
+        lines[#lines + 1] = i % 5 == 0 and ('{"k":' .. i .. ',"g":"x"}') or ('{"n":' .. (i % 3) .. ',"k":' .. i .. ',"g":"x"}')
+      end
+      req("PUT", "/sa", { settings = { index = { max_result_window = 10 } },
+        mappings = { properties = { n = { type = "long" }, k = { type = "long" }, g = { type = "keyword" } } } })
+      assert.equal(200, (req("POST", "/_bulk?refresh=true", table.concat(lines, "\n") .. "\n", NDJSON)))
+      for _, dir in ipairs({ "asc", "desc" }) do
+        local seen, after, pages = {}, nil, 0
+        repeat
+          -- the last hit's sort values sent back as they came (cjson would round Long.MAX)
+          local st, _, raw = req("POST", "/sa/_search", '{"size":7,"sort":[{"n":"' .. dir .. '"},{"k":"' .. dir .. '"}]' ..
+            (after and (',"search_after":' .. after) or "") .. "}")
+          assert.equal(200, st)
+          local b = cjson.decode(raw)
+          assert.same({ value = 25, relation = "eq" }, b.hits.total)   -- every match counts
+          for _, h in ipairs(b.hits.hits) do seen[#seen + 1] = tonumber(h._id) end
+          after = nil
+          for sv in raw:gmatch('"sort":(%[[^%]]*%])') do after = sv end
+          pages = pages + 1
+        until after == nil
+        assert.equal(5, pages)
+        assert.equal(25, #seen)
+        local set = {}
+        for _, id in ipairs(seen) do assert.is_nil(set[id], dir .. " " .. id); set[id] = true end
+        -- the documents without n come last in both orders (missing _last), their sort value Long.MAX/MIN
+        for i = 21, 25 do assert.equal(0, seen[i] % 5, dir) end
+      end
+      -- a tie is not after: equal values are left out, so a sort needs a tie-breaker
+      local _, b = search("/sa/_search", { sort = { { g = "asc" } }, search_after = { "x" } })
+      assert.same({}, b.hits.hits)
+      assert.equal(25, b.hits.total.value)
+      _, b = search("/sa/_search", { size = 3, sort = { { k = "desc" } }, search_after = { "20" } })
+      assert.same({ "19", "18", "17" }, ids(b))
+      _, b = search("/sa/_search", { size = 2, sort = { "_doc" }, search_after = { 23 } })
+      assert.same({ "24", "25" }, ids(b))
+    end)
+    it("returns ES's errors for a wrong search_after", function()
+      local function shard_error(b, status, etype, reason, extra)
+        assert.equal(status, b.status)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        local want = { type = etype, reason = reason }
+        for k, v in pairs(extra or {}) do want[k] = v end
+        assert.same({ { type = etype, reason = reason } }, b.error.root_cause)
+        assert.same(want, b.error.failed_shards[1].reason)
+      end
+      local st, b = search("/events-a/_search", { search_after = { 1 } })
+      assert.equal(400, st)
+      shard_error(b, 400, "illegal_argument_exception", "Sort must contain at least one field.")
+      st, b = search("/events-a/_search", { sort = { { _score = "desc" } }, search_after = { 1 } })
+      shard_error(b, 400, "illegal_argument_exception", "Sort must contain at least one field.")
+      st, b = search("/events-a/_search", { sort = { "n" }, search_after = { 1, "2" } })
+      assert.equal(400, st)
+      shard_error(b, 400, "illegal_argument_exception", "search_after has 2 value(s) but sort has 1.")
+      st, b = search("/events-a/_search", { sort = { "n" }, search_after = { "x" } })
+      shard_error(b, 400, "illegal_argument_exception", "Failed to parse search_after value for field [n].",
+        { caused_by = { type = "number_format_exception", reason = 'For input string: "x"' } })
+      st, b = jreq("POST", "/events-a/_search", '{"search_after":[]}')
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "Values must contains at least one value."), b)
+      st, b = search("/events-a/_search", { search_after = "x" })
+      assert.same(es_error(400, "parsing_exception", "Unknown key for a VALUE_STRING in [search_after]."), b)
+      st, b = search("/events-a/_search", { search_after = { { a = 1 } } })
+      assert.same(es_error(400, "parsing_exception",
+        "Expected [VALUE_STRING] or [VALUE_NUMBER] or [VALUE_BOOLEAN] or [VALUE_NULL] but found [START_OBJECT] inside search_after."), b)
+      -- ES answers these two with 500 (a SearchException, an unboxed null): sent around
+      -- req() so that the "no 500" spec keeps watching everything else
+      local _, _, raw = srv:request("POST", "/events-a/_search",
+        cjson.encode({ from = 1, sort = { "n" }, search_after = { 1 } }), JSON)
+      b = cjson.decode(raw)
+      shard_error(b, 500, "search_exception", "`from` parameter must be set to 0 when `search_after` is used.")
+      _, _, raw = srv:request("POST", "/events-a/_search", '{"sort":["n"],"search_after":[null]}', JSON)
+      b = cjson.decode(raw)
+      shard_error(b, 500, "null_pointer_exception", 'Cannot invoke "java.lang.Long.longValue()" because "value" is null')
+      -- a keyword takes null (a document without the field) and a date a date string
+      st, b = search("/events-a/_search", { sort = { { ["tag.keyword"] = "asc" }, { ts = "asc" } }, search_after = { "animal", "2024-01-01T00:01:30Z" } })
+      assert.equal(200, st)
+      assert.same({ "4", "3" }, ids(b))
     end)
     it("max_score is null with size=0 (ES collects no top hits)", function()
       local _, b = search("/events-a/_search", { size = 0, query = { match = { title = "fox" } } })

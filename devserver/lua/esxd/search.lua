@@ -81,7 +81,7 @@ _M.KNOWN = KNOWN
 -- Valid in ES but not implemented by esxd: refused (with ES's unknown-key error) rather than
 -- ignored, since ignoring them changes which hits come back (search_after would return the
 -- first page forever) or leaves out what the caller asked for. explain / profile: only false.
-local UNSUPPORTED = { search_after = true, pit = true, collapse = true, terminate_after = true, rescore = true,
+local UNSUPPORTED = { pit = true, collapse = true, terminate_after = true, rescore = true,
   indices_boost = true, script_fields = true, runtime_mappings = true, highlight = true, suggest = true,
   docvalue_fields = true, fields = true, explain = "unless_false", profile = "unless_false" }
 
@@ -228,6 +228,118 @@ local function sort_check(idx, it)
   end
 end
 
+-- Where x sorts against y for one sort clause: -1 (x first), 0 (a tie) or 1. nil is a
+-- document without a value: first with missing "_first", else last, whatever the order.
+local function cmp_value(x, y, it)
+  if x == y then return 0 end
+  if x == nil then return it.missing == "_first" and -1 or 1 end
+  if y == nil then return it.missing == "_first" and 1 or -1 end
+  if type(x) ~= type(y) then x, y = tostring(x), tostring(y) end
+  if x == y then return 0 end
+  local less = x < y
+  if it.dir == "desc" then less = not less end
+  return less and -1 or 1
+end
+
+-- Where a hit's sort values sort against a tuple of values (another hit's, or search_after's).
+local function cmp_values(a, b, sorts)
+  for i, it in ipairs(sorts) do
+    local c = cmp_value(a[i], b[i], it)
+    if c ~= 0 then return c end
+  end
+  return 0
+end
+
+-- search_after (SearchAfterBuilder.fromXContent): an array of strings, numbers, booleans
+-- and nulls, at least one; anything else is the key ES's parser does not know.
+local function parse_search_after(v)
+  if v == nil then return nil end
+  if json_kind(v) ~= "START_ARRAY" then
+    errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(v) .. " in [search_after].")
+  end
+  for _, e in ipairs(v) do
+    local k = json_kind(e)
+    if k == "START_OBJECT" or k == "START_ARRAY" then
+      errors.raise(400, "parsing_exception", "Expected [VALUE_STRING] or [VALUE_NUMBER] or [VALUE_BOOLEAN] or " ..
+        "[VALUE_NULL] but found [" .. k .. "] inside search_after.")
+    end
+  end
+  if #v == 0 then errors.raise(400, "illegal_argument_exception", "Values must contains at least one value.") end
+  return v
+end
+
+-- The Lucene sort type a clause compares with on this index (SearchAfterBuilder.extractSortType).
+local INT_SORTED = { integer = true, short = true, byte = true, boolean = true }
+local BOXED = { int = "java.lang.Integer.intValue()", long = "java.lang.Long.longValue()",
+  double = "java.lang.Double.doubleValue()", float = "java.lang.Float.floatValue()" }
+local function sort_kind(ty, it)
+  if it.field == "_doc" then return "int" end
+  if it.field == "_score" then return "float" end
+  if INT_SORTED[ty] then return "int" end
+  if LONG_SORTED[ty] then return "long" end
+  if ty == "double" or ty == "scaled_float" then return "double" end
+  if FLOAT_SORTED[ty] then return "float" end
+  return "string"
+end
+
+-- The search_after values for one index's shard (SearchService.parseSource, then
+-- SearchAfterBuilder.buildFieldDoc and the comparators' setTopValue), in the space
+-- sort_value puts a hit's values in: a value equal to what a document without the field
+-- sorts as (Long.MIN/MAX, -/+Infinity) is that document's nil.
+local function search_after_values(idx, after, sorts, from)
+  local function fail(status, etype, reason, opts)
+    error(errors.search_phase(idx.name, errors.new(status, etype, reason, nil, opts)), 0)
+  end
+  if from > 0 then fail(500, "search_exception", "`from` parameter must be set to 0 when `search_after` is used.") end
+  if not sorts or (#sorts == 1 and sorts[1].field == "_score" and sorts[1].dir == "desc") then
+    fail(400, "illegal_argument_exception", "Sort must contain at least one field.")
+  end
+  if #after ~= #sorts then
+    fail(400, "illegal_argument_exception", "search_after has " .. #after .. " value(s) but sort has " .. #sorts .. ".")
+  end
+  local out = {}
+  for i, it in ipairs(sorts) do
+    local v = after[i]
+    local ty = it.field == "_index" and "keyword" or (mapping.type_of(idx.types, it.field) or it.unmapped_type)
+    local kind = sort_kind(ty, it)
+    if v == null then
+      -- a numeric comparator's setTopValue unboxes it
+      if BOXED[kind] then
+        fail(500, "null_pointer_exception", 'Cannot invoke "' .. BOXED[kind] .. '" because "value" is null')
+      end
+    elseif kind == "string" then
+      if type(v) == "number" then v = json.number(v) else v = tostring(v) end
+      if ty == "ip" then
+        local b = mapping.ip_bytes(v)
+        if not b then fail(400, "illegal_argument_exception", "'" .. v .. "' is not an IP string literal.") end
+        v = b
+      end
+      out[i] = v
+    else
+      local x = type(v) == "number" and v or nil
+      if x == nil and type(v) == "string" then
+        if v == "Infinity" or v == "-Infinity" then
+          if kind == "double" or kind == "float" then x = v == "Infinity" and math.huge or -math.huge end
+        elseif mapping.is_date(ty) and not v:match("^%-?%d+$") then x = dates.parse(v)
+        else x = tonumber(v) end
+      end
+      if x == nil then
+        local text = tostring(v)
+        fail(400, "illegal_argument_exception", "Failed to parse search_after value for field [" .. it.field .. "].",
+          { caused_by = { type = "number_format_exception", reason = 'For input string: "' .. text .. '"' } })
+      end
+      if kind == "int" then x = x < 0 and math.ceil(x) or math.floor(x) end
+      local miss = missing_sort_value(ty, it)
+      if kind == "long" and miss and x == tonumber(miss[1]) then x = nil
+      elseif (kind == "double" or kind == "float") and miss and ((miss == "Infinity" and x == math.huge) or
+          (miss == "-Infinity" and x == -math.huge)) then x = nil
+      elseif ty == "date_nanos" and (type(v) == "number" or v:match("^%-?%d+$")) then x = x / 1e6 end
+      out[i] = x
+    end
+  end
+  return out
+end
+
 local function total_hits(n, tth, as_int)
   if tth == false then
     if as_int then return -1 end
@@ -324,6 +436,7 @@ function _M.search(expr, params, body, started, path)
     end
   end
   local sorts = parse_sort(params.sort or body.sort)
+  local after = parse_search_after(body.search_after)
   local srcf = source_filter.parse(params._source ~= nil and params._source or body._source,
     params._source_includes, params._source_excludes)
   local agg_spec = body.aggs or body.aggregations
@@ -351,8 +464,9 @@ function _M.search(expr, params, body, started, path)
   -- window, sort or aggregations fail is a shard failure; the others' results are returned
   -- with _shards.failed / failures (AbstractSearchAsyncAction), unless every shard failed.
   local ok_idxs, failures = {}, {}
+  local matched, all_max = 0, nil   -- every hit (search_after leaves some out of hits), the top score
   for _, idx in ipairs(idxs) do
-    local idx_hits, idx_docs = {}, {}
+    local idx_hits, idx_docs, idx_matched, idx_max = {}, {}, 0, nil
     local okr, err = pcall(function()
       local matcher = compile_on(q, idx)
       local pf = post and compile_on(post, idx)
@@ -363,6 +477,7 @@ function _M.search(expr, params, body, started, path)
             :format(window, from + size))), 0)
       end
       for _, it in ipairs(sorts or {}) do sort_check(idx, it) end
+      local idx_after = after and search_after_values(idx, after, sorts, from)
       for _, rec in ipairs(idx.visible_list) do
         local ok, score = false, 0
         if not rec.dead then ok, score = matcher(rec) end
@@ -373,9 +488,13 @@ function _M.search(expr, params, body, started, path)
             local h = { rec = rec, score = score, index = idx.name, types = idx.types, order = order }
             if sorts then
               h.sv = {}
-              for _, it in ipairs(sorts) do h.sv[#h.sv + 1] = sort_value(h, it) end
+              for i, it in ipairs(sorts) do h.sv[i] = sort_value(h, it) end
             end
-            idx_hits[#idx_hits + 1] = h
+            idx_matched = idx_matched + 1
+            if idx_max == nil or score > idx_max then idx_max = score end
+            -- search_after: only the hits after those values (a tie is not after them: ES's
+            -- FieldDoc for search_after has doc id Integer.MAX_VALUE), counted all the same
+            if not idx_after or cmp_values(h.sv, idx_after, sorts) > 0 then idx_hits[#idx_hits + 1] = h end
           end
         end
       end
@@ -390,6 +509,8 @@ function _M.search(expr, params, body, started, path)
       mapping.inherit(agg_types, idx.types)
       for _, rec in ipairs(idx_docs) do all_docs[#all_docs + 1] = rec end
       for _, h in ipairs(idx_hits) do hits[#hits + 1] = h end
+      matched = matched + idx_matched
+      if idx_max ~= nil and (all_max == nil or idx_max > all_max) then all_max = idx_max end
     elseif errors.is(err) and err.shard_failure then
       failures[#failures + 1] = err
     else
@@ -405,15 +526,8 @@ function _M.search(expr, params, body, started, path)
   local by_score = sorts == nil
   if sorts then
     table.sort(hits, function(a, b)
-      for i, it in ipairs(sorts) do
-        local x, y = a.sv[i], b.sv[i]
-        if x ~= y then
-          if x == nil then return it.missing == "_first" end
-          if y == nil then return it.missing ~= "_first" end
-          if type(x) ~= type(y) then x, y = tostring(x), tostring(y) end
-          if it.dir == "asc" then return x < y else return x > y end
-        end
-      end
+      local c = cmp_values(a.sv, b.sv, sorts)
+      if c ~= 0 then return c < 0 end
       return a.order < b.order
     end)
     for _, it in ipairs(sorts) do if it.field == "_score" then by_score = true end end
@@ -429,9 +543,7 @@ function _M.search(expr, params, body, started, path)
 
   local out_hits = json.array()
   local max_score
-  if track_scores then
-    for _, h in ipairs(hits) do if max_score == nil or h.score > max_score then max_score = h.score end end
-  end
+  if track_scores then max_score = all_max end
   -- stored_fields: [] drops _source; "_none_" drops _id and _source too
   local sf = params.stored_fields or body.stored_fields
   local none = false
@@ -470,8 +582,8 @@ function _M.search(expr, params, body, started, path)
     end
     out_hits[#out_hits + 1] = hit
   end
-  local hits_obj = json.obj("total", total_hits(#hits, tth, as_int),
-    "max_score", (max_score ~= nil and #hits > 0 and size > 0) and json.float(max_score) or null, "hits", out_hits)
+  local hits_obj = json.obj("total", total_hits(matched, tth, as_int),
+    "max_score", (max_score ~= nil and matched > 0 and size > 0) and json.float(max_score) or null, "hits", out_hits)
   ngx.update_time()
   local took = math.floor((ngx.now() - (started or ngx.now())) * 1000)
   local res = json.obj("took", took, "timed_out", false, "_shards", shards_obj(idxs, failures), "hits", hits_obj)
