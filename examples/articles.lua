@@ -14,7 +14,10 @@
 local _M = {}
 
 _M.PAGE_SIZE = 20
-_M.MAX_READS = 10000 -- reads since the bulk load, per article, that one search returns
+_M.READS_PAGE = 10000 -- reads one search returns (index.max_result_window's default)
+_M.MAX_READS = 1000000 -- reads since the bulk load one article may have: past it,
+                       -- load_readers raises (bulk-load the reader sets again) rather than
+                       -- building an ever larger list in memory
 
 local WORDS = { "lua", "nginx", "elasticsearch", "cache", "bitmap", "beacon", "spike", "pool",
   "rollup", "timeout", "gzip", "bulk", "shard", "worker", "queue", "latency" }
@@ -41,18 +44,32 @@ function _M.page_loader(call)
   end
 end
 
---- load_readers for esx.cache: article_id -> list of user ids who read it.
+--- load_readers for esx.cache: article_id -> list of user ids who read it: the bulk-loaded
+-- set plus every read recorded since, paged READS_PAGE at a time with search_after on
+-- user_id (unique within an article, so no read is skipped or repeated between pages), and
+-- an error past MAX_READS recorded reads.
 function _M.readers_loader(call)
   return function(article_id)
     local doc, err = call("GET", "/readers/_doc/" .. article_id)
     if not doc and err.kind ~= "not_found" then error(tostring(err)) end
     local ids = {}
     for i, id in ipairs(doc and doc._source.user_ids or {}) do ids[i] = id end
-    local res, serr = call("POST", "/reads/_search", {
-      size = _M.MAX_READS, query = { term = { article_id = article_id } }, _source = { "user_id" },
-    })
-    if not res then error(tostring(serr)) end
-    for _, hit in ipairs(res.hits.hits) do ids[#ids + 1] = hit._source.user_id end
+    local reads, after = 0, nil
+    repeat
+      local res, serr = call("POST", "/reads/_search", {
+        size = _M.READS_PAGE, query = { term = { article_id = article_id } }, _source = { "user_id" },
+        sort = { { user_id = "asc" } }, search_after = after, track_total_hits = false,
+      })
+      if not res then error(tostring(serr)) end
+      local hits = res.hits.hits
+      reads = reads + #hits
+      if reads > _M.MAX_READS then
+        error(("article %d has more than %d reads since the bulk load (MAX_READS): load its reader set again")
+          :format(article_id, _M.MAX_READS))
+      end
+      for _, hit in ipairs(hits) do ids[#ids + 1] = hit._source.user_id end
+      after = hits[#hits] and hits[#hits].sort
+    until #hits < _M.READS_PAGE
     return ids
   end
 end

@@ -146,6 +146,59 @@ describe("examples (plain Lua)", function()
   end)
 end)
 
+describe("examples/articles.lua readers_loader", function()
+  local es, articles, call
+  setup(function()
+    es = ds.start{}
+    package.path = "./examples/?.lua;" .. package.path
+    articles = require "articles"
+    local esx = require "esx"
+    local client = assert(esx.client{ hosts = { es.url }, request_timeout = 30000 })
+    call = function(method, path, body)   -- as examples/cache_service.lua's
+      local res, err = client:request(method, path, body)
+      if not res then return nil, err end
+      return cjson.decode(res.body)
+    end
+    -- the mappings examples/bulk_load.lua creates; article 7: a bulk-loaded set of 3 users
+    -- and 10,050 reads recorded since (one more page than index.max_result_window)
+    assert.equal(200, (es:request("PUT", "/readers", cjson.encode{ mappings = { properties = {
+      article_id = { type = "long" }, user_ids = { type = "long" } } } })))
+    assert.equal(200, (es:request("PUT", "/reads", cjson.encode{ mappings = { properties = {
+      article_id = { type = "long" }, user_id = { type = "long" } } } })))
+    assert.equal(201, (es:request("PUT", "/readers/_doc/7", cjson.encode{ article_id = 7, user_ids = { 1, 2, 3 } })))
+    local lines = {}
+    for u = 101, 10150 do
+      local id, doc = articles.read_doc(7, u)
+      lines[#lines + 1] = '{"index":{"_index":"reads","_id":"' .. id .. '"}}\n' .. cjson.encode(doc)
+    end
+    lines[#lines + 1] = '{"index":{"_index":"reads","_id":"8-5"}}\n{"article_id":8,"user_id":5}'
+    local st = es:request("POST", "/_bulk?refresh=true", table.concat(lines, "\n") .. "\n",
+      { ["Content-Type"] = "application/x-ndjson" }, { timeout = 60 })
+    assert.equal(200, st)
+  end)
+  teardown(function() es:stop() end)
+
+  it("loads every read, past the 10,000 hits one search returns", function()
+    local ids = articles.readers_loader(call)(7)
+    assert.equal(3 + 10050, #ids)
+    local set = {}
+    for _, u in ipairs(ids) do assert.is_nil(set[u], u); set[u] = true end
+    for _, u in ipairs({ 1, 2, 3, 101, 10100, 10101, 10150 }) do assert.is_true(set[u], u) end
+    assert.same({ 5 }, articles.readers_loader(call)(8))
+  end)
+
+  it("raises a clear error past MAX_READS instead of growing without a bound", function()
+    local max = articles.MAX_READS
+    finally(function() articles.MAX_READS = max end)
+    articles.MAX_READS = 10049
+    local ok, err = pcall(articles.readers_loader(call), 7)
+    assert.is_false(ok)
+    assert.matches("article 7 has more than 10049 reads since the bulk load %(MAX_READS%)", err)
+    articles.MAX_READS = 10050
+    assert.equal(10053, #articles.readers_loader(call)(7))
+  end)
+end)
+
 describe("the example nginx and the demo #nginx", function()
   it("examples/nginx/run serves the collector, articles, metrics, stats and the dashboard", function()
     local es = ds.start{}
