@@ -3441,6 +3441,23 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same({ error = "no handler found for uri [/a/b/c/d] and method [GET]" }, b)
     end)
+    it("ES APIs at /_x that esxd lacks are 400 no handler found, not 405 allowed: [PUT]", function()
+      -- PUT /{index} takes any name (an invalid one is its 400), but esxd has no handler for
+      -- GET /_alias, POST /_aliases, GET /_stats, ...: saying only PUT is allowed is untrue
+      for _, r in ipairs({ { "GET", "/_alias" }, { "POST", "/_aliases" }, { "GET", "/_stats" },
+          { "DELETE", "/_foo" }, { "GET", "/_alias?local=true" } }) do
+        local st, b = jreq(r[1], r[2])
+        assert.equal(400, st, r[2])
+        assert.same({ error = "no handler found for uri [" .. r[2] .. "] and method [" .. r[1] .. "]" }, b)
+      end
+      local st, _, h = req("HEAD", "/_alias")
+      assert.equal(400, st)
+      assert.is_nil(h.allow)
+      local b
+      st, b = jreq("PUT", "/_alias")
+      assert.equal(400, st)
+      assert.equal("invalid_index_name_exception", b.error.type)
+    end)
     it("wrong methods are 405", function()
       local st, b = jreq("DELETE", "/_search")
       assert.equal(405, st)

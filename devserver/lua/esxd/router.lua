@@ -69,7 +69,11 @@ end
 function _M.find(method, segs, raw_path)
   local allowed
   for _, r in ipairs(routes) do
-    local vars = (r[1][1] ~= ":new" or allowed == nil) and match(r[1], segs)
+    -- PUT /{index} takes any name, "_x" too (ES's invalid index name 400); other methods on
+    -- "/_x" are ES APIs esxd lacks (GET /_alias, POST /_aliases, ...): no handler, not 405
+    local new = r[1][1] == ":new"
+    local vars = (not new or (allowed == nil and (r[2][method] or segs[1] == nil or segs[1]:sub(1, 1) ~= "_")))
+      and match(r[1], segs)
     if vars then
       local h = r[2][method]
       if h then return h, vars end
