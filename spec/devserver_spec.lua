@@ -1414,6 +1414,18 @@ describe("esxd", function()
       _, _, body = req("GET", "/fpe/_search?filter_path=hits.hits._id")
       assert.equal("{}", body)
     end)
+    it("filter_path keeps numbers exactly as the response has them", function()
+      jreq("PUT", "/fpn", { mappings = { properties = { n = { type = "long" }, f = { type = "double" } } } })
+      req("POST", "/_bulk?refresh=true", '{"index":{"_index":"fpn","_id":"1"}}\n{"b":9007199254740993,"f":1.0,"n":9007199254740991,"s":"-12 e5"}\n' ..
+        '{"index":{"_index":"fpn","_id":"2"}}\n{"x":1}\n', NDJSON)
+      local _, _, body = req("GET", "/fpn/_search?sort=n:asc&filter_path=hits.hits.sort,hits.hits._source")
+      assert.equal('{"hits":{"hits":[{"_source":{"b":9007199254740993,"f":1.0,"n":9007199254740991,"s":"-12 e5"},"sort":[9007199254740991]},' ..
+        '{"_source":{"x":1},"sort":[9223372036854775807]}]}}', body)
+      _, _, body = req("GET", "/fpn/_search?sort=n:desc&filter_path=hits.hits.sort")
+      assert.equal('{"hits":{"hits":[{"sort":[9007199254740991]},{"sort":[-9223372036854775808]}]}}', body)
+      _, _, body = req("GET", "/fpn/_search?size=0&filter_path=hits.max_score,-hits.total")
+      assert.equal('{"hits":{"max_score":null}}', body)
+    end)
     it("\"ignore_malformed\" keeps a malformed value in _source only, as ES does", function()
       assert.equal(200, (jreq("PUT", "/imal", { mappings = { properties = {
         n = { type = "long", ignore_malformed = true }, d = { type = "date", ignore_malformed = true },

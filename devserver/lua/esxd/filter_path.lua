@@ -60,10 +60,39 @@ local function exclude(v, p)
   end
 end
 
+-- Numbers pass through the filter as the text they were (a Long.MAX_VALUE sort value must not
+-- come back as 9.2233720368547758e+18, nor 1.0 as 1): outside strings, each number becomes a
+-- marked string before decoding, and its text again in the filtered output.
+local MARKED = '"\\u0000esxd%-number\\u0000([^"]*)"'
+local find, sub = string.find, string.sub
+
+local function mark_numbers(s)
+  local out, pos, i = {}, 1, 1
+  while true do
+    local j = find(s, '["%-%d]', i)
+    if not j then break end
+    if sub(s, j, j) == '"' then
+      local k = j + 1
+      while true do
+        local q = find(s, '["\\]', k)
+        if not q then return s end -- an unterminated string: leave the text to the decoder
+        if sub(s, q, q) == "\\" then k = q + 2 else i = q + 1; break end
+      end
+    else
+      local e = find(s, "[^%-%+%.%deE]", j) or #s + 1
+      out[#out + 1] = sub(s, pos, j - 1)
+      out[#out + 1] = '"\\u0000esxd-number\\u0000' .. sub(s, j, e - 1) .. '"'
+      pos, i = e, e
+    end
+  end
+  out[#out + 1] = sub(s, pos)
+  return table.concat(out)
+end
+
 -- Apply a filter_path expression to a JSON text; returns the filtered JSON text.
 function _M.apply(expr, text)
   if text == "" then return text end
-  local v = json.decode(text)
+  local v = json.decode(mark_numbers(text))
   if type(v) ~= "table" then return text end
   local inc, exc = {}, {}
   for part in expr:gmatch("[^,]+") do
@@ -78,7 +107,7 @@ function _M.apply(expr, text)
   end
   if #inc > 0 then v = include(v, inc) or {} end
   for _, p in ipairs(exc) do exclude(v, p) end
-  return json.encode(v)
+  return (json.encode(v):gsub(MARKED, "%1"))
 end
 
 return _M
