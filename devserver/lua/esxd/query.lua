@@ -232,6 +232,31 @@ end
 
 local builders = {}
 
+-- The name of the index a query is being compiled for (nil when it is only parsed): the
+-- _index metadata field compares its terms with it.
+local compiling_index
+
+-- IndexFieldType.termQuery / termsQuery: a constant query, every document of the index when a
+-- value matches its name (Regex.simpleMatch: "*" wildcards; case_insensitive for term), else none.
+local function index_terms(list, ci)
+  local name = compiling_index
+  local hit = false
+  for _, v in ipairs(list) do
+    if name and not hit then
+      local pat = tostring(v)
+      if ci then pat = pat:lower() end
+      local subject = ci and name:lower() or name
+      if pat:find("*", 1, true) then
+        hit = subject:match("^" .. pat:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$") ~= nil
+      else
+        hit = pat == subject
+      end
+    end
+  end
+  if hit then return function() return true, 1.0 end end
+  return builders.match_none()
+end
+
 builders.match_all = function() return function() return true, 1.0 end end
 builders.match_none = function() return function() return false, 0 end end
 
@@ -248,6 +273,7 @@ builders.term = function(body, types)
   if type(v) == "table" then perr("[term] query does not support array of values") end
   -- the _id metadata field: IdFieldType.termQuery is the ids query
   if field == "_id" then return builders.ids({ values = { v } }) end
+  if field == "_index" then return index_terms({ v }, ci) end
   local ty = mapping.type_of(types, field)
   v = check_term_value(types, field, ty, v) or v
   return function(rec)
@@ -322,6 +348,7 @@ builders.terms = function(body, types)
     perr("[terms] query does not support [" .. field .. "]")
   end
   if field == "_id" then return builders.ids({ values = list }) end -- IdFieldType.termsQuery
+  if field == "_index" then return index_terms(list) end
   local ty = mapping.type_of(types, field)
   -- TermsQueryBuilder.doToQuery (a field that is not mapped was rewritten to match_none)
   local max = mapping.limits_of(types).max_terms_count or 65536
@@ -777,7 +804,11 @@ compile = function(q, types)
   return b(body, types)
 end
 
-_M.compile = compile
+-- compile(query, types[, index name]) -> matcher(rec) -> matched, score
+function _M.compile(q, types, index)
+  compiling_index = index
+  return compile(q, types)
+end
 _M.is_obj = is_obj
 
 return _M

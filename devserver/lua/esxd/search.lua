@@ -366,7 +366,7 @@ local REQUEST_MINIMUMS = {
 -- stay as they are. SearchExecutionContext.toQuery wraps what building the query throws in a
 -- query_shard_exception "failed to create query: ..." naming the index.
 local function compile_on(q, idx)
-  local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types)
+  local okq, matcher = pcall(query.compile, q or { match_all = {} }, idx.types, idx.name)
   if not okq then
     local e = matcher
     local where = { "index_uuid", idx.uuid, "index", idx.name }
