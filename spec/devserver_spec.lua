@@ -1955,6 +1955,21 @@ describe("esxd", function()
         format = "strict_date_optional_time||epoch_millis" } } } })
       assert.equal(200, st)
     end)
+    it("range reads its bounds with format epoch_second, numbers and strings alike, as ES does", function()
+      local function hits(range)
+        local st, b = search("/events-*/_search", { query = { range = { ts = range } }, sort = { "_doc" } })
+        assert.equal(200, st, cjson.encode(b))
+        return ids(b)
+      end
+      -- 1704070800 s is 2024-01-01T01:00:00Z
+      assert.same({ "4", "5" }, hits({ gte = 1704070800, format = "epoch_second" }))
+      assert.same({ "4", "5" }, hits({ gte = "1704070800", format = "epoch_second" }))
+      assert.same({ "1", "2", "3" }, hits({ lt = 1704070800, format = "epoch_second" }))
+      assert.same({ "1" }, hits({ lt = "1704067230", format = "strict_date_optional_time||epoch_second" }))
+      assert.same({ "1" }, hits({ lt = "2024-01-01T00:00:30Z", format = "strict_date_optional_time||epoch_second" }))
+      -- without a format a number stays epoch millis
+      assert.same({ "1", "2", "3", "4", "5" }, hits({ gte = 1704070800 }))
+    end)
     it("range applies a time_zone that is a UTC offset to dates without one and to rounding", function()
       -- RangeQueryBuilder's time_zone (ZoneId.of): dates without their own offset are local times
       -- there, date math rounds there, epoch millis and dates with an offset are instants

@@ -439,8 +439,16 @@ builders.wildcard = function(body, types)
   end
 end
 
-local ISO_FORMATS = { strict_date_optional_time = true, date_optional_time = true, epoch_millis = true,
-  ["strict_date_optional_time||epoch_millis"] = true, ["date_optional_time||epoch_millis"] = true }
+-- The range formats esxd reads: these parsers, alone or joined with "||"
+local RANGE_FORMATS = { strict_date_optional_time = true, date_optional_time = true, epoch_millis = true,
+  epoch_second = true }
+local function range_format_ok(f)
+  if type(f) ~= "string" or f == "" then return false end
+  for part in (f .. "||"):gmatch("(.-)||") do
+    if not RANGE_FORMATS[part] then return false end
+  end
+  return true
+end
 local RANGE_KEYS = { gt = true, gte = true, lt = true, lte = true, format = true, time_zone = true,
   boost = true, relation = true, from = true, to = true, include_lower = true, include_upper = true }
 
@@ -460,7 +468,7 @@ builders.range = function(body, types)
     -- esxd's dates are ISO-8601 / epoch millis in fixed UTC offsets only: region time zones and
     -- other formats are refused
     if k == "time_zone" and not dates.zone_offset(val) then perr("[range] query does not support [time_zone]") end
-    if k == "format" and not ISO_FORMATS[val] then perr("[range] query does not support [format]") end
+    if k == "format" and not range_format_ok(val) then perr("[range] query does not support [format]") end
   end
   searchable(types, field)
   local ty = mapping.type_of(types, field)
@@ -491,6 +499,8 @@ builders.range = function(body, types)
   local zone_ms = spec.time_zone and dates.zone_offset(spec.time_zone)
   local function conv(x, round_up)
     if x == nil or x == null then return nil end
+    -- the query's own format parses numbers too (as their text: epoch_second's are seconds)
+    if is_date and spec.format and type(x) == "number" then x = json.number(x) end
     if is_date then return date_value(x, round_up, format, zone_ms, ty) end
     if ty and mapping.NUMERIC[ty] then
       local n = tonumber(x)
