@@ -492,6 +492,33 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.equal("document_parsing_exception", b.error.type)
     end)
+    it("detects yyyy/MM/dd dates as ES's default dynamic_date_formats do, with that format", function()
+      local SLASH = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"
+      put_doc("slashd", "1", { d = "2015/09/02", t = "2015/09/02 10:00:00", x = "2015/9/2" })
+      put_doc("slashd", "2", { d = "2015/09/03", t = "2015/09/02 11:30:00" })
+      local st, b = jreq("GET", "/slashd/_mapping")
+      assert.equal(200, st)
+      local props = b.slashd.mappings.properties
+      assert.same({ type = "date", format = SLASH }, props.d)
+      assert.same({ type = "date", format = SLASH }, props.t)
+      assert.equal("text", props.x.type)   -- MM and dd take two digits
+      local function hits(q, sort)
+        local st2, r = jreq("POST", "/slashd/_search", { query = q, sort = { { [sort or "d"] = "asc" } } })
+        assert.equal(200, st2, cjson.encode(r))
+        return ids(r), r
+      end
+      local got, r = hits({ match_all = {} })
+      assert.same({ "1", "2" }, got)
+      assert.same({ 1441152000000 }, r.hits.hits[1].sort)
+      assert.same({ "1" }, (hits({ range = { d = { lte = "2015/09/02" } } })))
+      assert.same({ "2" }, (hits({ term = { d = "2015/09/03" } })))
+      assert.same({ "2" }, (hits({ range = { t = { gt = "2015/09/02 10:00:00" } } }, "t")))
+      -- a field of the default format (strict_date_optional_time||epoch_millis) refuses them
+      put_doc("isod", "1", { d = "2015-09-02" })
+      st, b = jreq("PUT", "/isod/_doc/2", { d = "2015/09/02" })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
+    end)
   end)
 
   describe("documents", function()

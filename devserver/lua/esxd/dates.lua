@@ -31,9 +31,20 @@ local function civil_from_days(z)
 end
 _M.civil_from_days = civil_from_days
 
+-- The second of ES's default dynamic_date_formats (RootObjectMapper's
+-- DYNAMIC_DATE_TIME_FORMATTERS after strict_date_optional_time): a string it reads makes a
+-- date field with this mapping format.
+_M.SLASH_FORMAT = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"
+
+-- Is s written as SLASH_FORMAT's patterns write dates ("2015/09/02", "2015/09/02 10:00:00")?
+function _M.is_slash(s)
+  return type(s) == "string" and (s:match("^%d%d%d%d/%d%d/%d%d$") or s:match("^%d%d%d%d/%d%d/%d%d %d%d:%d%d:%d%d$")) ~= nil
+end
+
 -- Does this string look like a date for dynamic date detection?
 function _M.looks_like_date(s)
-  return type(s) == "string" and (s:match("^%d%d%d%d%-%d%d%-%d%d$") or s:match("^%d%d%d%d%-%d%d%-%d%dT%d%d")) ~= nil
+  return type(s) == "string" and (s:match("^%d%d%d%d%-%d%d%-%d%d$") or s:match("^%d%d%d%d%-%d%d%-%d%dT%d%d")
+    or _M.is_slash(s)) ~= nil
 end
 
 -- Parse to epoch milliseconds; returns number or nil. round_up: ES's round-up parser (range
@@ -47,6 +58,10 @@ function _M.parse(v, round_up, zone_ms, epoch)
   if type(v) == "number" then return v end
   if type(v) ~= "string" then return nil end
   if v:match("^%-?%d+$") and (epoch or not v:match("^%d%d%d%d$")) then return tonumber(v) end
+  if _M.is_slash(v) then -- SLASH_FORMAT's dates (which fields take them: mapping.date_fits)
+    return _M.parse(v:sub(1, 4) .. "-" .. v:sub(6, 7) .. "-" .. v:sub(9, 10) .. (#v > 10 and ("T" .. v:sub(12)) or ""),
+      round_up, zone_ms, epoch)
+  end
   local y, mo, d, rest = v:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)(.*)$")
   if not y then
     y, mo, rest = v:match("^(%d%d%d%d)%-(%d%d)(.*)$")

@@ -336,6 +336,13 @@ local function map_new(types, path, name, v, no_dates)
   end
   types[path] = ty
   if ty == "text" then dynamic_keyword(types, path) end
+  if ty == "date" and dates.is_slash(v) then
+    -- detected by the second default dynamic date format: the field has it as its format
+    local formats = formats_by_types[types]
+    if formats then formats[path] = dates.SLASH_FORMAT end
+    template_defs_by_types[types] = template_defs_by_types[types] or {}
+    template_defs_by_types[types][path] = { type = "date", format = dates.SLASH_FORMAT }
+  end
 end
 
 local function learn(types, obj, prefix, no_dates, dynamic)
@@ -542,6 +549,8 @@ local function date_fits(v, format, text)
   if epoch_only(format) then
     return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
   end
+  -- "2015/09/02" only where the format has those patterns (a dynamically detected one)
+  if dates.is_slash(v) and not (type(format) == "string" and format:find("yyyy/MM/dd", 1, true)) then return false end
   return dates.parse(v) ~= nil
 end
 _M.date_fits = date_fits
