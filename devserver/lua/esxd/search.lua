@@ -575,6 +575,14 @@ function _M.search(expr, params, body, started, path)
           v = json.raw(string.format("%d", v) .. (v ~= 0 and "000000" or ""))
         end
         if type(v) == "string" and h.types and mapping.type_of(h.types, it.field) == "ip" then v = mapping.ip_format(v) end
+        -- a long sort value is a JSON integer, 1e17 is 100000000000000000 (json.number writes
+        -- numbers past 2^53 with an exponent); esxd's values are doubles, so past 2^53 it is the
+        -- nearest double's integer, and at 2^63 Long.MAX / MIN
+        if type(v) == "number" and v == math.floor(v) and (v >= 2 ^ 53 or v <= -2 ^ 53) and h.types
+            and LONG_SORTED[mapping.type_of(h.types, it.field) or it.unmapped_type] then
+          v = json.raw(v >= 2 ^ 63 and "9223372036854775807" or v <= -2 ^ 63 and "-9223372036854775808"
+            or string.format("%d", v))
+        end
         if v == nil and h.types then v = missing_sort_value(mapping.type_of(h.types, it.field) or it.unmapped_type, it) end
         sv[k] = v == nil and null or v
       end
