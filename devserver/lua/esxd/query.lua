@@ -236,25 +236,28 @@ local builders = {}
 -- _index metadata field compares its terms with it.
 local compiling_index
 
--- IndexFieldType.termQuery / termsQuery: a constant query, every document of the index when a
--- value matches its name (Regex.simpleMatch: "*" wildcards; case_insensitive for term), else none.
-local function index_terms(list, ci)
+-- The _index field's queries (IndexFieldType, a ConstantFieldType): every document of the
+-- index when its name matches (matches(name): ci, the name lower-cased), else none.
+local function index_query(ci, matches)
   local name = compiling_index
-  local hit = false
-  for _, v in ipairs(list) do
-    if name and not hit then
+  if name and matches(ci and name:lower() or name) then return function() return true, 1.0 end end
+  return builders.match_none()
+end
+
+-- termQuery / termsQuery: a value matching the name (Regex.simpleMatch: "*" wildcards)
+local function index_terms(list, ci)
+  return index_query(ci, function(name)
+    for _, v in ipairs(list) do
       local pat = tostring(v)
       if ci then pat = pat:lower() end
-      local subject = ci and name:lower() or name
       if pat:find("*", 1, true) then
-        hit = subject:match("^" .. pat:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$") ~= nil
-      else
-        hit = pat == subject
+        if name:match("^" .. pat:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$") then return true end
+      elseif pat == name then
+        return true
       end
     end
-  end
-  if hit then return function() return true, 1.0 end end
-  return builders.match_none()
+    return false
+  end)
 end
 
 builders.match_all = function() return function() return true, 1.0 end end
@@ -404,6 +407,9 @@ builders.prefix = function(body, types)
   local ci = false
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value end
   v = tostring(v)
+  if field == "_index" then
+    return index_query(ci, function(name) return name:sub(1, #v) == (ci and v:lower() or v) end)
+  end
   local ty = mapping.type_of(types, field)
   return function(rec)
     for _, dv in ipairs(values(rec.source, field, types)) do
@@ -426,6 +432,7 @@ builders.wildcard = function(body, types)
   if is_obj(v) then ci = v.case_insensitive == true; v = v.value or v.wildcard end
   if ci then v = tostring(v):lower() end
   local pat = "^" .. tostring(v):gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+  if field == "_index" then return index_query(ci, function(name) return name:match(pat) ~= nil end) end
   local ty = mapping.type_of(types, field)
   return function(rec)
     for _, dv in ipairs(values(rec.source, field, types)) do
@@ -550,6 +557,8 @@ builders.match = function(body, types)
     lenient = v.lenient == true or v.lenient == "true"
     v = v.query
   end
+  -- _index: the name is one term (its term query), as for a keyword
+  if field == "_index" then return index_terms({ v }) end
   local ty = mapping.type_of(types, field)
   if ty ~= "text" and ty ~= nil then
     -- keyword / numeric / date / boolean: the query is not tokenised but is the field's term
