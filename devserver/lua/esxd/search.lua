@@ -79,8 +79,8 @@ local KNOWN = { query = true, from = true, size = true, sort = true, _source = t
   script_fields = true, stats = true }
 _M.KNOWN = KNOWN
 -- Valid in ES but not implemented by esxd: refused (with ES's unknown-key error) rather than
--- ignored, since ignoring them changes which hits come back (search_after would return the
--- first page forever) or leaves out what the caller asked for. explain / profile: only false.
+-- ignored, since ignoring them changes which hits come back (collapse, terminate_after) or
+-- leaves out what the caller asked for. explain / profile: only false.
 local UNSUPPORTED = { pit = true, collapse = true, terminate_after = true, rescore = true,
   indices_boost = true, script_fields = true, runtime_mappings = true, highlight = true, suggest = true,
   docvalue_fields = true, fields = true, explain = "unless_false", profile = "unless_false" }
@@ -330,7 +330,7 @@ local function search_after_values(idx, after, sorts, from)
       end
       if kind == "int" then x = x < 0 and math.ceil(x) or math.floor(x) end
       local miss = missing_sort_value(ty, it)
-      if kind == "long" and miss and x == tonumber(miss[1]) then x = nil
+      if (kind == "long" or kind == "int") and miss and x == tonumber(miss[1]) then x = nil
       elseif (kind == "double" or kind == "float") and miss and ((miss == "Infinity" and x == math.huge) or
           (miss == "-Infinity" and x == -math.huge)) then x = nil
       elseif ty == "date_nanos" and (type(v) == "number" or v:match("^%-?%d+$")) then x = x / 1e6 end
