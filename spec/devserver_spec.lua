@@ -397,6 +397,15 @@ describe("esxd", function()
       assert.equal("Failed to parse mapping: unknown parameter [bogus] on mapper [k] of type [keyword]", b.error.reason)
     end)
     it("GET /{index}/_mapping and GET /_mapping show the mappings of each index, like ES", function()
+      -- with no index at all, _all (like "*") matches nothing without an error, as in ES
+      assert.equal(200, (req("DELETE", "/_esx/data")))
+      for _, p in ipairs({ "/_mapping", "/_all/_mapping", "/*/_mapping", "/_all", "/*" }) do
+        local st, _, body = req("GET", p)
+        assert.equal(200, st, p)
+        assert.equal("{}", body, p)
+      end
+      local st, _, body = req("GET", "/_mapping/field/x")
+      assert.equal(404, st); assert.equal("{}", body)
       req("PUT", "/gm1", { mappings = { properties = { k = { type = "keyword" } } } })
       put_doc("gm1", "1", { k = "a", s = "x" })
       req("PUT", "/gm2")

@@ -71,7 +71,9 @@ end
 local function resolve_strict(expr, ctx)
   local list = search.targets(expr, ctx.args)
   if #list == 0 and not (ctx.args.allow_no_indices == "true" or ctx.args.ignore_unavailable == "true") then
-    if expr:find("*", 1, true) then return list end
+    -- _all (what GET /_mapping targets) expands like "*": IndicesOptions.strictExpandOpen
+    -- allows it to match no index
+    if expr == "_all" or expr:find("*", 1, true) then return list end
     error(errors.index_not_found(expr), 0)
   end
   return list
