@@ -503,7 +503,7 @@ describe("esxd", function()
     end)
     it("detects yyyy/MM/dd dates as ES's default dynamic_date_formats do, with that format", function()
       local SLASH = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"
-      put_doc("slashd", "1", { d = "2015/09/02", t = "2015/09/02 10:00:00", x = "2015/9/2" })
+      put_doc("slashd", "1", { d = "2015/09/02", t = "2015/09/02 10:00:00", x = "2015/9/2", n = "42" })
       put_doc("slashd", "2", { d = "2015/09/03", t = "2015/09/02 11:30:00" })
       local st, b = jreq("GET", "/slashd/_mapping")
       assert.equal(200, st)
@@ -511,6 +511,7 @@ describe("esxd", function()
       assert.same({ type = "date", format = SLASH }, props.d)
       assert.same({ type = "date", format = SLASH }, props.t)
       assert.equal("text", props.x.type)   -- MM and dd take two digits
+      assert.equal("text", props.n.type)   -- nor is any digit string a date
       local function hits(q, sort)
         local st2, r = jreq("POST", "/slashd/_search", { query = q, sort = { { [sort or "d"] = "asc" } } })
         assert.equal(200, st2, cjson.encode(r))

@@ -43,8 +43,8 @@ end
 
 -- Does this string look like a date for dynamic date detection?
 function _M.looks_like_date(s)
-  return type(s) == "string" and (s:match("^%d%d%d%d%-%d%d%-%d%d$") or s:match("^%d%d%d%d%-%d%d%-%d%dT%d%d")
-    or _M.is_slash(s)) ~= nil
+  return type(s) == "string" and ((s:match("^%d%d%d%d%-%d%d%-%d%d$") or s:match("^%d%d%d%d%-%d%d%-%d%dT%d%d")) ~= nil
+    or _M.is_slash(s))
 end
 
 -- Parse to epoch milliseconds; returns number or nil. round_up: ES's round-up parser (range
