@@ -232,16 +232,30 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, n
 end
 
 -- no_dates: the index's mappings say "date_detection": false (strings are text, whatever
--- they look like).
-local function infer(v, no_dates)
+-- they look like). numeric: "numeric_detection": true, after date detection (ES's
+-- DocumentParser): a string Long.parseLong reads is a long, one Double.parseDouble reads a float.
+local function infer(v, no_dates, numeric)
   local t = type(v)
   if t == "boolean" then return "boolean" end
   if t == "number" then return (math.floor(v) == v) and "long" or "float" end
   if t == "string" then
-    return not no_dates and dates.looks_like_date(v) and dates.parse(v) and "date" or "text"
+    if not no_dates and dates.looks_like_date(v) and dates.parse(v) then return "date" end
+    if numeric then
+      if v:match("^[%+%-]?%d+$") and tonumber(v) and math.abs(tonumber(v)) < 2 ^ 63 then return "long" end
+      local d = v:match("^%s*(.-)%s*$"):gsub("[fFdD]$", "")
+      if d:match("^[%+%-]?%d*%.?%d*[eE]?[%+%-]?%d*$") and d:match("%d") and tonumber(d)
+          or d:match("^[%+%-]?Infinity$") or d == "NaN" then
+        return "float"
+      end
+    end
+    return "text"
   end
   return nil
 end
+
+-- "numeric_detection": true, by types table
+local numeric_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_numeric_detection(types, on) numeric_by_types[types] = on or nil end
 
 -- The "dynamic" setting in force for new fields of the object at prefix (nil: the root):
 -- the nearest object's own setting, else the root mapping's ("" in dynamic).
@@ -312,7 +326,7 @@ end
 -- Map a new leaf field (name: its key, path: its full path) for the value v: a matching
 -- dynamic template's mapping ("{name}" / "{dynamic_type}" replaced), else ES's defaults.
 local function map_new(types, path, name, v, no_dates)
-  local ty = infer(v, no_dates)
+  local ty = infer(v, no_dates, numeric_by_types[types])
   if not ty then return end
   local def = template_for(types, path, name, ty)
   if def then
@@ -422,6 +436,7 @@ end
 function _M.new_fields_error(types, obj, no_dates, dynamic, total_limit, depth_limit)
   local trial = setmetatable({}, { __index = types })
   templates_by_types[trial] = templates_by_types[types]
+  numeric_by_types[trial] = numeric_by_types[types]
   learn(trial, obj, nil, no_dates, dynamic)
   local paths = {}
   for path in next, trial do paths[#paths + 1] = path end

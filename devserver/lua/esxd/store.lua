@@ -123,6 +123,8 @@ function _M.create(name, body)
       idx.null_values)
     if body.mappings.dynamic ~= nil then idx.dynamic[""] = body.mappings.dynamic end
     idx.no_date_detection = body.mappings.date_detection == false
+    local nd = body.mappings.numeric_detection
+    mapping.register_numeric_detection(idx.types, nd == true or nd == "true")
     if type(body.mappings.dynamic_templates) == "table" then
       mapping.register_templates(idx.types, body.mappings.dynamic_templates)
     end
