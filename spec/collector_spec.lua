@@ -2726,6 +2726,14 @@ describe("spool", function()
     unit("spool_claim_race", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
   end)
 
+  it("completes the claim of a claimer that died between its link and its unlink (tools/unit)", function()
+    -- without RENAME_NOREPLACE a claim is a link, then an unlink of the old name: a claimer
+    -- killed between the two left the segment with two names, both of dead processes, and
+    -- every later process refused it for good (spool_segments_refused), its events never
+    -- replayed
+    unit("spool_claim_crashed", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
+  end)
+
   it("replays a dead process's segment at once while its overflow segment waits for acknowledgements", function()
     -- the overflow segment at the backlog's head, read to its end but with events still in
     -- flight, stopped the load there: segments claimed behind it waited until every event

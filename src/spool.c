@@ -791,13 +791,26 @@ static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st
                     "owner, mode or links): left on disk, not replayed\n", path);
 }
 
-/* 1 when the file st describes (an orphan's, with more than one link) has a second name in
- * the directory that is a segment of a live process: that process is claiming it where
- * RENAME_NOREPLACE is missing (between its link and its unlink), or has just claimed it --
- * passed over, not refused: the next scan finds the old name gone.  Refused, it was counted
- * in spool_segments_refused and said on stderr, and then never counted again when it was in
- * fact refused. */
-static int being_claimed(const esx_spool *sp, const char *from, const struct stat *st)
+/* 1 when the segment name `name` (of pid, at path) is a dead process's: a pid that does not
+ * exist, or this process's own pid on a name it does not own (an earlier process's). */
+static int dead_name(const esx_spool *sp, int pid, const char *path)
+{
+    return pid == (int)sp->pid ? !owned(sp, path) : !pid_alive((pid_t)pid);
+}
+
+/* What the other names of the file st describes (an orphan's, with more than one link) say.
+ * Returns 1 to pass it over: a second name is a segment of a live process -- that process
+ * is claiming it where RENAME_NOREPLACE is missing (between its link and its unlink), or has
+ * just claimed it: the next scan finds the old name gone.  (Refused, it was counted in
+ * spool_segments_refused and said on stderr, and then never counted again when it was in
+ * fact refused.)  Returns 2 when every link of the file is a dead process's segment name in
+ * this directory: a claimer died between its link and its unlink, and the claim is to be
+ * completed (refused, the file was refused by every later process for good, its events
+ * never replayed) -- `canon` (600 bytes) gets the name to claim, the first of them by
+ * strcmp: processes completing it at once all try that one, and one rename wins.  Returns 0
+ * to refuse it (a link elsewhere: a backup tool's). */
+static int other_names(const esx_spool *sp, const char *from, const struct stat *st,
+                       char *canon)
 {
     struct stat now;
     if (lstat(from, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
@@ -806,9 +819,11 @@ static int being_claimed(const esx_spool *sp, const char *from, const struct sta
     DIR *d = opendir(sp->dir);
     if (d == NULL)
         return 0;
-    int found = 0;
+    int live = 0;
+    nlink_t names = 0;
+    snprintf(canon, 600, "%s", from);
     struct dirent *de;
-    while (!found && (de = readdir(d)) != NULL) {
+    while (!live && (de = readdir(d)) != NULL) {
         int pid;
         unsigned long long seq;
         char tail[8];
@@ -816,12 +831,44 @@ static int being_claimed(const esx_spool *sp, const char *from, const struct sta
             continue;
         char other[600];
         snprintf(other, sizeof other, "%.500s/%.90s", sp->dir, de->d_name);
-        found = strcmp(other, from) != 0 && lstat(other, &now) == 0 &&
-                now.st_dev == st->st_dev && now.st_ino == st->st_ino &&
-                (pid == (int)sp->pid || pid_alive((pid_t)pid));
+        if (lstat(other, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino)
+            continue;
+        names++;
+        if (strcmp(other, from) == 0)
+            continue;
+        if (!dead_name(sp, pid, other))
+            live = 1;
+        else if (strcmp(other, canon) < 0)
+            snprintf(canon, 600, "%s", other);
     }
     closedir(d);
-    return found;
+    if (live)
+        return 1;
+    return lstat(from, &now) == 0 && now.st_ino == st->st_ino && now.st_nlink == names ? 2 : 0;
+}
+
+/* After the completion of a dead claimer's claim (other_names): removes the file's names
+ * left in the directory but `keep` (this process's), each a dead process's segment name. */
+static void unlink_dead_names(const esx_spool *sp, const char *keep, dev_t dev, ino_t ino)
+{
+    DIR *d = opendir(sp->dir);
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    struct stat now;
+    while ((de = readdir(d)) != NULL) {
+        int pid;
+        unsigned long long seq;
+        char tail[8];
+        if (sscanf(de->d_name, "seg-%d-%llu%7s", &pid, &seq, tail) != 3 || strcmp(tail, ".log"))
+            continue;
+        char other[600];
+        snprintf(other, sizeof other, "%.500s/%.90s", sp->dir, de->d_name);
+        if (strcmp(other, keep) != 0 && lstat(other, &now) == 0 && now.st_dev == dev &&
+            now.st_ino == ino && dead_name(sp, pid, other))
+            unlink(other);
+    }
+    closedir(d);
 }
 
 int esx_spool_claim_orphans(esx_spool *sp)
@@ -857,15 +904,25 @@ int esx_spool_claim_orphans(esx_spool *sp)
         struct stat st; /* a regular file of this user's: nothing else is replayed */
         if (lstat(from, &st) != 0)
             continue; /* gone meanwhile */
+        int names = 0;
+        char canon[600];
         if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
             (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_nlink != 1) {
             /* (as esx_private_read would refuse it: never claimed, never stuck) */
             if (S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
                 (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && sp->n_refused < ESX_SPOOL_MAX_REFUSED &&
-                !refused_before(sp, &st) && being_claimed(sp, from, &st))
+                !refused_before(sp, &st))
+                names = other_names(sp, from, &st, canon);
+            if (names == 1)
                 continue;
-            refuse_orphan(sp, from, &st);
-            continue;
+            if (names == 0) {
+                refuse_orphan(sp, from, &st);
+                continue;
+            }
+            /* the dead claimer's claim completed: the name all completing it take */
+            memcpy(from, canon, sizeof from);
+            if (lstat(from, &st) != 0)
+                continue;
         }
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL)
@@ -895,6 +952,8 @@ int esx_spool_claim_orphans(esx_spool *sp)
             free(seg);
             continue;
         }
+        if (names == 2)
+            unlink_dead_names(sp, seg->path, st.st_dev, st.st_ino);
         sp->dir_dirty = 1; /* its new name */
         seg->fd = seg->rfd = -1;
         seg->sealed = 1;
