@@ -1355,9 +1355,10 @@ describe("shipping", function()
     assert.equal("after-fragment", cjson.decode(lines[2]).operation.create._id)
   end)
 
-  it("keeps taking events while a dead letter waits for the file, and writes it under the file's lock", function()
-    -- another process holds the dead-letter file's lock (as a worker mid-write does; a hung
-    -- filesystem stalls a writer the same way): the intake must not wait on the writer
+  it("keeps taking and shipping events while a dead letter waits for another process's lock on the file, and writes it under the lock", function()
+    -- another process holds the dead-letter file's lock (as a worker mid-write does, or a
+    -- hung one for good): the intake must not wait on the writer, nor the shipping (the
+    -- shipper waited for the lock, and the spool's syncs and every bulk with it)
     local dir = tmpdir()
     local dl = dir .. "/dl.ndjson"
     local col = new{ dead_letter = dl, rollup = false, flush_interval = 10 }
@@ -1382,7 +1383,9 @@ describe("shipping", function()
       socket.sleep(0.01)
     end
     assert.is_true(slowest < 0.5 * SCALE, ("an intake call took %.3f s"):format(slowest))
-    assert.equal(21, col:stats().queued_events) -- the dead letter's event is held until written
+    while col:stats().shipped < 20 and socket.gettime() - t0 < 10 * SCALE do socket.sleep(0.01) end
+    assert.equal(20, col:stats().shipped) -- shipped while the lock is held
+    assert.equal(1, col:stats().queued_events) -- the dead letter's event is held until written
     assert.equal("", slurp(dl)) -- nothing written while another holds the lock
     release()
     assert.is_true(col:flush(10000 * SCALE))

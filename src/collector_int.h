@@ -104,6 +104,7 @@ struct esx_collector {
     esx_ratelimit *rl;
     esx_dead_letters dl;
     esx_dead_letter *letters, *letters_tail; /* filed, not written yet (write_letters) */
+    int64_t letters_due;     /* monotonic ms: the letters wait for another process's flock */
     unsigned rng;
     esx_collector_counters st;
 

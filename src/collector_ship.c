@@ -20,6 +20,7 @@
 #define ORPHAN_SCAN_MS 2000
 #define BATCH_FLOOR ((size_t)1024) /* batch_cap never goes below it on a 413 */
 #define LOAD_PER_PASS ((size_t)1 << 20) /* bytes of spool records loaded per shipper pass */
+#define LETTER_RETRY_MS 100 /* dead letters wait this long for another process's flock */
 
 /* ---------------------------------------------------------------- dead letters */
 
@@ -51,26 +52,47 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
 }
 
 /* Writes the dead letters filed so far, letting go of mu meanwhile (file I/O: a hung
- * filesystem, or another process holding the file's lock, must not stall the intake), then
- * lets their items go.  Called with mu held. */
+ * filesystem must not stall the intake), then lets their items go.  While another process
+ * holds the file's lock the letters not written yet are kept, in their order, and tried
+ * again LETTER_RETRY_MS later: waiting for the lock here held up the shipping, the spool's
+ * syncs (the power-loss bound) and the replay for as long as that process held it.  The
+ * kept letters' items stay queued, counted against queue_max_bytes: the intake spills or
+ * refuses when they fill it.  Called with mu held. */
 static void write_letters(esx_collector *col)
 {
-    esx_dead_letter *list = col->letters;
+    esx_dead_letter *list = col->letters, *kept = NULL;
     col->letters = col->letters_tail = NULL;
     if (list == NULL)
         return;
     pthread_mutex_unlock(&col->mu);
     int failed = 0;
-    for (esx_dead_letter *l = list; l; l = l->next)
-        if (esx_dead_letter_write(&col->dl, l) != 0)
+    for (esx_dead_letter *l = list; l; l = l->next) {
+        int rc = esx_dead_letter_write(&col->dl, l);
+        if (rc > 0) { /* another process holds the lock: l and the rest wait */
+            kept = l;
+            break;
+        }
+        if (rc != 0)
             failed++;
+    }
     pthread_mutex_lock(&col->mu);
     col->st.dead_letter_failed += (uint64_t)failed;
-    while (list) {
+    while (list != kept) {
         esx_dead_letter *next = list->next;
         esx_col_item_done(col, list->ud);
         free(list);
         list = next;
+    }
+    if (kept) {
+        /* before those filed meanwhile */
+        esx_dead_letter *tail = kept;
+        while (tail->next)
+            tail = tail->next;
+        tail->next = col->letters;
+        col->letters = kept;
+        if (col->letters_tail == NULL)
+            col->letters_tail = tail;
+        col->letters_due = esx_now_ms() + LETTER_RETRY_MS;
     }
     pthread_cond_broadcast(&col->idle);
 }
@@ -575,6 +597,8 @@ static int64_t next_deadline(esx_collector *col, int64_t now)
     }
     if (col->delayed && col->delayed->due < t)
         t = col->delayed->due;
+    if (col->letters && col->letters_due < t)
+        t = col->letters_due; /* dead letters wait for another process's flock */
     if (col->rollups && col->last_rollup_emit + col->cfg.rollup_interval < t)
         t = col->last_rollup_emit + col->cfg.rollup_interval;
     /* (spool_sync_interval 0 syncs on every pass, whatever woke it: a deadline of
@@ -605,11 +629,11 @@ void *esx_col_shipper_main(void *arg)
     esx_collector *col = arg;
     pthread_mutex_lock(&col->mu);
     while (!col->stop) {
-        if (col->letters) {
+        int64_t now = esx_now_ms();
+        if (col->letters && now >= col->letters_due) {
             write_letters(col);
             continue;
         }
-        int64_t now = esx_now_ms();
         housekeeping(col, now);
         if (should_send(col, now)) {
             batch *b = take_batch(col);

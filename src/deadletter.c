@@ -51,20 +51,21 @@ void esx_dead_letters_stop_waiting(esx_dead_letters *dl)
     atomic_store(&dl->no_wait, 1);
 }
 
-/* Takes the file's lock, polling (flock cannot be interrupted from another thread) until it
- * is free or the wait is called off.  Returns 1 when it holds the lock, 0 when it does not
- * (called off, or a file that cannot be locked: a device). */
+/* Takes the file's lock without waiting for it.  Returns 1 when it holds the lock, 0 when
+ * the line is to be written without it (the wait was called off, or a file that cannot be
+ * locked: a device), -1 when another process holds it: the caller tries again later (a
+ * process that holds it for good -- hung, or stopped -- must not hold up the writer's
+ * thread, and the shipping and spool syncs it also does). */
 static int lock_file(esx_dead_letters *dl)
 {
-    const struct timespec pause = {0, 10 * 1000 * 1000};
     for (;;) {
         if (flock(dl->fd, LOCK_EX | LOCK_NB) == 0)
             return 1;
-        if (errno != EWOULDBLOCK && errno != EINTR)
+        if (errno == EINTR)
+            continue;
+        if (errno != EWOULDBLOCK || atomic_load(&dl->no_wait))
             return 0;
-        if (atomic_load(&dl->no_wait))
-            return 0;
-        nanosleep(&pause, NULL);
+        return -1;
     }
 }
 
@@ -176,6 +177,10 @@ int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l)
      * between the look and the write.  A file that cannot be locked (a device) is written
      * without, and so is every line once the wait is called off (close). */
     int locked = lock_file(dl);
+    if (locked < 0) {
+        pthread_mutex_unlock(&dl->mu);
+        return 1;
+    }
     /* after a fragment, the newline that ends it goes in the same write as the line */
     size_t skip = torn(dl) ? 0 : 1, len = l->len + 1 - skip;
     /* bounded: what Elasticsearch refuses is the client's to choose (a field typed one way,

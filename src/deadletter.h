@@ -45,7 +45,7 @@ void esx_dead_letters_close(esx_dead_letters *dl);
 /* Closes the file and destroys the lock. */
 void esx_dead_letters_free(esx_dead_letters *dl);
 
-/* Ends the wait of a writer for the file's lock, now and for every later write: they write
+/* Calls off the lock for every later write while another process holds it: they write
  * without it (O_APPEND keeps each line whole; only the mending of another writer's fragment
  * may then race).  For the collector's close: a process that holds the lock and never lets
  * go (hung, or stopped) must not hold the close up.  Never fails. */
@@ -59,10 +59,11 @@ esx_dead_letter *esx_dead_letter_new(int64_t failed_at_ms, int status, const cha
 
 /* Appends the letter's line, as one write, under the file's flock (so that the look at the
  * file's end -- a fragment another writer's short write left is ended first -- and the write
- * are one step for every esx process).  May block (it is file I/O; the lock is waited for
- * until another process lets go of it or esx_dead_letters_stop_waiting): call it without
- * locks others wait on.  Returns 0 when the whole line is in the file, -1 when it is not (no file,
- * the file at max_bytes, disk full, I/O error). */
+ * are one step for every esx process).  May block on the file's I/O (never on the lock: it
+ * is not waited for): call it without locks others wait on.  Returns 0 when the whole line
+ * is in the file, 1 when another process holds the file's lock (nothing written: try again
+ * later; after esx_dead_letters_stop_waiting the line is written without the lock instead),
+ * -1 when it is not (no file, the file at max_bytes, disk full, I/O error). */
 int esx_dead_letter_write(esx_dead_letters *dl, const esx_dead_letter *l);
 
 #endif
