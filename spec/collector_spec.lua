@@ -1057,6 +1057,30 @@ describe("shipping", function()
     assert.is_true(took < 1.5 * SCALE, "close took " .. took .. " s")
   end)
 
+  it("syncs the spool at its interval while an index creation waits for the sink", function()
+    -- the shipper waits up to 10 s for a creation: the spool's syncs (spool_sync_interval,
+    -- the power-loss bound) waited with it.  Seen here through what a sync pass does: a
+    -- segment being written whose name is gone is sealed, so the next event goes to a new
+    -- file a later process can find
+    local dir = tmpdir()
+    local name = today("events-%Y.%m.%d")
+    srv:fault{ path = "/" .. name, method = "PUT", status = 503, stall_ms = 2000 }
+    local col = new{ rollup = false, flush_interval = 10, spool_dir = dir, spool_sync_interval = 50,
+                     retry_backoff_min = 20, retry_backoff_max = 50 }
+    finally(function() col:close(0) os.execute("rm -rf " .. dir) end)
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    local t0 = socket.gettime()
+    while col:stats().in_flight == 0 and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
+    assert.equal(1, col:stats().in_flight) -- the shipper waits for the creation
+    assert.equal(1, segments(dir))
+    os.execute("rm -f " .. dir .. "/seg-*.log")
+    socket.sleep(0.5) -- ten sync intervals
+    assert.equal(204, (post(col, cjson.encode(ev()))))
+    assert.equal(1, segments(dir)) -- sealed by a sync: written ahead to a new, named segment
+    assert.is_true(col:flush(15000 * SCALE))
+    assert.equal(2, col:stats().shipped)
+  end)
+
   it("leaves a fixed index name and create_index = false to Elasticsearch's auto-creation", function()
     for _, opts in ipairs({ { index = "beacons", rollup = false },
                             { create_index = false, rollup = { window = 60000, interval = 100 } } }) do

@@ -246,6 +246,40 @@ static batch *take_batch(esx_collector *col)
     return b;
 }
 
+/* ---------------------------------------------------------------- the spool's syncs */
+
+/* Syncs the spool's segments when spool_sync_interval is up (or sealed segments pile up),
+ * letting go of mu while the disk writes.  Called with mu held, by the shipper thread: on
+ * each pass, and while it waits for an index's creation (the power-loss bound must not wait
+ * on the sink). */
+static void sync_spool(esx_collector *col, int64_t now)
+{
+    if (col->spool == NULL)
+        return;
+    if (now - col->last_sync >= col->cfg.spool_sync_interval ||
+        esx_spool_sync_wanted(col->spool)) {
+        /* the disk write without the lock: in nginx the intake runs on the worker's
+         * event loop, which would wait out every fdatasync.  Every segment sealed
+         * until now is synced: a pass takes a few, so passes follow while they wait
+         * (as many as they need, not those sealed meanwhile: for the next sync) */
+        int rounds = col->spool->n_unsynced / (ESX_SPOOL_SYNC_FDS - 3) + 1;
+        col->last_sync = now;
+        while (rounds-- > 0) {
+            int fds[ESX_SPOOL_SYNC_FDS];
+            int n = esx_spool_sync_begin(col->spool, fds);
+            if (n > 0) {
+                pthread_mutex_unlock(&col->mu);
+                int failed = esx_spool_sync_end(fds, n), err = errno;
+                pthread_mutex_lock(&col->mu);
+                /* (the spool is still there: close() joins this thread before closing it) */
+                esx_spool_sync_failed(col->spool, failed, err);
+            }
+            if (col->spool->n_unsynced == 0)
+                break;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- index creation */
 
 /* What create_index creates each new index with.  Under dynamic mapping the first document
@@ -297,7 +331,7 @@ static int item_index(const item *it, char *out)
  * auto-creation decides, as without create_index) -- or -1 when the sink did not answer
  * (down, 429, 5xx: the batch fails as a bulk that could not be sent, and tries again).
  * The shipper thread's, called without mu: it waits up to CREATE_TIMEOUT_MS, once a day
- * per index and process. */
+ * per index and process, syncing the spool meanwhile. */
 static int ensure_index(esx_collector *col, const char *name, int rollup)
 {
     for (int i = 0; i < ESX_COL_ENSURED; i++)
@@ -330,6 +364,10 @@ static int ensure_index(esx_collector *col, const char *name, int rollup)
         while (!(done = esx_client_wait(col->client, req, 100))) {
             pthread_mutex_lock(&col->mu);
             int stop = col->stop;
+            /* the spool's syncs keep their interval meanwhile: the power-loss bound
+             * (spool_sync_interval) must not wait on the sink */
+            if (!stop)
+                sync_spool(col, esx_now_ms());
             pthread_mutex_unlock(&col->mu);
             if (stop)
                 break;
@@ -557,29 +595,8 @@ static void housekeeping(esx_collector *col, int64_t now)
             esx_spool_load(col->spool, room < LOAD_PER_PASS ? room : LOAD_PER_PASS, replay_record, col,
                            &col->mu);
         }
-        if (now - col->last_sync >= col->cfg.spool_sync_interval ||
-            esx_spool_sync_wanted(col->spool)) {
-            /* the disk write without the lock: in nginx the intake runs on the worker's
-             * event loop, which would wait out every fdatasync.  Every segment sealed
-             * until now is synced: a pass takes a few, so passes follow while they wait
-             * (as many as they need, not those sealed meanwhile: for the next sync) */
-            int rounds = col->spool->n_unsynced / (ESX_SPOOL_SYNC_FDS - 3) + 1;
-            col->last_sync = now;
-            while (rounds-- > 0) {
-                int fds[ESX_SPOOL_SYNC_FDS];
-                int n = esx_spool_sync_begin(col->spool, fds);
-                if (n > 0) {
-                    pthread_mutex_unlock(&col->mu);
-                    int failed = esx_spool_sync_end(fds, n), err = errno;
-                    pthread_mutex_lock(&col->mu);
-                    /* (the spool is still there: close() joins this thread before closing it) */
-                    esx_spool_sync_failed(col->spool, failed, err);
-                }
-                if (col->spool->n_unsynced == 0)
-                    break;
-            }
-        }
     }
+    sync_spool(col, now);
 }
 
 static int64_t next_deadline(esx_collector *col, int64_t now)
