@@ -2637,6 +2637,34 @@ describe("spool", function()
     assert.equal(total, (indexed()), "documents in the index")
   end
 
+  it("counts a dead process's claimed segments in spool_bytes, past spool_max_bytes, and refuses requests until they drain", function()
+    -- a claim is not refused for room: docs/collector.md said spool_bytes was bounded by
+    -- spool_max_bytes
+    local dir = tmpdir()
+    local ids = {}
+    for i = 1, 30 do ids[i] = "dead" .. i end
+    spool_victim(dir, ids)
+    srv:fault{ path = "/_bulk", item_status = 429, count = -1 }
+    local col = new{ spool_dir = dir, spool_max_bytes = 4096, flush_interval = 10,
+                     retry_backoff_min = 10, retry_backoff_max = 50, rollup = false }
+    finally(function() srv:clear_faults() col:close(0) os.execute("rm -rf " .. dir) end)
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "first" }))))) -- starts the shipper, which claims
+    local deadline = socket.gettime() + 10 * SCALE
+    while col:stats().replayed < 30 and socket.gettime() < deadline do socket.sleep(0.01) end
+    assert.equal(30, col:stats().replayed)
+    assert.is_true(col:stats().spool_bytes > 4096)
+    local status, _, body = post(col, cjson.encode(ev({ event_id = "refused" })))
+    assert.equal(503, status)
+    assert.equal("the queue is full", cjson.decode(body).error)
+    assert.equal(1, col:stats().rejected.queue_full)
+    srv:clear_faults()
+    assert.is_true(col:flush(10000 * SCALE))
+    assert.is_true(col:stats().spool_bytes <= 4096)
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "after" })))))
+    assert.is_true(col:flush(10000 * SCALE))
+    assert.equal(32, col:stats().shipped)
+  end)
+
   it("replays a segment whose name was removed while it was appended to, losing nothing", function()
     -- its records are read through a copy of the descriptor they are written with: the
     -- file is still there.  The segment waits behind a dead process's, not yet opened for
