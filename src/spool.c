@@ -226,7 +226,7 @@ static void seal(esx_spool *sp, esx_segment *seg)
          * second waited for the disk).  esx_spool_sync_wanted asks for an early sync then.
          * Here only when there is no memory to remember the descriptor, or when
          * ESX_SPOOL_MAX_UNSYNCED wait already: the shipper has not come to sync them (held
-         * up by a hung disk or a dead-letter file's lock), and every descriptor more is one
+         * up by a hung disk), and every descriptor more is one
          * the process's sockets lack (EMFILE) -- the requests wait for the disk then. */
         if (sp->n_unsynced == sp->cap_unsynced && sp->cap_unsynced < ESX_SPOOL_MAX_UNSYNCED) {
             int cap = sp->cap_unsynced ? sp->cap_unsynced * 2 : ESX_SPOOL_SYNC_SOON;
