@@ -1681,6 +1681,13 @@ describe("col:rollups", function()
     unit("rollup_full", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 8)
   end)
 
+  it("makes room for a new window's rows when the walk for room was spent in the window before (tools/unit)", function()
+    -- the table was walked for room at most once per emit that wrote rows: a key refused late
+    -- in a full window spent that walk, and when the window-end emit had nothing left to write
+    -- the next window's rows were refused until the ended rows were forgotten, 10-20 s later
+    unit("rollup_full_spent", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 7)
+  end)
+
   it("charges every site of a request whose last site made the rate table purge (tools/unit)", function()
     -- the purge that made room for a new site dropped an earlier site's refilled bucket,
     -- and that site's events went uncharged

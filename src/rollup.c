@@ -35,6 +35,10 @@ struct esx_rollups {
     int64_t forgotten;
     uint64_t gens;
     int reclaimable; /* rows were written since the table was last walked for room */
+    /* The window the last walk made room for: rows of windows before it were all walked.
+     * A later window may free rows that walk had to keep (they were of its own window,
+     * written while it was open), even when no row was written since. */
+    int64_t reclaimed_for;
     esx_rollup_row **buckets;
 };
 
@@ -56,6 +60,7 @@ esx_rollups *esx_rollups_new(int64_t window_ms, size_t max_rows)
     r->seed = esx_random_seed();
     r->run = esx_random_seed();
     r->forgotten = INT64_MIN;
+    r->reclaimed_for = INT64_MIN;
     return r;
 }
 
@@ -121,12 +126,15 @@ static void forget_row(esx_rollups *r, esx_rollup_row **p)
 
 /* At max_rows: frees the written rows of windows before w (kept only for late counts, which
  * would now make a row with an _id of its own) to make room for a row of window w.  Walks
- * the table at most once per esx_rollups_emit that wrote rows.  Returns 1 when it made room. */
+ * the table at most once per esx_rollups_emit that wrote rows and once per later window.
+ * Returns 1 when it made room. */
 static int reclaim(esx_rollups *r, int64_t w)
 {
-    if (!r->reclaimable)
+    if (!r->reclaimable && w <= r->reclaimed_for)
         return 0;
     r->reclaimable = 0;
+    if (w > r->reclaimed_for)
+        r->reclaimed_for = w;
     for (size_t i = 0; i < r->nbuckets; i++) {
         esx_rollup_row **p = &r->buckets[i];
         while (*p) {
