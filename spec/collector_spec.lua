@@ -1945,6 +1945,32 @@ describe("col:rollups", function()
     end
   end)
 
+  it("totals return nil, err with kind 'partial' when shards of a search failed or it timed out", function()
+    -- a 2xx with _shards.failed > 0 holds only the other shards' rows: totals summed them and
+    -- under-counted without a word (here rollups-b, whose window_start a text field
+    -- cannot sort on, and whose count of 5 was left out)
+    local M = require("esx.collector")
+    local row = '{"site_id":"p","block_id":"b","variant":"","type":"view","window_start":%s,"window":60000,"count":%d}'
+    assert(client:bulk(table.concat({
+      '{"index":{"_index":"rollups-a"}}', row:format("60000", 2),
+      '{"index":{"_index":"rollups-b"}}', row:format('"120000"', 5),
+    }, "\n") .. "\n", { refresh = "true" }))
+    local rows, err = M.totals(client, { site_id = "p" })
+    assert.is_nil(rows)
+    assert.equal("partial", err.kind)
+    assert.equal(1, err.shards_failed)
+    assert.truthy(err.message:find("^1 shard%(s%) failed the rollup search: Fielddata is disabled on %[window_start%]"),
+      err.message)
+    srv:fault{ path = "/rollups-*/_search", status = 200, count = -1,
+      body = '{"timed_out":true,"_shards":{"total":1,"successful":1,"failed":0},"hits":{"total":{"value":0,"relation":"eq"},"hits":[]}}' }
+    rows, err = M.totals(client, { site_id = "p" })
+    srv:clear_faults()
+    assert.is_nil(rows)
+    assert.equal("partial", err.kind)
+    assert.equal("the rollup search timed out", err.message)
+    assert.equal(0, err.shards_failed)
+  end)
+
   it("totals by window keep apart rows of the same start written with different window lengths", function()
     -- instances with rollup.window 60 s and 1 h (a reload that changed it): both rows start
     -- at 0, and were merged into one "window" of a minute and an hour

@@ -677,6 +677,17 @@ local function search_rows(client, index, filter, lo, hi, size, dir)
       return nil, core.error("decode", "search response hit " .. i .. " has no _source")
     end
   end
+  -- a 2xx with failed shards (or a search timeout) holds only the other shards' rows: summed,
+  -- they would under-count without a word
+  local shards = type(res._shards) == "table" and res._shards or {}
+  local failed = tonumber(shards.failed) or 0
+  if failed > 0 or res.timed_out == true then
+    local f = type(shards.failures) == "table" and shards.failures[1]
+    local why = type(f) == "table" and type(f.reason) == "table" and f.reason.reason
+    return nil, core.error("partial", failed > 0
+      and ("%d shard(s) failed the rollup search: %s"):format(failed, tostring(why or "no reason given"))
+      or "the rollup search timed out", { shards_failed = failed })
+  end
   local total = type(h.total) == "table" and h.total.value or h.total
   return hits, type(total) == "number" and total or #hits
 end
