@@ -1879,6 +1879,40 @@ describe("col:rollups", function()
     assert.equal(7, rows[1].count) -- window 0: rows 1, 1441, ..., 8641, each of count 1
   end)
 
+  it("totals hold one search's rows at a time, not every row of the range", function()
+    -- every hit of every search was kept until the last search was read, and every row's
+    -- sketch until the end: a week of one-minute rows with dense sketches is gigabytes
+    local b64 = require("esx.core").hll_new()
+    for i = 1, 200 do b64:add("u" .. i) end
+    local sketch = require("mime").b64(b64:serialize())
+    local lines = {}
+    for i = 1, 20000 do
+      lines[#lines + 1] = '{"index":{"_index":"rollups-big"}}'
+      lines[#lines + 1] = ('{"site_id":"big","block_id":"b","variant":"","type":"view","window_start":%d,"count":1,"hll":"%s"}')
+        :format(60000 * ((i - 1) % 1440), sketch)
+    end
+    assert(client:bulk(table.concat(lines, "\n") .. "\n", { refresh = "true" }))
+    lines = nil
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0 })
+    local search, base, most, searches = c2.search, nil, 0, 0
+    c2.search = function(...) -- (what totals holds while it waits for each search)
+      collectgarbage()
+      collectgarbage()
+      local kb = collectgarbage("count")
+      base = base or kb
+      most = math.max(most, kb - base)
+      searches = searches + 1
+      return search(...)
+    end
+    local rows = assert(require("esx.collector").totals(c2, { site_id = "big", index = "rollups-big" }))
+    c2:close()
+    assert.equal(1, #rows)
+    assert.equal(20000, rows[1].count)
+    assert.equal(math.floor(b64:estimate() + 0.5), rows[1].uniques) -- (the same 200 users in every row)
+    assert.is_true(searches >= 4, "searches " .. searches)
+    assert.is_true(most < 4096, ("totals held %.0f KiB between its searches"):format(most))
+  end)
+
   it("totals return nil, err with kind 'too_many' when one window start has over 10,000 rows", function()
     local lines = {}
     for i = 1, 10001 do

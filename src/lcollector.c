@@ -389,15 +389,29 @@ static int col_close(lua_State *L)
     return 1;
 }
 
-/* core.hll_union(list of base64 sketches) -> estimate of the union | nil, err
- * (merges per-instance rollup rows: counts add, registers take maxima).  Entries that are
+/* core.hll_union(list of base64 sketches[, sketch]) -> estimate of the union[, the union as
+ * a base64 sketch when sketch is true] | nil, err
+ * (merges per-instance rollup rows: counts add, registers take maxima; totals folds the rows
+ * of each search into one sketch per group, so that it never holds more than a search's rows).
+ * Entries that are
  * empty strings or neither strings nor numbers are skipped; a number is never a sketch
  * (its text is digits, a sketch's base64 starts "RUgB") and fails as one that does not
  * decode.  Nothing in the loop may raise: acc is C memory only this frame points to. */
+/* push_sketch(b64) -> the string: in a protected call, so that b64 is freed if it raises */
+static int push_sketch(lua_State *L)
+{
+    lua_pushstring(L, lua_touserdata(L, 1));
+    return 1;
+}
+
 static int hll_union(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
+    int want = lua_toboolean(L, 2);
     int n = (int)lua_rawlen(L, 1);
+    /* before the sketch: under LuaJIT pushing a C function allocates (and may raise) */
+    if (want)
+        lua_pushcfunction(L, push_sketch);
     esx_hll *acc = esx_hll_new();
     if (acc == NULL)
         return esx_lerror_fail(L, "internal", "out of memory");
@@ -433,9 +447,33 @@ static int hll_union(lua_State *L)
         }
         esx_hll_free(h);
     }
-    lua_pushnumber(L, esx_hll_estimate(acc));
+    double est = esx_hll_estimate(acc);
+    if (!want) {
+        esx_hll_free(acc);
+        lua_pushnumber(L, est);
+        return 1;
+    }
+    size_t rawlen = esx_hll_serialize(acc, NULL, 0);
+    unsigned char *raw = malloc(rawlen);
+    char *b64 = raw ? malloc(esx_base64_len(rawlen)) : NULL;
+    if (b64 == NULL) {
+        free(raw);
+        esx_hll_free(acc);
+        return esx_lerror_fail(L, "internal", "out of memory merging sketches");
+    }
+    esx_hll_serialize(acc, raw, rawlen);
     esx_hll_free(acc);
-    return 1;
+    esx_base64_encode(raw, rawlen, b64);
+    free(raw);
+    /* the string is made in a protected call, so that b64 is freed if it raises */
+    lua_pushlightuserdata(L, b64);
+    int rc = lua_pcall(L, 1, 1, 0);
+    free(b64);
+    if (rc != 0)
+        return lua_error(L);
+    lua_pushnumber(L, est);
+    lua_insert(L, -2);
+    return 2;
 }
 
 static const luaL_Reg methods[] = {

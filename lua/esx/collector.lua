@@ -692,18 +692,17 @@ local function search_rows(client, index, filter, lo, hi, size, dir)
   return hits, type(total) == "number" and total or #hits
 end
 
--- Appends the hits of the rows matching filter with window_start in [lo, hi) (nil: open) to
--- out: one search when they are at most PAGE, else the range is split in two by
--- window_start (rows of one window_start are read by one search: never split, never
--- counted twice).  Returns true, or nil, err (too_many when one window_start has more).
-local function read_rows(client, index, filter, lo, hi, out)
+-- Passes the hits of the rows matching filter with window_start in [lo, hi) (nil: open) to
+-- each(hits), a search's worth at a time: one search when they are at most PAGE, else the
+-- range is split in two by window_start (rows of one window_start are read by one search:
+-- never split, never counted twice).  Returns true, or nil, err (too_many when one
+-- window_start has more; each's own error).
+local function read_rows(client, index, filter, lo, hi, each)
   local hits, total = search_rows(client, index, filter, lo, hi, PAGE, "asc")
   if not hits then return nil, total end
-  if total <= #hits then
-    for i = 1, #hits do out[#out + 1] = hits[i] end
-    return true
-  end
+  if total <= #hits then return each(hits) end
   local first, last = hits[1] and hits[1]._source.window_start, hi and hi - 1
+  hits = nil -- (not held while the halves are read)
   if hi == nil then
     local top, err = search_rows(client, index, filter, lo, nil, 1, "desc")
     if not top then return nil, err end
@@ -714,9 +713,9 @@ local function read_rows(client, index, filter, lo, hi, out)
       :format(total, tostring(first), PAGE), { rows = total })
   end
   local mid = first + floor((last - first + 1) / 2)
-  local ok, err = read_rows(client, index, filter, first, mid, out)
+  local ok, err = read_rows(client, index, filter, first, mid, each)
   if not ok then return nil, err end
-  return read_rows(client, index, filter, mid, last + 1, out)
+  return read_rows(client, index, filter, mid, last + 1, each)
 end
 
 -- level: error()'s level for the caller's line (esx.collector.totals or col:totals)
@@ -732,38 +731,50 @@ local function totals(client, q, level)
   local site = { bool = { should = { { term = { site_id = q.site_id } },
                                      { term = { ["site_id.keyword"] = q.site_id } } },
                           minimum_should_match = 1 } }
-  local hits = {}
-  local ok, err = read_rows(client, index, site, q.from, q.to, hits)
-  if not ok then return nil, err end
   local groups, order = {}, {}
-  for _, hit in ipairs(hits) do
-    local s = hit._source
-    if s.site_id ~= q.site_id then goto continue end
-    local bad = row_problem(s, q.by_window)
-    if bad then
-      return nil, core.error("decode", ("rollup row %s is not valid: %s"):format(tostring(hit._id), bad))
+  -- Each search's rows are added up as they come, and each group's sketches merged into one:
+  -- the totals of a long range hold one search's rows at a time, not every row of the range
+  -- (a week of one-minute rows with dense sketches is gigabytes).
+  local function add(hits)
+    local touched = {}
+    for _, hit in ipairs(hits) do
+      local s = hit._source
+      if s.site_id ~= q.site_id then goto continue end
+      local bad = row_problem(s, q.by_window)
+      if bad then
+        return nil, core.error("decode", ("rollup row %s is not valid: %s"):format(tostring(hit._id), bad))
+      end
+      -- by window: one row per window start and length (instances may differ in rollup.window)
+      local key = concat({ s.block_id, s.variant, s.type,
+        q.by_window and format("%.0f\0%.0f", s.window_start, s.window or 0) or "" }, "\0")
+      local g = groups[key]
+      if not g then
+        g = { block_id = s.block_id, variant = s.variant, type = s.type, count = 0, sketches = {},
+              window_start = q.by_window and s.window_start or nil,
+              window = q.by_window and s.window or nil }
+        groups[key] = g
+        order[#order + 1] = key
+      end
+      g.count = g.count + (s.count or 0)
+      if s.hll and s.hll ~= "" then g.sketches[#g.sketches + 1] = s.hll end
+      touched[g] = true
+      ::continue::
     end
-    -- by window: one row per window start and length (instances may differ in rollup.window)
-    local key = concat({ s.block_id, s.variant, s.type,
-      q.by_window and format("%.0f\0%.0f", s.window_start, s.window or 0) or "" }, "\0")
-    local g = groups[key]
-    if not g then
-      g = { block_id = s.block_id, variant = s.variant, type = s.type, count = 0, sketches = {},
-            window_start = q.by_window and s.window_start or nil,
-            window = q.by_window and s.window or nil }
-      groups[key] = g
-      order[#order + 1] = key
+    for g in pairs(touched) do
+      local est, sketch = core.hll_union(g.sketches, true)
+      if not est then return nil, sketch end
+      g.uniques = floor(est + 0.5)
+      -- (by window, a group is whole once its search is read: rows of one window_start are
+      -- never split between searches)
+      g.sketches = q.by_window and {} or { sketch }
     end
-    g.count = g.count + (s.count or 0)
-    if s.hll and s.hll ~= "" then g.sketches[#g.sketches + 1] = s.hll end
-    ::continue::
+    return true
   end
+  local ok, err = read_rows(client, index, site, q.from, q.to, add)
+  if not ok then return nil, err end
   local rows = {}
   for _, key in ipairs(order) do
     local g = groups[key]
-    local est, herr = core.hll_union(g.sketches)
-    if not est then return nil, herr end
-    g.uniques = math.floor(est + 0.5)
     g.sketches = nil
     rows[#rows + 1] = g
   end
