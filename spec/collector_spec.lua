@@ -1913,6 +1913,35 @@ describe("col:rollups", function()
     assert.is_true(most < 4096, ("totals held %.0f KiB between its searches"):format(most))
   end)
 
+  it("totals split a range whose search answer passes the client's max_response_bytes", function()
+    -- a search's answer cut off at max_response_bytes failed the totals with decode, where a
+    -- smaller range fits: with the default 100 MiB, some 6,000 rows with dense sketches
+    -- (16 KiB of base64 each) do not fit in one answer
+    local lines = {}
+    for i = 1, 3000 do
+      lines[#lines + 1] = '{"index":{"_index":"rollups-big"}}'
+      lines[#lines + 1] = ('{"site_id":"big","block_id":"b","variant":"","type":"view","window_start":%d,"count":1,"hll":"","pad":"%s"}')
+        :format(60000 * ((i - 1) % 100), ("x"):rep(400))
+    end
+    assert(client:bulk(table.concat(lines, "\n") .. "\n", { refresh = "true" }))
+    local c2 = assert(esx.client{ hosts = { srv.url }, max_retries = 0, max_response_bytes = 1048576 })
+    local M = require("esx.collector")
+    local rows = assert(M.totals(c2, { site_id = "big", index = "rollups-big" }))
+    assert.equal(1, #rows)
+    assert.equal(3000, rows[1].count)
+    rows = assert(M.totals(c2, { site_id = "big", index = "rollups-big", by_window = true }))
+    assert.equal(100, #rows)
+    -- the rows of one window_start that do not fit are still the search's decode error
+    local few = assert(esx.client{ hosts = { srv.url }, max_retries = 0, max_response_bytes = 4096 })
+    local err
+    rows, err = M.totals(few, { site_id = "big", index = "rollups-big" })
+    c2:close()
+    few:close()
+    assert.is_nil(rows)
+    assert.equal("decode", err.kind)
+    assert.equal("response body exceeds max_response_bytes (4096)", err.message)
+  end)
+
   it("totals return nil, err with kind 'too_many' when one window start has over 10,000 rows", function()
     local lines = {}
     for i = 1, 10001 do

@@ -692,28 +692,45 @@ local function search_rows(client, index, filter, lo, hi, size, dir)
   return hits, type(total) == "number" and total or #hits
 end
 
+-- A search's failure that a smaller range can avoid: its 2xx answer was cut off at the
+-- client's max_response_bytes (10,000 rows with dense sketches are some 170 MB).
+local function too_big(err)
+  return type(err) == "table" and err.kind == "decode" and type(err.status) == "number" and
+    err.status >= 200 and err.status < 300
+end
+
 -- Passes the hits of the rows matching filter with window_start in [lo, hi) (nil: open) to
--- each(hits), a search's worth at a time: one search when they are at most PAGE, else the
--- range is split in two by window_start (rows of one window_start are read by one search:
--- never split, never counted twice).  Returns true, or nil, err (too_many when one
--- window_start has more; each's own error).
+-- each(hits), a search's worth at a time: one search when they are at most PAGE and their
+-- answer fits in the client's max_response_bytes, else the range is split in two by
+-- window_start (rows of one window_start are read by one search: never split, never counted
+-- twice).  Returns true, or nil, err (too_many when one window_start has more rows; the
+-- search's decode error when the rows of one window_start do not fit; each's own error).
 local function read_rows(client, index, filter, lo, hi, each)
   local hits, total = search_rows(client, index, filter, lo, hi, PAGE, "asc")
-  if not hits then return nil, total end
-  if total <= #hits then return each(hits) end
-  local first, last = hits[1] and hits[1]._source.window_start, hi and hi - 1
-  hits = nil -- (not held while the halves are read)
-  if hi == nil then
-    local top, err = search_rows(client, index, filter, lo, nil, 1, "desc")
-    if not top then return nil, err end
-    last = top[1] and top[1]._source.window_start
+  local first, cut
+  if hits then
+    if total <= #hits then return each(hits) end
+    first = hits[1] and hits[1]._source.window_start
+    hits = nil -- (not held while the halves are read)
+  elseif too_big(total) then
+    cut = total
+    local bottom, err = search_rows(client, index, filter, lo, hi, 1, "asc")
+    if not bottom then return nil, err end
+    first = bottom[1] and bottom[1]._source.window_start
+  else
+    return nil, total
   end
+  local top, err = search_rows(client, index, filter, lo, hi, 1, "desc")
+  if not top then return nil, err end
+  local last = top[1] and top[1]._source.window_start
   if type(first) ~= "number" or type(last) ~= "number" or first >= last then
+    if cut then return nil, cut end
     return nil, core.error("too_many", ("%d rollup rows have window_start %s; totals reads at most %d of one window start")
       :format(total, tostring(first), PAGE), { rows = total })
   end
   local mid = first + floor((last - first + 1) / 2)
-  local ok, err = read_rows(client, index, filter, first, mid, each)
+  local ok
+  ok, err = read_rows(client, index, filter, first, mid, each)
   if not ok then return nil, err end
   return read_rows(client, index, filter, mid, last + 1, each)
 end
