@@ -105,6 +105,25 @@ describe("core.hll_union", function()
   oom_it("frees its sketches when Lua runs out of memory on an entry", function()
     sweep(function() return core.hll_union({ math.random(1, 2 ^ 30) + 0.5 }) end)
   end)
+
+  it("returns the union sketch too when asked (what totals folds each search's rows into)", function()
+    local a, b = core.hll_new(), core.hll_new()
+    for i = 1, 3 do a:add("u" .. i) end
+    for i = 3, 5 do b:add("u" .. i) end
+    local mime = require "mime"
+    local est, sketch = core.hll_union({ mime.b64(a:serialize()), mime.b64(b:serialize()) }, true)
+    assert.equal(5, math.floor(est + 0.5))
+    assert(a:merge(b))
+    assert.equal(a:serialize(), (mime.unb64(sketch)))
+    assert.equal(1, select("#", core.hll_union({})))
+  end)
+
+  oom_it("frees the union's C buffers when Lua runs out of memory making its string", function()
+    local h = core.hll_new()
+    for i = 1, 5000 do h:add("u" .. i) end -- dense
+    local s = require("mime").b64(h:serialize())
+    sweep(function() return core.hll_union({ s }, true) end)
+  end)
 end)
 
 describe("core.cache_new", function()
