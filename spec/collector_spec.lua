@@ -1681,6 +1681,20 @@ describe("col:rollups", function()
     unit("rollup_full", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 8)
   end)
 
+  it("counts in rollup_dropped every event its full table could not count, not the rows", function()
+    -- the docs said "rows refused by rollup.max_rows": it is the events whose row could not
+    -- be made (3 here, for one row), what the rollups are short of
+    clear_of_window_end(60000, 5000)
+    local col = new{ rollup = { max_rows = 1 } }
+    assert.equal(204, (post(col, cjson.encode({ ev({ block_id = "kept" }), ev({ block_id = "full" }),
+                                                 ev({ block_id = "full" }), ev({ block_id = "full" }) }))))
+    local s = col:stats()
+    assert.equal(1, s.rollup_rows)
+    assert.equal(3, s.rollup_dropped)
+    assert.equal(4, s.accepted)
+    col:close()
+  end)
+
   it("makes room for a new window's rows when the walk for room was spent in the window before (tools/unit)", function()
     -- the table was walked for room at most once per emit that wrote rows: a key refused late
     -- in a full window spent that walk, and when the window-end emit had nothing left to write

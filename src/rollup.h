@@ -58,7 +58,8 @@ int esx_rollups_emit(esx_rollups *r, int64_t now_ms, int all, const char *instan
                      const char *index_fmt,
                      int (*emit)(void *ud, const char *line, size_t len), void *ud);
 
-/* Rows held, rows refused since creation, bytes of memory held. */
+/* Rows held, events not counted since creation (their row could not be made), bytes of
+ * memory held. */
 size_t esx_rollups_rows(const esx_rollups *r);
 /* Rows changed since last written (those an emit that failed left behind). */
 size_t esx_rollups_dirty(const esx_rollups *r);
