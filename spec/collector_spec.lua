@@ -1702,6 +1702,15 @@ describe("col:rollups", function()
     unit("rollup_full_spent", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 7)
   end)
 
+  it("shows a forked child its own rows, not its parent's (tools/unit)", function()
+    -- col:rollups() did not adopt the collector as col:stats() does: a child forked from a
+    -- process that had counted events read the parent's rows, under the parent's copy of the
+    -- lock (held at the fork by the parent's shipper, the child hung for ever)
+    unit("rollups_fork", "src/collector.c src/collector_intake.c src/collector_queue.c " ..
+      "src/collector_ship.c src/spool.c src/deadletter.c src/event.c src/json.c src/rollup.c " ..
+      "src/hll.c src/hash.c src/ratelimit.c src/bulk_response.c src/private.c -lm " .. ENGINE_SOURCES, 3)
+  end)
+
   it("charges every site of a request whose last site made the rate table purge (tools/unit)", function()
     -- the purge that made room for a new site dropped an earlier site's refilled bucket,
     -- and that site's events went uncharged

@@ -324,6 +324,12 @@ int esx_collector_rollups(esx_collector *col, int64_t now_ms, esx_rollup_view **
                           size_t *n)
 {
     rows_copy c = {NULL, 0, 0, 0};
+    if (col->pid != esx_pid()) {
+        /* a forked child: its own rows (none yet), not the parent's, read under a lock of its
+         * own -- the parent's copy may be held by a thread the child does not have */
+        char why[256];
+        esx_col_ensure_running(col, why);
+    }
     if (col->rollups != NULL) {
         pthread_mutex_lock(&col->mu);
         esx_rollups_current(col->rollups, now_ms, copy_row, &c);
