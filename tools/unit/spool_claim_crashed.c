@@ -89,7 +89,7 @@ int main(void)
           "a segment whose two names are dead processes' is claimed, not refused");
     check(count_segments(dir) == 1 && access(path, F_OK) != 0 && access(second, F_OK) != 0,
           "its dead names are gone: one name is left, this process's");
-    check(esx_spool_load(sp, SIZE_MAX, take, &replayed) == 1 && replayed == 1 &&
+    check(esx_spool_load(sp, SIZE_MAX, take, &replayed, NULL) == 1 && replayed == 1 &&
               sp->segments_refused == 0,
           "its events are replayed");
     if (taken)
