@@ -1884,6 +1884,29 @@ describe("col:rollups", function()
     fixed:close()
   end)
 
+  it("totals return no rows, not nil, not_found, from a fixed rollup.index not written yet", function()
+    -- a fixed name's search answered 404 until the first row was written, and totals
+    -- returned nil, not_found, where a pattern's answered {}: an index not made yet holds no rows
+    local M = require("esx.collector")
+    local fixed = new{ rollup = { index = "beacon-rollups", interval = 100 } }
+    local rows, err = fixed:totals{ site_id = "s1" }
+    assert.is_nil(err)
+    assert.same({}, rows)
+    fixed:close()
+    rows, err = M.totals(client, { site_id = "s1", index = "not-yet" })
+    assert.is_nil(err)
+    assert.same({}, rows)
+    -- of a list, the names that exist are read, the others hold no rows
+    assert(client:bulk('{"index":{"_index":"rollups-here"}}\n' ..
+      '{"site_id":"s1","block_id":"b","variant":"","type":"view","window_start":60000,"count":3}\n',
+      { refresh = "true" }))
+    for _, index in ipairs{ "rollups-here,not-yet", "not-yet,rollups-here,gone", "rollups-here,rollups-*" } do
+      rows, err = M.totals(client, { site_id = "s1", index = index })
+      assert.is_nil(err, index)
+      assert.same({ "b", 3 }, { rows[1].block_id, rows[1].count })
+    end
+  end)
+
   it("totals add up more than 10,000 rows, a search per range of window starts", function()
     -- one search reads at most 10,000 rows, and totals refused past that: a day of one-minute
     -- windows of one block from 8 workers is 11,520 rows

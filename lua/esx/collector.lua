@@ -656,15 +656,39 @@ end
 
 local PAGE = 10000 -- rows one search reads (index.max_result_window's default)
 
+-- The index expression without the name a search's 404 says does not exist, or nil when err
+-- is not such a 404 (a proxy's own, or for a name not in the expression): an index not made
+-- yet -- a fixed rollup.index before its first row -- holds no rows, as a pattern that
+-- matches nothing does ("" when no name is left).
+local function without_missing(index, err)
+  if type(err) ~= "table" or err.kind ~= "not_found" or type(err.body) ~= "string" then return nil end
+  local doc = core.json_decode(err.body)
+  local e = type(doc) == "table" and doc.error
+  if type(e) ~= "table" or e.type ~= "index_not_found_exception" or type(e.index) ~= "string" then
+    return nil
+  end
+  local left, found = {}, false
+  for name in index:gmatch("[^,]+") do
+    if name == e.index and not found then found = true else left[#left + 1] = name end
+  end
+  return found and concat(left, ",") or nil
+end
+
 local function search_rows(client, index, filter, lo, hi, size, dir)
   local range = {}
   if lo then range.gte = lo end
   if hi then range.lt = hi end
   local f = { filter }
   if next(range) then f[2] = { range = { window_start = range } } end
-  local res, err = client:search(index, { size = size, query = { bool = { filter = f } },
-    sort = { { window_start = dir } }, track_total_hits = true })
-  if not res then return nil, err end
+  local body = { size = size, query = { bool = { filter = f } }, sort = { { window_start = dir } },
+    track_total_hits = true }
+  local res, err = client:search(index, body)
+  while not res do -- (each turn drops one name of the expression)
+    index = without_missing(index, err)
+    if not index then return nil, err end
+    if index == "" then return {}, 0 end
+    res, err = client:search(index, body)
+  end
   -- a 2xx that is not a search response (an empty body, a proxy's own answer) fails the
   -- totals as a malformed row does, rather than raising from in here
   local h = type(res) == "table" and type(res.hits) == "table" and res.hits or nil
