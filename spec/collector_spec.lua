@@ -2026,7 +2026,28 @@ describe("col:rollups", function()
       assert.is_true(ok, rows)
       assert.is_nil(rows)
       assert.equal("decode", err.kind)
-      assert.equal("rollup row r1 is not valid: " .. c[2], err.message)
+      assert.equal("rollup row r1 of index rollups-m is not valid: " .. c[2], err.message)
+    end
+  end)
+
+  it("totals return nil, err with kind 'decode' naming the row when a stored sketch is not valid", function()
+    -- the message said "sketch 2 is not a valid HyperLogLog": the 2nd sketch of a group, of
+    -- no row anyone could find, where a malformed row's names its _id
+    local M = require("esx.collector")
+    local h = core.hll_new()
+    h:add("u1")
+    local good = require("mime").b64(h:serialize())
+    local row = '{"site_id":"m","block_id":"b","variant":"","type":"view","window_start":%d,"window":60000,"count":1,"hll":"%s"}'
+    for _, by_window in ipairs{ false, true } do
+      srv:reset()
+      assert(client:bulk('{"index":{"_index":"rollups-m","_id":"r0"}}\n' .. row:format(60000, good) .. '\n' ..
+        '{"index":{"_index":"rollups-m","_id":"r1"}}\n' .. row:format(60000, good) .. '\n' ..
+        '{"index":{"_index":"rollups-n","_id":"r2"}}\n' .. row:format(60000, "bm90IGEgc2tldGNo") .. '\n',
+        { refresh = "true" }))
+      local rows, err = M.totals(client, { site_id = "m", by_window = by_window })
+      assert.is_nil(rows)
+      assert.equal("decode", err.kind)
+      assert.equal("rollup row r2 of index rollups-n is not valid: hll is not a valid HyperLogLog", err.message)
     end
   end)
 

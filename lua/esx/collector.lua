@@ -759,6 +759,11 @@ local function read_rows(client, index, filter, lo, hi, each)
   return read_rows(client, index, filter, mid, last + 1, each)
 end
 
+-- A stored row, for an error's message: its _id and index.
+local function row_name(hit)
+  return ("rollup row %s of index %s"):format(tostring(hit._id), tostring(hit._index))
+end
+
 -- level: error()'s level for the caller's line (esx.collector.totals or col:totals)
 local function totals(client, q, level)
   if type(q) ~= "table" or type(q.site_id) ~= "string" then
@@ -782,32 +787,41 @@ local function totals(client, q, level)
       local s = hit._source
       if s.site_id ~= q.site_id then goto continue end
       local bad = row_problem(s, q.by_window)
-      if bad then
-        return nil, core.error("decode", ("rollup row %s is not valid: %s"):format(tostring(hit._id), bad))
-      end
+      if bad then return nil, core.error("decode", row_name(hit) .. " is not valid: " .. bad) end
       -- by window: one row per window start and length (instances may differ in rollup.window)
       local key = concat({ s.block_id, s.variant, s.type,
         q.by_window and format("%.0f\0%.0f", s.window_start, s.window or 0) or "" }, "\0")
       local g = groups[key]
       if not g then
         g = { block_id = s.block_id, variant = s.variant, type = s.type, count = 0, sketches = {},
-              window_start = q.by_window and s.window_start or nil,
+              rows = {}, window_start = q.by_window and s.window_start or nil,
               window = q.by_window and s.window or nil }
         groups[key] = g
         order[#order + 1] = key
       end
       g.count = g.count + (s.count or 0)
-      if s.hll and s.hll ~= "" then g.sketches[#g.sketches + 1] = s.hll end
+      if s.hll and s.hll ~= "" then
+        g.sketches[#g.sketches + 1] = s.hll
+        g.rows[#g.sketches] = hit -- (whose sketch it is, for the error)
+      end
       touched[g] = true
       ::continue::
     end
     for g in pairs(touched) do
       local est, sketch = core.hll_union(g.sketches, true)
-      if not est then return nil, sketch end
+      if not est then
+        -- "sketch N is not a valid HyperLogLog": say which row, as for a malformed row
+        local n = sketch.kind == "decode" and tonumber(sketch.message:match("^sketch (%d+) "))
+        if n and g.rows[n] then
+          return nil, core.error("decode", row_name(g.rows[n]) .. " is not valid: hll is not a valid HyperLogLog")
+        end
+        return nil, sketch
+      end
       g.uniques = floor(est + 0.5)
       -- (by window, a group is whole once its search is read: rows of one window_start are
       -- never split between searches)
       g.sketches = q.by_window and {} or { sketch }
+      g.rows = {} -- (the union's sketch is no row's)
     end
     return true
   end
@@ -816,7 +830,7 @@ local function totals(client, q, level)
   local rows = {}
   for _, key in ipairs(order) do
     local g = groups[key]
-    g.sketches = nil
+    g.sketches, g.rows = nil, nil
     rows[#rows + 1] = g
   end
   return rows
