@@ -1681,6 +1681,31 @@ describe("col:rollups", function()
     unit("rollup_full", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 8)
   end)
 
+  it("says in col:stats the bytes its rollup table holds (rollup_bytes)", function()
+    -- nothing said what the table held: a row's sketch grows to 12 KiB dense, and 100,000
+    -- rows (the default max_rows) to some 1.2 GiB, with no way to see it coming
+    clear_of_window_end(60000, 10000)
+    local col = new{ max_events = 1000, max_body = 1048576, queue_max_bytes = 1048576 * 4 }
+    local empty = col:stats().rollup_bytes
+    assert.is_true(empty > 0, "an empty table holds its buckets: " .. tostring(empty))
+    assert.equal(204, (post(col, cjson.encode({ ev({ block_id = "a" }), ev({ block_id = "b" }) }))))
+    local two = col:stats().rollup_bytes
+    assert.is_true(two > empty and two - empty < 1024, ("two rows: %d bytes"):format(two - empty))
+    for k = 0, 4 do
+      local evs = {}
+      for i = 1, 1000 do evs[i] = ev({ block_id = "a", user_id = ("u%d-%d"):format(k, i) }) end
+      assert.equal(204, (post(col, cjson.encode(evs))))
+    end
+    local dense = col:stats().rollup_bytes
+    assert.is_true(dense - two >= 12288, ("5000 users' sketch: %d bytes"):format(dense - two))
+    assert.equal(2, col:stats().rollup_rows)
+    col:close()
+  end)
+
+  it("counts the bytes its rows and sketches hold, exactly (tools/unit)", function()
+    unit("rollup_bytes", "src/rollup.c src/hll.c src/hash.c src/base64.c src/buf.c -lm", 6)
+  end)
+
   it("counts in rollup_dropped every event its full table could not count, not the rows", function()
     -- the docs said "rows refused by rollup.max_rows": it is the events whose row could not
     -- be made (3 here, for one row), what the rollups are short of

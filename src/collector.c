@@ -359,6 +359,7 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
     out->delayed = (uint64_t)col->delayed_count;
     if (col->rollups) {
         out->rollup_rows = esx_rollups_rows(col->rollups);
+        out->rollup_bytes = esx_rollups_memory(col->rollups);
         out->rollup_dropped = esx_rollups_dropped(col->rollups);
     }
     if (col->rl)

@@ -66,7 +66,7 @@ typedef struct esx_collector_counters {
     uint64_t spool_skipped_bytes, spool_segments_gone, spool_segments_refused, spool_sync_failed,
              dead_letter_failed;
     uint64_t bulk_requests, bulk_failures, indices_created, index_create_failed;
-    uint64_t rollup_rows, rollup_dropped, rollup_written, rollup_lost, rate_unlimited;
+    uint64_t rollup_rows, rollup_bytes, rollup_dropped, rollup_written, rollup_lost, rate_unlimited;
     int64_t oldest_queued_ms;    /* age of the oldest unacknowledged event (shipping lag) */
 } esx_collector_counters;
 

@@ -372,6 +372,7 @@ static int col_stats(lua_State *L)
     set_int(L, "indices_created", (long long)s.indices_created);
     set_int(L, "index_create_failed", (long long)s.index_create_failed);
     set_int(L, "rollup_rows", (long long)s.rollup_rows);
+    set_int(L, "rollup_bytes", (long long)s.rollup_bytes);
     set_int(L, "rollup_dropped", (long long)s.rollup_dropped);
     set_int(L, "rollup_written", (long long)s.rollup_written);
     set_int(L, "rollup_lost", (long long)s.rollup_lost);

@@ -39,6 +39,9 @@ struct esx_rollups {
      * A later window may free rows that walk had to keep (they were of its own window,
      * written while it was open), even when no row was written since. */
     int64_t reclaimed_for;
+    /* The bytes the table holds, as esx_rollups_memory counts them: kept as rows and sketches
+     * change, so that col:stats() does not walk 100,000 rows under the collector's lock. */
+    size_t bytes;
     esx_rollup_row **buckets;
 };
 
@@ -61,7 +64,14 @@ esx_rollups *esx_rollups_new(int64_t window_ms, size_t max_rows)
     r->run = esx_random_seed();
     r->forgotten = INT64_MIN;
     r->reclaimed_for = INT64_MIN;
+    r->bytes = sizeof *r + r->nbuckets * sizeof *r->buckets;
     return r;
+}
+
+/* Bytes a row holds: itself and its sketch. */
+static size_t row_bytes(const esx_rollup_row *row)
+{
+    return sizeof *row + (row->hll ? esx_hll_memory(row->hll) : 0);
 }
 
 static void free_row(esx_rollup_row *row)
@@ -120,6 +130,7 @@ static void forget_row(esx_rollups *r, esx_rollup_row **p)
     if (row->window_start > r->forgotten)
         r->forgotten = row->window_start;
     *p = row->next;
+    r->bytes -= row_bytes(row);
     free_row(row);
     r->rows--;
 }
@@ -178,15 +189,18 @@ int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
         row->next = *slot;
         *slot = row;
         r->rows++;
+        r->bytes += row_bytes(row);
     }
     row->count++;
     row->dirty = 1;
     if (ev->user_id[0]) {
+        size_t before = row_bytes(row);
         if (row->hll == NULL)
             row->hll = esx_hll_new();
         /* the HLL hash is unseeded: sketches of different processes must merge */
         if (row->hll)
             esx_hll_add_hash(row->hll, esx_hash64(ev->user_id, strlen(ev->user_id), 0));
+        r->bytes += row_bytes(row) - before; /* (a sketch only grows) */
     }
     return 0;
 }
@@ -314,11 +328,7 @@ uint64_t esx_rollups_dropped(const esx_rollups *r)
 
 size_t esx_rollups_memory(const esx_rollups *r)
 {
-    size_t total = sizeof *r + r->nbuckets * sizeof *r->buckets;
-    for (size_t i = 0; i < r->nbuckets; i++)
-        for (esx_rollup_row *row = r->buckets[i]; row; row = row->next)
-            total += sizeof *row + (row->hll ? esx_hll_memory(row->hll) : 0);
-    return total;
+    return r->bytes;
 }
 
 int64_t esx_rollups_window(const esx_rollups *r)
