@@ -136,20 +136,27 @@ static void forget_row(esx_rollups *r, esx_rollup_row **p)
 }
 
 /* At max_rows: frees the written rows of windows before w (kept only for late counts, which
- * would now make a row with an _id of its own) to make room for a row of window w.  Walks
- * the table at most once per esx_rollups_emit that wrote rows and once per later window.
+ * would now make a row with an _id of its own) to make room for a row of window w, and those
+ * of windows after the one after w: made while the wall clock was ahead (a forward step, put
+ * right), they were kept until real time reached their window -- an hour's step held their
+ * places for an hour, refusing the current window's rows -- and a row made again for their
+ * window gets an _id of its own too.  (The window after w is kept: a late count, of the
+ * window before the current one, must not free the current window's rows.)  Walks the table
+ * at most once per esx_rollups_emit that wrote rows, once per later window, and once per
+ * step of the clock back past the window before the last walk's.
  * Returns 1 when it made room. */
 static int reclaim(esx_rollups *r, int64_t w)
 {
-    if (!r->reclaimable && w <= r->reclaimed_for)
+    int back = r->reclaimed_for != INT64_MIN && w < r->reclaimed_for - r->window;
+    if (!r->reclaimable && w <= r->reclaimed_for && !back)
         return 0;
     r->reclaimable = 0;
-    if (w > r->reclaimed_for)
+    if (w > r->reclaimed_for || back)
         r->reclaimed_for = w;
     for (size_t i = 0; i < r->nbuckets; i++) {
         esx_rollup_row **p = &r->buckets[i];
         while (*p) {
-            if (!(*p)->dirty && (*p)->window_start < w)
+            if (!(*p)->dirty && ((*p)->window_start < w || (*p)->window_start > w + r->window))
                 forget_row(r, p);
             else
                 p = &(*p)->next;

@@ -36,7 +36,8 @@ esx_rollups *esx_rollups_new(int64_t window_ms, size_t max_rows);
 void esx_rollups_free(esx_rollups *r);
 
 /* Counts ev (accepted at received_at ms).  At max_rows, rows of earlier windows that are
- * already written make room.  Returns 0; 1 when the row could not be created (table full of
+ * already written make room, and so do written rows of windows after the next one (made
+ * while the wall clock was ahead).  Returns 0; 1 when the row could not be created (table full of
  * rows not yet written or of this window, or out of memory: counted in dropped); never fails
  * otherwise. */
 int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev);
