@@ -620,6 +620,8 @@ describe("esxd", function()
       assert.is_nil(b._source)
     end)
     it("GET honours realtime, refresh, version and stored_fields", function()
+      -- no automatic refresh: realtime=false must see the last explicit refresh only
+      assert.equal(200, (jreq("PUT", "/gp", { settings = { refresh_interval = "-1" } })))
       put_doc("gp", "1", { a = 1 })
       jreq("PUT", "/gp/_doc/1", { a = 2 })                       -- not refreshed yet
       local st, b = jreq("GET", "/gp/_doc/1?realtime=false")
@@ -1703,6 +1705,7 @@ describe("esxd", function()
 
   describe("near-real-time visibility", function()
     it("documents are searchable after a refresh", function()
+      assert.equal(200, (jreq("PUT", "/nrt", { settings = { refresh_interval = "-1" } })))
       jreq("PUT", "/nrt/_doc/1", { a = 1 })
       local _, b = jreq("GET", "/nrt/_count")
       assert.equal(0, b.count)
@@ -1713,6 +1716,7 @@ describe("esxd", function()
       assert.equal(1, b.count)
     end)
     it("search sees the state as of the last refresh (updates and deletes too)", function()
+      assert.equal(200, (jreq("PUT", "/snap", { settings = { refresh_interval = "-1" } })))
       for i = 1, 3 do jreq("PUT", "/snap/_doc/" .. i, { v = "old" }) end
       jreq("POST", "/snap/_refresh")
       jreq("PUT", "/snap/_doc/1", { v = "new" })
@@ -1746,6 +1750,40 @@ describe("esxd", function()
         socket.sleep(0.1)
       end
       assert.equal(1, n)
+    end)
+    it("honours index.refresh_interval: -1 turns the automatic refresh off, a bad value is ES's 400", function()
+      -- it was accepted and ignored: every index was refreshed each second, so a test that
+      -- needs a write to stay invisible could not have one
+      assert.equal(200, (jreq("PUT", "/noauto", { settings = { index = { refresh_interval = -1 } } })))
+      assert.equal(200, (jreq("PUT", "/slow", { settings = { refresh_interval = "1h" } })))
+      jreq("PUT", "/noauto/_doc/1", { a = 1 })
+      jreq("PUT", "/slow/_doc/1", { a = 1 })
+      jreq("PUT", "/auto2/_doc/1", { a = 1 })
+      local n = 0
+      for _ = 1, 30 do
+        local _, b = jreq("GET", "/auto2/_count")
+        n = b.count
+        if n == 1 then break end
+        socket.sleep(0.1)
+      end
+      assert.equal(1, n)                                       -- the default 1s did run
+      socket.sleep(1.2)
+      local _, b = jreq("GET", "/noauto,slow/_count")
+      assert.equal(0, b.count)
+      assert.equal(200, (jreq("POST", "/noauto/_refresh")))
+      _, b = jreq("GET", "/noauto/_count")
+      assert.equal(1, b.count)
+      local st
+      st, b = jreq("PUT", "/badri", { settings = { refresh_interval = "5x" } })
+      assert.equal(400, st)
+      assert.same({ error = { root_cause = { { type = "illegal_argument_exception",
+        reason = "failed to parse setting [index.refresh_interval] with value [5x] as a time value: unit is missing or unrecognized" } },
+        type = "illegal_argument_exception",
+        reason = "failed to parse setting [index.refresh_interval] with value [5x] as a time value: unit is missing or unrecognized",
+        caused_by = { type = "parse_exception",
+          reason = "failed to parse setting [index.refresh_interval] with value [5x] as a time value: unit is missing or unrecognized" } },
+        status = 400 }, b)
+      assert.equal(404, (req("HEAD", "/badri")))
     end)
     it("_refresh of a missing index is 404", function()
       local st, b = jreq("POST", "/nosuch/_refresh")

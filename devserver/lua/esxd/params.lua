@@ -129,6 +129,8 @@ local function check_time(name, v)
     "] as a time value: unit is missing or unrecognized"), 0)
 end
 
+_M.check_time = check_time
+
 -- A time value that passed check_time, in milliseconds (-1 stays -1).
 function _M.time_ms(v)
   local s = v:lower():match("^%s*(.-)%s*$")

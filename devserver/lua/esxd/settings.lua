@@ -10,7 +10,7 @@ local null = json.null
 
 -- IndexScopedSettings' built-in index settings (and the common x-pack ones). esxd applies
 -- number_of_shards, number_of_replicas, mapping.ignore_malformed, mapping.total_fields.limit,
--- mapping.depth.limit, max_result_window and max_terms_count; the others are accepted and change nothing
+-- mapping.depth.limit, max_result_window, max_terms_count and refresh_interval (store.lua); the others are accepted and change nothing
 -- (see README).
 local KNOWN = {}
 for w in ([[number_of_shards number_of_replicas number_of_routing_shards routing_partition_size

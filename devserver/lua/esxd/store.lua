@@ -7,6 +7,7 @@ local names = require "esxd.names"
 local mapping = require "esxd.mapping"
 local source_filter = require "esxd.source_filter"
 local settings = require "esxd.settings"
+local params = require "esxd.params"
 
 local _M = {}
 local null = json.null
@@ -97,6 +98,20 @@ function _M.create(name, body)
   if lerr then return nil, lerr end
   mapping.register_limits(idx.types, { max_terms_count = max_terms or 65536 })
   idx.nested_limit = idx.nested_limit or 50
+  -- index.refresh_interval (ES's timeSetting, default 1s): how often auto_refresh makes
+  -- writes searchable; -1 turns the automatic refresh off
+  local ri = flat["index.refresh_interval"]
+  if ri ~= nil and ri ~= null then
+    local ok, e = pcall(params.check_time, "index.refresh_interval", tostring(ri))
+    if not ok and e.type == "illegal_argument_exception" then return nil, e end
+    if not ok then
+      return nil, errors.new(400, "illegal_argument_exception", e.reason, nil,
+        { caused_by = { type = e.type, reason = e.reason } })
+    end
+    idx.refresh_ms = params.time_ms(tostring(ri))
+  end
+  idx.refresh_ms = idx.refresh_ms or 1000
+  idx.last_refresh = now_ms()
   idx.total_fields_limit = idx.total_fields_limit or 1000
   idx.depth_limit = idx.depth_limit or 20
   mapping.register_formats(idx.types, idx.formats)
@@ -166,6 +181,18 @@ end
 
 function _M.refresh_all()
   for _, idx in pairs(indices) do _M.refresh(idx) end
+end
+
+-- The automatic refresh (a 1 s timer): each index whose refresh_interval has passed since
+-- its last automatic refresh; never one with refresh_interval -1.
+function _M.auto_refresh()
+  local now = now_ms()
+  for _, idx in pairs(indices) do
+    if idx.refresh_ms >= 0 and now - idx.last_refresh >= idx.refresh_ms - 50 then
+      idx.last_refresh = now
+      _M.refresh(idx)
+    end
+  end
 end
 
 local function ensure_index(name)
