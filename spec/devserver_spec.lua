@@ -551,6 +551,30 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.equal("document_parsing_exception", b.error.type)
     end)
+    it("returns 400 when an ISO date goes to a field whose format has only the yyyy/MM/dd parsers", function()
+      -- the slash format has no ISO parser: ES refuses "2015-09-03" there (esxd took it)
+      local SLASH = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"
+      put_doc("slashi", "1", { d = "2015/09/02" })             -- dynamic: the slash format
+      assert.equal(200, (jreq("PUT", "/slashx", { mappings = { properties = { d = { type = "date", format = SLASH },
+        o = { type = "date", format = "yyyy/MM/dd" } } } })))
+      for _, c in ipairs({ { "slashi", "d", "2015-09-03" }, { "slashx", "d", "2015-09-03T10:00:00Z" },
+          { "slashx", "o", "2015/09/03 10:00:00" }, { "slashx", "o", "2015-09-03" } }) do
+        local st, b = jreq("PUT", "/" .. c[1] .. "/_doc/2", { [c[2]] = c[3] })
+        assert.equal(400, st, c[3])
+        assert.equal("document_parsing_exception", b.error.type, c[3])
+        assert.equal("failed to parse field [" .. c[2] .. "] of type [date] in document with id '2'. " ..
+          "Preview of field's value: '" .. c[3] .. "'", b.error.reason:match("^%[[%d:]+%] (.*)$"), c[3])
+      end
+      put_doc("slashx", "1", { d = "2015/09/02 10:00:00", o = "2015/09/02" })
+      put_doc("slashx", "2", { d = "1441238400000" })
+      local st, b = jreq("POST", "/slashx/_search", { query = { range = { d = { gte = "2015-09-01" } } } })
+      assert.equal(400, st)
+      query_shard_failure(b, "slashx", "parse_exception",
+        "failed to parse date field [2015-09-01] with format [" .. SLASH .. "]")
+      st, b = jreq("POST", "/slashx/_search", { query = { range = { d = { gte = "2015/09/03" } } } })
+      assert.equal(200, st)
+      assert.same({ "2" }, ids(b))
+    end)
   end)
 
   describe("documents", function()

@@ -557,6 +557,31 @@ local function epoch_text_fits(text, format)
   return #frac <= (seconds and 9 or 6)
 end
 
+-- The parts of a mapping format whose strings esxd reads as ES does, each with what it takes
+-- (the calendar check is dates.parse's). A string fits a format made only of them when one
+-- of its parts takes it, as ES tries each parser in turn: "yyyy/MM/dd||epoch_millis" refuses
+-- "2015-09-03", which has no ISO parser there.
+local function iso_text(v) return not dates.is_slash(v) end -- (digit strings: as dates.parse reads them)
+local function epoch_text(v) return v:match("^%-?%d+%.?%d*$") ~= nil end
+local STRING_PARTS = {
+  strict_date_optional_time = iso_text, date_optional_time = iso_text, strict_date_optional_time_nanos = iso_text,
+  epoch_millis = epoch_text, epoch_second = epoch_text,
+  ["yyyy/MM/dd"] = function(v) return v:match("^%d%d%d%d/%d%d/%d%d$") ~= nil end,
+  ["yyyy/MM/dd HH:mm:ss"] = function(v) return v:match("^%d%d%d%d/%d%d/%d%d %d%d:%d%d:%d%d$") ~= nil end,
+}
+_M.STRING_PARTS = STRING_PARTS
+-- true / false: does a part of format take the string v; nil when format has another part.
+local function parts_take(v, format)
+  local any = false
+  for f in format:gmatch("[^|]+") do
+    local takes = STRING_PARTS[f:match("^%s*(.-)%s*$")]
+    if not takes then return nil end
+    if takes(v) then any = true end
+  end
+  return any
+end
+_M.parts_take = parts_take
+
 -- text: the number's text in the document, when it is not a plain integer of up to 15 digits
 -- (number_texts below), which decoding loses.
 local function date_fits(v, format, text)
@@ -564,6 +589,7 @@ local function date_fits(v, format, text)
   if epoch_only(format) then
     return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)
   end
+  if type(v) == "string" and type(format) == "string" and parts_take(v, format) == false then return false end
   -- "2015/09/02" only where the format has those patterns (a dynamically detected one)
   if dates.is_slash(v) and not (type(format) == "string" and format:find("yyyy/MM/dd", 1, true)) then return false end
   return dates.parse(v) ~= nil
