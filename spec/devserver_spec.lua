@@ -551,6 +551,55 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.equal("document_parsing_exception", b.error.type)
     end)
+    it("applies dynamic_date_formats, and returns 400 when a format is epoch_ or one esxd cannot read", function()
+      -- it was accepted and ignored: ES's default formats detected the dates
+      local st, b = jreq("PUT", "/ddf", { mappings = { dynamic_date_formats = { "yyyy/MM/dd" } } })
+      assert.equal(200, st)
+      put_doc("ddf", "1", { a = "2015/09/02", b = "2015-09-02", c = "2015/09/02 10:00:00", n = "2015" })
+      _, b = jreq("GET", "/ddf/_mapping")
+      local props = b.ddf.mappings.properties
+      assert.same({ type = "date", format = "yyyy/MM/dd" }, props.a)
+      assert.equal("text", props.b.type)
+      assert.equal("text", props.c.type)
+      assert.equal("text", props.n.type)                      -- numbers are never dynamic dates
+      assert.same({ "yyyy/MM/dd" }, b.ddf.mappings.dynamic_date_formats)
+      st, b = jreq("PUT", "/ddf/_doc/2", { a = "2015-09-03" })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
+      -- "none" (also under the old name date_formats): no date detection; the default
+      -- format itself is not shown on the field
+      assert.equal(200, (jreq("PUT", "/ddfn", { mappings = { dynamic_date_formats = "none" } })))
+      assert.equal(200, (jreq("PUT", "/ddfo", { mappings = { date_formats = "none" } })))
+      assert.equal(200, (jreq("PUT", "/ddfd", { mappings = { dynamic_date_formats = {
+        "strict_date_optional_time||epoch_millis", "yyyy/MM/dd HH:mm:ss" } } })))
+      for _, i in ipairs({ "ddfn", "ddfo", "ddfd" }) do
+        put_doc(i, "1", { a = "2015-09-02", c = "2015/09/02 10:00:00", s = "2015/09/02" })
+      end
+      _, b = jreq("GET", "/ddfn,ddfo,ddfd/_mapping")
+      assert.equal("text", b.ddfn.mappings.properties.a.type)
+      assert.equal("text", b.ddfo.mappings.properties.a.type)
+      assert.same({ type = "date" }, b.ddfd.mappings.properties.a)
+      assert.same({ type = "date", format = "yyyy/MM/dd HH:mm:ss" }, b.ddfd.mappings.properties.c)
+      assert.equal("text", b.ddfd.mappings.properties.s.type)
+      -- RootObjectMapper refuses epoch formats; esxd refuses the patterns its parser cannot read
+      st, b = jreq("PUT", "/ddfe", { mappings = { dynamic_date_formats = { "yyyy/MM/dd", "epoch_millis" } } })
+      assert.equal(400, st)
+      assert.same({ error = { root_cause = { { type = "mapper_parsing_exception",
+        reason = "Epoch [epoch_millis] is not supported as dynamic date format" } }, type = "mapper_parsing_exception",
+        reason = "Failed to parse mapping: Epoch [epoch_millis] is not supported as dynamic date format",
+        caused_by = { type = "mapper_parsing_exception", reason = "Epoch [epoch_millis] is not supported as dynamic date format" } },
+        status = 400 }, b)
+      for _, f in ipairs({ { "dd.MM.yyyy" }, "dd.MM.yyyy", { "yyyy/MM/dd", "yyyy/MM/dd||dd.MM.yyyy" } }) do
+        st, b = jreq("PUT", "/ddfx", { mappings = { dynamic_date_formats = f } })
+        assert.equal(400, st)
+        local bad = type(f) == "table" and f[#f] or f
+        assert.same(es_error(400, "illegal_argument_exception", "esxd does not implement the date format [" .. bad ..
+          "] in [dynamic_date_formats]: its date parser reads strict_date_optional_time, date_optional_time, " ..
+          "yyyy/MM/dd, yyyy/MM/dd HH:mm:ss, epoch_millis and epoch_second (joined with ||) only"), b)
+      end
+      assert.equal(404, (req("HEAD", "/ddfe")))
+      assert.equal(404, (req("HEAD", "/ddfx")))
+    end)
     it("returns 400 when an ISO date goes to a field whose format has only the yyyy/MM/dd parsers", function()
       -- the slash format has no ISO parser: ES refuses "2015-09-03" there (esxd took it)
       local SLASH = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"

@@ -69,7 +69,7 @@ local OBJECT_PARAMS = { type = true, properties = true, dynamic = true, enabled 
 local NESTED_PARAMS = { include_in_parent = true, include_in_root = true }
 for k in pairs(OBJECT_PARAMS) do NESTED_PARAMS[k] = true end
 local ROOT_PARAMS = { date_detection = true, numeric_detection = true, dynamic_date_formats = true,
-  dynamic_templates = true, runtime = true }
+  date_formats = true, dynamic_templates = true, runtime = true }
 for k in pairs(OBJECT_PARAMS) do if k ~= "type" then ROOT_PARAMS[k] = true end end
 
 local function sorted_keys(t)
@@ -135,6 +135,8 @@ local properties_error
 function _M.mapping_error(mappings)
   if type(mappings) ~= "table" then return nil end
   local msg = properties_error(mappings.properties)
+  if msg then return msg end
+  msg = select(2, _M.dynamic_date_formats(mappings))
   if msg then return msg end
   return remaining("Root mapping definition", mappings, ROOT_PARAMS)
 end
@@ -231,15 +233,66 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, n
   end
 end
 
+local date_fits
+-- A root mapping's "dynamic_date_formats" (or its old name "date_formats") as
+-- RootObjectMapper reads it: a list of formats, "none" (no date detection) or one format;
+-- nil when not given. An error message (ES's, or esxd's for a format its date parser does
+-- not read) as second value.
+function _M.dynamic_date_formats(mappings)
+  local v = mappings.dynamic_date_formats
+  if v == nil then v = mappings.date_formats end
+  if v == nil or v == null then return nil end
+  local list = {}
+  if type(v) == "table" and (#v > 0 or json.is_array(v)) then
+    for i, f in ipairs(v) do
+      list[i] = type(f) == "number" and java_string(f) or tostring(f)
+      if list[i]:sub(1, 6) == "epoch_" then return nil, "Epoch [" .. list[i] .. "] is not supported as dynamic date format" end
+    end
+  elseif tostring(v) ~= "none" then
+    list[1] = type(v) == "table" and java_string(v) or tostring(v)
+  end
+  for _, f in ipairs(list) do
+    if f == "" or _M.parts_take("", f) == nil then
+      return nil, nil, "esxd does not implement the date format [" .. f .. "] in [dynamic_date_formats]: its " ..
+        "date parser reads strict_date_optional_time, date_optional_time, yyyy/MM/dd, yyyy/MM/dd HH:mm:ss, " ..
+        "epoch_millis and epoch_second (joined with ||) only"
+    end
+  end
+  return list
+end
+
+-- "dynamic_date_formats" by types table (nil: ES's defaults)
+local date_formats_by_types = setmetatable({}, { __mode = "k" })
+function _M.register_date_formats(types, list) date_formats_by_types[types] = list end
+
+local function is_number_text(v)
+  if v:match("^[%+%-]?%d+$") and tonumber(v) and math.abs(tonumber(v)) < 2 ^ 63 then return true end
+  local d = v:match("^%s*(.-)%s*$"):gsub("[fFdD]$", "")
+  return (d:match("^[%+%-]?%d*%.?%d*[eE]?[%+%-]?%d*$") and d:match("%d") and tonumber(d))
+    or d:match("^[%+%-]?Infinity$") or d == "NaN"
+end
+
 -- no_dates: the index's mappings say "date_detection": false (strings are text, whatever
 -- they look like). numeric: "numeric_detection": true, after date detection (ES's
 -- DocumentParser): a string Long.parseLong reads is a long, one Double.parseDouble reads a float.
-local function infer(v, no_dates, numeric)
+-- dformats: the index's dynamic_date_formats, tried in turn on strings that are no numbers;
+-- a date's second value is the format that read it (nil: ES's default format).
+local function infer(v, no_dates, numeric, dformats)
   local t = type(v)
   if t == "boolean" then return "boolean" end
   if t == "number" then return (math.floor(v) == v) and "long" or "float" end
   if t == "string" then
-    if not no_dates and dates.looks_like_date(v) and dates.parse(v) then return "date" end
+    if not no_dates and dformats then
+      if not is_number_text(v) then
+        for _, f in ipairs(dformats) do
+          if _M.parts_take(v, f) and date_fits(v, f) then
+            return "date", f ~= _M.default_format("date") and f or nil
+          end
+        end
+      end
+    elseif not no_dates and dates.looks_like_date(v) and dates.parse(v) then
+      return "date", dates.is_slash(v) and dates.SLASH_FORMAT or nil
+    end
     if numeric then
       if v:match("^[%+%-]?%d+$") and tonumber(v) and math.abs(tonumber(v)) < 2 ^ 63 then return "long" end
       local d = v:match("^%s*(.-)%s*$"):gsub("[fFdD]$", "")
@@ -326,7 +379,7 @@ end
 -- Map a new leaf field (name: its key, path: its full path) for the value v: a matching
 -- dynamic template's mapping ("{name}" / "{dynamic_type}" replaced), else ES's defaults.
 local function map_new(types, path, name, v, no_dates)
-  local ty = infer(v, no_dates, numeric_by_types[types])
+  local ty, dformat = infer(v, no_dates, numeric_by_types[types], date_formats_by_types[types])
   if not ty then return end
   local def = template_for(types, path, name, ty)
   if def then
@@ -350,12 +403,13 @@ local function map_new(types, path, name, v, no_dates)
   end
   types[path] = ty
   if ty == "text" then dynamic_keyword(types, path) end
-  if ty == "date" and dates.is_slash(v) then
-    -- detected by the second default dynamic date format: the field has it as its format
+  if ty == "date" and dformat then
+    -- detected by the second default dynamic date format, or one of the index's
+    -- dynamic_date_formats: the field has it as its format
     local formats = formats_by_types[types]
-    if formats then formats[path] = dates.SLASH_FORMAT end
+    if formats then formats[path] = dformat end
     template_defs_by_types[types] = template_defs_by_types[types] or {}
-    template_defs_by_types[types][path] = { type = "date", format = dates.SLASH_FORMAT }
+    template_defs_by_types[types][path] = { type = "date", format = dformat }
   end
 end
 
@@ -584,7 +638,7 @@ _M.parts_take = parts_take
 
 -- text: the number's text in the document, when it is not a plain integer of up to 15 digits
 -- (number_texts below), which decoding loses.
-local function date_fits(v, format, text)
+function date_fits(v, format, text)
   if text and type(v) == "number" and not epoch_text_fits(text, format) then return false end
   if epoch_only(format) then
     return type(v) == "number" or (type(v) == "string" and v:match("^%-?%d+%.?%d*$") ~= nil)

@@ -138,6 +138,9 @@ function _M.create(name, body)
       idx.null_values)
     if body.mappings.dynamic ~= nil then idx.dynamic[""] = body.mappings.dynamic end
     idx.no_date_detection = body.mappings.date_detection == false
+    local dformats, _, unsupported = mapping.dynamic_date_formats(body.mappings)
+    if unsupported then return nil, errors.illegal_argument(unsupported) end
+    mapping.register_date_formats(idx.types, dformats)
     local nd = body.mappings.numeric_detection
     mapping.register_numeric_detection(idx.types, nd == true or nd == "true")
     if type(body.mappings.dynamic_templates) == "table" then
