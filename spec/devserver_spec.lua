@@ -3517,6 +3517,45 @@ describe("esxd", function()
     end)
   end)
 
+  describe("allow_no_indices", function()
+    it("returns 404 when allow_no_indices=false and _all, *, a wildcard or the whole expression match nothing", function()
+      -- IndexNameExpressionResolver: each wildcard must match, and so must the expression
+      -- (esxd let _all and * through, and checked only the whole expression)
+      local all = es_error(404, "index_not_found_exception", "no such index [_all] and no indices exist",
+        { ["resource.type"] = "index_or_alias", ["resource.id"] = "_all", index_uuid = "_na_", index = "_all" })
+      for _, path in ipairs({ "/_search", "/_all/_search", "/_count", "/_all/_count" }) do
+        local st, b = jreq("GET", path .. "?allow_no_indices=false")
+        assert.equal(404, st, path)
+        assert.same(all, b, path)
+      end
+      local st, b = jreq("GET", "/*/_search?allow_no_indices=false")
+      assert.equal(404, st)
+      assert.same(not_found("*"), b)
+      st, b = jreq("POST", "/_msearch", '{"index":"_all","allow_no_indices":false}\n{}\n', NDJSON)
+      assert.equal(200, st)
+      assert.same(all, b.responses[1])
+      put_doc("anx1", "1", { a = 1 })
+      assert.equal(200, (jreq("GET", "/_all/_search?allow_no_indices=false")))
+      assert.equal(200, (jreq("GET", "/*/_count?allow_no_indices=false")))
+      -- a wildcard that matches nothing fails even beside indices that exist
+      st, b = jreq("GET", "/anx1,nomatch-*/_search?allow_no_indices=false")
+      assert.equal(404, st)
+      assert.same(not_found("nomatch-*"), b)
+      st, b = jreq("GET", "/nomatch-a*,nomatch-b*/_search?allow_no_indices=false")
+      assert.same(not_found("nomatch-a*"), b)
+      assert.equal(200, (jreq("GET", "/anx1,nomatch-*/_search")))
+      -- several expressions resolving to nothing
+      st, b = jreq("GET", "/anx*,-anx1/_search?allow_no_indices=false")
+      assert.equal(404, st)
+      assert.same(es_error(404, "index_not_found_exception", "no such index [null]",
+        { ["resource.type"] = "index_expression", ["resource.id"] = { "anx*", "-anx1" } }), b)
+      st, b = jreq("GET", "/nope1,nope2/_search?allow_no_indices=false&ignore_unavailable=true")
+      assert.equal(404, st)
+      assert.same({ "nope1", "nope2" }, b.error["resource.id"])
+      assert.equal(200, (jreq("GET", "/nope1,nope2/_search?ignore_unavailable=true")))
+    end)
+  end)
+
   describe("_count and _msearch", function()
     before_each(function()
       req("POST", "/_bulk?refresh=true", '{"index":{"_index":"c1","_id":"1"}}\n{"k":"a"}\n{"index":{"_index":"c1","_id":"2"}}\n{"k":"b"}\n', NDJSON)

@@ -1,6 +1,7 @@
 -- esxd.names: index name validation and index-expression resolution
 -- ("a,b", "events-*", "_all", "*", "-excluded") following Elasticsearch's rules.
 local errors = require "esxd.errors"
+local json = require "esxd.json"
 
 local _M = {}
 
@@ -35,19 +36,37 @@ _M.glob_to_pattern = glob_to_pattern
 
 -- Resolve an index expression against the existing names (a sorted list).
 -- opts.ignore_unavailable: drop missing concrete names instead of failing.
--- opts.allow_no_indices (default true): a wildcard matching nothing is fine.
+-- opts.allow_no_indices (default true): false makes a wildcard matching nothing, and an
+-- expression resolving to no index, ES's 404 (IndexNameExpressionResolver.notFoundException).
 -- opts.no_wildcards (expand_wildcards=none): wildcards and _all expand to nothing.
 -- Returns list of names, or nil, error.
+local function not_found(exprs)
+  if #exprs == 0 or (#exprs == 1 and exprs[1] == "_all") then
+    return errors.new(404, "index_not_found_exception", "no such index [_all] and no indices exist",
+      { "resource.type", "index_or_alias", "resource.id", "_all", "index_uuid", "_na_", "index", "_all" })
+  end
+  if #exprs == 1 then return errors.index_not_found(exprs[1]) end
+  local ids = json.array()
+  for i, e in ipairs(exprs) do ids[i] = e end
+  return errors.new(404, "index_not_found_exception", "no such index [null]",
+    { "resource.type", "index_expression", "resource.id", ids })
+end
+
 function _M.resolve(expr, existing, opts)
   opts = opts or {}
+  local strict = opts.allow_no_indices == false
   if expr == nil or expr == "" or expr == "_all" or expr == "*" then
     local out = {}
-    if opts.no_wildcards then return out end
-    for _, n in ipairs(existing) do
-      if n:sub(1, 1) ~= "." then out[#out + 1] = n end
+    if not opts.no_wildcards then
+      for _, n in ipairs(existing) do
+        if n:sub(1, 1) ~= "." then out[#out + 1] = n end
+      end
     end
+    if strict and #out == 0 then return nil, not_found(expr == "*" and { "*" } or {}) end
     return out
   end
+  local exprs = {}
+  for part in (expr .. ","):gmatch("([^,]*),") do exprs[#exprs + 1] = part end
   local set, out = {}, {}
   local exists = {}
   for _, n in ipairs(existing) do exists[n] = true end
@@ -61,11 +80,14 @@ function _M.resolve(expr, existing, opts)
     if part:find("*", 1, true) then
       if opts.no_wildcards then goto continue end
       local pat = glob_to_pattern(part)
+      local matched = false
       for _, n in ipairs(existing) do
         if n:match(pat) and (part:sub(1, 1) == "." or n:sub(1, 1) ~= ".") then
+          matched = true
           if negate then set[n] = nil elseif not set[n] then set[n] = true; out[#out + 1] = n end
         end
       end
+      if strict and not matched then return nil, errors.index_not_found(part) end
     elseif negate then
       set[part] = nil
     elseif exists[part] then
@@ -77,6 +99,7 @@ function _M.resolve(expr, existing, opts)
   end
   local final = {}
   for _, n in ipairs(out) do if set[n] then final[#final + 1] = n end end
+  if strict and #final == 0 then return nil, not_found(exprs) end
   return final
 end
 

@@ -39,11 +39,8 @@ end
 
 function _M.targets(expr, params)
   local list, err = names.resolve(expr, store.names(), { ignore_unavailable = truthy(params.ignore_unavailable),
-    no_wildcards = expand_none(params.expand_wildcards) })
+    no_wildcards = expand_none(params.expand_wildcards), allow_no_indices = params.allow_no_indices ~= "false" })
   if not list then error(err, 0) end
-  if #list == 0 and expr and expr ~= "" and expr ~= "_all" and expr ~= "*" and params.allow_no_indices == "false" then
-    error(errors.index_not_found(expr), 0)
-  end
   local out = {}
   for _, n in ipairs(list) do out[#out + 1] = store.get(n) end
   return out
