@@ -600,6 +600,26 @@ describe("esxd", function()
       assert.equal(404, (req("HEAD", "/ddfe")))
       assert.equal(404, (req("HEAD", "/ddfx")))
     end)
+    it("a dynamic template for dates keeps the detected date format when its mapping has none", function()
+      -- ES parses the template's mapping with the detected formatter as the default format;
+      -- esxd gave the field the default format, which then refused the next yyyy/MM/dd date
+      local SLASH = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"
+      assert.equal(200, (jreq("PUT", "/dtf", { mappings = { dynamic_templates = {
+        { d = { match_mapping_type = "date", mapping = { type = "date", meta = { k = "v" } } } } } } })))
+      assert.equal(200, (jreq("PUT", "/dtfc", { mappings = { dynamic_date_formats = { "yyyy/MM/dd" },
+        dynamic_templates = { { d = { match_mapping_type = "date", mapping = { type = "{dynamic_type}" } } } } } })))
+      put_doc("dtf", "1", { s = "2015/09/02", i = "2015-09-02" })
+      put_doc("dtf", "2", { s = "2015/09/03", i = "2015-09-03" })
+      put_doc("dtfc", "1", { s = "2015/09/02" })
+      put_doc("dtfc", "2", { s = "2015/09/03" })
+      local _, b = jreq("GET", "/dtf,dtfc/_mapping")
+      assert.same({ type = "date", format = SLASH, meta = { k = "v" } }, b.dtf.mappings.properties.s)
+      assert.same({ type = "date", meta = { k = "v" } }, b.dtf.mappings.properties.i)
+      assert.same({ type = "date", format = "yyyy/MM/dd" }, b.dtfc.mappings.properties.s)
+      local st, r = jreq("POST", "/dtf/_search", { query = { range = { s = { gte = "2015/09/03" } } } })
+      assert.equal(200, st)
+      assert.same({ "2" }, ids(r))
+    end)
     it("returns 400 when an ISO date goes to a field whose format has only the yyyy/MM/dd parsers", function()
       -- the slash format has no ISO parser: ES refuses "2015-09-03" there (esxd took it)
       local SLASH = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis"

@@ -392,6 +392,9 @@ local function map_new(types, path, name, v, no_dates)
     end
     def = subst(def)
     if def.type == nil then def.type = ty end
+    -- the template's date mapper is parsed with the detected date format as its default
+    -- (DocumentParserContext.dynamicTemplateParserContext): a slash date keeps its format
+    if ty == "date" and dformat and _M.is_date(def.type) and def.format == nil then def.format = dformat end
     if def.type ~= "object" and def.type ~= "nested" and def.properties == nil then
       local prefix = #path > #name and path:sub(1, #path - #name - 1) or nil
       _M.load(types, { [name] = def }, prefix, formats_by_types[types], nil,
