@@ -2115,6 +2115,23 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.equal(4, b.hits.total.value)
     end)
+    it("excludes -x only after a wildcard, as ES does; otherwise -x is an index name", function()
+      -- esxd excluded -x after any expression, so "events-a,-events-a" searched nothing where
+      -- ES answers 404 for the index "-events-a"
+      local _, b = jreq("GET", "/events-*,-events-a/_search")
+      assert.equal(1, b.hits.total.value)
+      _, b = jreq("GET", "/*,-events-b/_count")
+      assert.equal(4, b.count)
+      local st
+      st, b = jreq("GET", "/events-a,-events-a/_search")
+      assert.equal(404, st)
+      assert.same(es_error(404, "index_not_found_exception", "no such index [-events-a] and if you intended to exclude " ..
+        "this index, ensure that you use wildcards that include it before explicitly excluding it",
+        { ["resource.type"] = "index_or_alias", ["resource.id"] = "-events-a", index_uuid = "_na_", index = "-events-a" }), b)
+      st, b = jreq("GET", "/events-a,-events-b/_search?ignore_unavailable=true")
+      assert.equal(200, st)
+      assert.equal(4, b.hits.total.value)
+    end)
     it("term, terms, ids, exists, prefix, range", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "1", "2", "4", "5" }, q({ term = { tag = "animal" } }))

@@ -70,15 +70,16 @@ function _M.resolve(expr, existing, opts)
   local set, out = {}, {}
   local exists = {}
   for _, n in ipairs(existing) do exists[n] = true end
-  local i = 0
-  for part in (expr .. ","):gmatch("([^,]*),") do
-    i = i + 1
+  -- "-x" excludes only after a wildcard (ES's wildcardSeen): "a,-b" names an index "-b"
+  local wildcard_seen = false
+  for _, part in ipairs(exprs) do
     if part == "" then goto continue end
     local negate = false
-    if part:sub(1, 1) == "-" and i > 1 then negate = true; part = part:sub(2) end
+    if part:sub(1, 1) == "-" and wildcard_seen then negate = true; part = part:sub(2) end
     if part == "_all" then part = "*" end
     if part:find("*", 1, true) then
       if opts.no_wildcards then goto continue end
+      wildcard_seen = true
       local pat = glob_to_pattern(part)
       local matched = false
       for _, n in ipairs(existing) do
@@ -93,6 +94,11 @@ function _M.resolve(expr, existing, opts)
     elseif exists[part] then
       if not set[part] then set[part] = true; out[#out + 1] = part end
     elseif not opts.ignore_unavailable then
+      if part:sub(1, 1) == "-" then
+        return nil, errors.new(404, "index_not_found_exception", "no such index [" .. part .. "] and if you intended to " ..
+          "exclude this index, ensure that you use wildcards that include it before explicitly excluding it",
+          { "resource.type", "index_or_alias", "resource.id", part, "index_uuid", "_na_", "index", part })
+      end
       return nil, errors.index_not_found(part)
     end
     ::continue::
