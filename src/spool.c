@@ -798,6 +798,113 @@ static int dead_name(const esx_spool *sp, int pid, const char *path)
     return pid == (int)sp->pid ? !owned(sp, path) : !pid_alive((pid_t)pid);
 }
 
+/* 1 when name is a segment's, seg-<pid>-<seq>.log: *pid and *seq from it, and path (600
+ * bytes) its path in the spool directory. */
+static int segment_name(const esx_spool *sp, const char *name, int *pid,
+                        unsigned long long *seq, char *path)
+{
+    char tail[8];
+    if (sscanf(name, "seg-%d-%llu%7s", pid, seq, tail) != 3 || strcmp(tail, ".log") != 0)
+        return 0;
+    snprintf(path, 600, "%.500s/%.90s", sp->dir, name);
+    return 1;
+}
+
+/* The segment names in the spool directory whose file has more than one link, by inode:
+ * made once per scan (index_links), when the scan first meets such an orphan.  Each of them
+ * looked at every name in the directory again (other_names): N segments with a second link
+ * -- a backup tool's hard-link snapshot of the spool (rsnapshot, cp -al) -- made N^2 lstat
+ * calls under the collector's lock, which every request takes: 4000 took a minute. */
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    int pid;
+    char name[91]; /* (as much of it as a path takes: "%.90s") */
+} seg_link;
+
+#define LINK_INDEX_MAX 65536 /* names: past it, each such orphan walks the directory */
+
+typedef struct {
+    int built;          /* 0: not yet; 1: v holds the names; -1: could not be made */
+    struct timespec at; /* when its walk began */
+    seg_link *v;
+    size_t n;
+} link_index;
+
+static int by_inode(const void *a, const void *b)
+{
+    const seg_link *x = a, *y = b;
+    if (x->dev != y->dev)
+        return x->dev < y->dev ? -1 : 1;
+    return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+static void index_links(const esx_spool *sp, link_index *ix)
+{
+    ix->built = -1;
+    clock_gettime(CLOCK_REALTIME, &ix->at);
+    DIR *d = opendir(sp->dir);
+    if (d == NULL)
+        return;
+    size_t cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int pid;
+        unsigned long long seq;
+        char path[600];
+        struct stat st;
+        if (!segment_name(sp, de->d_name, &pid, &seq, path) || lstat(path, &st) != 0 ||
+            !S_ISREG(st.st_mode) || st.st_nlink < 2)
+            continue;
+        if (ix->n == cap) {
+            size_t ncap = cap ? cap * 2 : 64;
+            seg_link *v = ncap <= LINK_INDEX_MAX ? realloc(ix->v, ncap * sizeof *v) : NULL;
+            if (v == NULL) { /* (no memory, or too many: each looks for itself) */
+                closedir(d);
+                free(ix->v);
+                ix->v = NULL;
+                ix->n = 0;
+                return;
+            }
+            ix->v = v;
+            cap = ncap;
+        }
+        seg_link *l = &ix->v[ix->n++];
+        l->dev = st.st_dev;
+        l->ino = st.st_ino;
+        l->pid = pid;
+        snprintf(l->name, sizeof l->name, "%.90s", de->d_name);
+    }
+    closedir(d);
+    if (ix->n > 0)
+        qsort(ix->v, ix->n, sizeof *ix->v, by_inode);
+    ix->built = 1;
+}
+
+/* 1 when the links of the file st describes have not changed since `at`: a link, an unlink
+ * or a rename of it sets its ctime (100 ms of slack: a file system's clock may lag the
+ * wall clock by a tick). */
+static int links_unchanged_since(const struct stat *st, const struct timespec *at)
+{
+    int64_t c = (int64_t)st->st_ctim.tv_sec * 1000 + st->st_ctim.tv_nsec / 1000000;
+    int64_t a = (int64_t)at->tv_sec * 1000 + at->tv_nsec / 1000000;
+    return c < a - 100;
+}
+
+/* other_names' look at one name `other` (of pid) of the file: counted, a live process's
+ * sets *live, a dead one's may become `canon`. */
+static void look_at_name(const esx_spool *sp, int pid, const char *other, const char *from,
+                         char *canon, nlink_t *names, int *live)
+{
+    (*names)++;
+    if (strcmp(other, from) == 0)
+        return;
+    if (!dead_name(sp, pid, other))
+        *live = 1;
+    else if (strcmp(other, canon) < 0)
+        snprintf(canon, 600, "%s", other);
+}
+
 /* What the other names of the file st describes (an orphan's, with more than one link) say.
  * Returns 1 to pass it over: a second name is a segment of a live process -- that process
  * is claiming it where RENAME_NOREPLACE is missing (between its link and its unlink), or has
@@ -808,40 +915,51 @@ static int dead_name(const esx_spool *sp, int pid, const char *path)
  * completed (refused, the file was refused by every later process for good, its events
  * never replayed) -- `canon` (600 bytes) gets the name to claim, the first of them by
  * strcmp: processes completing it at once all try that one, and one rename wins.  Returns 0
- * to refuse it (a link elsewhere: a backup tool's). */
+ * to refuse it (a link elsewhere: a backup tool's).  The names are those of the scan's
+ * index (ix, made at the first call) while the file's links are as they were then, else
+ * those of a walk of the directory now. */
 static int other_names(const esx_spool *sp, const char *from, const struct stat *st,
-                       char *canon)
+                       char *canon, link_index *ix)
 {
     struct stat now;
     if (lstat(from, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
         now.st_nlink == 1)
         return 1; /* gone, or one name again: the next scan decides */
-    DIR *d = opendir(sp->dir);
-    if (d == NULL)
-        return 0;
+    if (ix->built == 0)
+        index_links(sp, ix);
     int live = 0;
     nlink_t names = 0;
     snprintf(canon, 600, "%s", from);
-    struct dirent *de;
-    while (!live && (de = readdir(d)) != NULL) {
-        int pid;
-        unsigned long long seq;
-        char tail[8];
-        if (sscanf(de->d_name, "seg-%d-%llu%7s", &pid, &seq, tail) != 3 || strcmp(tail, ".log"))
-            continue;
-        char other[600];
-        snprintf(other, sizeof other, "%.500s/%.90s", sp->dir, de->d_name);
-        if (lstat(other, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino)
-            continue;
-        names++;
-        if (strcmp(other, from) == 0)
-            continue;
-        if (!dead_name(sp, pid, other))
-            live = 1;
-        else if (strcmp(other, canon) < 0)
-            snprintf(canon, 600, "%s", other);
+    if (ix->built == 1 && links_unchanged_since(&now, &ix->at)) {
+        size_t lo = 0, hi = ix->n;
+        seg_link key = {.dev = now.st_dev, .ino = now.st_ino};
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (by_inode(&ix->v[mid], &key) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (; !live && lo < ix->n && by_inode(&ix->v[lo], &key) == 0; lo++) {
+            char other[600];
+            snprintf(other, sizeof other, "%.500s/%s", sp->dir, ix->v[lo].name);
+            look_at_name(sp, ix->v[lo].pid, other, from, canon, &names, &live);
+        }
+    } else {
+        DIR *d = opendir(sp->dir);
+        if (d == NULL)
+            return 0;
+        struct dirent *de;
+        while (!live && (de = readdir(d)) != NULL) {
+            int pid;
+            unsigned long long seq;
+            char other[600];
+            if (segment_name(sp, de->d_name, &pid, &seq, other) && lstat(other, &now) == 0 &&
+                now.st_dev == st->st_dev && now.st_ino == st->st_ino)
+                look_at_name(sp, pid, other, from, canon, &names, &live);
+        }
+        closedir(d);
     }
-    closedir(d);
     if (live)
         return 1;
     return lstat(from, &now) == 0 && now.st_ino == st->st_ino && now.st_nlink == names ? 2 : 0;
@@ -859,13 +977,10 @@ static void unlink_dead_names(const esx_spool *sp, const char *keep, dev_t dev, 
     while ((de = readdir(d)) != NULL) {
         int pid;
         unsigned long long seq;
-        char tail[8];
-        if (sscanf(de->d_name, "seg-%d-%llu%7s", &pid, &seq, tail) != 3 || strcmp(tail, ".log"))
-            continue;
         char other[600];
-        snprintf(other, sizeof other, "%.500s/%.90s", sp->dir, de->d_name);
-        if (strcmp(other, keep) != 0 && lstat(other, &now) == 0 && now.st_dev == dev &&
-            now.st_ino == ino && dead_name(sp, pid, other))
+        if (segment_name(sp, de->d_name, &pid, &seq, other) && strcmp(other, keep) != 0 &&
+            lstat(other, &now) == 0 && now.st_dev == dev && now.st_ino == ino &&
+            dead_name(sp, pid, other))
             unlink(other);
     }
     closedir(d);
@@ -881,14 +996,13 @@ int esx_spool_claim_orphans(esx_spool *sp)
     size_t n_by = 0;
     unsigned long long mark = 0;
     struct dirent *de;
+    link_index links = {0}; /* the names of files with more than one, once one is met */
     while ((de = readdir(d)) != NULL) {
         int pid;
         unsigned long long seq;
-        char tail[8];
-        if (sscanf(de->d_name, "seg-%d-%llu%7s", &pid, &seq, tail) != 3 || strcmp(tail, ".log"))
-            continue;
         char from[600];
-        snprintf(from, sizeof from, "%.500s/%.90s", sp->dir, de->d_name);
+        if (!segment_name(sp, de->d_name, &pid, &seq, from))
+            continue;
         if (pid == (int)sp->pid && !sorted) {
             /* (names from mark on are newer than the array: made by the claims below) */
             mark = (unsigned long long)atomic_load(&segment_seq) + 1;
@@ -912,7 +1026,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
             if (S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
                 (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && sp->n_refused < ESX_SPOOL_MAX_REFUSED &&
                 !refused_before(sp, &st))
-                names = other_names(sp, from, &st, canon);
+                names = other_names(sp, from, &st, canon, &links);
             if (names == 1)
                 continue;
             if (names == 0) {
@@ -968,6 +1082,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
     }
     closedir(d);
     free(by);
+    free(links.v);
     return claimed;
 }
 
