@@ -20,28 +20,9 @@
 
 #include "check.h"
 #include "spool.h"
+#include "spool_scan.h"
 
 #define SEGMENTS 2000
-
-/* CPU time, not the wall clock's: a process preempted on a busy machine is not slow */
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int leave(const char *path)
-{
-    static const char rec[] = "{\"create\":{}}\n{}\n";
-    unsigned char head[8] = {(unsigned char)(sizeof rec - 1)};
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return -1;
-    int rc = write(fd, head, 8) == 8 && write(fd, rec, sizeof rec - 1) == (ssize_t)sizeof rec - 1;
-    close(fd);
-    return rc ? 0 : -1;
-}
 
 static pid_t dead_pid(void)
 {
