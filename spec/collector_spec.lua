@@ -2020,6 +2020,17 @@ describe("col:rollups", function()
     assert.equal("response body exceeds max_response_bytes (4096)", err.message)
   end)
 
+  it("totals return nil, err with kind 'decode' after one search when a 2xx is not JSON", function()
+    -- (a proxy's 200 in HTML): taken for an answer cut off at max_response_bytes, the range was
+    -- searched again, split, before the same error came back
+    srv:fault{ path = "/rollups-x/_search", status = 200, body = "<html>proxy</html>", count = -1 }
+    local rows, err = require("esx.collector").totals(client, { site_id = "s", index = "rollups-x" })
+    srv:clear_faults()
+    assert.is_nil(rows)
+    assert.equal("decode", err.kind)
+    assert.equal(1, srv:requests("/rollups-x/_search").counts["/rollups-x/_search"])
+  end)
+
   it("totals return nil, err with kind 'too_many' when one window start has over 10,000 rows", function()
     local lines = {}
     for i = 1, 10001 do

@@ -720,7 +720,8 @@ end
 -- client's max_response_bytes (10,000 rows with dense sketches are some 170 MB).
 local function too_big(err)
   return type(err) == "table" and err.kind == "decode" and type(err.status) == "number" and
-    err.status >= 200 and err.status < 300
+    err.status >= 200 and err.status < 300 and type(err.message) == "string" and
+    err.message:find("max_response_bytes", 1, true) ~= nil -- (not a proxy's 200 in HTML)
 end
 
 -- Passes the hits of the rows matching filter with window_start in [lo, hi) (nil: open) to
