@@ -8,18 +8,14 @@
  * is passed over, and one with a name outside the directory (a backup tool's) is still
  * refused.  Prints "ok <name>" per check; exits 1 on a failure.
  */
-#include <dirent.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "check.h"
 #include "spool.h"
+#include "spool_dead.h"
 
 static esx_segment *taken;
 
@@ -29,43 +25,6 @@ static int64_t take(void *ud, esx_segment *seg, const char *data, size_t len)
     ++*(int *)ud;
     taken = seg;
     return 1;
-}
-
-static pid_t dead_pid(void)
-{
-    pid_t p = fork();
-    if (p == 0)
-        _exit(0);
-    waitpid(p, NULL, 0);
-    return p;
-}
-
-static int count_segments(const char *dir)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL)
-        n += strncmp(de->d_name, "seg-", 4) == 0;
-    if (d)
-        closedir(d);
-    return n;
-}
-
-static int make_segment(const char *path)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        return -1;
-    static const char rec[] = "{\"create\":{}}\n{}\n";
-    uint32_t n = sizeof rec - 1, crc = (uint32_t)crc32(0L, (const Bytef *)rec, n);
-    unsigned char head[8];
-    memcpy(head, &n, 4);
-    memcpy(head + 4, &crc, 4);
-    int rc = write(fd, head, 8) == 8 &&
-             write(fd, rec, sizeof rec - 1) == (ssize_t)sizeof rec - 1 ? 0 : -1;
-    close(fd);
-    return rc;
 }
 
 int main(void)
@@ -79,7 +38,7 @@ int main(void)
     pid_t owner = dead_pid(), claimer = dead_pid();
     snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)owner);
     snprintf(second, sizeof second, "%s/seg-%d-7.log", dir, (int)claimer);
-    if (make_segment(path) != 0 || link(path, second) != 0)
+    if (leave(path) != 0 || link(path, second) != 0)
         return 1;
     esx_spool *sp = esx_spool_open(dir, 1 << 20, why);
     if (sp == NULL)
@@ -99,7 +58,7 @@ int main(void)
     /* a second name of a live process's (pid 1): a claim under way, passed over */
     snprintf(path, sizeof path, "%s/seg-%d-2.log", dir, (int)owner);
     snprintf(second, sizeof second, "%s/seg-1-9.log", dir);
-    if (make_segment(path) != 0 || link(path, second) != 0)
+    if (leave(path) != 0 || link(path, second) != 0)
         return 1;
     sp = esx_spool_open(dir, 1 << 20, why);
     if (sp == NULL)
@@ -114,7 +73,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/seg-%d-3.log", dir, (int)owner);
     snprintf(second, sizeof second, "%s/seg-%d-8.log", dir, (int)claimer);
     snprintf(copy, sizeof copy, "%s/copy", bak);
-    if (make_segment(path) != 0 || link(path, second) != 0 || link(path, copy) != 0)
+    if (leave(path) != 0 || link(path, second) != 0 || link(path, copy) != 0)
         return 1;
     check(esx_spool_claim_orphans(sp) == 0 && sp->segments_refused == 1 &&
               access(path, F_OK) == 0 && access(second, F_OK) == 0,

@@ -12,12 +12,11 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "spool.h"
+#include "spool_dead.h"
 
 static esx_spool *second; /* scans from inside the first claimer's link, once */
 static int second_claimed = -1;
@@ -47,20 +46,10 @@ int main(void)
     char dir[] = "/tmp/esx-look-XXXXXX";
     if (mkdtemp(dir) == NULL)
         return 1;
-    pid_t dead = fork(); /* a process that no longer exists */
-    if (dead == 0)
-        _exit(0);
-    waitpid(dead, NULL, 0);
     char path[600];
-    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
+    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead_pid());
+    if (leave(path) != 0)
         return 1;
-    static const char rec[] = "{\"create\":{}}\n{}\n";
-    unsigned char head[8] = {(unsigned char)(sizeof rec - 1)};
-    if (write(fd, head, 8) != 8 || write(fd, rec, sizeof rec - 1) != (ssize_t)sizeof rec - 1)
-        return 1;
-    close(fd);
 
     char why[256];
     /* the other process: a pid of its own that is alive (1) */

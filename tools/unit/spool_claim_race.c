@@ -9,17 +9,15 @@
  * claimed.)  Prints "ok <name>" per check; exits
  * 1 on a failure.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "spool.h"
+#include "spool_dead.h"
 
 static esx_spool *second; /* claims from inside the first claimer's link, once */
 static int second_claimed;
@@ -61,18 +59,6 @@ int link(const char *from, const char *to)
     return linkat(AT_FDCWD, from, AT_FDCWD, to, 0);
 }
 
-static int count_segments(const char *dir)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL)
-        n += strncmp(de->d_name, "seg-", 4) == 0;
-    if (d)
-        closedir(d);
-    return n;
-}
-
 static int in_backlog(const esx_spool *sp)
 {
     return esx_spool_has_backlog(sp);
@@ -83,21 +69,10 @@ int main(void)
     char dir[] = "/tmp/esx-claim-XXXXXX";
     if (mkdtemp(dir) == NULL)
         return 1;
-    /* a process that no longer exists */
-    pid_t dead = fork();
-    if (dead == 0)
-        _exit(0);
-    waitpid(dead, NULL, 0);
     char path[600];
-    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
+    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead_pid());
+    if (leave(path) != 0)
         return 1;
-    static const char rec[] = "{\"create\":{}}\n{}\n";
-    unsigned char head[8] = {(unsigned char)(sizeof rec - 1)};
-    if (write(fd, head, 8) != 8 || write(fd, rec, sizeof rec - 1) != (ssize_t)sizeof rec - 1)
-        return 1;
-    close(fd);
 
     char why[256];
     /* the other process: a pid of its own that is alive (1), so that neither takes the

@@ -5,16 +5,14 @@
  * once, however many times it is refused: the replay's refusal counted it a second time.
  * Prints "ok <name>" per check; exits 1 on a failure.
  */
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "spool.h"
+#include "spool_dead.h"
 
 static int64_t take(void *ud, esx_segment *seg, const char *data, size_t len)
 {
@@ -27,21 +25,11 @@ int main(void)
     char dir[] = "/tmp/esx-refused-XXXXXX", bak[] = "/tmp/esx-refbak-XXXXXX";
     if (mkdtemp(dir) == NULL || mkdtemp(bak) == NULL)
         return 1;
-    pid_t dead = fork(); /* a process that no longer exists */
-    if (dead == 0)
-        _exit(0);
-    waitpid(dead, NULL, 0);
     char path[600], copy[600];
-    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead);
+    snprintf(path, sizeof path, "%s/seg-%d-1.log", dir, (int)dead_pid());
     snprintf(copy, sizeof copy, "%s/copy", bak);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
+    if (leave(path) != 0)
         return 1;
-    static const char rec[] = "{\"create\":{}}\n{}\n";
-    unsigned char head[8] = {(unsigned char)(sizeof rec - 1)};
-    if (write(fd, head, 8) != 8 || write(fd, rec, sizeof rec - 1) != (ssize_t)sizeof rec - 1)
-        return 1;
-    close(fd);
 
     char why[256];
     esx_spool *sp = esx_spool_open(dir, 1 << 20, why);

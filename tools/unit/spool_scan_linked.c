@@ -9,29 +9,19 @@
  * claim), and claim a dead claimer's segment left with two dead names.  Prints "ok <name>"
  * per check; exits 1 on a failure.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "spool.h"
+#include "spool_dead.h"
 #include "spool_scan.h"
 
 #define SEGMENTS 2000
-
-static pid_t dead_pid(void)
-{
-    pid_t p = fork(); /* a process that no longer exists */
-    if (p == 0)
-        _exit(0);
-    waitpid(p, NULL, 0);
-    return p;
-}
 
 int main(void)
 {
