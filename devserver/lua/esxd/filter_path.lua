@@ -64,26 +64,18 @@ end
 -- come back as 9.2233720368547758e+18, nor 1.0 as 1): outside strings, each number becomes a
 -- marked string before decoding, and its text again in the filtered output.
 local MARKED = '"\\u0000esxd%-number\\u0000([^"]*)"'
-local find, sub = string.find, string.sub
+local find, sub, find_outside_strings = string.find, string.sub, json.find_outside_strings
 
 local function mark_numbers(s)
   local out, pos, i = {}, 1, 1
   while true do
-    local j = find(s, '["%-%d]', i)
+    local j = find_outside_strings(s, '["%-%d]', i)
+    if j == false then return s end -- an unterminated string: leave the text to the decoder
     if not j then break end
-    if sub(s, j, j) == '"' then
-      local k = j + 1
-      while true do
-        local q = find(s, '["\\]', k)
-        if not q then return s end -- an unterminated string: leave the text to the decoder
-        if sub(s, q, q) == "\\" then k = q + 2 else i = q + 1; break end
-      end
-    else
-      local e = find(s, "[^%-%+%.%deE]", j) or #s + 1
-      out[#out + 1] = sub(s, pos, j - 1)
-      out[#out + 1] = '"\\u0000esxd-number\\u0000' .. sub(s, j, e - 1) .. '"'
-      pos, i = e, e
-    end
+    local e = find(s, "[^%-%+%.%deE]", j) or #s + 1
+    out[#out + 1] = sub(s, pos, j - 1)
+    out[#out + 1] = '"\\u0000esxd-number\\u0000' .. sub(s, j, e - 1) .. '"'
+    pos, i = e, e
   end
   out[#out + 1] = sub(s, pos)
   return table.concat(out)

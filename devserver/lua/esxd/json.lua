@@ -140,28 +140,38 @@ end
 local EMPTY = "\0esxd-empty-array\0"
 local find, sub, match = string.find, string.sub, string.match
 
+-- The index of the first match of pat (a set that holds '"' and the characters looked for,
+-- as '["%[]') at or after i in the JSON text s that is not inside a string: nil when there is
+-- none, false at an unterminated string.  For the rewrites of a text before decoding it
+-- (mark_empty_arrays here, filter_path's numbers).
+local function find_outside_strings(s, pat, i)
+  while true do
+    local j = find(s, pat, i)
+    if not j or sub(s, j, j) ~= '"' then return j end
+    local k = j + 1
+    while true do
+      local q = find(s, '["\\]', k)
+      if not q then return false end
+      if sub(s, q, q) == "\\" then k = q + 2 else i = q + 1; break end
+    end
+  end
+end
+_M.find_outside_strings = find_outside_strings
+
 local function mark_empty_arrays(s)
   if not find(s, "%[%s*%]") then return nil end
   local out, pos, i = {}, 1, 1
   while true do
-    local j = find(s, '["%[]', i)
+    local j = find_outside_strings(s, '["%[]', i)
+    if j == false then return nil end -- an unterminated string: cjson reports it
     if not j then break end
-    if sub(s, j, j) == '"' then
-      local k = j + 1
-      while true do
-        local q = find(s, '["\\]', k)
-        if not q then return nil end -- an unterminated string: cjson reports it
-        if sub(s, q, q) == "\\" then k = q + 2 else i = q + 1; break end
-      end
+    local close = match(s, "^%s*()%]", j + 1)
+    if close then
+      out[#out + 1] = sub(s, pos, j - 1)
+      out[#out + 1] = '"\\u0000esxd-empty-array\\u0000"'
+      pos, i = close + 1, close + 1
     else
-      local close = match(s, "^%s*()%]", j + 1)
-      if close then
-        out[#out + 1] = sub(s, pos, j - 1)
-        out[#out + 1] = '"\\u0000esxd-empty-array\\u0000"'
-        pos, i = close + 1, close + 1
-      else
-        i = j + 1
-      end
+      i = j + 1
     end
   end
   out[#out + 1] = sub(s, pos)
