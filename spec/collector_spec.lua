@@ -75,6 +75,11 @@ local ENGINE_SOURCES = "-Wno-unused-parameter src/client.c src/config.c " ..
   "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
   "src/base64.c src/proc.c -lcurl -lz -pthread"
 
+-- what the tools/unit programs that run a whole collector (and its client's engine) are built with
+local COLLECTOR_SOURCES = "src/collector.c src/collector_intake.c src/collector_queue.c " ..
+  "src/collector_ship.c src/spool.c src/deadletter.c src/event.c src/json.c src/rollup.c " ..
+  "src/hll.c src/hash.c src/ratelimit.c src/bulk_response.c src/private.c -lm " .. ENGINE_SOURCES
+
 -- A 64 KiB tmpfs mounted on a new directory (a disk to fill), or nil when it cannot be
 -- mounted (not root); the caller unmounts it.
 local function small_disk()
@@ -1738,9 +1743,7 @@ describe("col:rollups", function()
     -- col:rollups() did not adopt the collector as col:stats() does: a child forked from a
     -- process that had counted events read the parent's rows, under the parent's copy of the
     -- lock (held at the fork by the parent's shipper, the child hung for ever)
-    unit("rollups_fork", "src/collector.c src/collector_intake.c src/collector_queue.c " ..
-      "src/collector_ship.c src/spool.c src/deadletter.c src/event.c src/json.c src/rollup.c " ..
-      "src/hll.c src/hash.c src/ratelimit.c src/bulk_response.c src/private.c -lm " .. ENGINE_SOURCES, 3)
+    unit("rollups_fork", COLLECTOR_SOURCES, 3)
   end)
 
   it("charges every site of a request whose last site made the rate table purge (tools/unit)", function()
@@ -3175,10 +3178,7 @@ describe("spool", function()
   it("answers requests while the shipper reads the spool from a slow disk (tools/unit)", function()
     -- the shipper read the backlog's records (pread) holding the lock every request takes:
     -- with a read that took 1.5 s, a request waited 1491 ms for it
-    unit("spool_load_unlocked", ENGINE_SOURCES .. " src/collector.c src/collector_intake.c " ..
-      "src/collector_queue.c src/collector_ship.c src/deadletter.c src/spool.c src/private.c " ..
-      "src/rollup.c src/hll.c src/event.c src/json.c src/ratelimit.c src/hash.c " ..
-      "src/bulk_response.c -lm", 5)
+    unit("spool_load_unlocked", COLLECTOR_SOURCES, 5)
   end)
 
   it("deletes a replayed segment whose torn tail ends inside a record header, counting the skipped bytes", function()
