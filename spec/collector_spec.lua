@@ -2589,6 +2589,15 @@ describe("spool", function()
                  "to keep them: they are lost\n", err)
   end)
 
+  -- Runs cmd (a child_script's) with the shared object so preloaded, its stderr to dir/err ->
+  -- what it printed, what it said on stderr.
+  local function run_preloaded(dir, so, cmd)
+    local p = io.popen("LD_PRELOAD=" .. so .. " " .. cmd .. " 2>" .. dir .. "/err")
+    local out = p:read("*a")
+    p:close()
+    return out, slurp(dir .. "/err")
+  end
+
   it("counts and says the rollup rows close could not queue for want of memory, spool or not #child", function()
     -- close queues the table's dirty rows (to spool them, or to count them undelivered): when
     -- memory ran out doing so, the rows it could not queue stayed in the table, freed with the
@@ -2616,10 +2625,7 @@ describe("spool", function()
       end
       c:close()
     ]]):format(dir, dir))
-    local p = io.popen("LD_PRELOAD=" .. dir .. "/failmalloc.so " .. cmd .. " 2>" .. dir .. "/err")
-    local out = p:read("*a")
-    p:close()
-    local err = slurp(dir .. "/err")
+    local out, err = run_preloaded(dir, dir .. "/failmalloc.so", cmd)
     -- five rows (one per block_id), none queued: before, 0 and 0
     assert.equal("5\n5\n", out, err)
     assert.truthy(err:find("esx.collector: close: 5 rollup rows could not be written to the spool", 1, true), err)
@@ -2652,11 +2658,9 @@ describe("spool", function()
       io.stdout:flush()
       os.exit(0) -- (close would sync the segments left, 500 ms each)
     ]]):format(dir))
-    local p = io.popen("LD_PRELOAD=" .. so .. " " .. cmd .. " 2>" .. dir .. "/err")
-    local out = p:read("*a")
-    p:close()
+    local out, err = run_preloaded(dir, so, cmd)
     local slowest = tonumber(out:match("^([%d.]+)\n$"))
-    assert.truthy(slowest, out .. slurp(dir .. "/err"))
+    assert.truthy(slowest, out .. err)
     -- a sync takes 500 ms here: no request waited for one
     assert.is_true(slowest < 0.25 * SCALE, "a request took " .. slowest .. " s")
   end)
