@@ -9,7 +9,6 @@
  * claimed.)  Prints "ok <name>" per check; exits
  * 1 on a failure.
  */
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,18 +17,10 @@
 #include "check.h"
 #include "spool.h"
 #include "spool_dead.h"
+#include "spool_two.h"
 
 static esx_spool *second; /* claims from inside the first claimer's link, once */
 static int second_claimed;
-
-/* a file system without RENAME_NOREPLACE */
-int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath,
-              unsigned int flags)
-{
-    (void)olddirfd, (void)oldpath, (void)newdirfd, (void)newpath, (void)flags;
-    errno = EINVAL;
-    return -1;
-}
 
 /* The first claimer's link runs the second claimer, which has already looked at the old
  * name (one link: an orphan) when its own link comes: the first one's link is made then,
@@ -74,15 +65,8 @@ int main(void)
     if (leave(path) != 0)
         return 1;
 
-    char why[256];
-    /* the other process: a pid of its own that is alive (1), so that neither takes the
-     * other's segments for orphans */
-    esx_spool *b = esx_spool_open(dir, 1 << 20, why);
-    if (b == NULL)
-        return 1;
-    b->pid = 1;
-    esx_spool *a = esx_spool_open(dir, 1 << 20, why);
-    if (a == NULL)
+    esx_spool *a, *b; /* b: the other process */
+    if (open_two(dir, &a, &b) != 0)
         return 1;
     second = b;
     int a_claimed = esx_spool_claim_orphans(a);
