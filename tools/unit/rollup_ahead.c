@@ -14,12 +14,6 @@
 #include "rollup.h"
 #include "rollup_emit.h"
 
-static int add(esx_rollups *r, long long at, const char *block)
-{
-    esx_event ev = view(block, "");
-    return esx_rollups_add(r, at, &ev);
-}
-
 /* The number of rows written at `now`, the open window's too (rollup.interval's writes). */
 static int emit_all(esx_rollups *r, long long now)
 {

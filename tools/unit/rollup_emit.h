@@ -1,7 +1,7 @@
 /*
  * rollup_emit.h -- what the rollup unit programs share: view() makes a "view" event of site
- * "s1"; emit() writes a table's due rows (instance "i1", index "rollups-%Y") and counts them,
- * keeping the last line in `last`.
+ * "s1", add() counts one in a table; emit() writes a table's due rows (instance "i1", index
+ * "rollups-%Y") and counts them, keeping the last line in `last`.
  */
 #ifndef ESX_UNIT_ROLLUP_EMIT_H
 #define ESX_UNIT_ROLLUP_EMIT_H
@@ -23,6 +23,14 @@ static esx_event view(const char *block, const char *user)
     snprintf(ev.block_id, sizeof ev.block_id, "%s", block);
     snprintf(ev.user_id, sizeof ev.user_id, "%s", user);
     return ev;
+}
+
+/* Counts a view of block (no user) at `at` in r: esx_rollups_add's answer.  (inline: not
+ * every program that includes this uses it) */
+static inline int add(esx_rollups *r, long long at, const char *block)
+{
+    esx_event ev = view(block, "");
+    return esx_rollups_add(r, at, &ev);
 }
 
 static int keep_last(void *ud, const char *line, size_t len)

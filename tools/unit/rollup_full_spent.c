@@ -13,12 +13,6 @@
 #include "rollup.h"
 #include "rollup_emit.h"
 
-static int add(esx_rollups *r, long long at, const char *block)
-{
-    esx_event ev = view(block, "");
-    return esx_rollups_add(r, at, &ev);
-}
-
 int main(void)
 {
     const long long t = 1700000000000LL;
