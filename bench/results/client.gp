@@ -1,7 +1,7 @@
 # gnuplot script written by bench/client/report.lua; draws client.png from client.dat
 set terminal pngcairo size 1100,460 font ",10"
 set output "/work/main/bench/results/client.png"
-set multiplot layout 1,2 title "esx client benchmark (2026-12-02 01:16 UTC)"
+set multiplot layout 1,2 title "esx client benchmark (2026-12-02 11:42 UTC)"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
