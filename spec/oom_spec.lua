@@ -114,6 +114,13 @@ describe("allocation failure", function()
     end)
   end)
 
+  describe("rollups", function()
+    it("count an event in its row and its user_id in the row's uniques, or not at all and in rollup_dropped, when memory runs out making or growing a sketch", function()
+      clean(sweep("rollups", srv.url, "esx thread", 1))
+      clean(sweep("rollups", srv.url, "esx thread", 0))
+    end)
+  end)
+
   describe("esx.core", function()
     it("returns nil, err of kind nomem or internal, not decode, when memory runs out decoding a sketch", function()
       clean(sweep("core", "esx thread", 1))

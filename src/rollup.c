@@ -178,7 +178,8 @@ int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
                     strcmp(row->block_id, ev->block_id) == 0 &&
                     strcmp(row->variant, ev->variant) == 0 && strcmp(row->type, ev->type) == 0))
         row = row->next;
-    if (row == NULL) {
+    int made = row == NULL;
+    if (made) {
         if ((r->rows >= r->max_rows && !reclaim(r, w)) ||
             (row = calloc(1, sizeof *row)) == NULL) {
             r->dropped++;
@@ -187,28 +188,39 @@ int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev)
         /* (after reclaim, which may forget rows of this window's predecessors) */
         row->window_start = w;
         row->hash = h;
-        if (w <= r->forgotten)
-            row->gen = ++r->gens;
         snprintf(row->site_id, sizeof row->site_id, "%s", ev->site_id);
         snprintf(row->block_id, sizeof row->block_id, "%s", ev->block_id);
         snprintf(row->variant, sizeof row->variant, "%s", ev->variant);
         snprintf(row->type, sizeof row->type, "%s", ev->type);
+    }
+    size_t before = made ? 0 : row_bytes(row);
+    if (ev->user_id[0]) {
+        /* the sketch first: an event whose user_id it cannot take (no memory) is not counted
+         * at all -- counted, the row's uniques would fall short of it unseen -- but in
+         * dropped, as one whose row could not be made */
+        esx_hll *fresh = row->hll == NULL ? esx_hll_new() : NULL;
+        esx_hll *hll = row->hll ? row->hll : fresh;
+        /* the HLL hash is unseeded: sketches of different processes must merge */
+        if (hll == NULL ||
+            esx_hll_add_hash(hll, esx_hash64(ev->user_id, strlen(ev->user_id), 0)) != 0) {
+            esx_hll_free(fresh);
+            if (made)
+                free(row);
+            r->dropped++;
+            return 1;
+        }
+        row->hll = hll;
+    }
+    if (made) {
+        if (w <= r->forgotten)
+            row->gen = ++r->gens;
         row->next = *slot;
         *slot = row;
         r->rows++;
-        r->bytes += row_bytes(row);
     }
+    r->bytes += row_bytes(row) - before; /* (a sketch only grows) */
     row->count++;
     row->dirty = 1;
-    if (ev->user_id[0]) {
-        size_t before = row_bytes(row);
-        if (row->hll == NULL)
-            row->hll = esx_hll_new();
-        /* the HLL hash is unseeded: sketches of different processes must merge */
-        if (row->hll)
-            esx_hll_add_hash(row->hll, esx_hash64(ev->user_id, strlen(ev->user_id), 0));
-        r->bytes += row_bytes(row) - before; /* (a sketch only grows) */
-    }
     return 0;
 }
 

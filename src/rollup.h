@@ -38,8 +38,9 @@ void esx_rollups_free(esx_rollups *r);
 /* Counts ev (accepted at received_at ms).  At max_rows, rows of earlier windows that are
  * already written make room, and so do written rows of windows after the next one (made
  * while the wall clock was ahead).  Returns 0; 1 when the row could not be created (table full of
- * rows not yet written or of this window, or out of memory: counted in dropped); never fails
- * otherwise. */
+ * rows not yet written or of this window, or out of memory), or its sketch could not take the
+ * event's user_id (out of memory): the event is then not counted at all -- neither in the
+ * row's count nor in its uniques -- but in dropped; never fails otherwise. */
 int esx_rollups_add(esx_rollups *r, int64_t received_at, const esx_event *ev);
 
 /* Calls fn for every row of the window containing now_ms (for col:rollups()). */
