@@ -1428,6 +1428,59 @@ describe("shipping", function()
     assert.equal("locked-out", lines[1].operation.create._id)
   end)
 
+  it("counts the dead-letter lines waiting for another process's lock on the file in queue_max_bytes, and answers 503 once they fill it", function()
+    -- each waiting line holds a copy of its event and the error besides: uncounted, lines
+    -- waiting for a lock held for long took memory past the bound the user set
+    local dir = tmpdir()
+    local dl = dir .. "/dl.ndjson"
+    local col = new{ dead_letter = dl, rollup = false, flush_interval = 10, max_body = 1024,
+                     queue_max_bytes = 4096 }
+    os.execute(("flock -x %s -c 'touch %s/locked; while [ ! -e %s/release ]; do sleep 0.02; done' &")
+      :format(dl, dir, dir))
+    local function release() io.open(dir .. "/release", "w"):close() end
+    finally(function() release() srv:clear_faults() col:close(0) os.execute("sleep 0.1; rm -rf " .. dir) end)
+    local t0 = socket.gettime()
+    while not exists(dir .. "/locked") and socket.gettime() - t0 < 5 * SCALE do socket.sleep(0.01) end
+    assert.is_true(exists(dir .. "/locked"), "flock(1) did not take the lock")
+    srv:fault{ path = "/_bulk", item_status = 400, count = -1 }
+    local sent, status, headers = 0, nil, nil
+    repeat
+      sent = sent + 1
+      status, headers = post(col, cjson.encode(ev({ event_id = "waits-" .. sent, pad = ("p"):rep(100) })))
+      if status == 204 then -- its line is made, and waits for the lock
+        while col:stats().dead_lettered < sent and socket.gettime() - t0 < 10 * SCALE do socket.sleep(0.01) end
+        assert.equal(sent, col:stats().dead_lettered)
+      end
+    until status ~= 204 or sent > 100
+    -- the bound reached: the intake refuses, as for any full queue (no spool), and loses nothing
+    assert.equal(503, status)
+    assert.equal("1", headers["Retry-After"])
+    local s = col:stats()
+    local waiting = sent - 1
+    assert.is_true(waiting >= 1)
+    assert.equal(1, s.rejected.queue_full)
+    assert.equal(waiting, s.queued_events)
+    assert.is_true(s.queued_bytes <= 4096 * 1.5, "queued_bytes " .. s.queued_bytes)
+    assert.equal("", slurp(dl))
+    release()
+    assert.is_true(col:flush(10000 * SCALE))
+    local written = #slurp(dl)
+    -- what waited was charged: each line (at least what it wrote) besides its event's charge
+    -- (its text and 64 bytes, at least 64 bytes)
+    assert.is_true(s.queued_bytes >= written + 64 * waiting,
+      ("queued_bytes %d for %d waiting lines of %d bytes"):format(s.queued_bytes, waiting, written))
+    s = col:stats()
+    assert.equal(0, s.queued_bytes) -- and given back once written
+    assert.equal(waiting, s.dead_lettered)
+    assert.equal(0, s.dead_letter_failed)
+    local n = 0
+    for line in io.lines(dl) do
+      n = n + 1
+      assert.equal("waits-" .. n, cjson.decode(line).operation.create._id)
+    end
+    assert.equal(waiting, n)
+  end)
+
   it("closes within its timeout while another process holds the dead-letter file's lock for good", function()
     -- a hung (or stopped) process keeps the lock: close() must not wait on it; the waiting
     -- line is written without the lock (whole, as O_APPEND writes are)

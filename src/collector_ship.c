@@ -24,10 +24,22 @@
 
 /* ---------------------------------------------------------------- dead letters */
 
+/* Bytes a filed letter holds, charged to queue_bytes (queue_max_bytes) from its filing until
+ * it is written: while another process holds the file's lock the letters wait in memory, as
+ * long as it holds it, and each holds a copy of its event and the error besides -- uncharged,
+ * they took memory past the bound the user set (several times their events' own charge for
+ * small events with a long reason). */
+static size_t letter_cost(const esx_dead_letter *l)
+{
+    return sizeof *l + l->len + 1;
+}
+
 /* Files a dead letter for it (rejected for good with status, type, reason): the line is made
  * now and written by the shipper without the lock (write_letters); the item stays queued --
- * counted against queue_max_bytes, its spool segment kept -- until its line is in the file.
- * Called under mu. */
+ * counted against queue_max_bytes, its spool segment kept -- until its line is in the file,
+ * and the line is counted there too.  Never refused for room (that would lose the event
+ * Elasticsearch refused): the queue may pass queue_max_bytes by the letters of the bulks in
+ * flight, and the intake spills or answers 503 until they are written.  Called under mu. */
 static void dead_letter(esx_collector *col, item *it, int status, const char *type,
                         const char *reason)
 {
@@ -44,6 +56,7 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
         return;
     }
     l->ud = it;
+    col->queue_bytes += letter_cost(l);
     if (col->letters_tail)
         col->letters_tail->next = l;
     else
@@ -56,8 +69,8 @@ static void dead_letter(esx_collector *col, item *it, int status, const char *ty
  * holds the file's lock the letters not written yet are kept, in their order, and tried
  * again LETTER_RETRY_MS later: waiting for the lock here held up the shipping, the spool's
  * syncs (the power-loss bound) and the replay for as long as that process held it.  The
- * kept letters' items stay queued, counted against queue_max_bytes: the intake spills or
- * refuses when they fill it.  Called with mu held. */
+ * kept letters and their items stay queued, counted against queue_max_bytes: the intake
+ * spills or refuses when they fill it.  Called with mu held. */
 static void write_letters(esx_collector *col)
 {
     esx_dead_letter *list = col->letters, *kept = NULL;
@@ -80,6 +93,7 @@ static void write_letters(esx_collector *col)
     while (list != kept) {
         esx_dead_letter *next = list->next;
         esx_col_item_done(col, list->ud);
+        col->queue_bytes -= letter_cost(list);
         free(list);
         list = next;
     }
