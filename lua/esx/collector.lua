@@ -341,23 +341,40 @@ local function ctype_accepted(ctype)
   return ok
 end
 
-local function query_string(q)
+-- The query string of a GET: q itself, or the table q written back; nil when it is longer
+-- than max (checked on the raw string before anything is made of it, and as the table is
+-- written: a table of long values is refused at the first max bytes, not written whole first).
+local function query_string(q, max)
   if q == nil then return "" end
-  if type(q) == "string" then return q end
+  if type(q) == "string" then
+    if #q > max then return nil end
+    return q
+  end
   -- as ngx.req.get_uri_args gives it: a list for a repeated name, true for a bare one; each
   -- written back as it came, so that both forms make the same event (or the same refusal)
-  local parts = {}
+  local parts, len = {}, -1
   local function enc(s)
-    return (tostring(s):gsub("[^%w%-%._~]", function(c) return format("%%%02X", c:byte()) end))
+    s = tostring(s)
+    if #s > max then return nil end -- percent-encoded it would be longer still
+    return (s:gsub("[^%w%-%._~]", function(c) return format("%%%02X", c:byte()) end))
   end
   local function pair(k, v)
-    parts[#parts + 1] = v == true and enc(k) or (enc(k) .. "=" .. enc(v))
+    local ek = enc(k)
+    local ev = ek and v ~= true and enc(v)
+    if not ek or (v ~= true and not ev) then return false end
+    local part = v == true and ek or (ek .. "=" .. ev)
+    len = len + 1 + #part
+    if len > max then return false end
+    parts[#parts + 1] = part
+    return true
   end
   for k, v in pairs(q) do
     if type(v) == "table" then
-      for _, x in ipairs(v) do pair(k, x) end
-    else
-      pair(k, v)
+      for _, x in ipairs(v) do
+        if not pair(k, x) then return nil end
+      end
+    elseif not pair(k, v) then
+      return nil
     end
   end
   return concat(parts, "&")
@@ -378,8 +395,8 @@ local function answer(self, method, query, body, ctype, coding, origin, declared
   end
   local from_query = false
   if method == "GET" then
-    from_query, body = true, query_string(query)
-    if #body > self.o.max_body then -- a pixel's query is its body
+    from_query, body = true, query_string(query, self.o.max_body)
+    if not body then -- a pixel's query is its body
       return error_answer(base, 413, "query string larger than " .. self.o.max_body .. " bytes")
     end
   elseif method ~= "POST" then
