@@ -290,6 +290,29 @@ describe("esx.metrics", function()
     assert.same({ 1, 2, 3 }, values)
   end)
 
+  it("keeps an object registered again as one entry, under its name, taking no new number", function()
+    local registry = require "esx.registry"
+    local a, b = {}, {}
+    local function stats() return { n = 1 } end
+    local first = registry.add(a, "retest", nil, stats)
+    finally(function() registry.remove(a) registry.remove(b) end)
+    -- registered again without a name: the same name (it was "retest<n+1>", a second series)
+    assert.equal(first, registry.add(a, "retest", nil, stats))
+    -- the next object's number follows the first's (it skipped the one the second add took)
+    local n = tonumber(first:match("%d+$"))
+    assert.equal("retest" .. (n + 1), registry.add(b, "retest", nil, stats))
+    -- a name given renames it: one series, under the new name
+    assert.equal("renamed", registry.add(a, "retest", "renamed", stats))
+    local series = read_exposition(esx.metrics())
+    local names = {}
+    for k in pairs(series) do
+      local name = k:match('^esx_retest_n{name="([^"]*)"}$')
+      if name then names[#names + 1] = name end
+    end
+    table.sort(names)
+    assert.same({ "renamed", "retest" .. (n + 1) }, names)
+  end)
+
   it("writes NaN and infinities as Prometheus reads them", function()
     local registry = require "esx.registry"
     local obj = {}

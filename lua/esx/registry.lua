@@ -15,8 +15,18 @@ local live = setmetatable({}, { __mode = "k" })
 local sequence = 0
 
 --- Registers obj; returns the name it was given ("client1", ... unless name).
--- stats_fn(obj) is called for esx.metrics(); it must not be a closure over obj.
+-- stats_fn(obj) is called for esx.metrics(); it must not be a closure over obj.  An object
+-- registered again stays one entry, in its place, under its name (or the new one given: a
+-- rename), and takes no number: each registration used to count as a new object, so the
+-- object got a new made-up name (its series broke in two) and the next object's number
+-- skipped one.
 function _M.add(obj, kind, name, stats_fn)
+  local entry = live[obj]
+  if entry then
+    entry.kind, entry.stats = kind, stats_fn
+    if name then entry.name = name end
+    return entry.name
+  end
   sequence = sequence + 1
   name = name or (kind .. sequence)
   live[obj] = { kind = kind, name = name, stats = stats_fn, order = sequence }
@@ -104,7 +114,8 @@ local function flatten(kind, path, labels, t, out, typ)
         for i, item in ipairs(v) do
           local base = tostring(item.url or item.name or i)
           local id, k = base, 1
-          -- (a URL may hold a '#': "#<position>" may be another item's id, then "-<k>" too)
+          -- (a node URL holds no '#' -- esx.client raises on one with a fragment -- but an
+          -- item's name may: "#<position>" may be another item's id, then "-<k>" too)
           while seen[id] do
             id = base .. "#" .. i .. (k > 1 and ("-" .. k) or "")
             k = k + 1
