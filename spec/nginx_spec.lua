@@ -211,6 +211,53 @@ describe("esx.nginx.wait", function()
     assert.is_true(took >= 0.19 and took < 1.5, "took " .. took .. " s")
   end)
 
+  -- The I/O thread closed the waiter connection before it named its request (no room for one
+  -- more waiter: woken at once), so the send fails; the request ends meanwhile, or later.
+  local function closed_before_send(done_at_send, sends_failing)
+    local done, sends, naps = false, 0, {}
+    local sock = fake.socket{
+      send = function()
+        sends = sends + 1
+        if sends <= sends_failing then
+          if done_at_send then done = true end
+          return nil, "closed"
+        end
+        done = true
+        return true
+      end,
+    }
+    local nx = fake.load_nginx(fake.content(function() return 0 end,
+      function(s) naps[#naps + 1] = s end, sock))
+    local pending = fake.pending(function() return done end, function() return { status = 200 } end)
+    return nx, pending, naps, function() return sends end
+  end
+
+  it("returns the result of a request that ended while its waiter connection was closed before the send", function()
+    local nx, pending = closed_before_send(true, 1)
+    local res, err = nx.wait(pending, 5000)
+    assert.is_nil(err) -- was internal: "cannot register with the esx waiter: closed"
+    assert.equal(200, res.status)
+  end)
+
+  it("waits again, after a pause, when its waiter connection was closed before the send", function()
+    local nx, pending, naps, sends = closed_before_send(false, 2)
+    assert.is_true(nx.await(pending))
+    assert.equal(3, sends())
+    assert.same({ 0.001, 0.002 }, naps)
+  end)
+
+  it("gives up at its timeout when every waiter connection is closed before the send", function()
+    local clock = 0
+    local sock = fake.socket{ send = function() return nil, "closed" end }
+    local nx = fake.load_nginx(fake.content(function() return clock end,
+      function(s) clock = clock + s end, sock))
+    local t0 = require("esx.core").now()
+    local ok, err = nx.await(fake.pending(function() return false end), 30)
+    assert.is_nil(ok)
+    assert.equal("request_timeout", err.kind)
+    assert.is_true(require("esx.core").now() - t0 < 1000)
+  end)
+
   it("raises on a timeout that is NaN or not a number, as pending:wait does", function()
     local nx = require("esx.nginx")
     local pending = { ready = function() return false end }

@@ -117,12 +117,12 @@ function _M.await(pending, timeout)
     sock, cerr = connect_waiter(pending, sock, path, deadline, timeout)
     if sock == true then return true end
     if not sock then return nil, cerr end
-    local ok, err = sock:send(tostring(pending:id()) .. "\n")
-    if not ok then
-      sock:close()
-      return nil, core.error("internal", "cannot register with the esx waiter: " .. tostring(err))
-    end
-    while true do
+    -- A send that fails found the connection closed by the I/O thread before it named the
+    -- request: it had no room to track one more waiter (it wakes such a one at once), or the
+    -- engine went away.  Meanwhile the request may have ended -- it was "internal" then,
+    -- instead of the result -- or not: either way this is an early wake-up, as below.
+    local sent = sock:send(tostring(pending:id()) .. "\n")
+    while sent do
       local slice = SLICE_MS
       if deadline then
         local left = deadline - now_ms()
@@ -150,6 +150,9 @@ function _M.await(pending, timeout)
     if deadline and deadline - now_ms() < nap then nap = ceil(max(deadline - now_ms(), 0)) end
     if nap > 0 then ngx.sleep(nap / 1000) end
     if pending:ready() then return true end
+    if deadline and now_ms() >= deadline then
+      return nil, core.error("request_timeout", "no answer within " .. timeout .. " ms")
+    end
     sock = ngx.socket.tcp()
   end
 end
@@ -158,7 +161,8 @@ function _M.wait(pending, timeout)
   check_pending(pending, "wait")
   timeout = check_timeout(timeout, "wait")
   local ok, err = _M.await(pending, timeout)
-  if not ok then return nil, err end
+  -- a request that ended while the waiter socket failed has its result: that, not the error
+  if not ok and not pending:ready() then return nil, err end
   return pending:result()
 end
 
