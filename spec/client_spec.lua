@@ -1753,6 +1753,27 @@ describe("pool limits", function()
     c:close()
   end)
 
+  it("counts an idle connection the server closed neither open nor idle, over either transport", function()
+    local short = ds.start{ keepalive_timeout = 100 }
+    finally(function() short:stop() end)
+    for _, transport in ipairs{ "h1", "curl" } do
+      local r = in_child([[
+        local c = assert(esx.client{ hosts = { "]] .. short.url .. [[" }, max_retries = 0 })
+        assert(c:request("GET", "/"))
+        local before = c:stats().pool
+        local deadline = now_ms() + 3000
+        while c:stats().pool.open > 0 and now_ms() < deadline do socket.sleep(0.05) end
+        local after = c:stats().pool
+        assert(c:request("GET", "/"))
+        local again = c:stats().pool
+        c:close()
+        return { before = { before.open, before.idle }, after = { after.open, after.idle },
+                 again = { again.open, again.idle } }
+      ]], "ESX_TRANSPORT=" .. transport)
+      assert.same({ before = { 1, 1 }, after = { 0, 0 }, again = { 1, 1 } }, r, transport)
+    end
+  end)
+
   it("reuses keep-alive connections", function()
     local c = client()
     for _ = 1, 5 do assert(c:request("GET", "/")) end
@@ -2200,6 +2221,27 @@ describe("TLS", function()
     end
     os.remove(script)
     assert.same({}, failed)
+  end)
+
+  it("counts an idle https connection the server closed neither open nor idle", function()
+    -- (https goes through libcurl, which keeps such a connection in its cache, its socket
+    -- open, until its next look for one: it was counted idle until then)
+    local short = ds.start{ tls = true, keepalive_timeout = 100 }
+    local c
+    finally(function()
+      if c then c:close() end
+      short:stop()
+    end)
+    c = client{ hosts = { short.url }, tls_verify = false, connect_timeout = 10000,
+                max_retries = 0 }
+    assert(c:info())
+    assert.same({ in_use = 0, waiting = 0, open = 1, idle = 1, pool_timeouts = 0 }, c:stats().pool)
+    local deadline = now_ms() + 3000 * SCALE
+    while c:stats().pool.open > 0 and now_ms() < deadline do socket.sleep(0.05) end
+    assert.same({ in_use = 0, waiting = 0, open = 0, idle = 0, pool_timeouts = 0 }, c:stats().pool)
+    -- and the next call takes a new connection, counted as the one open
+    assert(c:info())
+    assert.same({ in_use = 0, waiting = 0, open = 1, idle = 1, pool_timeouts = 0 }, c:stats().pool)
   end)
 
   it("skips verification only when tls_verify = false", function()

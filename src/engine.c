@@ -309,8 +309,9 @@ static int still_open(const esx_sock *s)
 
 static void drop_entry(esx_engine *e, int i)
 {
+    e->ndead -= e->sockets[i].dead;
     e->sockets[i] = e->sockets[--e->nsockets];
-    atomic_store(&e->nopen, e->nsockets);
+    atomic_store(&e->nopen, e->nsockets - e->ndead);
 }
 
 int esx_eng_sock_register(esx_engine *e, int fd)
@@ -323,6 +324,7 @@ int esx_eng_sock_register(esx_engine *e, int fd)
     esx_sock *s = &e->sockets[e->nsockets++];
     s->fd = fd;
     s->lport = s->rport = 0;
+    s->dead = 0;
     if (fstat(fd, &st) == 0) {
         s->dev = st.st_dev;
         s->ino = st.st_ino;
@@ -330,7 +332,7 @@ int esx_eng_sock_register(esx_engine *e, int fd)
         s->dev = 0;
         s->ino = 0;
     }
-    atomic_store(&e->nopen, e->nsockets);
+    atomic_store(&e->nopen, e->nsockets - e->ndead);
     return 0;
 }
 
@@ -370,6 +372,9 @@ void esx_eng_release_attempt(esx_engine *e, esx_request *req)
         req->easy = NULL;
         if (req->curl_connecting)
             esx_eng_sock_prune(e); /* its socket may be gone without the close callback */
+        /* a connection its peer closed while this transfer ran may be idle now, in
+         * libcurl's cache */
+        e->curl_recount |= e->curl_dead_busy;
     }
     if (req->h1) {
         esx_eng_h1_drop(e, req->h1);
@@ -906,6 +911,8 @@ static void *io_main(void *arg)
                    e->accept_paused_until - now < timeout) {
             timeout = e->accept_paused_until - now; /* accepting again then */
         }
+        if (e->curl_recount)
+            esx_eng_curl_recount(e);
         int eidx = -1;
         if (e->epfd >= 0) {
             if (esx_eng_h1_watch(e) > 0)
@@ -934,7 +941,9 @@ static void *io_main(void *arg)
             esx_eng_accept_waiters(e);
         for (int i = e->nconns - 1; i >= 0; i--)
             esx_eng_read_waiter(e, i);
-        if (eidx >= 0 && extra[eidx].revents)
+        if (eidx >= 0 && extra[eidx].revents && e->curl_watch)
+            esx_eng_curl_events(e);
+        else if (eidx >= 0 && extra[eidx].revents)
             esx_eng_h1_events(e, esx_now_ms());
     }
     if (atomic_load(&e->stop))
@@ -1043,7 +1052,9 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
                  err ? strerror(err) : "unknown error");
         return NULL;
     }
-    if (all_fast && (e->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+    /* the h1 connections; with libcurl, its sockets for their peer's close (curl_watch) */
+    e->curl_watch = !all_fast;
+    if ((e->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
         snprintf(why, 256, "cannot create the I/O thread's epoll instance: %s", strerror(errno));
         curl_multi_cleanup(e->multi);
         pthread_mutex_destroy(&e->mu);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -41,25 +42,30 @@ static int port_of(const struct sockaddr_storage *ss)
     return 0;
 }
 
+/* Looks up s's ports once (a socket not connected yet has none, and is looked at again next
+ * time). */
+static void note_ports(esx_sock *s)
+{
+    if (s->lport != 0)
+        return;
+    struct sockaddr_storage a, b;
+    socklen_t alen = sizeof a, blen = sizeof b;
+    if (getsockname(s->fd, (struct sockaddr *)&a, &alen) == 0 &&
+        getpeername(s->fd, (struct sockaddr *)&b, &blen) == 0) {
+        s->lport = port_of(&a);
+        s->rport = port_of(&b);
+    }
+}
+
 /* The engine's sockets connected from local port lport to remote port rport: up to max of
  * them in fds, and how many there are.  Usually one; but Linux gives one local port to
- * connections to different addresses, so two nodes on one port can share a pair.  Each
- * entry's ports are looked up once (a socket not connected yet has none, and is looked at
- * again next time). */
+ * connections to different addresses, so two nodes on one port can share a pair. */
 static int sockets_on_ports(esx_engine *e, int lport, int rport, int *fds, int max)
 {
     int n = 0;
     for (int i = 0; i < e->nsockets; i++) {
         esx_sock *s = &e->sockets[i];
-        if (s->lport == 0) {
-            struct sockaddr_storage a, b;
-            socklen_t alen = sizeof a, blen = sizeof b;
-            if (getsockname(s->fd, (struct sockaddr *)&a, &alen) == 0 &&
-                getpeername(s->fd, (struct sockaddr *)&b, &blen) == 0) {
-                s->lport = port_of(&a);
-                s->rport = port_of(&b);
-            }
-        }
+        note_ports(s);
         if (s->lport != 0 && s->lport == lport && s->rport == rport) {
             if (n < max)
                 fds[n] = s->fd;
@@ -183,6 +189,13 @@ static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_
         return CURL_SOCKET_BAD;
     }
     esx_eng_sock_register(e, fd);
+    if (e->curl_watch) {
+        /* its peer's close, once (edge-triggered: the bytes of an answer, or a TLS server's
+         * session tickets on an idle connection, do not wake the thread).  Unwatched (ENOMEM),
+         * such a close is counted at the next count. */
+        struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLET, .data.fd = fd};
+        epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev);
+    }
     return fd;
 }
 
@@ -190,6 +203,59 @@ static int on_close_socket(void *ud, curl_socket_t fd)
 {
     esx_eng_sock_forget(ud, fd);
     return close(fd);
+}
+
+/* 1 when the connection of socket s was closed by its peer: a FIN (CLOSE_WAIT, or LAST_ACK
+ * once closed on this side too), or a reset after it was connected (CLOSE: an unconnected
+ * socket is CLOSE too, hence the ports, which only a connected one has). */
+static int closed_by_peer(esx_sock *s)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_state) + sizeof ti.tcpi_state)
+        return 0;
+    /* its ports tell a running transfer's socket (esx_eng_curl_recount); looked up while
+     * they can be, for a reset later, when getpeername no longer answers */
+    note_ports(s);
+    return ti.tcpi_state == TCP_CLOSE_WAIT || ti.tcpi_state == TCP_LAST_ACK ||
+           (ti.tcpi_state == TCP_CLOSE && s->lport != 0);
+}
+
+void esx_eng_curl_recount(esx_engine *e)
+{
+    e->curl_recount = 0;
+    e->curl_dead_busy = 0;
+    int ndead = 0;
+    for (int i = 0; i < e->nsockets; i++) {
+        esx_sock *s = &e->sockets[i];
+        if (!s->dead && closed_by_peer(s)) {
+            /* the connection of a running transfer is not idle: libcurl reads the close
+             * (and the transfer's end) itself.  One that is still connecting has no ports
+             * on its request yet; closed by its peer, it fails at once. */
+            int busy = 0;
+            for (esx_request *r = e->active; r && !busy; r = r->next)
+                busy = r->easy && !r->curl_connecting && r->curl_lport == s->lport &&
+                       r->curl_rport == s->rport;
+            if (busy)
+                e->curl_dead_busy = 1;
+            else
+                s->dead = 1;
+        }
+        ndead += s->dead;
+    }
+    e->ndead = ndead;
+    atomic_store(&e->nopen, e->nsockets - e->ndead);
+}
+
+void esx_eng_curl_events(esx_engine *e)
+{
+    struct epoll_event ev[64];
+    int n;
+    do {
+        n = epoll_wait(e->epfd, ev, (int)(sizeof ev / sizeof ev[0]), 0);
+    } while (n == (int)(sizeof ev / sizeof ev[0]));
+    esx_eng_curl_recount(e);
 }
 
 /* Bytes that reached the transfer's socket are activity even when libcurl holds them: it

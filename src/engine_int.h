@@ -47,6 +47,8 @@ typedef struct esx_sock {
     int fd;
     int lport, rport; /* its local and remote ports once connected, 0 until looked up
                        * (engine_curl.c finds a reused connection's socket by them) */
+    int dead;         /* libcurl's, idle, and closed by its peer: not counted as open
+                       * (libcurl closes it at its next look for a connection) */
     dev_t dev;
     ino_t ino;
 } esx_sock;
@@ -103,7 +105,13 @@ struct esx_engine {
     /* kept by the I/O thread for esx_engine_stats, which must never walk its lists */
     atomic_int nwaiting;        /* requests on the wait list (added under mu when taken from
                                  * the submission queue, so a request is always counted once) */
-    atomic_int nopen;           /* = nsockets */
+    atomic_int nopen;           /* = nsockets - ndead */
+    int ndead;                  /* entries of sockets[] marked dead */
+    int curl_watch;             /* libcurl's transport: its sockets are in epfd, for the
+                                 * close of an idle one by its peer (esx_eng_curl_recount) */
+    int curl_recount;           /* recount before the next poll */
+    int curl_dead_busy;         /* the last count saw a socket closed by its peer while its
+                                 * transfer ran: counted again once a transfer ends */
     CURL *spare[MAX_SPARE_EASY];
     int nspare;
     int64_t accept_paused_until; /* the waiter socket is left out of the poll set until then
@@ -204,6 +212,14 @@ int esx_eng_curl_start(esx_engine *e, esx_request *req, const esx_node *node, in
 
 /* A libcurl transfer ended (CURLMSG_DONE with rc): finishes req or schedules its retry. */
 void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int64_t now);
+
+/* Marks the engine's idle libcurl sockets that their peer closed (a server's keep-alive
+ * timeout, a restart) as dead, so that stats count them neither open nor idle: libcurl keeps
+ * them in its cache until its next look for a connection.  Recomputes ndead and nopen. */
+void esx_eng_curl_recount(esx_engine *e);
+
+/* Reads what e->epfd reports (a libcurl socket's peer closed it) and counts again. */
+void esx_eng_curl_events(esx_engine *e);
 
 /* Moves req->last_activity forward to the last time its connection received bytes that
  * libcurl has not passed on yet (part of a header line: libcurl gives whole lines only). */
