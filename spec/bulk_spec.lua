@@ -592,6 +592,67 @@ describe("bi:close (in nginx)", function()
   end)
 end)
 
+describe("bi retries (in nginx, with timers)", function()
+  local core = require "esx.core"
+  local fake = require "spec.support.ngx"
+  -- ngx.timer.at in plain Lua: timers are kept, and run() runs them in order of due time (the
+  -- stand-in esx.nginx.wait blocks, as a timer's light thread would yield)
+  local function timers()
+    local list, clock = {}, 0
+    local t = {}
+    function t.at(delay, fn, ...)
+      list[#list + 1] = { at = clock + delay, fn = fn, args = { ... } }
+      return true
+    end
+    function t.run(max)
+      local n = 0
+      while list[1] do
+        table.sort(list, function(a, b) return a.at < b.at end)
+        local tm = table.remove(list, 1)
+        if tm.at > clock then core.sleep((tm.at - clock) * 1000) clock = tm.at end
+        tm.fn(false, (table.unpack or unpack)(tm.args))
+        n = n + 1
+        assert(n <= max, "more than " .. max .. " timers")
+      end
+      return n
+    end
+    return t
+  end
+
+  it("sends retries that fall due, and reads their answers, with no call to the indexer", function()
+    -- before, items answered 429 waited for the next add() that filled a batch, flush() or
+    -- close(): a worker's indexer fed now and then held them for as long as nobody called it
+    srv:fault{ path = "/_bulk", item_status = 429, count = 1 }
+    local t = timers()
+    finally(fake.install({ get_phase = function() return "content" end, timer = t,
+                           sleep = function(sec) core.sleep(sec * 1000) end },
+                         { wait = function(p) p:wait() return p:result() end }))
+    local bi = c:bulk_indexer{ backoff_min = 100, backoff_max = 100 }
+    add_docs(bi, 3)
+    assert(bi:flush())
+    assert.is_true(t.run(10) >= 3) -- the answer, the due retry, the retry's answer
+    local s = bi:stats()
+    assert.same({ 3, 3, 0, 0, 0, 0, 2 }, { s.indexed, s.retried, s.failed, s.delayed, s.in_flight,
+                                          s.buffered, s.batches })
+    assert.equal(2, #srv:requests("/_bulk").requests)
+    s = bi:close()
+    assert.equal(3, s.indexed)
+  end)
+
+  it("leaves a load's partly filled batch to the load while no retry is due", function()
+    local t = timers()
+    finally(fake.install({ get_phase = function() return "content" end, timer = t,
+                           sleep = function(sec) core.sleep(sec * 1000) end },
+                         { wait = function(p) p:wait() return p:result() end }))
+    local bi = c:bulk_indexer{ flush_count = 10 }
+    add_docs(bi, 15) -- a batch of 10 sent, 5 buffered
+    t.run(10)
+    local s = bi:stats()
+    assert.same({ 10, 5, 1 }, { s.indexed, s.buffered, s.batches })
+    assert.equal(15, bi:close().indexed)
+  end)
+end)
+
 describe("bi:add and bi:close (light threads sharing an indexer in nginx)", function()
   local core = require "esx.core"
   local fake = require "spec.support.ngx"

@@ -323,6 +323,8 @@ local function settle(self, entry)
   end
 end
 
+local arm -- (below) in nginx, a timer for the work that only time brings: answers, due retries
+
 -- Waits for the oldest batch in flight and settles it.  The batch stays listed while it is
 -- waited for, and nothing between taking it off the list and accounting for every item of it
 -- yields: in nginx, other light threads sharing the indexer count it against `concurrency`,
@@ -353,6 +355,7 @@ local function settle_oldest(self)
     end
   end
   notify(self)
+  arm(self)
 end
 
 -- Sends one batch: a slot is free.  A batch that cannot be sent is accounted for at once; its
@@ -430,11 +433,13 @@ local function pump(self, splits_only)
     end
     notify(self)
   end
+  arm(self)
 end
 
+-- Moves the retries that are due (all: every one) to the buffer -> how many it moved.
 local function take_due(self, all)
-  if #self.delayed == 0 then return end
-  local t, keep = now(), {}
+  if #self.delayed == 0 then return 0 end
+  local t, keep, n = now(), {}, #self.delayed
   for _, d in ipairs(self.delayed) do -- one pass: removing in place is quadratic
     if all or d.due <= t then
       self.buf[#self.buf + 1] = d.item
@@ -445,12 +450,60 @@ local function take_due(self, all)
     end
   end
   self.delayed = keep
+  return n - #keep
 end
 
 local function soonest_due(self)
   local soonest = self.delayed[1].due
   for _, d in ipairs(self.delayed) do if d.due < soonest then soonest = d.due end end
   return soonest
+end
+
+-- When retries go out.  A retry falls due while nobody calls the indexer: in plain Lua (no
+-- timers) it waits for the next call that sends -- an add() that fills a batch or holds the
+-- producer, flush(), close().  In nginx a timer (ngx.timer.at) does that work instead: it
+-- waits for the batches in flight (their answers make the retries), then, when the soonest
+-- retry falls due, sends it as flush() does (with what is buffered), until nothing is in
+-- flight or waiting.  One timer per indexer at a time (timer_due: when the pending one fires;
+-- timer_running: one is at work, and arms the next itself).  Where no timer can be made (init_by_lua, too many pending
+-- timers), retries wait for the next call as in plain Lua.
+local function timer_at()
+  local ngx = rawget(_G, "ngx")
+  local t = ngx and ngx.timer
+  return t and t.at
+end
+
+local function on_timer(premature, self, due)
+  if self.timer_due == due then self.timer_due = nil end
+  -- a worker that exits fires its timers early: what is left goes out with close()
+  if premature or self.closed or self.timer_running then return end
+  self.timer_running = true
+  local ok, err = pcall(function()
+    while self.inflight[1] do settle_oldest(self) end
+    -- due retries go out as flush() sends them (with what is buffered); without any, only
+    -- the halves of refused batches: a load's batch being filled is not cut short
+    pump(self, take_due(self, false) == 0)
+  end)
+  self.timer_running = false
+  if not ok then error(err, 0) end -- (nginx logs it; the items stay listed for close())
+  arm(self)
+end
+
+arm = function(self)
+  local at = timer_at()
+  if not at or self.closed or self.timer_running then return end
+  local due
+  if self.inflight[1] or self.splits[1] then
+    due = now()
+  elseif self.delayed[1] then
+    due = soonest_due(self)
+  else
+    return
+  end
+  if self.timer_due and self.timer_due <= due then return end
+  local delay = due - now()
+  local made, handle = pcall(at, delay > 0 and delay / 1000 or 0, on_timer, self, due)
+  if made and handle then self.timer_due = due end
 end
 
 --- bi:flush() -- sends what is buffered (and retries that are due) now, in batches that keep
