@@ -431,8 +431,98 @@ describe("esxd", function()
       st, b = jreq("GET", "/gm1/_mapping?bogus=1")
       assert.equal(400, st)
       assert.equal("request [/gm1/_mapping] contains unrecognized parameter: [bogus]", b.error.reason)
-      st = req("PUT", "/gm1/_mapping", "{}")
+      -- PUT /_mapping (no index) is not an ES route: GET only
+      st, b = jreq("PUT", "/_mapping", "{}")
       assert.equal(405, st)
+      assert.equal("Incorrect HTTP method for uri [/_mapping] and method [PUT], allowed: [GET]", b.error)
+    end)
+    it("PUT /{index}/_mapping adds fields and refuses changes as ES does", function()
+      -- es-spec indices.put_mapping/10_basic.yml "Test Create and update mapping"
+      req("PUT", "/pm1")
+      local st, b = jreq("PUT", "/pm1/_mapping", { properties = { text1 = { type = "text", analyzer = "whitespace" },
+        subfield = { properties = { text3 = { type = "text" } } } } })
+      assert.equal(200, st)
+      assert.same({ acknowledged = true }, b)
+      st, b = jreq("POST", "/pm1/_mapping", { properties = { text1 = { type = "text", analyzer = "whitespace",
+        fields = { text_raw = { type = "keyword" } } } } })
+      assert.equal(200, st)
+      st, b = jreq("GET", "/pm1/_mapping")
+      assert.same({ pm1 = { mappings = { properties = {
+        text1 = { type = "text", analyzer = "whitespace", fields = { text_raw = { type = "keyword" } } },
+        subfield = { properties = { text3 = { type = "text" } } } } } } }, b)
+      -- the new fields are used: a later document's values are searched with their types
+      put_doc("pm1", "1", { text1 = "Hello World", subfield = { text3 = "x" } })
+      st, b = jreq("POST", "/pm1/_search", { query = { term = { ["text1.text_raw"] = "Hello World" } } })
+      assert.same({ "1" }, ids(b))
+      -- a field keeps its type (dynamic ones too); objects, nested and fields do not mix
+      req("PUT", "/pm2", { mappings = { properties = { k = { type = "keyword", ignore_above = 3 }, d = { type = "date" },
+        o = { properties = { x = { type = "long" } } }, n = { type = "nested" } } } })
+      put_doc("pm2", "1", { dyn = 5, s = "abcdef" })
+      local conflicts = {
+        { { k = { type = "text" } }, "mapper [k] cannot be changed from type [keyword] to [text]" },
+        { { dyn = { type = "keyword" } }, "mapper [dyn] cannot be changed from type [long] to [keyword]" },
+        { { o = { type = "keyword" } }, "can't merge a non object mapping [o] with an object mapping" },
+        { { k = { properties = { a = { type = "long" } } } }, "can't merge a non object mapping [k] with an object mapping" },
+        { { o = { type = "nested" } }, "can't merge a non-nested mapping [o] with a nested mapping" },
+        { { n = { type = "object" } }, "can't merge a non-nested mapping [n] with a nested mapping" },
+        { { o = { properties = { x = { type = "double" } } } }, "mapper [o.x] cannot be changed from type [long] to [double]" },
+        -- parameters a mapper cannot update, with the defaults ES compares against
+        { { d = { type = "date", format = "yyyy" } }, "Mapper for [d] conflicts with existing mapper:\n\t" ..
+          "Cannot update parameter [format] from [strict_date_optional_time||epoch_millis] to [yyyy]" },
+        { { k = { type = "keyword", index = false, doc_values = false } }, "Mapper for [k] conflicts with existing mapper:\n\t" ..
+          "Cannot update parameter [index] from [true] to [false]\n\tCannot update parameter [doc_values] from [true] to [false]" },
+      }
+      for _, c in ipairs(conflicts) do
+        st, b = jreq("PUT", "/pm2/_mapping", { properties = c[1] })
+        assert.equal(400, st, c[2])
+        assert.same(es_error(400, "illegal_argument_exception", c[2]), b)
+      end
+      -- refused updates change nothing, on any of the indices named
+      st, b = jreq("PUT", "/pm1,pm2/_mapping", { properties = { k = { type = "long" } } })
+      assert.equal(400, st)
+      assert.is_nil(select(2, jreq("GET", "/pm1/_mapping")).pm1.mappings.properties.k)
+      -- updateable parameters take the update's value (left out: the default again, as in ES)
+      st = req("PUT", "/pm2/_mapping", { properties = { k = { type = "keyword" },
+        s = { type = "text", fields = { raw = { type = "keyword" } } } } })
+      assert.equal(200, st)
+      put_doc("pm2", "2", { k = "abcdef" })
+      st, b = jreq("POST", "/pm2/_search", { query = { term = { k = "abcdef" } } })
+      assert.same({ "2" }, ids(b))
+      st, b = jreq("GET", "/pm2/_mapping")
+      assert.same({ type = "keyword" }, b.pm2.mappings.properties.k)
+      assert.same({ type = "text", fields = { keyword = { type = "keyword", ignore_above = 256 }, raw = { type = "keyword" } } },
+        b.pm2.mappings.properties.s)
+      -- the root's dynamic setting
+      assert.equal(200, (req("PUT", "/pm2/_mapping", { dynamic = "strict" })))
+      st, b = jreq("PUT", "/pm2/_doc/3", { fresh = 1 })
+      assert.equal(400, st)
+      assert.equal("strict_dynamic_mapping_exception", b.error.type)
+      -- every index the expression names (wildcards, _all)
+      assert.equal(200, (req("PUT", "/pm*/_mapping", { properties = { added = { type = "ip" } } })))
+      for _, i in ipairs({ "pm1", "pm2" }) do
+        assert.same({ type = "ip" }, select(2, jreq("GET", "/" .. i .. "/_mapping"))[i].mappings.properties.added)
+      end
+      -- 10_basic.yml "Put mappings with explicit _doc type"
+      st, b = jreq("PUT", "/pm1/_mapping", { _doc = { properties = { field = { type = "keyword" } } } })
+      assert.same(es_error(400, "illegal_argument_exception", "Types cannot be provided in put mapping requests"), b)
+      -- the mapping parser's errors, as at index creation
+      st, b = jreq("PUT", "/pm1/_mapping", { properties = { f = { type = "nope" } } })
+      assert.equal(400, st)
+      assert.equal("Failed to parse mapping: No handler for type [nope] declared on field [f]", b.error.reason)
+      st, b = jreq("PUT", "/pm1/_mapping")
+      assert.same(es_error(400, "parse_exception", "request body is required"), b)
+      st, b = jreq("PUT", "/nope/_mapping", {})
+      assert.same(not_found("nope"), b)
+      st, b = jreq("PUT", "/nope*/_mapping", {})
+      assert.same(not_found("nope*"), b)
+      st, b = jreq("PUT", "/pm1/_mapping?bogus=1", {})
+      assert.equal("request [/pm1/_mapping] contains unrecognized parameter: [bogus]", b.error.reason)
+      -- over the index's mapping limits: ES's MappingLookup check, nothing added
+      req("PUT", "/pm3", { settings = { ["index.mapping.total_fields.limit"] = 2 } })
+      st, b = jreq("PUT", "/pm3/_mapping", { properties = { a = { type = "long" }, b = { type = "long" }, c = { type = "long" } } })
+      assert.same(es_error(400, "illegal_argument_exception", "Limit of total fields [2] has been exceeded"), b)
+      _, _, b = req("GET", "/pm3/_mapping")
+      assert.equal('{"pm3":{"mappings":{}}}', b)
     end)
     it("GET /{index}/_mapping/field/{fields} shows field mappings, like ES", function()
       req("PUT", "/fm1", { mappings = { properties = { t1 = { type = "text" }, t2 = { type = "keyword" },

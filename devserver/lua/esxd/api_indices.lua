@@ -8,6 +8,7 @@ local mapping = require "esxd.mapping"
 local active_shards = require "esxd.active_shards"
 local names = require "esxd.names"
 local settings = require "esxd.settings"
+local mapping_update = require "esxd.mapping_update"
 
 local _M = {}
 
@@ -193,6 +194,46 @@ function _M.get_mapping(ctx)
   local out = json.obj()
   for _, idx in ipairs(list) do json.set(out, idx.name, json.obj("mappings", mappings_of(idx))) end
   return 200, out
+end
+
+local function mapper_parsing(msg)
+  return errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
+    { caused_by = { type = "mapper_parsing_exception", reason = msg },
+      root_cause = { { type = "mapper_parsing_exception", reason = msg } } })
+end
+
+-- PUT/POST /{index}/_mapping (indices.put_mapping): merges the body into each resolved
+-- index's mappings (esxd.mapping_update); every index is checked before any changes, as ES
+-- applies one update to all of them or none. {"acknowledged":true}.
+function _M.put_mapping(ctx)
+  local body = ctx:json()
+  if type(body) ~= "table" or #body > 0 or json.is_array(body) then
+    error(errors.new(400, "parse_exception", "Failed to parse content to map"), 0)
+  end
+  -- RestPutMappingAction: {"_doc": {...}} is a typed request, refused in 8.x
+  local first = next(body)
+  if first == "_doc" and next(body, first) == nil then
+    error(errors.illegal_argument("Types cannot be provided in put mapping requests"), 0)
+  end
+  local msg = mapping.mapping_error(body)
+  if msg then error(mapper_parsing(msg), 0) end
+  -- PutMappingRequest's indices options: no missing index, no expression matching nothing
+  local resolved, rerr = names.resolve(ctx.vars.index, store.names(), {
+    ignore_unavailable = ctx.args.ignore_unavailable == "" or ctx.args.ignore_unavailable == "true",
+    no_wildcards = ctx.args.expand_wildcards == "none",
+    allow_no_indices = ctx.args.allow_no_indices == "" or ctx.args.allow_no_indices == "true" })
+  if not resolved then error(rerr, 0) end
+  local plans = {}
+  for _, name in ipairs(resolved) do
+    local idx = store.get(name)
+    local explicit, delta, reason = mapping_update.merge(idx.mappings, mappings_of(idx), body)
+    if not explicit then error(errors.illegal_argument(reason), 0) end
+    local lerr = store.update_mapping_error(idx, delta)
+    if lerr then error(lerr, 0) end
+    plans[#plans + 1] = { idx, explicit, delta }
+  end
+  for _, p in ipairs(plans) do store.update_mapping(p[1], p[2], p[3]) end
+  return 200, json.obj("acknowledged", true)
 end
 
 -- The field mappers of a mappings tree: full path -> {leaf = name, def = node}; objects are

@@ -94,6 +94,7 @@ local function java_string(v)
   for _, k in ipairs(sorted_keys(v)) do parts[#parts + 1] = k .. "=" .. java_string(v[k]) end
   return "{" .. table.concat(parts, ", ") .. "}"
 end
+_M.java_string = java_string
 
 -- "Mapping definition for [x] has unsupported parameters:  [k : v]" (two spaces, as ES). At
 -- the root, "_" keys are metadata fields (_source, _routing, _meta, ...), not checked here.

@@ -69,6 +69,9 @@ _M.APIS = {
     features = "no" },
   ["indices.get_mapping"] = { index = "path", ["local"] = "bool", ignore_unavailable = "bool",
     allow_no_indices = "bool", expand_wildcards = "ok", master_timeout = "time" },
+  -- (write_index_only: there are no aliases or data streams, so it selects nothing)
+  ["indices.put_mapping"] = { index = "path", timeout = "time", master_timeout = "time", ignore_unavailable = "bool",
+    allow_no_indices = "bool", expand_wildcards = "ok", write_index_only = "bool" },
   ["indices.get_field_mapping"] = { index = "path", fields = "path", ["local"] = "bool",
     ignore_unavailable = "bool", allow_no_indices = "bool", expand_wildcards = "ok", include_defaults = "no" },
   ["indices.refresh"] = { index = "path", ignore_unavailable = "bool", allow_no_indices = "bool",

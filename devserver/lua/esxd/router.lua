@@ -16,7 +16,7 @@ local API = {
   [api_docs.create] = "create", [api_docs.update] = "update", [api_docs.source] = "get_source",
   [api_indices.create] = "indices.create", [api_indices.delete] = "indices.delete",
   [api_indices.exists] = "indices.exists", [api_indices.get] = "indices.get",
-  [api_indices.get_mapping] = "indices.get_mapping", [api_indices.get_field_mapping] = "indices.get_field_mapping",
+  [api_indices.get_mapping] = "indices.get_mapping", [api_indices.put_mapping] = "indices.put_mapping", [api_indices.get_field_mapping] = "indices.get_field_mapping",
 }
 _M.API = API
 
@@ -36,7 +36,8 @@ local routes = {
   { { ":index", "_count" }, { GET = api_search.count, POST = api_search.count } },
   { { ":index", "_msearch" }, { GET = api_search.msearch, POST = api_search.msearch } },
   { { ":index", "_refresh" }, { GET = api_indices.refresh, POST = api_indices.refresh } },
-  { { ":index", "_mapping" }, { GET = api_indices.get_mapping } },
+  { { ":index", "_mapping" }, { GET = api_indices.get_mapping, PUT = api_indices.put_mapping,
+    POST = api_indices.put_mapping } },
   { { ":index", "_mapping", "field", ":fields" }, { GET = api_indices.get_field_mapping } },
   { { ":index", "_doc" }, { POST = api_docs.index } },
   { { ":index", "_doc", ":id" }, { PUT = api_docs.index, POST = api_docs.index, GET = api_docs.get,

@@ -153,6 +153,51 @@ function _M.create(name, body)
   return idx
 end
 
+-- The field tables of idx with a mapping update applied, or nil and ES's limits error:
+-- delta is what esxd.mapping_update.merge returned (the new and changed fields, and the root
+-- keys an update sets). Checked on copies first; nothing changes when it fails.
+function _M.update_mapping_error(idx, delta)
+  if type(delta.properties) ~= "table" then return nil end
+  local trial = {}
+  for k, v in pairs(idx.types) do trial[k] = v end
+  mapping.load(trial, delta.properties)
+  local over = mapping.limits_error(trial, idx.total_fields_limit, idx.depth_limit, idx.nested_limit)
+  if over then return errors.illegal_argument(over) end
+end
+
+-- Applies a mapping update: explicit becomes the index's explicit mappings, and the delta's
+-- fields are loaded again, their updateable parameters (ignore_above, ignore_malformed,
+-- copy_to) replaced rather than added to.
+function _M.update_mapping(idx, explicit, delta)
+  local function clear(props, prefix)
+    for name, def in pairs(props) do
+      local path = prefix and (prefix .. "." .. name) or name
+      if type(def) == "table" and def.properties then
+        clear(def.properties, path)
+      elseif type(def) == "table" then
+        idx.malformed[path] = nil
+        idx.ignore_above[path] = nil
+        for sub in pairs(type(def.fields) == "table" and def.fields or {}) do idx.ignore_above[path .. "." .. sub] = nil end
+        for _, list in pairs(idx.copy_from) do
+          for i = #list, 1, -1 do if list[i] == path then table.remove(list, i) end end
+        end
+      end
+    end
+  end
+  if type(delta.properties) == "table" then
+    clear(delta.properties, nil)
+    mapping.load(idx.types, delta.properties, nil, idx.formats, idx.dynamic, idx.malformed, idx.copy_from,
+      idx.null_values)
+  end
+  if delta.dynamic ~= nil then idx.dynamic[""] = delta.dynamic end
+  if delta.date_detection ~= nil then idx.no_date_detection = delta.date_detection == false end
+  if delta.numeric_detection ~= nil then
+    local nd = delta.numeric_detection
+    mapping.register_numeric_detection(idx.types, nd == true or nd == "true")
+  end
+  idx.mappings = explicit
+end
+
 function _M.delete(name) indices[name] = nil end
 
 function _M.drop_all() indices = {} end
