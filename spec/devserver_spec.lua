@@ -771,6 +771,73 @@ describe("esxd", function()
       assert.equal(201, st)
       assert.is_nil(b.forced_refresh)
     end)
+    it("refresh=wait_for answers after the next refresh, not before, as in ES", function()
+      -- a request sent on its own connection, its answer read later
+      local function send(method, path, body, ctype)
+        local sock = socket.tcp()
+        sock:settimeout(5)
+        assert(sock:connect("127.0.0.1", srv.port))
+        assert(sock:send(method .. " " .. path .. " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: " ..
+          (ctype or "application/json") .. "\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body))
+        return sock
+      end
+      local function answer(sock, timeout)
+        sock:settimeout(timeout)
+        local status, err = sock:receive("*l")
+        if not status then return nil, err end
+        sock:settimeout(5)
+        local len
+        repeat
+          local line = sock:receive("*l")
+          len = len or tonumber(line:match("^[Cc]ontent%-[Ll]ength:%s*(%d+)"))
+        until line == ""
+        local text = sock:receive(len)
+        sock:close()
+        return tonumber(status:match("^HTTP/1%.1 (%d+)")), cjson.decode(text)
+      end
+      local function count(index) return select(2, jreq("GET", "/" .. index .. "/_count")).count end
+      -- no automatic refresh: the write waits until something else refreshes the index
+      req("PUT", "/wf", { settings = { refresh_interval = "-1" } })
+      for _, w in ipairs({
+        { "PUT", "/wf/_doc/1?refresh=wait_for", '{"a":1}' },
+        { "POST", "/wf/_update/1?refresh=wait_for", '{"doc":{"a":2}}' },
+        { "DELETE", "/wf/_doc/1?refresh=wait_for", "" },
+        { "POST", "/_bulk?refresh=wait_for", '{"index":{"_index":"wf","_id":"2"}}\n{"a":1}\n', "application/x-ndjson" },
+      }) do
+        local before = count("wf")
+        local sock = send(w[1], w[2], w[3], w[4])
+        local st, err = answer(sock, 0.4)
+        assert.is_nil(st, w[2])
+        assert.equal("timeout", err, w[2])
+        assert.equal(before, count("wf"), w[2])          -- not visible, not refreshed
+        assert.equal(200, (req("POST", "/wf/_refresh")))
+        local b
+        st, b = answer(sock, 5)
+        assert.is_true(st == 200 or st == 201, w[2])
+        local r = b.items and b.items[1].index or b
+        assert.is_nil(r.forced_refresh, w[2])
+      end
+      assert.equal(1, count("wf"))
+      -- a noop update wrote nothing: it does not wait
+      local st, b = jreq("POST", "/wf/_update/2?refresh=wait_for", { doc = { a = 1 } })
+      assert.equal("noop", b.result)
+      -- the automatic refresh (index.refresh_interval) ends the wait too
+      req("PUT", "/wf1", { settings = { refresh_interval = "1s" } })
+      st, b = jreq("PUT", "/wf1/_doc/1?refresh=wait_for", { a = 1 })
+      assert.equal(201, st)
+      assert.is_nil(b.forced_refresh)
+      assert.equal(1, count("wf1"))
+      -- index.max_refresh_listeners requests already waiting (here 0): the request refreshes
+      -- the index itself and says forced_refresh, as ES does
+      req("PUT", "/wf0", { settings = { refresh_interval = "-1", max_refresh_listeners = 0 } })
+      st, b = jreq("PUT", "/wf0/_doc/1?refresh=wait_for", { a = 1 })
+      assert.equal(201, st)
+      assert.is_true(b.forced_refresh)
+      assert.equal(1, count("wf0"))
+      st, b = jreq("POST", "/_bulk?refresh=wait_for", '{"index":{"_index":"wf0","_id":"2"}}\n{"a":1}\n', NDJSON)
+      assert.is_true(b.items[1].index.forced_refresh)
+      assert.equal(2, count("wf0"))
+    end)
     it("POST /{index}/_doc generates a 20 character id", function()
       local st, b = jreq("POST", "/docs/_doc", { a = 1 })
       assert.equal(201, st)

@@ -55,7 +55,10 @@ function _M.run(o)
   local BEACON = { ok_status = statuses, headers = close, content_type = "application/json" }
   local s = { requests = 0, statuses = {}, errors = {}, accepted = 0, accepted_by_site = {},
               articles = 0, reads = 0, peak_rps = 0 }
-  local ring, head, tail = {}, 1, 0 -- FIFO of {pending, kind, site, events}
+  -- the requests in flight, in sending order: {pending, kind, site, events, done}; answers
+  -- are settled as they come, so a slow one (a mark-read waits for Elasticsearch's next
+  -- refresh, up to refresh_interval) does not hold up the ones sent after it
+  local ring, head, tail, in_flight = {}, 1, 0, 0
   local pages = math.max(1, math.ceil(o.articles / 20))
   local start = socket.gettime()
   local spike_from, spike_to = 0.4 * o.duration, 0.6 * o.duration
@@ -88,6 +91,7 @@ function _M.run(o)
     end
     tail = tail + 1
     ring[tail] = item
+    in_flight = in_flight + 1
   end
 
   local function settle(item)
@@ -112,14 +116,19 @@ function _M.run(o)
   while true do
     local t = socket.gettime() - start
     local sending = t < o.duration
-    while sending and tail - head + 1 < o.concurrency and s.requests < due(t) do send_one() end
+    while sending and in_flight < o.concurrency and s.requests < due(t) do send_one() end
     if head <= tail then
-      local item = ring[head]
-      if item.p:ready() or item.p:wait(2) then
-        ring[head] = nil
-        head = head + 1
-        settle(item)
+      local settled = false
+      for i = head, tail do
+        local item = ring[i]
+        if not item.done and (item.p:ready() or (i == head and item.p:wait(2))) then
+          item.done, settled = true, true
+          in_flight = in_flight - 1
+          settle(item)
+        end
       end
+      while head <= tail and ring[head].done do ring[head] = nil; head = head + 1 end
+      if not settled then socket.sleep(0.002) end
     elseif not sending then
       break
     else
@@ -132,7 +141,7 @@ function _M.run(o)
       last_report, last_requests = now, s.requests
       if o.on_progress then
         o.on_progress{ t = now - start, rps = rps, spike = t >= spike_from and t < spike_to,
-                       in_flight = tail - head + 1, s = s }
+                       in_flight = in_flight, s = s }
       end
     end
   end

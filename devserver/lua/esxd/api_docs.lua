@@ -22,7 +22,7 @@ local function write_opts(ctx, op_type)
   end
   return { op_type = op_type or op or "index", if_seq_no = a.if_seq_no, if_primary_term = a.if_primary_term,
     version = a.version, version_type = a.version_type,
-    refresh = refresh_flag(a), wait_for = a.refresh == "wait_for", routing = a.routing }
+    refresh = refresh_flag(a) and a.refresh ~= "wait_for", wait_for = a.refresh == "wait_for", routing = a.routing }
 end
 
 -- java.net.URLEncoder.encode (form encoding: space is "+"; letters, digits and .-*_ kept)
@@ -33,7 +33,11 @@ end
 -- 201 Created carries ES's Location header (DocWriteResponse.getLocation).
 local function finish(st, res, opts)
   if not st then error(res, 0) end
-  if opts.wait_for then json.set(res, "forced_refresh", nil) end
+  -- refresh=wait_for: answer once a refresh made the write visible (a noop wrote nothing)
+  if opts.wait_for and json.get(res, "result") ~= "noop" then
+    local idx = store.get(json.get(res, "_index"))
+    if idx and store.wait_for_refresh({ idx })[idx.name] then store.mark_forced(res) end
+  end
   if st == 201 then
     local loc = "/" .. form_encode(json.get(res, "_index")) .. "/_doc/" .. form_encode(json.get(res, "_id"))
     if opts.routing then loc = loc .. "?routing=" .. form_encode(opts.routing) end

@@ -240,10 +240,12 @@ end
 
 -- Execute parsed ops. fault: {status=, count=} or nil. Returns response object.
 function _M.execute(ops, params, fault, started)
-  local refresh = params.refresh ~= nil and params.refresh ~= "false"
+  local refresh = params.refresh ~= nil and params.refresh ~= "false" and params.refresh ~= "wait_for"
+  local wait_for = params.refresh == "wait_for"
   local items = json.array()
   local any_error = false
   local touched = {}
+  local written = {}   -- refresh=wait_for: {index, item response} of each write
   local failed_left = fault and (fault.count or math.huge) or 0
   local unmet = unmet_shards(ops, params)
   for _, op in ipairs(ops) do
@@ -303,7 +305,8 @@ function _M.execute(ops, params, fault, started)
         items[#items + 1] = json.obj(op.action, item_error(op, id, err.status, err))
       else
         touched[op.index] = true
-        if refresh and params.refresh ~= "wait_for" then json.set(res, "forced_refresh", true) end
+        if wait_for and json.get(res, "result") ~= "noop" then written[#written + 1] = { op.index, res } end
+        if refresh then json.set(res, "forced_refresh", true) end
         json.set(res, "status", st)
         items[#items + 1] = json.obj(op.action, res)
       end
@@ -314,6 +317,17 @@ function _M.execute(ops, params, fault, started)
     for name in pairs(touched) do
       local idx = store.get(name)
       if idx then store.refresh(idx) end
+    end
+  elseif wait_for then
+    -- one wait per index touched (ES: a bulk takes one refresh listener slot per shard)
+    local list, seen = {}, {}
+    for _, w in ipairs(written) do
+      local idx = store.get(w[1])
+      if idx and not seen[idx] then seen[idx] = true; list[#list + 1] = idx end
+    end
+    local forced = store.wait_for_refresh(list)
+    for _, w in ipairs(written) do
+      if forced[w[1]] then store.mark_forced(w[2]) end
     end
   end
   ngx.update_time()

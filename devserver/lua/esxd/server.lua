@@ -23,8 +23,9 @@ local _M = {}
 function _M.init_worker()
   math.randomseed(math.floor(ngx.now() * 1000) + ngx.worker.pid())
   -- ES's default refresh_interval: make writes searchable within 1 s (or each index's
-  -- index.refresh_interval, rounded up to whole seconds; -1: never).
-  ngx.timer.every(1, function(premature)
+  -- index.refresh_interval, to a tenth of a second; -1: never). refresh=wait_for requests
+  -- wait for these refreshes.
+  ngx.timer.every(0.1, function(premature)
     if not premature then store.auto_refresh() end
   end)
 end

@@ -206,6 +206,7 @@ function _M.drop_all() indices = {} end
 -- last refresh are looked at; replaced records are marked dead in visible_list (searches
 -- skip them) and the list is compacted when more than half of it is dead.
 function _M.refresh(idx)
+  idx.refresh_gen = (idx.refresh_gen or 0) + 1 -- (what refresh=wait_for waits on)
   if not idx.dirty then return end
   local vis, list = idx.visible, idx.visible_list
   local added = {}
@@ -231,16 +232,52 @@ function _M.refresh_all()
   for _, idx in pairs(indices) do _M.refresh(idx) end
 end
 
--- The automatic refresh (a 1 s timer): each index whose refresh_interval has passed since
+-- The automatic refresh (a 100 ms timer): each index whose refresh_interval has passed since
 -- its last automatic refresh; never one with refresh_interval -1.
 function _M.auto_refresh()
   local now = now_ms()
   for _, idx in pairs(indices) do
-    if idx.refresh_ms >= 0 and now - idx.last_refresh >= idx.refresh_ms - 50 then
+    if idx.refresh_ms >= 0 and now - idx.last_refresh >= idx.refresh_ms - 5 then
       idx.last_refresh = now
       _M.refresh(idx)
     end
   end
+end
+
+-- refresh=wait_for (ES's RefreshListeners): the request waits for each of the indices' next
+-- refresh: the automatic one (every index.refresh_interval; never with -1), POST /_refresh,
+-- or another write's refresh=true. When index.max_refresh_listeners (default 1000) requests
+-- already wait on an index, the request refreshes it instead, as ES does. list: indices;
+-- returns the set of index names it refreshed itself (their responses say forced_refresh).
+function _M.wait_for_refresh(list)
+  local forced, waiting = {}, {}
+  for _, idx in ipairs(list) do
+    local max = tonumber(idx.flat_settings and idx.flat_settings["index.max_refresh_listeners"]) or 1000
+    if (idx.refresh_waiters or 0) >= max then
+      _M.refresh(idx)
+      forced[idx.name] = true
+    else
+      idx.refresh_waiters = (idx.refresh_waiters or 0) + 1
+      waiting[#waiting + 1] = { idx, idx.refresh_gen or 0 }
+    end
+  end
+  for _, w in ipairs(waiting) do
+    local idx, gen = w[1], w[2]
+    -- (a deleted index ends the wait: ES fails the listeners of a closed shard)
+    while (idx.refresh_gen or 0) == gen and indices[idx.name] == idx do ngx.sleep(0.01) end
+    idx.refresh_waiters = idx.refresh_waiters - 1
+  end
+  return forced
+end
+
+-- A write response that refreshed the index: "forced_refresh": true after "result", where
+-- ES's DocWriteResponse puts it.
+function _M.mark_forced(res)
+  local keys = res.__keys
+  for i, k in ipairs(keys) do
+    if k == "result" then table.insert(keys, i + 1, "forced_refresh"); break end
+  end
+  res.__vals.forced_refresh = true
 end
 
 local function ensure_index(name)
