@@ -147,6 +147,7 @@ function _M.update(ctx)
   check_require_alias(ctx)
   local a = ctx.args
   opts.retry_on_conflict = a.retry_on_conflict
+  opts.exact_body = json.decode_exact(ctx.body) -- (its integers exact in the stored source)
   opts.fetch = source_filter.update_fetch(type(body) == "table" and body._source or nil, a._source,
     a._source_includes, a._source_excludes)
   local st, res = store.update(ctx.vars.index, ctx.vars.id, body, opts)

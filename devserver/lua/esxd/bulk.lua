@@ -291,7 +291,7 @@ function _M.execute(ops, params, fault, started)
             params._source_excludes)
         end
         st, res = store.update(op.index, id, op.update,
-          { if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term, fetch = fetch,
+          { exact_body = json.decode_exact(op.source_line), if_seq_no = op.meta.if_seq_no, if_primary_term = op.meta.if_primary_term, fetch = fetch,
             routing = op.meta.routing ~= nil and tostring(op.meta.routing) or params.routing })
         if not st then err = res end
       else

@@ -302,6 +302,42 @@ function _M.decode(s, ordered)
   return v
 end
 
+-- Decode keeping every integer of 16 digits or more as its text (a json.raw value), as ES's
+-- parser keeps a source's longs and big integers exactly: a double holds integers exactly
+-- only up to 2^53, so a re-serialised source (filtered, merged by _update) would change
+-- them. Other numbers are cjson's doubles. Returns value or nil, message.
+local BIG = "\0esxd-int\0"
+local function unmark_big(v)
+  if type(v) ~= "table" or getmetatable(v) == RAW then return v end
+  for k, e in pairs(v) do
+    if type(e) == "string" and sub(e, 1, #BIG) == BIG then v[k] = _M.raw(sub(e, #BIG + 1))
+    elseif type(e) == "table" then unmark_big(e) end
+  end
+  return v
+end
+function _M.decode_exact(s)
+  if type(s) ~= "string" or not find(s, "%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d") then return _M.decode(s) end
+  local out, pos, i = {}, 1, 1
+  while true do
+    local j = find_outside_strings(s, '["%-%d]', i)
+    if j == false then return _M.decode(s) end -- an unterminated string: cjson reports it
+    if not j then break end
+    local e = find(s, "[^%-%+%.%deE]", j) or #s + 1
+    local text = sub(s, j, e - 1)
+    if find(text, "^%-?%d+$") and #text:gsub("^%-", "") >= 16 then
+      out[#out + 1] = sub(s, pos, j - 1)
+      out[#out + 1] = '"\\u0000esxd-int\\u0000' .. text .. '"'
+      pos = e
+    end
+    i = e
+  end
+  out[#out + 1] = sub(s, pos)
+  local v, err = _M.decode(concat(out))
+  if v == nil then return nil, err end
+  if type(v) == "string" and sub(v, 1, #BIG) == BIG then return _M.raw(sub(v, #BIG + 1)) end
+  return unmark_big(v)
+end
+
 -- Is t an array made by json.array() (as decode makes every empty one)?
 function _M.is_array(t) return type(t) == "table" and getmetatable(t) == ARRAY end
 

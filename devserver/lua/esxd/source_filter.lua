@@ -41,6 +41,7 @@ end
 
 local filt
 local function filt_value(v, path, inc, exc)
+  if json.is_raw(v) then return v end -- an exact integer (exact_source)
   if is_obj(v) and next(v) ~= nil then return filt(v, path, inc, exc) end
   if type(v) == "table" and v ~= null and #v > 0 then
     local arr = json.array()
@@ -108,10 +109,21 @@ function _M.update_fetch(body_spec, spec, includes_param, excludes_param)
   return { filter = f }
 end
 
+-- The record's source for re-serialising: rec.source (doubles, for queries), except that a
+-- source holding integers a double cannot hold exactly (beyond 2^53) is decoded again with
+-- them kept as their text (json.decode_exact), as ES returns them. Not to be modified.
+function _M.exact_source(rec)
+  if rec.exact == nil then
+    rec.exact = false
+    if rec.raw:find("%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d") then rec.exact = json.decode_exact(rec.raw) or false end
+  end
+  return rec.exact or rec.source
+end
+
 -- Returns a JSON-encodable source value for a stored record.
 function _M.apply(f, rec)
   if f == nil then return json.raw(rec.raw) end
-  return filt(rec.source, nil, f.inc, f.exc)
+  return filt(_M.exact_source(rec), nil, f.inc, f.exc)
 end
 
 return _M

@@ -622,13 +622,16 @@ function _M.update(name, id, body, opts)
   end
   local bad_id = check_id(id)
   if bad_id then return nil, bad_id end
+  -- the body with its integers exact (json.decode_exact), when the caller decoded it so
+  local ebody = opts.exact_body or body
   local idx = indices[name]
   local cur = idx and idx.docs[id]
   if not cur then
     if body.doc_as_upsert == true or body.upsert ~= nil then
       local src = body.doc_as_upsert == true and body.doc or body.upsert
       if not is_object(src) then return nil, errors.x_content_parse("[1:1] upsert must be an object") end
-      local st, res = _M.index(name, id, src, json.encode(src),
+      local esrc = ebody.doc_as_upsert == true and ebody.doc or ebody.upsert
+      local st, res = _M.index(name, id, src, json.encode(esrc),
         { refresh = opts.refresh, op_type = "create", routing = opts.routing })
       if st and opts.fetch then add_get(res, indices[name].docs[id], opts.fetch) end
       return st, res
@@ -644,13 +647,16 @@ function _M.update(name, id, body, opts)
   end
   local cas = check_cas(idx, id, cur, opts)
   if cas then return nil, cas end
-  local merged = copy(cur.source)
-  merge(merged, body.doc)
-  if body.detect_noop ~= false and deep_equal(merged, cur.source) then
+  -- merged with exact integers (source_filter.exact_source), as ES merges its parsed maps
+  local exact = source_filter.exact_source(cur)
+  local merged = copy(exact)
+  merge(merged, ebody.doc)
+  if body.detect_noop ~= false and deep_equal(merged, exact) then
     return 200, add_get(result(idx, id, cur.version, cur.seq_no, "noop"), cur, opts.fetch)
   end
   opts.keep_routing = true
-  local rec, perr = put(idx, id, merged, json.encode(merged), cur, opts)
+  local raw = json.encode(merged)
+  local rec, perr = put(idx, id, json.decode(raw), raw, cur, opts) -- (doubles again, for queries)
   if not rec then return nil, perr end
   return 200, add_get(result(idx, id, rec.version, rec.seq_no, "updated", opts.refresh), rec, opts.fetch)
 end
