@@ -180,6 +180,27 @@ describe("esxd", function()
       refused({ properties = { t = { type = "text", fields = { raw = { type = "keyword", analyzer = "standard" } } } } },
         "unknown parameter [analyzer] on mapper [raw] of type [keyword]")
       refused({ properties = { k = { type = "keyword", boost = 2 } } }, "Unknown parameter [boost] on mapper [k]")
+      -- a date format esxd's parser does not read: refused in ES's shape rather than read as
+      -- the default format (ES would take "01.02.2024" there and refuse "2024-02-01")
+      local reads = "its date parser reads strict_date_optional_time, date_optional_time, " ..
+        "strict_date_optional_time_nanos, yyyy/MM/dd, yyyy/MM/dd HH:mm:ss, epoch_millis and epoch_second " ..
+        "(joined with ||) only"
+      refused({ properties = { d = { type = "date", format = "dd.MM.yyyy" } } },
+        "esxd does not implement the date format [dd.MM.yyyy] of field [d]: " .. reads)
+      refused({ properties = { o = { properties = { d = { type = "date_nanos", format = "yyyy-MM-dd||epoch_millis" } } } } },
+        "esxd does not implement the date format [yyyy-MM-dd||epoch_millis] of field [d]: " .. reads)
+      refused({ properties = { k = { type = "keyword", fields = { d = { type = "date", format = "basic_date" } } } } },
+        "esxd does not implement the date format [basic_date] of field [d]: " .. reads)
+      refused({ properties = { d = { type = "date", format = "" } } },
+        "esxd does not implement the date format [] of field [d]: " .. reads)
+      req("PUT", "/idxf")
+      local st, b = jreq("PUT", "/idxf/_mapping", { properties = { d = { type = "date", format = "dd.MM.yyyy" } } })
+      assert.equal(400, st)
+      assert.equal("Failed to parse mapping: esxd does not implement the date format [dd.MM.yyyy] of field [d]: " .. reads,
+        b.error.reason)
+      assert.equal(200, (req("PUT", "/idxf2", { mappings = { properties = {
+        d = { type = "date", format = "yyyy/MM/dd HH:mm:ss||yyyy/MM/dd||epoch_millis" },
+        e = { type = "date", format = "strict_date_optional_time||epoch_second" } } } })))
       -- MappingParser.checkNoRemainingFields (objects and the root)
       refused({ properties = { o = { type = "object", bogus = "x", properties = {} } } },
         "Mapping definition for [o] has unsupported parameters:  [bogus : x]")
@@ -467,8 +488,8 @@ describe("esxd", function()
         { { n = { type = "object" } }, "can't merge a non-nested mapping [n] with a nested mapping" },
         { { o = { properties = { x = { type = "double" } } } }, "mapper [o.x] cannot be changed from type [long] to [double]" },
         -- parameters a mapper cannot update, with the defaults ES compares against
-        { { d = { type = "date", format = "yyyy" } }, "Mapper for [d] conflicts with existing mapper:\n\t" ..
-          "Cannot update parameter [format] from [strict_date_optional_time||epoch_millis] to [yyyy]" },
+        { { d = { type = "date", format = "epoch_millis" } }, "Mapper for [d] conflicts with existing mapper:\n\t" ..
+          "Cannot update parameter [format] from [strict_date_optional_time||epoch_millis] to [epoch_millis]" },
         { { k = { type = "keyword", index = false, doc_values = false } }, "Mapper for [k] conflicts with existing mapper:\n\t" ..
           "Cannot update parameter [index] from [true] to [false]\n\tCannot update parameter [doc_values] from [true] to [false]" },
       }

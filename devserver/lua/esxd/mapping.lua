@@ -129,6 +129,19 @@ local function field_params(name, def, ty)
   end
 end
 
+-- A date field's "format" that esxd's date parser does not read (or no format at all): ES
+-- would parse dates with it (or refuse a pattern Java does not take); esxd refuses it rather
+-- than read such a field's dates with the default format.
+local function date_format_error(name, def, ty)
+  if (ty ~= "date" and ty ~= "date_nanos") or def.format == nil then return nil end
+  local f = def.format
+  if type(f) ~= "string" or f:match("^[%s|]*$") or _M.parts_take("", f) == nil then
+    return "esxd does not implement the date format [" .. java_string(f) .. "] of field [" .. name .. "]: its " ..
+      "date parser reads strict_date_optional_time, date_optional_time, strict_date_optional_time_nanos, " ..
+      "yyyy/MM/dd, yyyy/MM/dd HH:mm:ss, epoch_millis and epoch_second (joined with ||) only"
+  end
+end
+
 local properties_error
 -- Returns nil, or the reason of ES's mapper_parsing_exception for mappings ES refuses (the
 -- part after "Failed to parse mapping: "): a field type ES does not know, a parameter the
@@ -158,7 +171,8 @@ properties_error = function(props)
       else
         local sub, sty = each_field(def, function(s, t) if not ES_TYPES[t] then return s, t end end)
         if sub then return "No handler for type [" .. sty .. "] declared on field [" .. sub .. "]" end
-        local msg = field_params(name, def, ty)
+        local msg = field_params(name, def, ty) or date_format_error(name, def, ty)
+          or each_field(def, function(sub, sty) return date_format_error(sub, def.fields[sub], sty) end)
         if msg then return msg end
       end
     end
