@@ -2322,6 +2322,28 @@ describe("esxd", function()
       assert.same({ value = 0, relation = "eq" }, b.hits.total)
       assert.equal(cjson.null, b.hits.max_score)
     end)
+    it("takes _all only alone: in a list it is a name starting with '_', refused as in ES", function()
+      -- IndexNameExpressionResolver.validateResourceExpression checks every expression of a
+      -- list (excluded ones too, and whatever ignore_unavailable says)
+      local function invalid(name)
+        return es_error(400, "invalid_index_name_exception", "Invalid index name [" .. name .. "], must not start with '_'.",
+          { index_uuid = "_na_", index = name })
+      end
+      for _, p in ipairs({ "/events-a,_all/_search", "/_all,events-a/_search", "/_all,events-a/_count",
+        "/events-*,-_all/_search", "/events-a,_foo/_search?ignore_unavailable=true", "/events-a,_all/_mapping",
+        "/events-a,_all/_refresh" }) do
+        local st, b = jreq(p:find("_refresh") and "POST" or "GET", p)
+        assert.equal(400, st, p)
+        assert.same(invalid(p:find("_foo") and "_foo" or "_all"), b, p)
+      end
+      local st, b = jreq("POST", "/_msearch", '{"index":"events-a,_all"}\n{}\n', NDJSON)
+      assert.equal(200, st)
+      assert.same(invalid("_all").error, b.responses[1].error)
+      -- deleting: DestructiveOperations looks at each expression first
+      st, b = jreq("DELETE", "/events-a,_all")
+      assert.same(es_error(400, "illegal_argument_exception", "Wildcard expressions or all indices are not allowed"), b)
+      assert.equal(200, (req("HEAD", "/events-a")))
+    end)
     it("404s a missing index unless ignore_unavailable", function()
       local st, b = jreq("GET", "/missing/_search")
       assert.equal(404, st)

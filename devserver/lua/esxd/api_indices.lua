@@ -82,9 +82,12 @@ end
 
 function _M.delete(ctx)
   local expr = ctx.vars.index
-  -- ES 8 default: action.destructive_requires_name = true
-  if expr == "_all" or expr:find("*", 1, true) then
-    error(errors.illegal_argument("Wildcard expressions or all indices are not allowed"), 0)
+  -- ES 8 default: action.destructive_requires_name = true (DestructiveOperations: every
+  -- expression of a list is checked)
+  for part in (expr .. ","):gmatch("([^,]*),") do
+    if part == "_all" or part:find("*", 1, true) then
+      error(errors.illegal_argument("Wildcard expressions or all indices are not allowed"), 0)
+    end
   end
   local list = resolve_strict(expr, ctx)
   for _, idx in ipairs(list) do store.delete(idx.name) end

@@ -44,7 +44,8 @@ local MSEARCH_HEADER = { index = true, indices = true, search_type = true, ccs_m
 
 -- Errors that ES reports per search in an msearch response (found while executing it); the
 -- others come from parsing the request and fail the whole msearch.
-local ITEM_ERRORS = { index_not_found_exception = true, search_phase_execution_exception = true }
+local ITEM_ERRORS = { index_not_found_exception = true, search_phase_execution_exception = true,
+  invalid_index_name_exception = true }
 
 function _M.msearch(ctx)
   -- MultiSearchRequest.maxConcurrentSearchRequests, set before the body is read

@@ -76,7 +76,12 @@ function _M.resolve(expr, existing, opts)
     if part == "" then goto continue end
     local negate = false
     if part:sub(1, 1) == "-" and wildcard_seen then negate = true; part = part:sub(2) end
-    if part == "_all" then part = "*" end
+    -- IndexNameExpressionResolver.validateResourceExpression: only a lone "_all" means every
+    -- index; in a list (or excluded) it is a name, and names starting with "_" are refused
+    if part:sub(1, 1) == "_" then
+      return nil, errors.new(400, "invalid_index_name_exception", "Invalid index name [" .. part ..
+        "], must not start with '_'.", { "index_uuid", "_na_", "index", part })
+    end
     if part:find("*", 1, true) then
       if opts.no_wildcards then goto continue end
       wildcard_seen = true

@@ -56,7 +56,8 @@ local function match(pattern, segs)
   for i, p in ipairs(pattern) do
     local s = segs[i]
     if p:sub(1, 1) == ":" then
-      if p == ":index" and s:sub(1, 1) == "_" and s ~= "_all" then return nil end
+      -- ("_x" is an API ES has and esxd lacks; a list such as "a,_all" is an index expression)
+      if p == ":index" and s:sub(1, 1) == "_" and s ~= "_all" and not s:find(",", 1, true) then return nil end
       if p == ":new" then p = ":index" end
       vars[p:sub(2)] = s
     elseif p ~= s then
