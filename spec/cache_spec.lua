@@ -138,6 +138,31 @@ describe("esx.cache(opts)", function()
     c:close()
   end)
 
+  it("raises naming the clock option when the clock returns no finite number", function()
+    -- a string was reported as "bad argument #2 to 'page_get'" (an internal method), and a
+    -- NaN or an infinity read while an entry was stored gave it an expiry that never comes:
+    -- the entry was served for ever, whatever the ttl
+    for _, bad in ipairs{ "1000", 0 / 0, math.huge, -math.huge } do
+      local now, loads = 1000, 0
+      local c = esx.cache{ clock = function() return now end, page_ttl = 10,
+        load_page = function() loads = loads + 1 return { { id = 1 } } end,
+        load_readers = function() return { 7 } end }
+      now = bad
+      local ok, err = pcall(c.read_articles, c, 7, 1)
+      assert.is_false(ok)
+      assert.matches("esx.cache: bad option 'clock' (returned ", err, 1, true)
+      ok, err = pcall(c.mark_read, c, 1, 7)
+      assert.is_false(ok)
+      assert.matches("esx.cache: bad option 'clock' (returned ", err, 1, true)
+      now = 1000
+      assert(c:read_articles(7, 1))
+      now = 1000 + 10 -- past page_ttl: loaded again
+      assert(c:read_articles(7, 1))
+      assert.equal(2, loads)
+      c:close()
+    end
+  end)
+
   it("raises naming a missing loader", function()
     assert.has_error(function() esx.cache{ load_page = function() end } end,
       "esx.cache: bad option 'load_readers' (required)")

@@ -26,7 +26,7 @@ local registry = require "esx.registry"
 
 local type, pcall, error, setmetatable, tostring, ipairs =
   type, pcall, error, setmetatable, tostring, ipairs
-local floor, min = math.floor, math.min
+local floor, min, huge = math.floor, math.min, math.huge
 local co_yield, co_isyieldable = coroutine.yield, coroutine.isyieldable
 local make_error, core_clock, json_encode = core.error, core.cache_clock, core.cache_json
 
@@ -109,6 +109,21 @@ end
 -- machine reads the same monotonic clock, as a shared cache needs.
 local function default_clock()
   return core_clock
+end
+
+-- The caller's clock, its readings checked: a value that is not a finite number raises naming
+-- the option (it raised as a bad argument of an internal method, or -- NaN, an infinity --
+-- gave an entry stored then an expiry that never comes: served for ever, whatever the ttl).
+local function checked_clock(clock)
+  return function()
+    local t = clock()
+    if type(t) ~= "number" or t ~= t or t == huge or t == -huge then
+      error("esx.cache: bad option 'clock' (returned " ..
+        (type(t) == "number" and tostring(t) or type(t)) ..
+        ", expected a finite number of milliseconds)", 0)
+    end
+    return t
+  end
 end
 
 -- wait(attempt) pauses the current light thread / coroutine; false when it cannot.
@@ -427,7 +442,7 @@ function _M.new(opts)
     _load_readers = o.load_readers,
     _shared = o.shared,
     _lock_timeout = o.lock_timeout,
-    _clock = o.clock or default_clock(),
+    _clock = o.clock and checked_clock(o.clock) or default_clock(),
     _wait = o.wait or default_wait(),
     _use_sema = semaphore ~= nil and o.wait == nil,
     _page_flights = {},
