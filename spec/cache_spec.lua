@@ -350,6 +350,33 @@ describe("cache:read_articles(user_id, page_no)", function()
     assert.equal(0, c:stats().pages.entries)
   end)
 
+  it("returns nil, err when a loader's list has an entry before 1 (a list counted from 0)", function()
+    -- {[0] = a, b, c}: its length is 2 and ipairs starts at 1, so entry 0 -- an article, or a
+    -- reader whose flag then read false -- was left out without a word, as after a hole
+    for _, shared in ipairs{ false, true } do
+      local c = esx.cache{ shared = shared, load_readers = function() return {} end,
+        load_page = function() return { [0] = { id = 1 }, { id = 2 }, { id = 3 } } end }
+      local list, err = c:read_articles(1, 1)
+      assert.is_nil(list)
+      assert.same({ "load", "bad data from load_page: not a list: entry 0 is not nil (a list starts at 1)" },
+        { err.kind, err.message })
+      list, err = c:read_articles_json(1, 1)
+      assert.is_nil(list)
+      assert.equal("load", err.kind)
+      assert.equal(0, c:stats().pages.entries)
+      c._load_readers = function() return { [-2] = 4, [0] = 7, 8, 9 } end
+      local read
+      read, err = c:has_read(2, 7)
+      assert.is_nil(read)
+      assert.same({ "load", "bad data from load_readers: not a list: entry -2 is not nil (a list starts at 1)" },
+        { err.kind, err.message })
+      assert.equal(0, c:stats().readers.entries)
+      c._load_readers = function() return { 7, 8, [1.5] = 3, total = 2 } end -- (not positions)
+      assert.is_true(c:has_read(2, 7))
+      c:close()
+    end
+  end)
+
   it("returns nil, err when a loader's list has a hole (the entries after it were dropped silently)", function()
     -- {a, b, [10] = d}: the list's length is 2 in both flavours, and the 10th article (or
     -- reader) was left out without a word -- shown to nobody, or its reader's flag false

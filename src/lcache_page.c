@@ -493,6 +493,7 @@ void *esx_lpage_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
 const char *esx_lpage_list_hole(lua_State *L, int idx, size_t n, char *msg, size_t msglen)
 {
     long long first = 0; /* the smallest position past n that holds a value */
+    long long before = 1; /* the smallest integer key below 1 (a list counted from 0) */
     idx = lua_absindex(L, idx);
     lua_pushnil(L);
     while (lua_next(L, idx) != 0) {
@@ -501,7 +502,13 @@ const char *esx_lpage_list_hole(lua_State *L, int idx, size_t n, char *msg, size
             long long k = esx_tointeger(L, -1);
             if (k > (long long)n && (first == 0 || k < first))
                 first = k;
+            if (k < before)
+                before = k;
         }
+    }
+    if (before < 1) { /* left out by the length and every loop from 1, as after a hole */
+        snprintf(msg, msglen, "not a list: entry %lld is not nil (a list starts at 1)", before);
+        return msg;
     }
     if (first == 0)
         return NULL;

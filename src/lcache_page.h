@@ -57,10 +57,11 @@ void esx_lpage_json(lua_State *L, int idx, esx_sbuf *b);
  * NULL when out of memory or over limit. */
 void *esx_lpage_blob(lua_State *L, int idx, size_t limit, size_t *blob_len);
 
-/* NULL when the table at idx, whose length is n, has no integer key past n; else a message
- * naming the hole, written into msg: the entries after a hole would be left out without a
- * word (and where the length stops depends on the table's layout).  Keys that are not
- * integers are not looked at.  Pushes nothing. */
+/* NULL when the table at idx, whose length is n, has no integer key past n nor below 1; else
+ * a message naming the hole (or the key below 1), written into msg: the entries after a hole,
+ * or of a list counted from 0, would be left out without a word (and where the length stops
+ * depends on the table's layout).  Keys that are not integers are not looked at.  Pushes
+ * nothing. */
 const char *esx_lpage_list_hole(lua_State *L, int idx, size_t n, char *msg, size_t msglen);
 
 /* NULL when the value at idx is a list of article tables with integer ids in [0, 2^53),
