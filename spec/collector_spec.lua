@@ -3080,6 +3080,13 @@ describe("spool", function()
     unit("spool_claim_crashed", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
   end)
 
+  it("syncs the segments it claims from a dead process at its next sync pass, not under the lock (tools/unit)", function()
+    -- a process killed inside its spool_sync_interval had acknowledged records it never
+    -- synced; the claimer synced the directory (the rename) but never the file, so a power
+    -- loss any time after the claim could lose them
+    unit("spool_claim_sync", "src/spool.c src/private.c src/proc.c -lz -lpthread", 7)
+  end)
+
   it("scans a spool whose dead segments all have a backup tool's second link in well under a second (tools/unit)", function()
     -- each such segment's look for a claimer's name read the whole directory again and
     -- lstat-ed every name in it, under the collector's lock: 4000 of them took a minute

@@ -275,8 +275,10 @@ static void sync_spool(esx_collector *col, int64_t now)
         /* the disk write without the lock: in nginx the intake runs on the worker's
          * event loop, which would wait out every fdatasync.  Every segment sealed
          * until now is synced: a pass takes a few, so passes follow while they wait
-         * (as many as they need, not those sealed meanwhile: for the next sync) */
-        int rounds = col->spool->n_unsynced / (ESX_SPOOL_SYNC_FDS - 3) + 1;
+         * (as many as they need, not those sealed meanwhile: for the next sync) --
+         * and every segment claimed from a dead process (a few a pass too) */
+        int rounds = (col->spool->n_unsynced + col->spool->n_claim_unsynced) /
+                         (ESX_SPOOL_SYNC_FDS - 3) + 1;
         col->last_sync = now;
         while (rounds-- > 0) {
             int fds[ESX_SPOOL_SYNC_FDS];
@@ -288,7 +290,7 @@ static void sync_spool(esx_collector *col, int64_t now)
                 /* (the spool is still there: close() joins this thread before closing it) */
                 esx_spool_sync_failed(col->spool, failed, err);
             }
-            if (col->spool->n_unsynced == 0)
+            if (col->spool->n_unsynced == 0 && col->spool->n_claim_unsynced == 0)
                 break;
         }
     }

@@ -175,6 +175,8 @@ static void unlink_segment(esx_spool *sp, esx_segment *seg)
         }
     }
     backlog_remove(sp, seg);
+    if (seg->claim_unsynced)
+        sp->n_claim_unsynced--; /* (every event in it acknowledged: nothing to keep) */
     if (seg->rfd >= 0)
         close(seg->rfd);
     if (sp->overflow == seg)
@@ -650,6 +652,23 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
             n++;
     }
     sp->dirty = 0;
+    /* segments claimed since: the dead process acknowledged the records of its last sync
+     * interval before their fdatasync (it died inside it), and nothing else syncs them --
+     * a power loss long after the claim lost them.  (By name, without its lock: the file is
+     * this process's now.) */
+    for (esx_segment *seg = sp->segments; seg && sp->n_claim_unsynced > 0 &&
+                                          n < ESX_SPOOL_SYNC_FDS - 1; seg = seg->next) {
+        if (!seg->claim_unsynced)
+            continue;
+        int fd = seg->rfd >= 0 ? fcntl(seg->rfd, F_DUPFD_CLOEXEC, 0)
+                               : open(seg->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM))
+            break; /* tried again at the next sync */
+        seg->claim_unsynced = 0; /* (or its file is gone or refused: the replay says so) */
+        sp->n_claim_unsynced--;
+        if (fd >= 0)
+            fds[n++] = fd;
+    }
     if (sp->dir_dirty && (fds[n] = open(sp->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
         n++;
         sp->dir_dirty = 0;
@@ -659,7 +678,7 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS])
 
 int esx_spool_sync_wanted(const esx_spool *sp)
 {
-    return sp->n_unsynced >= ESX_SPOOL_SYNC_SOON;
+    return sp->n_unsynced >= ESX_SPOOL_SYNC_SOON || sp->n_claim_unsynced > 0;
 }
 
 int esx_spool_sync_end(int fds[ESX_SPOOL_SYNC_FDS], int n)
@@ -1069,6 +1088,8 @@ int esx_spool_claim_orphans(esx_spool *sp)
         if (names == 2)
             unlink_dead_names(sp, seg->path, st.st_dev, st.st_ino);
         sp->dir_dirty = 1; /* its new name */
+        seg->claim_unsynced = 1; /* its data: the next sync (esx_spool_sync_wanted) */
+        sp->n_claim_unsynced++;
         seg->fd = seg->rfd = -1;
         seg->sealed = 1;
         seg->bytes = (size_t)st.st_size;
@@ -1111,9 +1132,19 @@ void esx_spool_close(esx_spool *sp)
                 failed++, err = errno;
             close(seg->fd);
         }
+        int keep = !(seg->pending == 0 && seg->read_off >= seg->bytes);
+        if (keep && seg->claim_unsynced) {
+            /* claimed, left to the next process: synced as a sync pass would have */
+            int fd = open(seg->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+            if (fd >= 0) {
+                if (fdatasync(fd) != 0)
+                    failed++, err = errno;
+                close(fd);
+            }
+        }
         if (seg->rfd >= 0)
             close(seg->rfd);
-        if (seg->pending == 0 && seg->read_off >= seg->bytes)
+        if (!keep)
             unlink(seg->path);
         free(seg);
         seg = next;

@@ -35,6 +35,7 @@ typedef struct esx_segment {
     int64_t since_ms;        /* wall ms no later than its oldest record was written: when it
                                 was created (for a claimed segment: the file's last write) */
     int sealed;              /* no more appends */
+    int claim_unsynced;      /* claimed from a dead process, not yet synced by this one */
     int in_backlog;
     struct esx_segment *next;   /* all live segments */
     struct esx_segment *bnext;  /* backlog order */
@@ -52,6 +53,9 @@ typedef struct esx_spool {
     int dir_dirty;           /* a segment was created or claimed (renamed) since: the
                               * directory is synced too, or its entry could vanish */
     int *unsynced;           /* descriptors of sealed segments, for the next esx_spool_sync */
+    int n_claim_unsynced;    /* segments claimed since the last sync (claim_unsynced): the
+                              * dead process may have died inside its sync interval, its
+                              * last records in the kernel's cache only */
     int n_unsynced, cap_unsynced;
     uint64_t records_written, records_replayed, segments_claimed, bytes_on_disk;
     uint64_t bytes_skipped; /* of records that failed their checks on replay (torn or damaged),
@@ -141,7 +145,10 @@ int esx_spool_sync_begin(esx_spool *sp, int fds[ESX_SPOOL_SYNC_FDS]);
  * wait already, or there is no memory to remember one more).  Each _begin takes
  * ESX_SPOOL_SYNC_FDS - 3 of them at most, oldest first: while n_unsynced > 0, the caller
  * begins again.  esx_spool_sync_wanted: 1 when ESX_SPOOL_SYNC_SOON of them or more wait --
- * sync now, before the interval is up (their descriptors stay open until then). */
+ * sync now, before the interval is up (their descriptors stay open until then) -- or when
+ * segments claimed from dead processes wait for their first sync by this process (opened by
+ * name at _begin, as many as there is room for after the sealed ones: the caller begins
+ * again while esx_spool_sync_wanted). */
 #define ESX_SPOOL_SYNC_SOON 8
 #define ESX_SPOOL_MAX_UNSYNCED 64 /* sealed and waiting: past it, seal syncs itself */
 int esx_spool_sync_wanted(const esx_spool *sp);
