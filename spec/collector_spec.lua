@@ -3087,6 +3087,12 @@ describe("spool", function()
     unit("spool_claim_sync", "src/spool.c src/private.c src/proc.c -lz -lpthread", 7)
   end)
 
+  it("claims dead processes' segments without RENAME_NOREPLACE or hard links, and counts a claim that fails (tools/unit)", function()
+    -- vfat, some FUSE or SMB mounts: link(2) failed with EPERM, taken for another process's
+    -- claim -- dead segments stayed on disk for ever, their events never replayed, unsaid
+    unit("spool_claim_nolink", "src/spool.c src/private.c src/proc.c -lz -lpthread", 6)
+  end)
+
   it("scans a spool whose dead segments all have a backup tool's second link in well under a second (tools/unit)", function()
     -- each such segment's look for a claimer's name read the whole directory again and
     -- lstat-ed every name in it, under the collector's lock: 4000 of them took a minute

@@ -788,7 +788,8 @@ static int owned_by_seq(esx_segment **v, size_t n, unsigned long long seq, const
 /* A segment file claim_orphans will not take (not this user's private file): counted and
  * said once per file, however many scans meet it.  Any number of them at every scan (2 s)
  * said nothing: the acknowledged events in it were waiting for ever, unseen. */
-static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st)
+static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st,
+                          const char *claim_failed)
 {
     if (refused_before(sp, st))
         return;
@@ -806,8 +807,12 @@ static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st
     sp->refused[sp->n_refused].ino = st->st_ino;
     sp->n_refused++;
     sp->segments_refused++;
-    fprintf(stderr, "esx.collector: spool segment %s is not this user's private file (its "
-                    "owner, mode or links): left on disk, not replayed\n", path);
+    if (claim_failed)
+        fprintf(stderr, "esx.collector: spool segment %s of a dead process cannot be claimed "
+                        "(%s): left on disk, not replayed\n", path, claim_failed);
+    else
+        fprintf(stderr, "esx.collector: spool segment %s is not this user's private file (its "
+                        "owner, mode or links): left on disk, not replayed\n", path);
 }
 
 /* 1 when the segment name `name` (of pid, at path) is a dead process's: a pid that does not
@@ -1049,7 +1054,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
             if (names == 1)
                 continue;
             if (names == 0) {
-                refuse_orphan(sp, from, &st);
+                refuse_orphan(sp, from, &st, NULL);
                 continue;
             }
             /* the dead claimer's claim completed: the name all completing it take */
@@ -1077,11 +1082,31 @@ int esx_spool_claim_orphans(esx_spool *sp)
                 unlink(seg->path);
                 rc = -1;
                 errno = ENOENT;
+            } else if (rc != 0 && (errno == EPERM || errno == EOPNOTSUPP || errno == ENOSYS)) {
+                /* nor hard links (vfat, a FUSE or SMB mount): a plain rename, onto a name
+                 * that is not there.  Only this process makes names of its pid (next_seq),
+                 * so none appears between the look and the rename: what it could replace is
+                 * an earlier process's with this pid, there already.  (Without it no claim
+                 * was ever made there, and dead processes' segments stayed for ever,
+                 * unsaid.)  Two claimers racing: one rename takes the old name, the other's
+                 * fails with ENOENT, as with RENAME_NOREPLACE. */
+                struct stat taken;
+                if (lstat(seg->path, &taken) == 0) {
+                    rc = -1;
+                    errno = EEXIST;
+                } else if (errno == ENOENT) {
+                    rc = rename(from, seg->path);
+                }
             }
             if (rc == 0 || errno != EEXIST)
                 break;
         }
-        if (rc != 0) { /* another process claimed it first */
+        if (rc != 0) {
+            /* ENOENT: another process claimed it first.  Anything else (a read-only file
+             * system, a directory this user may not write, EIO) leaves it on disk,
+             * unclaimed: counted and said once, tried again at every scan */
+            if (errno != ENOENT && errno != EEXIST)
+                refuse_orphan(sp, from, &st, strerror(errno));
             free(seg);
             continue;
         }

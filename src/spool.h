@@ -165,6 +165,9 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
  * than one link) is left where it is, counted in segments_refused and said on stderr once
  * (for the first ESX_SPOOL_MAX_REFUSED such files: later ones are not counted) -- unless its
  * second link is a live process's segment name (a claim by link and unlink, half done).
+ * Without RENAME_NOREPLACE nor hard links, a plain rename onto a name that is not there (only
+ * this process makes names of its pid).  One whose claim fails otherwise (EROFS, EACCES, EIO)
+ * is counted in segments_refused and said once too, and tried again at every scan.
  * One spool_dir serves one live spool per process (esx_spool_open refuses a second).  Returns the number of segments claimed. */
 int esx_spool_claim_orphans(esx_spool *sp);
 

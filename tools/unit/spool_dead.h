@@ -1,10 +1,11 @@
 /*
  * spool_dead.h -- what the unit programs about a dead process's spool segments share
  * (spool_claim_look.c, spool_claim_race.c, spool_claim_crashed.c, spool_claim_sync.c,
- * spool_refused_once.c, spool_scan_many.c, spool_scan_linked.c): the pid of a process that no longer exists, a
- * segment file of one record left as such a process would leave it, and the number of
- * segment names in a directory.  They link src/spool.c, hence zlib (-lz).  (inline: a
- * program that uses some of them only builds under -Wall -Werror.)
+ * spool_claim_nolink.c, spool_refused_once.c, spool_scan_many.c, spool_scan_linked.c): the
+ * pid of a process that no longer exists, a segment file of one record left as such a
+ * process would leave it, and the number of segment names in a directory.  They link
+ * src/spool.c, hence zlib (-lz).  (inline: a program that uses some of them only builds
+ * under -Wall -Werror.)
  */
 #ifndef ESX_UNIT_SPOOL_DEAD_H
 #define ESX_UNIT_SPOOL_DEAD_H

@@ -1,6 +1,7 @@
 /*
  * spool_two.h -- what the unit programs of two processes on one spool directory, on a file
- * system without RENAME_NOREPLACE, share (spool_claim_look.c, spool_claim_race.c): renameat2
+ * system without RENAME_NOREPLACE, share (spool_claim_look.c, spool_claim_race.c; and
+ * spool_claim_nolink.c, which uses its renameat2 only): renameat2
  * that fails with EINVAL (so that a claim falls back to link(2), then unlink(2) of the old
  * name), and the two spools.  A program that includes it replaces renameat2 for all it links.
  */
