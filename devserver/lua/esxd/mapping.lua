@@ -78,6 +78,7 @@ local function sorted_keys(t)
   table.sort(keys)
   return keys
 end
+_M.sorted_keys = sorted_keys -- (the string keys of t, sorted: mapping_update.lua too)
 
 -- A decoded JSON value as Java's toString prints the parsed map (Map {k=v, ...}, List [a, b]).
 local function java_string(v)

@@ -47,12 +47,7 @@ local function deep_copy(t)
   return setmetatable(c, getmetatable(t))
 end
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do if type(k) == "string" then keys[#keys + 1] = k end end
-  table.sort(keys)
-  return keys
-end
+local sorted_keys = mapping.sorted_keys
 
 local function is_object(def)
   return def.properties ~= nil or def.type == nil or def.type == "object" or def.type == "nested"
