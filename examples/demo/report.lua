@@ -114,7 +114,7 @@ function _M.print(es, web, o, summary)
   for _, w in ipairs(ws) do
     local c = w.client
     local failures = {}
-    for k, v in pairs(c.failures) do if v > 0 then failures[#failures + 1] = k .. "=" .. v end end
+    for k, v in pairs(c.failures) do if v > 0 then failures[#failures + 1] = string.format("%s=%d", k, v) end end
     printf("  worker %d: %d requests, %d retries, failures {%s}, pool in_use %d idle %d waiting %d timeouts %d, sent %d bytes as %d on the wire",
       w.pid, c.requests, c.retries, table.concat(failures, " "), c.pool.in_use, c.pool.idle or 0,
       c.pool.waiting, c.pool.pool_timeouts, c.bytes.sent_raw, c.bytes.sent_wire)

@@ -28,8 +28,12 @@ end
 
 --- init{es_url=, spool_dir=, rollup_window=, rollup_interval=} (init_by_lua)
 function _M.init(cfg)
+  -- (a mark_read's refresh=wait_for holds its connection until the next refresh, up to the
+  -- index's refresh_interval, 1 s: the pool is sized for the marks of a second, not the
+  -- default 10 per node, or the searches behind them wait out pool_timeout)
   client = assert(esx.client{ hosts = { cfg.es_url }, compression = true,
-                              compression_min_bytes = 1024, name = "es" })
+                              compression_min_bytes = 1024, name = "es",
+                              max_per_route = 64, max_total = 64 })
   col = assert(esx.collector{ sink = client, spool_dir = cfg.spool_dir, flush_interval = 250,
     rollup = { window = cfg.rollup_window, interval = cfg.rollup_interval }, name = "beacons" })
   cache = esx.cache{ shared = true, name = "articles", page_ttl = 5000, readers_ttl = 600000,
