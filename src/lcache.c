@@ -250,8 +250,9 @@ static int l_page_put(lua_State *L)
     return busy_call(L, &page_put_fn);
 }
 
-/* Builds a reader set from the list at idx.  Returns the set (owned by the caller), or NULL
- * with a message in msg (bad data, or out of memory when *oom is set). */
+/* Builds a reader set from the list at idx.  Returns the set (owned by the caller), or NULL:
+ * with a message in msg when the list is bad data, or with *oom set when memory ran out (the
+ * list is checked to its end all the same: out of memory, good data is only not cached). */
 static esx_rset *build_set(lua_State *L, int idx, char *msg, size_t msglen, int *oom)
 {
     *oom = 0;
@@ -263,8 +264,6 @@ static esx_rset *build_set(lua_State *L, int idx, char *msg, size_t msglen, int 
     esx_rset *s = esx_rset_new();
     uint32_t chunk[1024];
     size_t k = 0;
-    if (s == NULL)
-        goto oom;
     for (size_t i = 1; i <= n; i++) {
         lua_rawgeti(L, idx, (int)i);
         int ok = esx_isinteger(L, -1);
@@ -275,32 +274,38 @@ static esx_rset *build_set(lua_State *L, int idx, char *msg, size_t msglen, int 
             esx_rset_free(s);
             return NULL;
         }
+        if (s == NULL) /* out of memory: only checked from here */
+            continue;
+        int rc = 0;
         if ((uint64_t)v <= UINT32_MAX) { /* the dense 32-bit fast path, in chunks */
             chunk[k++] = (uint32_t)v;
             if (k == sizeof chunk / sizeof chunk[0]) {
-                if (esx_rset_add_many32(s, chunk, k) != 0)
-                    goto oom;
+                rc = esx_rset_add_many32(s, chunk, k);
                 k = 0;
             }
-        } else if (esx_rset_add(s, (uint64_t)v) < 0) {
-            goto oom;
+        } else {
+            rc = esx_rset_add(s, (uint64_t)v) < 0;
+        }
+        if (rc != 0) {
+            esx_rset_free(s);
+            s = NULL;
         }
     }
-    if (esx_rset_add_many32(s, chunk, k) != 0)
-        goto oom;
+    if (s != NULL && esx_rset_add_many32(s, chunk, k) != 0) {
+        esx_rset_free(s);
+        s = NULL;
+    }
     if (esx_lpage_list_hole(L, idx, n, msg, msglen) != NULL) {
         esx_rset_free(s);
         return NULL;
     }
+    *oom = s == NULL;
     return s;
-oom:
-    esx_rset_free(s);
-    *oom = 1;
-    snprintf(msg, msglen, "out of memory building the reader set");
-    return NULL;
 }
 
-/* ud:readers_put(article, list, now, start_seq [, ticket]) -> cached, or nil, message. */
+/* ud:readers_put(article, list, now, start_seq [, ticket]) -> cached, or nil, message when
+ * the list is not a reader set.  Out of memory it is not cached (false), as when the core
+ * cannot insert it: the caller answers from the list, which is good data. */
 static int readers_put_core(lua_State *L, lcache *lc)
 {
     uint64_t article = check_id(L, 2);
@@ -327,7 +332,7 @@ static int readers_put_core(lua_State *L, lcache *lc)
                          start_seq, now);
         free(buf);
     }
-    if (s == NULL) {
+    if (s == NULL && !oom) {
         lua_pushnil(L);
         lua_pushstring(L, msg);
         return 2;
@@ -550,8 +555,8 @@ static int l_read_json(lua_State *L)
 }
 
 /* core.cache_json(value) -> JSON text of value (the encoding of read_json), or nil, message
- * when value contains a cycle (a table inside itself), or its text would pass 1 GiB or
- * cannot be allocated. */
+ * when value contains a cycle (a table inside itself) or its text would pass 1 GiB, or nil,
+ * "out of memory", "nomem" when it cannot be allocated (esx's failure, not the value's). */
 static int l_json(lua_State *L)
 {
     luaL_checkany(L, 1);
@@ -561,8 +566,13 @@ static int l_json(lua_State *L)
     if (b->failed) {
         esx_buf_free(&b->out);
         lua_pushnil(L);
+        if (b->nomem) {
+            lua_pushliteral(L, "out of memory");
+            lua_pushliteral(L, "nomem");
+            return 3;
+        }
         lua_pushstring(L, b->cycle ? "a table contains itself (a cycle cannot be JSON)"
-                                   : "the JSON text is larger than 1 GiB, or out of memory");
+                                   : "the JSON text is larger than 1 GiB");
         return 2;
     }
     lua_pushlstring(L, b->out.data ? b->out.data : "", b->out.len);

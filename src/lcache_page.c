@@ -14,7 +14,7 @@
 static void sb_init(esx_sbuf *b, size_t limit)
 {
     esx_buf_init(&b->out, limit);
-    b->failed = b->cycle = 0;
+    b->failed = b->cycle = b->nomem = 0;
 }
 
 int esx_sbuf_gc(lua_State *L)
@@ -35,10 +35,19 @@ esx_sbuf *esx_sbuf_push(lua_State *L, size_t limit)
     return b;
 }
 
+/* Records a write's result: the first failure stops the walk. */
+static void sb_result(esx_sbuf *b, int rc)
+{
+    if (rc != ESX_BUF_OK) {
+        b->failed = 1;
+        b->nomem = rc == ESX_BUF_NOMEM;
+    }
+}
+
 static void sb_put(esx_sbuf *b, const void *p, size_t n)
 {
-    if (!b->failed && esx_buf_append(&b->out, p, n) != ESX_BUF_OK)
-        b->failed = 1;
+    if (!b->failed)
+        sb_result(b, esx_buf_append(&b->out, p, n));
 }
 
 static void sb_tag(esx_sbuf *b, char t)
@@ -300,8 +309,8 @@ int esx_lpage_unwalk(lua_State *L, const char **p, const char *e, int depth)
 
 static void json_string(esx_sbuf *b, const char *s, size_t len)
 {
-    if (!b->failed && esx_json_write_str(&b->out, s, len) != ESX_BUF_OK)
-        b->failed = 1;
+    if (!b->failed)
+        sb_result(b, esx_json_write_str(&b->out, s, len));
 }
 
 /* The text of the number at idx in num (40 bytes); its length, or 0 for NaN and infinities. */

@@ -31,6 +31,7 @@ typedef struct {
     esx_buf out; /* out.max: the limit */
     int failed;  /* over the limit, unsupported value, or out of memory */
     int cycle;   /* JSON: failed because a table contains itself */
+    int nomem;   /* failed because memory ran out (esx's failure, not the data's) */
 } esx_sbuf;
 
 /* Pushes a new, empty buffer of at most limit bytes, owned by a userdata of metatable

@@ -540,7 +540,10 @@ function Cache:read_articles_json(user_id, page_no)
   local res, err = compose(self, page, user_id, lists, readers_counted)
   if not res then return nil, err end
   if res[1] == nil then return "[]" end -- (the encoder writes an empty table as {})
-  local json, why = json_encode(res)
+  local json, why, nomem = json_encode(res)
+  if not json and nomem then -- esx's failure, not the page's
+    return nil, make_error("internal", "out of memory encoding the page as JSON")
+  end
   if not json then -- a cycle in the page (read_articles serves it; JSON cannot)
     self._counters.load_errors = self._counters.load_errors + 1 -- bad data, as every load error
     return nil, make_error("load", "cannot encode the page from load_page as JSON: " .. why)
