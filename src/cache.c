@@ -509,8 +509,9 @@ int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
 {
     if (page_no < 1 || page_no > c->cfg.max_pages)
         return 0;
-    if (!(c->cfg.page_ttl > 0))
-        return 0; /* expired as it is stored: it would only push live entries out */
+    if (!(now + c->cfg.page_ttl > now))
+        return 0; /* expired as it is stored (a ttl of 0, or too small to move now): it
+                   * would only push live entries out */
     bytes += ENTRY_OVERHEAD;
     if (bytes > c->cfg.max_bytes)
         return 0;
@@ -566,8 +567,9 @@ const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double no
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
                           uint64_t start_seq)
 {
-    if (!(c->cfg.readers_ttl > 0))
-        return 0; /* expired as it is stored: it would only push live entries out */
+    if (!(now + c->cfg.readers_ttl > now))
+        return 0; /* expired as it is stored (a ttl of 0, or too small to move now): it
+                   * would only push live entries out */
     rg_lock(c);
     sync_locked(c, now);
     int changed = changed_since(c, ESX_CACHE_READERS, article, start_seq, set);

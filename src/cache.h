@@ -96,8 +96,8 @@ int esx_cache_changed(esx_cache *c, int kind, uint64_t key, uint64_t start_seq);
  * caller counted this lookup already). */
 int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now, int count);
 
-/* Records page_no as cached with the given measured size, if page_no <= max_pages, page_ttl
- * is above 0, the page fits in max_bytes and no invalidate_pages happened since start_seq.  blob (blob_len bytes,
+/* Records page_no as cached with the given measured size, if page_no <= max_pages, now + page_ttl
+ * is past now, the page fits in max_bytes and no invalidate_pages happened since start_seq.  blob (blob_len bytes,
  * malloc'ed, may be NULL) is an opaque rendering of the page kept with it (the binding keeps
  * the ids and pre-encoded JSON of the articles there); its length counts towards the budget,
  * and a page that fits only without its blob is cached without it (the blob is freed).
@@ -123,7 +123,7 @@ const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double no
 
 /* Inserts the loaded set of article, replaying marks logged since start_seq onto it.
  * Returns 1 when the cache took ownership of set; 0 when it did not cache it (readers_ttl
- * is 0, too large, invalidated since start_seq, or the log no longer covers start_seq) and -1 when out of
+ * is 0 or too small to move now, too large, invalidated since start_seq, or the log no longer covers start_seq) and -1 when out of
  * memory -- in both of those cases the caller still owns set. */
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
                           uint64_t start_seq);
