@@ -644,7 +644,8 @@ describe("bi retries (in nginx, with timers)", function()
     finally(fake.install({ get_phase = function() return "content" end, timer = t,
                            sleep = function(sec) core.sleep(sec * 1000) end },
                          { wait = function(p) p:wait() return p:result() end }))
-    local bi = c:bulk_indexer{ flush_count = 10 }
+    -- (flush_interval off: these timers sleep for real; "bi flush_interval" has its own)
+    local bi = c:bulk_indexer{ flush_count = 10, flush_interval = 0 }
     add_docs(bi, 15) -- a batch of 10 sent, 5 buffered
     t.run(10)
     local s = bi:stats()
@@ -773,6 +774,112 @@ describe("bi:add and bi:close (light threads sharing an indexer in nginx)", func
     for i, d in ipairs(s.dropped) do ids[i] = d.meta._id end
     table.sort(ids)
     assert.same({ "a1", "a2", "b1", "b2" }, ids)
+  end)
+end)
+
+describe("bi flush_interval", function()
+  local core = require "esx.core"
+  local fake = require "spec.support.ngx"
+  -- A fake clock for esx.bulk (it reads core.now at each call; the client's own clock is C's):
+  -- returns a function that moves it on by ms.
+  local function fake_clock()
+    local clock, real = 1000000, core.now
+    core.now = function() return clock end
+    finally(function() core.now = real end)
+    return function(ms) clock = clock + ms return clock end, function() return clock end
+  end
+
+  it("raises on a flush_interval that is not an integer number of ms from 0 to 3600000", function()
+    for v, why in pairs{ [-1] = "must be >= 0", [3600001] = "must be <= 3600000",
+                         [0.5] = "integer expected, got non-integer number",
+                         ["1s"] = "integer expected, got string", [true] = "integer expected, got boolean" } do
+      assert.has_error(function() c:bulk_indexer{ flush_interval = v } end,
+        "bulk_indexer: bad option 'flush_interval' (" .. why .. ")")
+    end
+    assert.has_no_error(function() c:bulk_indexer{ flush_interval = 0 }:close() end)
+  end)
+
+  it("sends a partly filled buffer at the first add() once its oldest operation is flush_interval old (plain Lua)", function()
+    -- before, an indexer fed now and then held its operations until a batch filled, flush()
+    -- or close(): a user's last documents were not sent until close()
+    local tick = fake_clock()
+    local bi = c:bulk_indexer{ flush_count = 100, flush_interval = 1000 }
+    local function st() local s = bi:stats() return { s.buffered, s.batches } end
+    bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
+    tick(400)
+    bi:add("index", { _index = "p", _id = "2" }, { n = 2 })
+    tick(599) -- the oldest is 999 ms old
+    bi:add("index", { _index = "p", _id = "3" }, { n = 3 })
+    assert.same({ 3, 0 }, st())
+    tick(1) -- 1000 ms: the operation added goes out with the rest
+    bi:add("index", { _index = "p", _id = "4" }, { n = 4 })
+    assert.same({ 0, 1 }, st())
+    -- the next buffer's age counts from its own oldest operation
+    tick(999)
+    bi:add("index", { _index = "p", _id = "5" }, { n = 5 })
+    tick(999)
+    bi:add("index", { _index = "p", _id = "6" }, { n = 6 })
+    assert.same({ 2, 1 }, st())
+    tick(1)
+    bi:add("index", { _index = "p", _id = "7" }, { n = 7 })
+    assert.same({ 0, 2 }, st())
+    local s = bi:close()
+    assert.same({ 7, 7, 2 }, { s.added, s.indexed, s.batches })
+    assert.equal(2, #srv:requests("/_bulk").requests)
+    -- 0: off -- an hour-old buffer waits for a full batch, flush() or close()
+    bi = c:bulk_indexer{ flush_count = 100, flush_interval = 0 }
+    bi:add("index", { _index = "p", _id = "8" }, { n = 8 })
+    tick(3600000)
+    bi:add("index", { _index = "p", _id = "9" }, { n = 9 })
+    assert.same({ 2, 0 }, st())
+    assert.equal(2, bi:close().indexed)
+  end)
+
+  it("sends a buffer whose oldest operation is flush_interval old from the indexer's timer, with no call (nginx)", function()
+    -- before, the timer ran only for answers and due retries: the 2 operations after a full
+    -- batch waited in the buffer for as long as nobody called the indexer
+    local tick, clock = fake_clock()
+    -- ngx.timer.at on the fake clock: step() runs the soonest timer (the clock moved on to
+    -- its due time, without sleeping) and returns that time
+    local list = {}
+    local t = { at = function(delay, fn, ...)
+      list[#list + 1] = { at = clock() + delay * 1000, fn = fn, args = { ... } }
+      return true
+    end }
+    local function step()
+      table.sort(list, function(x, y) return x.at < y.at end)
+      local tm = assert(table.remove(list, 1), "no timer pending")
+      if tm.at > clock() then tick(tm.at - clock()) end
+      tm.fn(false, (table.unpack or unpack)(tm.args))
+      return tm.at
+    end
+    finally(fake.install({ get_phase = function() return "content" end, timer = t,
+                           sleep = function() error("no sleep expected") end },
+                         { wait = function(p) p:wait() return p:result() end }))
+    local t0 = clock()
+    local bi = c:bulk_indexer{ flush_count = 10, flush_interval = 1000 }
+    local function st() local s = bi:stats() return { s.indexed, s.buffered, s.batches } end
+    add_docs(bi, 10) -- a full batch sent
+    tick(300)
+    bi:add("index", { _index = "p", _id = "11" }, { n = 11 })
+    tick(300)
+    bi:add("index", { _index = "p", _id = "12" }, { n = 12 })
+    -- the timer armed for the batch's answer (fired late: the clock is at 600 ms) reads it,
+    -- and leaves the buffer, 300 ms old, alone
+    assert.equal(t0, step())
+    assert.same({ 10, 2, 1 }, st())
+    -- the timer armed for operation 1 (which went out in the full batch) finds the buffer
+    -- 700 ms old: nothing sent
+    assert.equal(t0 + 1000, step())
+    assert.same({ 10, 2, 1 }, st())
+    -- sent once its oldest is 1000 ms old, then its answer read
+    assert.equal(t0 + 1300, step())
+    assert.same({ 10, 0, 2 }, st())
+    step()
+    assert.same({ 12, 0, 2 }, st())
+    assert.same({}, list) -- nothing left to do: no timer
+    assert.equal(2, #srv:requests("/_bulk").requests)
+    assert.equal(12, bi:close().indexed)
   end)
 end)
 

@@ -1,10 +1,12 @@
 --- esx.bulk: a bulk indexer for big loads.
 --
---   local bi = client:bulk_indexer{ flush_bytes = 5242880, flush_count = 1000, concurrency = 2 }
+--   local bi = client:bulk_indexer{ flush_bytes = 5242880, flush_count = 1000, flush_interval = 1000,
+--                                   concurrency = 2 }
 --   bi:add("index", { _index = "products", _id = "42" }, { name = "..." })
 --   local summary = bi:close()   -- {added, indexed, failed, retried, batches, dropped = {...}}
 --
--- Buffers operations into _bulk requests (flushed by bytes and by count), keeps at most
+-- Buffers operations into _bulk requests (flushed by bytes, by count, and once the oldest is
+-- flush_interval old), keeps at most
 -- `concurrency` of them in flight, retries items that the server rejected with 429 (or a
 -- retryable 5xx) with jittered exponential back-off, splits a batch the server refused as
 -- too large (413) or as malformed (400), or whose answer passed the client's
@@ -26,6 +28,8 @@ local _M = {}
 _M.schema = {
   flush_bytes = { type = "integer", min = 1, max = 2 ^ 31, default = 5 * 1024 * 1024 },
   flush_count = { type = "integer", min = 1, max = 1000000, default = 1000 },
+  -- ms; 0: off (a buffer goes out only when full, at flush() and close())
+  flush_interval = { type = "integer", min = 0, max = 3600000, default = 1000 },
   concurrency = { type = "integer", min = 1, max = 64, default = 2 },
   max_retries = { type = "integer", min = 0, max = 100, default = 5 },
   backoff_min = { type = "integer", min = 0, max = 3600000, default = 100 },
@@ -453,20 +457,35 @@ local function take_due(self, all)
   return n - #keep
 end
 
+-- When the oldest buffered operation is flush_interval old (nil: nothing buffered, or no
+-- flush_interval).  buf[1] is the oldest: the buffer goes out from the front.
+local function buffer_due_at(self)
+  local first, fi = self.buf[1], self.o.flush_interval
+  if not first or fi == 0 then return nil end
+  return first.queued + fi
+end
+
+local function buffer_stale(self)
+  local at = buffer_due_at(self)
+  return at ~= nil and now() >= at
+end
+
 local function soonest_due(self)
   local soonest = self.delayed[1].due
   for _, d in ipairs(self.delayed) do if d.due < soonest then soonest = d.due end end
   return soonest
 end
 
--- When retries go out.  A retry falls due while nobody calls the indexer: in plain Lua (no
--- timers) it waits for the next call that sends -- an add() that fills a batch or holds the
+-- When retries (and a buffer flush_interval old) go out.  A retry falls due, and a buffer
+-- ages, while nobody calls the indexer: in plain Lua (no timers) they wait for the next call
+-- that sends -- an add() that fills a batch, finds the buffer flush_interval old or holds the
 -- producer, flush(), close().  In nginx a timer (ngx.timer.at) does that work instead: it
 -- waits for the batches in flight (their answers make the retries), then, when the soonest
--- retry falls due, sends it as flush() does (with what is buffered), until nothing is in
--- flight or waiting.  One timer per indexer at a time (timer_due: when the pending one fires;
--- timer_running: one is at work, and arms the next itself).  Where no timer can be made (init_by_lua, too many pending
--- timers), retries wait for the next call as in plain Lua.
+-- retry falls due or the oldest buffered operation is flush_interval old, sends as flush()
+-- does, until nothing is in flight, waiting or buffered.  One timer per indexer at a time
+-- (timer_due: when the pending one fires; timer_running: one is at work, and arms the next
+-- itself).  Where no timer can be made (init_by_lua, too many pending timers), it is all left
+-- to the next call as in plain Lua.
 local function timer_at()
   local ngx = rawget(_G, "ngx")
   local t = ngx and ngx.timer
@@ -480,9 +499,11 @@ local function on_timer(premature, self, due)
   self.timer_running = true
   local ok, err = pcall(function()
     while self.inflight[1] do settle_oldest(self) end
-    -- due retries go out as flush() sends them (with what is buffered); without any, only
-    -- the halves of refused batches: a load's batch being filled is not cut short
-    pump(self, take_due(self, false) == 0)
+    -- due retries go out as flush() sends them (with what is buffered), and so does a buffer
+    -- whose oldest operation is flush_interval old; without either, only the halves of
+    -- refused batches: a load's batch being filled is not cut short
+    local stale = buffer_stale(self)
+    pump(self, take_due(self, false) == 0 and not stale)
   end)
   self.timer_running = false
   if not ok then error(err, 0) end -- (nginx logs it; the items stay listed for close())
@@ -495,10 +516,11 @@ arm = function(self)
   local due
   if self.inflight[1] or self.splits[1] then
     due = now()
-  elseif self.delayed[1] then
-    due = soonest_due(self)
   else
-    return
+    if self.delayed[1] then due = soonest_due(self) end
+    local stale_at = buffer_due_at(self)
+    if stale_at and (not due or stale_at < due) then due = stale_at end
+    if not due then return end
   end
   if self.timer_due and self.timer_due <= due then return end
   local delay = due - now()
@@ -550,10 +572,16 @@ function Indexer:add(action, meta, doc)
   for k, v in pairs(meta) do m[k] = v end
   -- counted once buffered: Lua out of memory building or storing the item raises with
   -- nothing counted, so that close()'s added == indexed + failed still holds
-  self.buf[#self.buf + 1] = { action = action, meta = m, line = line, attempts = 0, retries = 0 }
+  -- (queued: when it was buffered, for flush_interval)
+  self.buf[#self.buf + 1] = { action = action, meta = m, line = line, attempts = 0, retries = 0,
+                              queued = now() }
   self.counters.added = self.counters.added + 1
   self.buf_bytes = self.buf_bytes + #line
-  if #self.buf >= self.o.flush_count or self.buf_bytes >= self.o.flush_bytes then
+  -- A batch goes out when it is full -- or when its oldest operation is flush_interval old: an
+  -- indexer fed now and then held a user's last operations until close().  In plain Lua (no
+  -- timers) this is the only place the age is looked at; in nginx the indexer's timer also
+  -- sends the buffer then, with no call (arm).
+  if #self.buf >= self.o.flush_count or self.buf_bytes >= self.o.flush_bytes or buffer_stale(self) then
     self:flush()
   end
   -- settle finished batches without waiting, so retries flow back early
