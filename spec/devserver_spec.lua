@@ -1493,6 +1493,31 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("refuses a document whose array gives a new field both a value and an object, as ES does", function()
+      -- ES maps each element on its own and cannot merge a long (or text) mapper with an
+      -- object one into the mapping update: 400 illegal_argument_exception, nothing mapped
+      local st, b = jreq("PUT", "/mix/_doc/1", { l = { 1, { q = 1 } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "mapper [l] cannot be changed from type [long] to [object]"), b)
+      st, b = jreq("PUT", "/mix/_doc/1", { o = { a = { { q = 1 }, "x" } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "can't merge a non object mapping [o.a] with an object mapping"), b)
+      assert.equal(404, (jreq("GET", "/mix/_doc/1")))
+      _, b = jreq("GET", "/mix/_mapping")
+      assert.same({}, b.mix.mappings)
+      -- in _bulk the item fails on its own
+      st, b = jreq("POST", "/_bulk", '{"index":{"_index":"mix","_id":"2"}}\n{"l":[{"q":1},2]}\n' ..
+        '{"index":{"_index":"mix","_id":"3"}}\n{"l":[{"q":1},{"r":2}],"n":[1,2,null]}\n', NDJSON)
+      assert.equal(200, st)
+      assert.equal(400, b.items[1].index.status)
+      assert.same({ type = "illegal_argument_exception", reason = "can't merge a non object mapping [l] with an object mapping" },
+        b.items[1].index.error)
+      assert.equal(201, b.items[2].index.status)
+      -- once mapped, a value where the object is (or the reverse) is the parse error ES gives
+      st, b = jreq("PUT", "/mix/_doc/4", { l = { 1, { q = 1 } } })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
+    end)
     it("returns document_parsing_exception when new fields exceed index.mapping.total_fields.limit", function()
       local function limit_error(msg)
         local e = es_error(400, "document_parsing_exception", "[1:1] failed to parse: " .. msg)

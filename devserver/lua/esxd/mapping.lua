@@ -432,7 +432,11 @@ local function map_new(types, path, name, v, no_dates)
   end
 end
 
-local function learn(types, obj, prefix, no_dates, dynamic)
+-- conflict (a table, or nil): the first new field of this document that an array gives
+-- both an object and a value is recorded there ({path=, first=: the type the earlier element
+-- mapped, "object" or a leaf type, second=: the later one's}); types must then be a scratch
+-- layer over the index's types (rawget tells the fields this document mapped).
+local function learn(types, obj, prefix, no_dates, dynamic, conflict)
   local new_ok = maps_new(dynamic, prefix)
   for k, v in pairs(obj) do
     if type(k) == "string" then
@@ -451,16 +455,22 @@ local function learn(types, obj, prefix, no_dates, dynamic)
           end
           flatten(v)
           for _, e in ipairs(flat) do
+            local mine = conflict and not conflict.path and rawget(types, path)
             if type(e) == "table" then
+              if mine and mine ~= "object" then
+                conflict.path, conflict.first, conflict.second = path, mine, "object"
+              end
               if types[path] == nil then types[path] = "object" end
-              learn(types, e, path, no_dates, dynamic)
+              learn(types, e, path, no_dates, dynamic, conflict)
+            elseif e ~= null and mine == "object" then
+              conflict.path, conflict.first = path, "object"
             elseif types[path] == nil then
               map_new(types, path, k, e, no_dates)
             end
           end
         else
           if types[path] == nil then types[path] = "object" end
-          learn(types, v, path, no_dates, dynamic)
+          learn(types, v, path, no_dates, dynamic, conflict)
         end
       elseif v ~= null and types[path] == nil then
         map_new(types, path, k, v, no_dates)
@@ -538,6 +548,24 @@ function _M.new_fields_error(types, obj, no_dates, dynamic, total_limit, depth_l
       end
     end
   end
+end
+
+-- nil, or ES's reason for refusing a document whose array gives one new field both an
+-- object and a value ({"l": [1, {"q": 1}]}): ES maps each element on its own while parsing
+-- and fails merging the two mappers into the mapping update (ObjectMapper.Builder's
+-- buildMappers: FieldMapper.merge, ObjectMapper.merge), an IllegalArgumentException. The
+-- earlier element's mapper is the one merged into (ES goes by its dynamic mappers' map,
+-- which for a field and its sub-fields is the document's order in the common cases).
+function _M.dynamic_conflict(types, obj, no_dates, dynamic)
+  local trial = setmetatable({}, { __index = types })
+  templates_by_types[trial] = templates_by_types[types]
+  numeric_by_types[trial] = numeric_by_types[types]
+  date_formats_by_types[trial] = date_formats_by_types[types]
+  local c = {}
+  learn(trial, obj, nil, no_dates, dynamic, c)
+  if not c.path then return nil end
+  if c.first == "object" then return "can't merge a non object mapping [" .. c.path .. "] with an object mapping" end
+  return "mapper [" .. c.path .. "] cannot be changed from type [" .. c.first .. "] to [object]"
 end
 
 -- "dynamic": "strict": the first field of obj that is not mapped while new fields are

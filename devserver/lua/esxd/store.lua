@@ -439,6 +439,8 @@ local function put(idx, id, source, raw, cur, opts, external)
     return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. over, nil,
       { caused_by = { type = "illegal_argument_exception", reason = over } })
   end
+  local conflict = mapping.dynamic_conflict(idx.types, source, idx.no_date_detection, idx.dynamic)
+  if conflict then return nil, errors.illegal_argument(conflict) end
   mapping.learn(idx.types, source, nil, idx.no_date_detection, idx.dynamic)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
