@@ -1493,6 +1493,37 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("refuses a field named \"\" in mappings and documents, as ES does", function()
+      local msg = "field name cannot be an empty string"
+      -- ObjectMapper.TypeParser's IllegalArgumentException, wrapped by MapperService
+      local want = { error = { root_cause = { { type = "mapper_parsing_exception", reason = "Failed to parse mapping: " .. msg } },
+        type = "mapper_parsing_exception", reason = "Failed to parse mapping: " .. msg,
+        caused_by = { type = "illegal_argument_exception", reason = msg } }, status = 400 }
+      local st, b = jreq("PUT", "/en", { mappings = { properties = { [""] = { type = "keyword" } } } })
+      assert.equal(400, st)
+      assert.same(want, b)
+      assert.equal(404, (req("HEAD", "/en")))
+      st, b = jreq("PUT", "/en", { mappings = { properties = { o = { properties = { [""] = { type = "long" } } } } } })
+      assert.same(want, b)
+      assert.equal(200, (jreq("PUT", "/en", { mappings = { properties = { off = { type = "object", enabled = false },
+        quiet = { type = "object", dynamic = false } } } })))
+      st, b = jreq("PUT", "/en/_mapping", { properties = { [""] = { type = "long" } } })
+      assert.equal(400, st)
+      assert.same(want, b)
+      -- the document parser's: a document_parsing_exception, nothing indexed nor mapped
+      local doc_err = es_error(400, "document_parsing_exception", "[1:1] failed to parse: " .. msg)
+      doc_err.error.caused_by = { type = "illegal_argument_exception", reason = msg }
+      for _, doc in ipairs({ { [""] = 1 }, { a = { b = { [""] = "x" } } }, { l = { 1, { [""] = 2 } } } }) do
+        st, b = jreq("PUT", "/en/_doc/1", doc)
+        assert.equal(400, st, cjson.encode(doc))
+        assert.same(doc_err, b)
+      end
+      assert.equal(404, (jreq("GET", "/en/_doc/1")))
+      _, b = jreq("GET", "/en/_mapping")
+      assert.is_nil(b.en.mappings.properties.a)
+      -- ES skips what a disabled object, or an unmapped object under "dynamic": false, holds unread
+      put_doc("en", "2", { off = { [""] = 1 }, quiet = { o = { [""] = 1 } } })
+    end)
     it("refuses a document whose array gives a new field both a value and an object, as ES does", function()
       -- ES maps each element on its own and cannot merge a long (or text) mapper with an
       -- object one into the mapping update: 400 illegal_argument_exception, nothing mapped

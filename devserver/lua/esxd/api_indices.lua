@@ -14,6 +14,17 @@ local _M = {}
 
 local CREATE_KEYS = { settings = true, mappings = true, aliases = true }
 
+-- MapperService.parseMapping: "Failed to parse mapping: " + the cause's message. ES's root
+-- cause is the innermost Elasticsearch exception: the mapper's own mapper_parsing_exception,
+-- or the wrapper itself when the cause is a Java one (cause: its type, e.g. an
+-- illegal_argument_exception for a field named "").
+local function mapper_parsing(msg, cause)
+  local reason = "Failed to parse mapping: " .. msg
+  return errors.new(400, "mapper_parsing_exception", reason, nil,
+    { caused_by = { type = cause or "mapper_parsing_exception", reason = msg },
+      root_cause = { { type = "mapper_parsing_exception", reason = cause and reason or msg } } })
+end
+
 function _M.create(ctx)
   local name = ctx.vars.index
   local body = ctx:json(true)
@@ -47,12 +58,8 @@ function _M.create(ctx)
     if first == "_doc" and next(body.mappings, first) == nil and type(body.mappings._doc) == "table" then
       body.mappings = body.mappings._doc
     end
-    local msg = mapping.mapping_error(body.mappings)
-    if msg then
-      error(errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
-        { caused_by = { type = "mapper_parsing_exception", reason = msg },
-          root_cause = { { type = "mapper_parsing_exception", reason = msg } } }), 0)
-    end
+    local msg, cause = mapping.mapping_error(body.mappings)
+    if msg then error(mapper_parsing(msg, cause), 0) end
   end
   local idx, err = store.create(name, body)
   if err then error(err, 0) end
@@ -199,11 +206,6 @@ function _M.get_mapping(ctx)
   return 200, out
 end
 
-local function mapper_parsing(msg)
-  return errors.new(400, "mapper_parsing_exception", "Failed to parse mapping: " .. msg, nil,
-    { caused_by = { type = "mapper_parsing_exception", reason = msg },
-      root_cause = { { type = "mapper_parsing_exception", reason = msg } } })
-end
 
 -- PUT/POST /{index}/_mapping (indices.put_mapping): merges the body into each resolved
 -- index's mappings (esxd.mapping_update); every index is checked before any changes, as ES
@@ -218,8 +220,8 @@ function _M.put_mapping(ctx)
   if first == "_doc" and next(body, first) == nil then
     error(errors.illegal_argument("Types cannot be provided in put mapping requests"), 0)
   end
-  local msg = mapping.mapping_error(body)
-  if msg then error(mapper_parsing(msg), 0) end
+  local msg, cause = mapping.mapping_error(body)
+  if msg then error(mapper_parsing(msg, cause), 0) end
   -- PutMappingRequest's indices options: no missing index, no expression matching nothing
   local resolved, rerr = names.resolve(ctx.vars.index, store.names(), {
     ignore_unavailable = ctx.args.ignore_unavailable == "" or ctx.args.ignore_unavailable == "true",

@@ -143,14 +143,19 @@ local function date_format_error(name, def, ty)
   end
 end
 
+-- ES's reason for a field named "" (ObjectMapper.TypeParser for mappings, the document
+-- parser's DotExpandingXContentParser for documents), an IllegalArgumentException.
+_M.EMPTY_NAME = "field name cannot be an empty string"
+
 local properties_error
 -- Returns nil, or the reason of ES's mapper_parsing_exception for mappings ES refuses (the
 -- part after "Failed to parse mapping: "): a field type ES does not know, a parameter the
--- field's mapper does not take, an object or root mapping key ES does not know.
+-- field's mapper does not take, an object or root mapping key ES does not know, a field
+-- named "". The type of ES's cause as second value when it is no mapper_parsing_exception.
 function _M.mapping_error(mappings)
   if type(mappings) ~= "table" then return nil end
   local msg = properties_error(mappings.properties)
-  if msg then return msg end
+  if msg then return msg, msg == _M.EMPTY_NAME and "illegal_argument_exception" or nil end
   msg = select(2, _M.dynamic_date_formats(mappings))
   if msg then return msg end
   return remaining("Root mapping definition", mappings, ROOT_PARAMS)
@@ -160,6 +165,7 @@ properties_error = function(props)
   if type(props) ~= "table" then return nil end
   for _, name in ipairs(sorted_keys(props)) do
     local def = props[name]
+    if name == "" then return _M.EMPTY_NAME end
     if type(def) == "table" then
       local ty = def.type
       if type(ty) == "string" and not ES_TYPES[ty] then
@@ -567,6 +573,33 @@ function _M.dynamic_conflict(types, obj, no_dates, dynamic)
   if c.first == "object" then return "can't merge a non object mapping [" .. c.path .. "] with an object mapping" end
   return "mapper [" .. c.path .. "] cannot be changed from type [" .. c.first .. "] to [object]"
 end
+
+-- true when the document has a field named "" where ES's parser reads it: not inside an
+-- "enabled": false object, nor inside an unmapped object or array where "dynamic" is false
+-- (ES skips those without reading their names).
+local function empty_name(types, dynamic, obj, prefix)
+  for k, v in pairs(obj) do
+    if k == "" then return true end
+    if type(k) == "string" and type(v) == "table" then
+      local path = prefix and (prefix .. "." .. k) or k
+      local disabled = disabled_by_types[types]
+      local skipped = (disabled and disabled[path]) or (types[path] == nil and not maps_new(dynamic, prefix))
+      if not skipped then
+        local function walk(e)
+          if type(e) ~= "table" then return false end
+          if #e > 0 or json.is_array(e) then
+            for _, x in ipairs(e) do if walk(x) then return true end end
+            return false
+          end
+          return empty_name(types, dynamic, e, path)
+        end
+        if walk(v) then return true end
+      end
+    end
+  end
+  return false
+end
+function _M.empty_name(types, dynamic, obj) return empty_name(types, dynamic, obj, nil) end
 
 -- "dynamic": "strict": the first field of obj that is not mapped while new fields are
 -- refused where it sits, as {field=, within=} (within: the object's path, "_doc" at the

@@ -426,6 +426,10 @@ end
 
 local function put(idx, id, source, raw, cur, opts, external)
   -- (the raw text: a date field reads a number from its text, which decoding loses)
+  if mapping.empty_name(idx.types, idx.dynamic, source) then
+    return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. mapping.EMPTY_NAME, nil,
+      { caused_by = { type = "illegal_argument_exception", reason = mapping.EMPTY_NAME } })
+  end
   local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed, mapping.number_texts(raw))
   if bad then return nil, doc_parse_error(id, bad) end
   local new = mapping.strict(idx.types, idx.dynamic, source)
