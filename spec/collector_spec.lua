@@ -943,7 +943,8 @@ describe("shipping", function()
 
   it("keeps numbers exactly as sent and fields with newlines and quotes inside one line", function()
     local col = new()
-    local body = '{"site_id":"s1","type":"view","event_id":"n1","big":123456789012345678901234567890,' ..
+    -- (a fraction: ES maps a new integer past a long's range as long and refuses the document)
+    local body = '{"site_id":"s1","type":"view","event_id":"n1","big":123456789012345678901234567890.5,' ..
       '"note":"a\\nb \\"q\\" \\u2028"}'
     assert.equal(204, (post(col, body)))
     assert.is_true(col:flush(5000))

@@ -1493,6 +1493,39 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.same({ "1" }, ids(b))
     end)
+    it("maps a new number by its JSON text and refuses a new long out of range, as ES's parser does", function()
+      -- 1.0 and 1e2 are floating point tokens (a float field), 7 and a big integer integer ones (long)
+      local st = req("PUT", "/nt/_doc/1?refresh=true", '{"a":1.0,"b":1e2,"c":7,"o":[{"x":2.0},{"x":2.5}],"l":[3, 4]}')
+      assert.equal(201, st)
+      local _, b = jreq("GET", "/nt/_mapping")
+      assert.same({ a = { type = "float" }, b = { type = "float" }, c = { type = "long" },
+        o = { properties = { x = { type = "float" } } }, l = { type = "long" } }, b.nt.mappings.properties)
+      -- a float field keeps fractions for queries (a long one would take 1.5 as 1)
+      put_doc("nt", "2", { a = 1.5 })
+      _, b = jreq("POST", "/nt/_search", { query = { range = { a = { gt = 1.2 } } } })
+      assert.same({ "2" }, ids(b))
+      -- a big integer maps a long, which cannot hold it: the first document fails as the next would
+      local want = "[1:1] failed to parse field [n] of type [long] in document with id '3'. " ..
+        "Preview of field's value: '99999999999999999999'"
+      for _ = 1, 2 do
+        st, _, b = req("PUT", "/nt/_doc/3", '{"n":99999999999999999999}')
+        assert.equal(400, st)
+        b = cjson.decode(b)
+        assert.equal("document_parsing_exception", b.error.type)
+        assert.equal(want, b.error.reason)
+      end
+      _, b = jreq("GET", "/nt/_mapping")
+      assert.is_nil(b.nt.mappings.properties.n)
+      assert.equal(404, (jreq("GET", "/nt/_doc/3")))
+      -- a new field mapped by a template takes its value as the template's type parses it
+      assert.equal(200, (jreq("PUT", "/ntt", { mappings = { dynamic_templates = {
+        { s = { match = "s_*", mapping = { type = "integer" } } } } } })))
+      st, b = jreq("PUT", "/ntt/_doc/1", { s_n = "x" })
+      assert.equal(400, st)
+      assert.equal("[1:1] failed to parse field [s_n] of type [integer] in document with id '1'. " ..
+        "Preview of field's value: 'x'", b.error.reason)
+      assert.equal(201, (jreq("PUT", "/ntt/_doc/2", { s_n = "12" })))
+    end)
     it("refuses a field named \"\" in mappings and documents, as ES does", function()
       local msg = "field name cannot be an empty string"
       -- ObjectMapper.TypeParser's IllegalArgumentException, wrapped by MapperService

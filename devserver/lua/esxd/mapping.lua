@@ -299,10 +299,15 @@ end
 -- DocumentParser): a string Long.parseLong reads is a long, one Double.parseDouble reads a float.
 -- dformats: the index's dynamic_date_formats, tried in turn on strings that are no numbers;
 -- a date's second value is the format that read it (nil: ES's default format).
-local function infer(v, no_dates, numeric, dformats)
+-- text: a number's JSON text (number_texts), when known: ES's parser gives 1.0 and 1e2
+-- (floating point tokens) a float field, 99999999999999999999 (a big integer) a long one.
+local function infer(v, no_dates, numeric, dformats, text)
   local t = type(v)
   if t == "boolean" then return "boolean" end
-  if t == "number" then return (math.floor(v) == v) and "long" or "float" end
+  if t == "number" then
+    if text then return text:find("[.eE]") and "float" or "long" end
+    return (math.floor(v) == v) and "long" or "float"
+  end
   if t == "string" then
     if not no_dates and dformats then
       if not is_number_text(v) then
@@ -400,8 +405,8 @@ end
 
 -- Map a new leaf field (name: its key, path: its full path) for the value v: a matching
 -- dynamic template's mapping ("{name}" / "{dynamic_type}" replaced), else ES's defaults.
-local function map_new(types, path, name, v, no_dates)
-  local ty, dformat = infer(v, no_dates, numeric_by_types[types], date_formats_by_types[types])
+local function map_new(types, path, name, v, no_dates, text)
+  local ty, dformat = infer(v, no_dates, numeric_by_types[types], date_formats_by_types[types], text)
   if not ty then return end
   local def = template_for(types, path, name, ty)
   if def then
@@ -442,8 +447,27 @@ end
 -- both an object and a value is recorded there ({path=, first=: the type the earlier element
 -- mapped, "object" or a leaf type, second=: the later one's}); types must then be a scratch
 -- layer over the index's types (rawget tells the fields this document mapped).
-local function learn(types, obj, prefix, no_dates, dynamic, conflict)
+-- texts: number_texts of the document (or nil), seen: how many numbers of each path were
+-- met (as check takes them). With conflict, each field mapped by a value is listed in
+-- conflict.created ({path=, value=, text=}), for new_value_error.
+local function learn(types, obj, prefix, no_dates, dynamic, conflict, texts, seen)
   local new_ok = maps_new(dynamic, prefix)
+  if texts and not seen then seen = {} end
+  local function text_of(path, e)
+    if not texts or type(e) ~= "number" or not texts[path] then return nil end
+    local n = (seen[path] or 0) + 1
+    seen[path] = n
+    return texts[path][n]
+  end
+  local function new_leaf(path, k, e)
+    local text = text_of(path, e)
+    if types[path] ~= nil then return end
+    map_new(types, path, k, e, no_dates, text)
+    if conflict and types[path] ~= nil then
+      conflict.created = conflict.created or {}
+      table.insert(conflict.created, { path = path, value = e, text = text })
+    end
+  end
   for k, v in pairs(obj) do
     if type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
@@ -467,19 +491,19 @@ local function learn(types, obj, prefix, no_dates, dynamic, conflict)
                 conflict.path, conflict.first, conflict.second = path, mine, "object"
               end
               if types[path] == nil then types[path] = "object" end
-              learn(types, e, path, no_dates, dynamic, conflict)
+              learn(types, e, path, no_dates, dynamic, conflict, texts, seen)
             elseif e ~= null and mine == "object" then
               conflict.path, conflict.first = path, "object"
-            elseif types[path] == nil then
-              map_new(types, path, k, e, no_dates)
+            else
+              new_leaf(path, k, e)
             end
           end
         else
           if types[path] == nil then types[path] = "object" end
-          learn(types, v, path, no_dates, dynamic, conflict)
+          learn(types, v, path, no_dates, dynamic, conflict, texts, seen)
         end
-      elseif v ~= null and types[path] == nil then
-        map_new(types, path, k, v, no_dates)
+      elseif v ~= null then
+        new_leaf(path, k, v)
       end
     end
   end
@@ -562,13 +586,23 @@ end
 -- buildMappers: FieldMapper.merge, ObjectMapper.merge), an IllegalArgumentException. The
 -- earlier element's mapper is the one merged into (ES goes by its dynamic mappers' map,
 -- which for a field and its sub-fields is the document's order in the common cases).
-function _M.dynamic_conflict(types, obj, no_dates, dynamic)
+-- A value that does not fit the field it maps (an integer past a long's range, a string
+-- a template maps as a number) is ES's parse error, as second value ({field=, type=,
+-- value=, cause=}, as check gives it).
+function _M.dynamic_conflict(types, obj, no_dates, dynamic, texts)
   local trial = setmetatable({}, { __index = types })
   templates_by_types[trial] = templates_by_types[types]
   numeric_by_types[trial] = numeric_by_types[types]
   date_formats_by_types[trial] = date_formats_by_types[types]
+  for _, reg in ipairs({ formats_by_types, malformed_by_types, defs_by_types }) do
+    if reg[types] then reg[trial] = setmetatable({}, { __index = reg[types] }) end
+  end
   local c = {}
-  learn(trial, obj, nil, no_dates, dynamic, c)
+  learn(trial, obj, nil, no_dates, dynamic, c, texts)
+  for _, made in ipairs(c.created or {}) do
+    local bad = _M.new_value_error(trial, made.path, made.value, made.text)
+    if bad then return nil, bad end
+  end
   if not c.path then return nil end
   if c.first == "object" then return "can't merge a non object mapping [" .. c.path .. "] with an object mapping" end
   return "mapper [" .. c.path .. "] cannot be changed from type [" .. c.first .. "] to [object]"
@@ -1064,6 +1098,17 @@ local function check(types, obj, prefix, formats, malformed, texts, seen)
   end
 end
 _M.check = check
+
+-- The parse error of the value that mapped a new field (learn's conflict.created), or nil.
+function _M.new_value_error(types, path, e, text)
+  local ty = types[path]
+  if ty == nil or ty == "object" or ty == "nested" then return nil end
+  local malformed = malformed_by_types[types]
+  if ignores_malformed(malformed, path, ty) then return nil end
+  local formats = formats_by_types[types]
+  local ok, cause = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path), text)
+  if not ok then return { field = path, type = ty, value = text or e, cause = cause } end
+end
 
 -- All values at a dotted path (arrays flattened). "x.keyword" falls back to "x".
 -- keep_null: a null at the path is collected too (as json.null).

@@ -430,7 +430,8 @@ local function put(idx, id, source, raw, cur, opts, external)
     return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. mapping.EMPTY_NAME, nil,
       { caused_by = { type = "illegal_argument_exception", reason = mapping.EMPTY_NAME } })
   end
-  local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed, mapping.number_texts(raw))
+  local texts = mapping.number_texts(raw)
+  local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed, texts)
   if bad then return nil, doc_parse_error(id, bad) end
   local new = mapping.strict(idx.types, idx.dynamic, source)
   if new then
@@ -443,9 +444,10 @@ local function put(idx, id, source, raw, cur, opts, external)
     return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. over, nil,
       { caused_by = { type = "illegal_argument_exception", reason = over } })
   end
-  local conflict = mapping.dynamic_conflict(idx.types, source, idx.no_date_detection, idx.dynamic)
+  local conflict, bad_new = mapping.dynamic_conflict(idx.types, source, idx.no_date_detection, idx.dynamic, texts)
+  if bad_new then return nil, doc_parse_error(id, bad_new) end
   if conflict then return nil, errors.illegal_argument(conflict) end
-  mapping.learn(idx.types, source, nil, idx.no_date_detection, idx.dynamic)
+  mapping.learn(idx.types, source, nil, idx.no_date_detection, idx.dynamic, nil, texts)
   idx.seq_no = idx.seq_no + 1
   local version = external or (cur and cur.version + 1 or (idx.tombstones[id] or 0) + 1)
   -- routing: the write's, else (an update) the document's current one, as ES keeps it
