@@ -781,12 +781,14 @@ describe("bi flush_interval", function()
   local core = require "esx.core"
   local fake = require "spec.support.ngx"
   -- A fake clock for esx.bulk (it reads core.now at each call; the client's own clock is C's):
-  -- returns a function that moves it on by ms.
+  -- returns a function that moves it on by ms, one that reads it, and one that puts the real
+  -- clock back.  (Not given to finally() here: busted keeps one finally per test, the last,
+  -- and a test that gave another lost this one -- the clock stayed fake for the specs after.)
   local function fake_clock()
     local clock, real = 1000000, core.now
     core.now = function() return clock end
-    finally(function() core.now = real end)
-    return function(ms) clock = clock + ms return clock end, function() return clock end
+    return function(ms) clock = clock + ms return clock end, function() return clock end,
+      function() core.now = real end
   end
 
   it("raises on a flush_interval that is not an integer number of ms from 0 to 3600000", function()
@@ -802,7 +804,8 @@ describe("bi flush_interval", function()
   it("sends a partly filled buffer at the first add() once its oldest operation is flush_interval old (plain Lua)", function()
     -- before, an indexer fed now and then held its operations until a batch filled, flush()
     -- or close(): a user's last documents were not sent until close()
-    local tick = fake_clock()
+    local tick, _, real_clock = fake_clock()
+    finally(real_clock)
     local bi = c:bulk_indexer{ flush_count = 100, flush_interval = 1000 }
     local function st() local s = bi:stats() return { s.buffered, s.batches } end
     bi:add("index", { _index = "p", _id = "1" }, { n = 1 })
@@ -838,7 +841,7 @@ describe("bi flush_interval", function()
   it("sends a buffer whose oldest operation is flush_interval old from the indexer's timer, with no call (nginx)", function()
     -- before, the timer ran only for answers and due retries: the 2 operations after a full
     -- batch waited in the buffer for as long as nobody called the indexer
-    local tick, clock = fake_clock()
+    local tick, clock, real_clock = fake_clock()
     -- ngx.timer.at on the fake clock: step() runs the soonest timer (the clock moved on to
     -- its due time, without sleeping) and returns that time
     local list = {}
@@ -853,9 +856,10 @@ describe("bi flush_interval", function()
       tm.fn(false, (table.unpack or unpack)(tm.args))
       return tm.at
     end
-    finally(fake.install({ get_phase = function() return "content" end, timer = t,
-                           sleep = function() error("no sleep expected") end },
-                         { wait = function(p) p:wait() return p:result() end }))
+    local real_ngx = fake.install({ get_phase = function() return "content" end, timer = t,
+                                    sleep = function() error("no sleep expected") end },
+                                  { wait = function(p) p:wait() return p:result() end })
+    finally(function() real_ngx() real_clock() end)
     local t0 = clock()
     local bi = c:bulk_indexer{ flush_count = 10, flush_interval = 1000 }
     local function st() local s = bi:stats() return { s.indexed, s.buffered, s.batches } end
