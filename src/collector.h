@@ -63,7 +63,8 @@ typedef struct esx_collector_counters {
     uint64_t requests, accepted, rejected[ESX_RJ_COUNT];
     uint64_t queued_events, queued_bytes, in_flight, delayed;
     uint64_t shipped, retried, dead_lettered, spooled, replayed, spilled, spool_bytes;
-    uint64_t spool_skipped_bytes, spool_segments_gone, spool_segments_refused, spool_sync_failed,
+    uint64_t spool_skipped_bytes, spool_segments_gone, spool_segments_refused, spool_claims_failing,
+             spool_sync_failed,
              dead_letter_failed;
     uint64_t bulk_requests, bulk_failures, indices_created, index_create_failed;
     uint64_t rollup_rows, rollup_bytes, rollup_dropped, rollup_written, rollup_lost, rate_unlimited;

@@ -788,8 +788,7 @@ static int owned_by_seq(esx_segment **v, size_t n, unsigned long long seq, const
 /* A segment file claim_orphans will not take (not this user's private file): counted and
  * said once per file, however many scans meet it.  Any number of them at every scan (2 s)
  * said nothing: the acknowledged events in it were waiting for ever, unseen. */
-static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st,
-                          const char *claim_failed)
+static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st)
 {
     if (refused_before(sp, st))
         return;
@@ -807,12 +806,88 @@ static void refuse_orphan(esx_spool *sp, const char *path, const struct stat *st
     sp->refused[sp->n_refused].ino = st->st_ino;
     sp->n_refused++;
     sp->segments_refused++;
-    if (claim_failed)
+    fprintf(stderr, "esx.collector: spool segment %s is not this user's private file (its "
+                    "owner, mode or links): left on disk, not replayed\n", path);
+}
+
+static int by_file(const void *a, const void *b)
+{
+    const struct esx_spool_file *x = a, *y = b;
+    if (x->dev != y->dev)
+        return x->dev < y->dev ? -1 : 1;
+    return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* The files whose claim failed at the scan under way (claim_orphans), to be the spool's
+ * `failing` list (sorted, for bsearch) when it ends. */
+typedef struct {
+    struct esx_spool_file *v;
+    size_t n, cap;
+    uint64_t extra; /* failed, not remembered (past ESX_SPOOL_MAX_REFUSED, or no memory) */
+} failing_scan;
+
+static int failing_add(failing_scan *fs, struct esx_spool_file f)
+{
+    if (fs->n == fs->cap) {
+        size_t cap = fs->cap ? fs->cap * 2 : 8;
+        void *v = realloc(fs->v, cap * sizeof *fs->v);
+        if (v == NULL)
+            return -1;
+        fs->v = v;
+        fs->cap = cap;
+    }
+    fs->v[fs->n++] = f;
+    return 0;
+}
+
+/* A dead process's segment whose claim (the rename) failed (a read-only file system, a
+ * directory this user may no longer write, EIO): left on disk, tried again at every scan.
+ * Counted in claims_failing as long as it fails -- not in segments_refused, which counted it
+ * for good, with the files that are not this user's: a claim that worked at a later scan
+ * stayed counted as refused, and an operator could not tell a failing disk from a foreign
+ * file.  Said on stderr when it starts failing (not at every scan). */
+static void claim_failed(esx_spool *sp, failing_scan *fs, const char *path,
+                         const struct stat *st, int err)
+{
+    struct esx_spool_file f = {.dev = st->st_dev, .ino = st->st_ino};
+    if (st->st_nlink > 1) {
+        /* (a dead claimer's half-done claim, met by each of its names: one file) */
+        for (size_t i = 0; i < fs->n; i++)
+            if (by_file(&fs->v[i], &f) == 0)
+                return;
+    }
+    int known = sp->n_failing > 0 &&
+                bsearch(&f, sp->failing, sp->n_failing, sizeof f, by_file) != NULL;
+    if (fs->n >= ESX_SPOOL_MAX_REFUSED || failing_add(fs, f) != 0) {
+        fs->extra++; /* not remembered: said only if it was not before */
+        return;
+    }
+    if (!known)
         fprintf(stderr, "esx.collector: spool segment %s of a dead process cannot be claimed "
-                        "(%s): left on disk, not replayed\n", path, claim_failed);
-    else
-        fprintf(stderr, "esx.collector: spool segment %s is not this user's private file (its "
-                        "owner, mode or links): left on disk, not replayed\n", path);
+                        "(%s): left on disk, not replayed (tried again at every scan)\n", path,
+                strerror(err));
+}
+
+/* The scan is over: what failed in it is what fails now.  A scan cut short (complete = 0: no
+ * memory) did not look at every file: the ones that failed before still count. */
+static void claims_scanned(esx_spool *sp, failing_scan *fs, int complete)
+{
+    if (fs->n > 1)
+        qsort(fs->v, fs->n, sizeof *fs->v, by_file);
+    if (!complete) {
+        size_t n = fs->n;
+        for (size_t i = 0; i < sp->n_failing; i++)
+            if ((n == 0 || bsearch(&sp->failing[i], fs->v, n, sizeof *fs->v, by_file) == NULL) &&
+                failing_add(fs, sp->failing[i]) != 0)
+                fs->extra++;
+        if (fs->n > 1)
+            qsort(fs->v, fs->n, sizeof *fs->v, by_file);
+    }
+    free(sp->failing);
+    sp->failing = fs->v;
+    sp->n_failing = fs->n;
+    sp->cap_failing = fs->cap;
+    sp->claims_failing = fs->n + fs->extra;
 }
 
 /* 1 when the segment name `name` (of pid, at path) is a dead process's: a pid that does not
@@ -1021,6 +1096,8 @@ int esx_spool_claim_orphans(esx_spool *sp)
     unsigned long long mark = 0;
     struct dirent *de;
     link_index links = {0}; /* the names of files with more than one, once one is met */
+    failing_scan failing = {0};
+    int complete = 1;
     while ((de = readdir(d)) != NULL) {
         int pid;
         unsigned long long seq;
@@ -1054,7 +1131,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
             if (names == 1)
                 continue;
             if (names == 0) {
-                refuse_orphan(sp, from, &st, NULL);
+                refuse_orphan(sp, from, &st);
                 continue;
             }
             /* the dead claimer's claim completed: the name all completing it take */
@@ -1063,8 +1140,10 @@ int esx_spool_claim_orphans(esx_spool *sp)
                 continue;
         }
         esx_segment *seg = calloc(1, sizeof *seg);
-        if (seg == NULL)
+        if (seg == NULL) {
+            complete = 0;
             break;
+        }
         /* renamed without replacing: a name taken (by a segment of an earlier process with
          * this pid) moves on to the next sequence number */
         int rc = -1;
@@ -1104,9 +1183,9 @@ int esx_spool_claim_orphans(esx_spool *sp)
         if (rc != 0) {
             /* ENOENT: another process claimed it first.  Anything else (a read-only file
              * system, a directory this user may not write, EIO) leaves it on disk,
-             * unclaimed: counted and said once, tried again at every scan */
+             * unclaimed: counted while it fails, tried again at every scan */
             if (errno != ENOENT && errno != EEXIST)
-                refuse_orphan(sp, from, &st, strerror(errno));
+                claim_failed(sp, &failing, from, &st, errno);
             free(seg);
             continue;
         }
@@ -1127,6 +1206,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
         claimed++;
     }
     closedir(d);
+    claims_scanned(sp, &failing, complete);
     free(by);
     free(links.v);
     return claimed;
@@ -1178,6 +1258,7 @@ void esx_spool_close(esx_spool *sp)
         sync_failed(sp, failed, err);
     free(sp->unsynced);
     free(sp->refused);
+    free(sp->failing);
     free(sp);
 }
 
@@ -1201,5 +1282,6 @@ void esx_spool_forget(esx_spool *sp)
     }
     free(sp->unsynced);
     free(sp->refused);
+    free(sp->failing);
     free(sp);
 }

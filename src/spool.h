@@ -68,6 +68,12 @@ typedef struct esx_spool {
                              * claim_orphans left as not private, counted and logged once each
                              * (ESX_SPOOL_MAX_REFUSED of them at most) */
     size_t n_refused, cap_refused;
+    struct esx_spool_file *failing; /* dead processes' segments whose claim (the rename) failed
+                             * at the last scan: left on disk, tried again at every scan, said
+                             * on stderr when one first fails (ESX_SPOOL_MAX_REFUSED at most) */
+    size_t n_failing, cap_failing;
+    uint64_t claims_failing; /* of them, as the last scan found (a gauge: a claim that works
+                              * later, or a file claimed or removed by another, leaves it) */
     dev_t dir_dev;          /* the directory, as one live spool of the process holds it */
     ino_t dir_ino;
     int held;               /* in the process's list of held directories */
@@ -167,7 +173,9 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
  * second link is a live process's segment name (a claim by link and unlink, half done).
  * Without RENAME_NOREPLACE nor hard links, a plain rename onto a name that is not there (only
  * this process makes names of its pid).  One whose claim fails otherwise (EROFS, EACCES, EIO)
- * is counted in segments_refused and said once too, and tried again at every scan.
+ * is left where it is and tried again at every scan: claims_failing says how many failed at
+ * the last scan (not segments_refused: the file is fine, the claim is not), and each is said
+ * on stderr when it starts failing.
  * One spool_dir serves one live spool per process (esx_spool_open refuses a second).  Returns the number of segments claimed. */
 int esx_spool_claim_orphans(esx_spool *sp);
 

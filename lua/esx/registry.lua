@@ -61,7 +61,7 @@ local types = {
     bulk_failures = COUNTER, rollup_dropped = COUNTER, rollup_written = COUNTER, rollup_lost = COUNTER,
     rate_unlimited = COUNTER, indices_created = COUNTER, index_create_failed = COUNTER,
     queued_events = GAUGE, queued_bytes = GAUGE, in_flight = GAUGE, delayed = GAUGE,
-    spool_bytes = GAUGE, rollup_rows = GAUGE, rollup_bytes = GAUGE, lag_ms = GAUGE, in_progress = GAUGE,
+    spool_bytes = GAUGE, spool_claims_failing = GAUGE, rollup_rows = GAUGE, rollup_bytes = GAUGE, lag_ms = GAUGE, in_progress = GAUGE,
     utilization = GAUGE,
   },
   cache = {

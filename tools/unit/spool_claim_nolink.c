@@ -6,8 +6,10 @@
  * their acknowledged events never replayed, nothing counted or said.  Now a plain rename
  * onto a name that is not there: every dead segment is claimed and replayed, and one of an
  * earlier process with this pid (a name this process's sequence numbers will meet) is never
- * replaced.  A claim that fails for another reason (here rename(2) fails with EROFS) is
- * counted in segments_refused once, however many scans meet it, and the file is kept.
+ * replaced.  A claim that fails for another reason (here rename(2) fails with EROFS) keeps
+ * the file and counts it in claims_failing while it fails -- not in segments_refused, the
+ * count of files that are not this user's: that counted it for good, so a claim that worked
+ * at a later scan stayed counted as refused, and operators could not tell the two apart.
  * Prints "ok <name>" per check; exits 1 on a failure.
  */
 #include <errno.h>
@@ -86,11 +88,22 @@ int main(void)
     read_only = 1;
     int claimed = esx_spool_claim_orphans(sp);
     claimed += esx_spool_claim_orphans(sp);
-    check(claimed == 0 && sp->segments_refused == 1 && access(path, F_OK) == 0,
-          "a segment whose claim fails is counted in segments_refused once and kept");
+    check(claimed == 0 && sp->claims_failing == 1 && access(path, F_OK) == 0,
+          "a segment whose claim fails is counted in claims_failing once and kept");
+    check(sp->segments_refused == 0, "not in segments_refused: the file is this user's own");
     read_only = 0;
-    check(esx_spool_claim_orphans(sp) == 1 && sp->segments_refused == 1,
-          "and claimed once the claim can be made");
+    check(esx_spool_claim_orphans(sp) == 1 && sp->claims_failing == 0 && sp->segments_refused == 0,
+          "and claimed once the claim can be made: no longer counted as failing");
+    /* a file whose claim fails, then is gone (another process claimed it, a hand removed it) */
+    snprintf(path, sizeof path, "%s/seg-%d-3.log", dir, (int)dead_pid());
+    if (leave(path) != 0)
+        return 1;
+    read_only = 1;
+    check(esx_spool_claim_orphans(sp) == 0 && sp->claims_failing == 1, "a second one fails");
+    unlink(path);
+    check(esx_spool_claim_orphans(sp) == 0 && sp->claims_failing == 0,
+          "and is no longer counted once its file is gone");
+    read_only = 0;
     esx_spool_close(sp);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
