@@ -2858,6 +2858,36 @@ describe("spool", function()
     c2:close()
   end)
 
+  it("takes a steady stream the sink keeps up with when spool_max_bytes is below spool_segment_bytes", function()
+    -- a segment leaves the disk only once every event in it is acknowledged, and the one
+    -- being written takes every request: with the default 4 MiB segments and a spool of
+    -- 256 KiB it never filled up to start a new one -- it filled the spool, and requests got
+    -- 503 queue_full (hundreds of these 2000), memory empty and the sink keeping up, until the last
+    -- event in it was acknowledged.  Segments are now at most an eighth of spool_max_bytes.
+    local dir = tmpdir()
+    local col
+    tidy(dir, function() return col end)
+    -- (flush_interval well above the pauses between requests: there is always an event
+    -- waiting in the segment being written, as under any steady stream)
+    col = new{ spool_dir = dir, spool_max_bytes = 256 * 1024, flush_interval = 100, rollup = false }
+    local statuses, peak = {}, 0
+    for i = 1, 2000 do
+      local st = post(col, cjson.encode(ev({ event_id = "steady" .. i, pad = string.rep("p", 300) })))
+      statuses[st] = (statuses[st] or 0) + 1
+      if i % 10 == 0 then
+        socket.sleep(0.01)
+        peak = math.max(peak, col:stats().queued_bytes)
+      end
+    end
+    local s = col:stats()
+    -- what is not yet acknowledged stays well within the spool: the sink keeps up
+    assert.is_true(peak < 160 * 1024, "queued_bytes peaked at " .. peak)
+    assert.equal(0, s.rejected.queue_full, "503 queue_full with memory at most " .. peak .. " bytes")
+    assert.equal(2000, statuses[204])
+    assert.is_true(col:flush(10000 * SCALE))
+    assert.equal(0, col:stats().spool_bytes)
+  end)
+
   it("keeps rollup rows within queue_max_bytes while the sink is away", function()
     local dir = tmpdir()
     local col, c2

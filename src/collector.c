@@ -187,6 +187,21 @@ static void adopt(esx_collector *col)
     col->pid = esx_pid();
 }
 
+/* The size at which the spool starts a new segment: spool_segment_bytes, but at most an
+ * eighth of spool_max_bytes (not below SEGMENT_FLOOR).  A segment leaves the disk only once
+ * every event in it is acknowledged, and the segment being written takes every request: one
+ * as large as the spool (the default 4 MiB with a spool_max_bytes of 1 MiB) filled it under a
+ * steady stream, with memory empty and the sink keeping up, and every request got 503
+ * queue_full until the last event in it was acknowledged -- then again, a segment later. */
+#define SEGMENT_FLOOR ((size_t)4096)
+static size_t segment_bytes(const esx_collector_config *cfg)
+{
+    size_t cap = cfg->spool_max_bytes / 8;
+    if (cap < SEGMENT_FLOOR)
+        cap = SEGMENT_FLOOR;
+    return cfg->spool_segment_bytes < cap ? cfg->spool_segment_bytes : cap;
+}
+
 /* First use in this process: adopt a collector inherited through fork, open the spool and
  * start the shipper.  Called by the intake's thread.  Returns 0 or -1 (why, 256 bytes). */
 int esx_col_ensure_running(esx_collector *col, char *why)
@@ -217,7 +232,7 @@ int esx_col_ensure_running(esx_collector *col, char *why)
     }
     pthread_mutex_lock(&col->mu);
     if (col->cfg.spool_dir[0] && col->spool == NULL) {
-        col->spool = esx_spool_open(col->cfg.spool_dir, col->cfg.spool_segment_bytes, why);
+        col->spool = esx_spool_open(col->cfg.spool_dir, segment_bytes(&col->cfg), why);
         if (col->spool == NULL) {
             pthread_mutex_unlock(&col->mu);
             return -1;
