@@ -2308,6 +2308,27 @@ describe("shared = true (outside nginx: one process)", function()
     c:close()
   end)
 
+  it("hands a page load to the workers waiting for it with page_ttl = 0 (coalesced, not cached)", function()
+    -- a waiter reaching a result older than page_ttl must not store it, but may answer from
+    -- it: it waited for that very load
+    local t = 0
+    local c = new_cache(sample_db(), { shared = true, page_ttl = 0, clock = function() return t end })
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      coroutine.yield()
+      coroutine.yield()
+      t = t + 1
+      return { { id = 1, title = "one" } }
+    end
+    local function worker(u) return function() c._page_flights = {} return c:read_articles(u, 1) end end
+    local results = run_all{ worker(7), worker(8), worker(9) }
+    assert.equal(1, loads)
+    for i = 1, 3 do assert.equal("one", results[i][1][1].title) end
+    assert.equal(0, c:stats().pages.entries)
+    c:close()
+  end)
+
   it("lets waiters load by themselves when the holder fails", function()
     local c = new_cache(sample_db(), { shared = true })
     local loads = 0
@@ -2326,9 +2347,86 @@ describe("shared = true (outside nginx: one process)", function()
     assert.is_true(results[2][1])
   end)
 
+  it("does not store a handed-off reader set that expired while its waiter waited, evicting a live one", function()
+    -- the waiter stored the result with its expiry in the past (published + readers_ttl):
+    -- dead on arrival, it pushed a live set out of max_bytes, then was dropped at the next look
+    local t = 0
+    local big = {}
+    for i = 1, 3000 do big[i] = i * 977 end -- 8,624 bytes: with a small set (208), over 8,700
+    local c = new_cache(sample_db(), { shared = true, readers_ttl = 100, max_bytes = 8700,
+                                       clock = function() return t end })
+    local loads, gate = 0, false
+    c._load_readers = function(a)
+      if a ~= 1 then return { 7 } end
+      loads = loads + 1
+      while not gate do coroutine.yield() end
+      return loads == 1 and big or { 7 }
+    end
+    local function finish(co)
+      local ok, v, err
+      repeat ok, v, err = coroutine.resume(co) assert(ok, v) until coroutine.status(co) == "dead"
+      return v, err
+    end
+    local x = coroutine.create(function() c._readers_flights = {} return c:has_read(1, 977) end)
+    assert(coroutine.resume(x)) -- "another worker" holds article 1's shared lock, loading
+    local w = coroutine.create(function() c._readers_flights = {} return c:has_read(1, 7) end)
+    assert(coroutine.resume(w)) -- this worker waits on that lock
+    gate = true
+    assert.is_true(finish(x)) -- published at 0: fresh until 100
+    t = 120
+    assert.is_true(c:has_read(2, 7)) -- a live set (until 220)
+    local evictions = c:stats().evictions
+    t = 150 -- the waiter looks at the slot again: the hand-off expired at 100
+    assert.same({ true }, { finish(w) }) -- loaded again by the waiter: the hand-off is not stored
+    assert.equal(2, loads)
+    assert.is_true(c._cc:has_read(2, 7, t, true)) -- still cached
+    local s = c:stats()
+    assert.equal(evictions, s.evictions)
+    assert.equal(2, s.readers.entries)
+    c:close()
+  end)
+
   -- Debian's lua-posix has no Lua 5.4 build: this runs under LuaJIT.
   local has_posix, unistd = pcall(require, "posix.unistd")
   if has_posix then
+    it("drops, not grows, a set expired while its waiter waited when another process marks it meanwhile", function()
+      -- the waiter stored the hand-off at `now - age` (the result's load time) and applied
+      -- the other processes' changes logged meanwhile at that time too: a mark of a set that
+      -- had expired at the waiter's now grew it instead of dropping it (docs: a set past its
+      -- readers_ttl is dropped by a mark, never grown at the expense of live entries)
+      local wait = require("posix.sys.wait")
+      local t = 0
+      local c = new_cache(sample_db(), { shared = true, readers_ttl = 100,
+                                         clock = function() return t end })
+      assert.is_true(c:has_read(1, 7)) -- article 1 cached at 0: expires at 100
+      local gate = false
+      c._load_readers = function()
+        while not gate do coroutine.yield() end
+        return { 8 }
+      end
+      local x = coroutine.create(function() c._readers_flights = {} return c:has_read(2, 8) end)
+      assert(coroutine.resume(x)) -- "another worker" holds article 2's shared lock, loading
+      local w = coroutine.create(function() c._readers_flights = {} return c:has_read(2, 8) end)
+      assert(coroutine.resume(w)) -- this worker waits on that lock
+      t, gate = 40, true
+      while coroutine.status(x) ~= "dead" do assert(coroutine.resume(x)) end -- published at 40
+      local pid = unistd.fork()
+      if pid == 0 then -- another process marks a read of article 1
+        local ok = pcall(c.mark_read, c, 1, 2 ^ 40 + 1)
+        unistd._exit(ok and 0 or 1)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      t = 120 -- article 1 expired at 100; the hand-off, loaded at 40, is fresh until 140
+      local ok, v = coroutine.resume(w)
+      assert.is_true(ok)
+      assert.is_true(v)
+      local s = c:stats()
+      assert.equal(1, s.readers.expirations) -- article 1 dropped by the mark
+      assert.equal(1, s.readers.entries) -- article 2 only
+      c:close()
+    end)
+
     it("gives back on close() the shared locks of its loads, for other processes to load at once", function()
       local wait = require("posix.sys.wait")
       local c = new_cache(sample_db(), { shared = true, lock_timeout = 3000 })

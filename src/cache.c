@@ -504,14 +504,15 @@ int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now, int count)
     return fresh_page(c, page_no, now, count) != NULL;
 }
 
-int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
+int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now, double age,
                        uint64_t start_seq, void *blob, size_t blob_len)
 {
     if (page_no < 1 || page_no > c->cfg.max_pages)
         return 0;
-    if (!(now + c->cfg.page_ttl > now))
-        return 0; /* expired as it is stored (a ttl of 0, or too small to move now): it
-                   * would only push live entries out */
+    double expires = (now - age) + c->cfg.page_ttl;
+    if (!(expires > now))
+        return 0; /* expired as it is stored (a ttl of 0, or too small to move now, or a
+                   * hand-off older than the ttl): it would only push live entries out */
     bytes += ENTRY_OVERHEAD;
     if (bytes > c->cfg.max_bytes)
         return 0;
@@ -525,7 +526,7 @@ int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
     rg_unlock(c);
     if (changed != 0)
         return 0;
-    if (insert(c, ESX_CACHE_PAGE, page_no, bytes, now + c->cfg.page_ttl, NULL,
+    if (insert(c, ESX_CACHE_PAGE, page_no, bytes, expires, NULL,
                keep_blob ? blob : NULL, keep_blob ? blob_len : 0) == NULL)
         return -1;
     if (!keep_blob)
@@ -565,11 +566,12 @@ const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double no
 }
 
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
-                          uint64_t start_seq)
+                          double age, uint64_t start_seq)
 {
-    if (!(now + c->cfg.readers_ttl > now))
-        return 0; /* expired as it is stored (a ttl of 0, or too small to move now): it
-                   * would only push live entries out */
+    double expires = (now - age) + c->cfg.readers_ttl;
+    if (!(expires > now))
+        return 0; /* expired as it is stored (a ttl of 0, or too small to move now, or a
+                   * hand-off older than the ttl): it would only push live entries out */
     rg_lock(c);
     sync_locked(c, now);
     int changed = changed_since(c, ESX_CACHE_READERS, article, start_seq, set);
@@ -580,8 +582,7 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
     size_t bytes = esx_rset_bytes(set) + ENTRY_OVERHEAD;
     if (bytes > c->cfg.max_bytes)
         return 0;
-    return insert(c, ESX_CACHE_READERS, article, bytes, now + c->cfg.readers_ttl, set, NULL, 0) ? 1
-                                                                                          : -1;
+    return insert(c, ESX_CACHE_READERS, article, bytes, expires, set, NULL, 0) ? 1 : -1;
 }
 
 size_t esx_cache_removed_pages(esx_cache *c, uint64_t *out, size_t max)

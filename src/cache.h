@@ -96,14 +96,17 @@ int esx_cache_changed(esx_cache *c, int kind, uint64_t key, uint64_t start_seq);
  * caller counted this lookup already). */
 int esx_cache_page_get(esx_cache *c, uint64_t page_no, double now, int count);
 
-/* Records page_no as cached with the given measured size, if page_no <= max_pages, now + page_ttl
- * is past now, the page fits in max_bytes and no invalidate_pages happened since start_seq.  blob (blob_len bytes,
+/* Records page_no as cached with the given measured size, if page_no <= max_pages, its expiry
+ * (now - age + page_ttl: age is how long ago the page was loaded, 0 for the caller's own load,
+ * a hand-off's age from esx_cache_lock_poll) is past now, the page fits in max_bytes and no
+ * invalidate_pages happened since start_seq.  Changes other processes logged are applied at
+ * now first (a mark of a set expired at now drops it), never at the load's time.  blob (blob_len bytes,
  * malloc'ed, may be NULL) is an opaque rendering of the page kept with it (the binding keeps
  * the ids and pre-encoded JSON of the articles there); its length counts towards the budget,
  * and a page that fits only without its blob is cached without it (the blob is freed).
  * Evicts LRU entries to make room.  Returns 1 if cached (the cache then owns blob), 0 if not,
  * -1 when out of memory (not cached); in both of those cases the caller still owns blob. */
-int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now,
+int esx_cache_page_put(esx_cache *c, uint64_t page_no, size_t bytes, double now, double age,
                        uint64_t start_seq, void *blob, size_t blob_len);
 
 /* Like esx_cache_page_get, but returns the page's blob (and *len) on a hit, NULL on a miss.
@@ -121,12 +124,15 @@ const esx_rset *esx_cache_readers_get(esx_cache *c, uint64_t article, double now
 /* Like readers_get but counts nothing and does not touch the LRU order. */
 const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double now);
 
-/* Inserts the loaded set of article, replaying marks logged since start_seq onto it.
- * Returns 1 when the cache took ownership of set; 0 when it did not cache it (readers_ttl
- * is 0 or too small to move now, too large, invalidated since start_seq, or the log no longer covers start_seq) and -1 when out of
+/* Inserts the loaded set of article, replaying marks logged since start_seq onto it; it
+ * expires at now - age + readers_ttl (age: how long ago it was loaded, as for page_put, whose
+ * note on the changes applied at now holds here too).
+ * Returns 1 when the cache took ownership of set; 0 when it did not cache it (expired as it
+ * is stored: readers_ttl is 0, too small to move now, or shorter than age; too large,
+ * invalidated since start_seq, or the log no longer covers start_seq) and -1 when out of
  * memory -- in both of those cases the caller still owns set. */
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
-                          uint64_t start_seq);
+                          double age, uint64_t start_seq);
 
 /* Logs the n operations as one batch (visible to other processes at once) and applies them
  * to the local tiers in order.  A deferred mark (a transaction's, recorded at `since`) whose
@@ -170,7 +176,9 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
                      size_t len, uint64_t start_seq, double clock_now);
 
 /* Polls a lock seen busy.  A result whose key was invalidated since its load started is not
- * handed out (ESX_LOCK_GONE: the caller locks again and loads).  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that
+ * handed out (ESX_LOCK_GONE: the caller locks again and loads).  One older than its TTL is
+ * (a caller that waited for that load may answer from it), but *age_ms tells the put that it
+ * has expired: it is not stored.  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that
  * the caller frees, *len its size, *start_seq the holder's load start and *age_ms how long
  * ago it was published (the caller's TTL counts from then).  If the copy cannot be
  * allocated, returns ESX_LOCK_GONE. */

@@ -139,7 +139,7 @@ static int l_page_get(lua_State *L)
 
 /* Stores a validated page list at idx: returns 1 if cached. */
 static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double now,
-                    uint64_t start_seq)
+                    double age, uint64_t start_seq)
 {
     if (page_no < 1 || page_no > lc->max_pages)
         return 0;
@@ -147,7 +147,7 @@ static int put_page(lua_State *L, lcache *lc, uint64_t page_no, int idx, double 
     if (bytes == ESX_LPAGE_UNMEASURED) /* larger than max_bytes, or holds what cannot be measured */
         return 0;
     void *blob = esx_lpage_blob(L, idx, lc->max_bytes, &blob_len);
-    int rc = esx_cache_page_put(lc->core, page_no, bytes, now, start_seq, blob, blob ? blob_len : 0);
+    int rc = esx_cache_page_put(lc->core, page_no, bytes, now, age, start_seq, blob, blob ? blob_len : 0);
     if (rc != 1)
         free(blob);
     drain(L, lc);
@@ -189,7 +189,7 @@ static int page_put_core(lua_State *L, lcache *lc)
         lua_pushstring(L, bad);
         return 2;
     }
-    lua_pushboolean(L, put_page(L, lc, page_no, 3, now, start_seq));
+    lua_pushboolean(L, put_page(L, lc, page_no, 3, now, 0, start_seq));
     return 1;
 }
 
@@ -316,7 +316,7 @@ static int readers_put_core(lua_State *L, lcache *lc)
     char msg[128];
     int oom;
     esx_rset *s = build_set(L, 3, msg, sizeof msg, &oom);
-    int rc = s == NULL ? 0 : esx_cache_readers_put(lc->core, article, s, now, start_seq);
+    int rc = s == NULL ? 0 : esx_cache_readers_put(lc->core, article, s, now, 0, start_seq);
     if (has_ticket) {
         /* Published only when cached here: a set that this process cannot cache (larger
          * than max_bytes, invalidated since the load began, or no memory) no other process
@@ -648,7 +648,9 @@ static int poll_core(lua_State *L, lcache *lc)
     double age = 0;
     int rc = esx_cache_lock_poll(lc->core, kind, key, ticket, now, box, &len, &start_seq, &age);
     void *data = *box;
-    now -= age; /* the TTL runs from when the result was loaded */
+    /* The TTL runs from when the result was loaded (age ms ago); everything else -- the
+     * changes other processes logged meanwhile, which the put applies first -- is at now:
+     * applied at now - age, a mark of a set that had expired grew it instead of dropping it. */
     if (rc == ESX_LOCK_BUSY) {
         lua_pushliteral(L, "busy");
         return 1;
@@ -671,7 +673,7 @@ static int poll_core(lua_State *L, lcache *lc)
             lua_pushliteral(L, "gone");
             return 1;
         }
-        put_page(L, lc, key, lua_gettop(L), now, start_seq);
+        put_page(L, lc, key, lua_gettop(L), now, age, start_seq);
         lua_pushliteral(L, "done");
         lua_insert(L, -2);
         return 2;
@@ -684,7 +686,7 @@ static int poll_core(lua_State *L, lcache *lc)
         lua_pushliteral(L, "gone");
         return 1;
     }
-    int put = esx_cache_readers_put(lc->core, key, s, now, start_seq);
+    int put = esx_cache_readers_put(lc->core, key, s, now, age, start_seq);
     if (put != 1)
         esx_rset_free(s);
     drain(L, lc);
