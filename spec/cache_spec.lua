@@ -2329,6 +2329,64 @@ describe("shared = true (outside nginx: one process)", function()
     c:close()
   end)
 
+  it("lets the waiters of a result too large to hand off load side by side, not one after another", function()
+    -- the holder could not publish (over the 512 KiB hand-off buffer): its waiters saw the
+    -- lock "gone", took it again one at a time, and each waited for the previous one's load
+    -- -- which could not be published either -- until lock_timeout
+    local ids = {}
+    for i = 1, 65536 do ids[i] = i * 65536 + 1 end -- one id per container: ~650 KB serialised
+    local c = new_cache(sample_db(), { shared = true, lock_timeout = 60000 })
+    local loading, gate = 0, false
+    c._load_readers = function()
+      loading = loading + 1
+      repeat coroutine.yield() until gate
+      coroutine.yield()
+      loading = loading - 1
+      return ids
+    end
+    local function worker(u) return function() c._readers_flights = {} return c:has_read(1, u) end end
+    local x = coroutine.create(worker(65537))
+    assert(coroutine.resume(x)) -- "another worker" holds article 1's shared lock, loading
+    local w = { coroutine.create(worker(1)), coroutine.create(worker(65536 * 3 + 1)) }
+    for i = 1, 2 do assert(coroutine.resume(w[i])) end -- two more workers wait on that lock
+    gate = true
+    while coroutine.status(x) ~= "dead" do assert(coroutine.resume(x)) end -- not published
+    gate = false
+    for _ = 1, 5 do -- (a few polls each)
+      for i = 1, 2 do
+        if coroutine.status(w[i]) ~= "dead" then assert(coroutine.resume(w[i])) end
+      end
+    end
+    assert.equal(2, loading) -- both load now: neither waits for the other's load
+    gate = true
+    local results = {}
+    for i = 1, 2 do
+      local ok, v
+      repeat ok, v = coroutine.resume(w[i]) assert(ok, v) until coroutine.status(w[i]) == "dead"
+      results[i] = v
+    end
+    assert.same({ false, true }, results)
+    c:close()
+  end)
+
+  it("lets one waiter load again for all when the holder's load fails", function()
+    local c = new_cache(sample_db(), { shared = true })
+    local loads = 0
+    c._load_readers = function()
+      loads = loads + 1
+      coroutine.yield()
+      coroutine.yield()
+      if loads == 1 then error("first load fails") end
+      return { 7 }
+    end
+    local function worker(u) return function() c._readers_flights = {} return c:has_read(1, u) end end
+    local results = run_all{ worker(7), worker(7), worker(8) }
+    assert.equal("load", results[1][2].kind)
+    assert.same({ true, false }, { results[2][1], results[3][1] })
+    assert.equal(2, loads) -- the failed load and one retry, not one per waiting worker
+    c:close()
+  end)
+
   it("lets waiters load by themselves when the holder fails", function()
     local c = new_cache(sample_db(), { shared = true })
     local loads = 0

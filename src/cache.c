@@ -47,6 +47,7 @@ struct slot {
     double deadline;  /* CLOCK_MONOTONIC ms */
     double published; /* the cache's clock (ms) when DONE */
     pid_t pid;
+    uint32_t alone;   /* FREE: given back with a result that could not be handed off */
 };
 
 #define INV_SLOTS 1024
@@ -712,6 +713,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
         s->deadline = now + timeout_ms;
         s->start_seq = atomic_load(&c->rg->head); /* the holder's load starts no earlier */
         s->len = 0;
+        s->alone = 0;
         *ticket = s->ticket;
         rc = ESX_LOCK_ACQUIRED;
     }
@@ -720,7 +722,7 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
 }
 
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
-                     size_t len, uint64_t start_seq, double clock_now)
+                     size_t len, uint64_t start_seq, double clock_now, int unpublishable)
 {
     if (!c->cfg.shared)
         return 0;
@@ -738,6 +740,7 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
             published = 1;
         } else {
             s->state = SLOT_FREE;
+            s->alone = unpublishable || data != NULL;
         }
     }
     rg_unlock(c);
@@ -754,7 +757,11 @@ int esx_cache_lock_poll(esx_cache *c, int kind, uint64_t key, uint64_t ticket, d
     rg_lock(c);
     struct slot *s = slot_of_ticket(c, kind, key, ticket, &buf);
     if (s != NULL) {
-        if (s->state == SLOT_BUSY) {
+        if (s->state == SLOT_FREE) {
+            /* given back under this ticket: with a result that could not be handed off, or
+             * without one (a failed load, a close: GONE, one waiter loads again for all) */
+            rc = s->alone ? ESX_LOCK_ALONE : ESX_LOCK_GONE;
+        } else if (s->state == SLOT_BUSY) {
             rc = holder_alive(s, esx_cache_now_ms()) ? ESX_LOCK_BUSY : ESX_LOCK_GONE;
         } else if (s->state == SLOT_DONE && (!takeable(c, kind, s->start_seq) ||
                                              changed_since(c, kind, key, s->start_seq, NULL) != 0)) {
@@ -785,8 +792,10 @@ void esx_cache_lock_discard(esx_cache *c, int kind, uint64_t key, uint64_t ticke
     char *buf;
     rg_lock(c);
     struct slot *s = slot_of_ticket(c, kind, key, ticket, &buf);
-    if (s != NULL && s->state == SLOT_DONE)
+    if (s != NULL && s->state == SLOT_DONE) {
         s->state = SLOT_FREE;
+        s->alone = 0;
+    }
     rg_unlock(c);
 }
 

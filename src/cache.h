@@ -165,17 +165,27 @@ void esx_cache_get_stats(esx_cache *c, esx_cache_stats *out);
 #define ESX_LOCK_ACQUIRED 1
 #define ESX_LOCK_BUSY 2
 #define ESX_LOCK_DONE 3 /* poll: the holder published a result */
-#define ESX_LOCK_GONE 4 /* poll: the holder finished without a result, or the slot moved on */
+#define ESX_LOCK_GONE 4 /* poll: the holder died or overran its lock, its result cannot be
+                         * taken, or the slot moved on: lock again */
+#define ESX_LOCK_ALONE 5 /* poll: the holder loaded a result it could not hand off: load
+                          * without the lock */
 int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, double clock_now,
                    uint64_t *ticket);
 
 /* Releases the lock; publishes data (len bytes, may be NULL) as the result with the load's
  * start_seq, stamped with clock_now (the cache's clock, which all processes must share: it
- * is CLOCK_MONOTONIC by default), when it fits the hand-off buffer.  Returns 1 if published, else 0. */
+ * is CLOCK_MONOTONIC by default), when it fits the hand-off buffer.  Returns 1 if published,
+ * else 0.  Not published, the lock's waiters load by themselves (ESX_LOCK_ALONE) when data
+ * was given (too large) or unpublishable is set (a result the holder loaded but cannot hand
+ * off), else (no result: the load failed) one of them loads again under the lock. */
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
-                     size_t len, uint64_t start_seq, double clock_now);
+                     size_t len, uint64_t start_seq, double clock_now, int unpublishable);
 
-/* Polls a lock seen busy.  A result whose key was invalidated since its load started is not
+/* Polls a lock seen busy.  ESX_LOCK_ALONE when its holder gave the lock back with a result it
+ * could not hand off (esx_cache_unlock's unpublishable): every waiter loads by itself --
+ * locking again, each would wait in turn for another waiter's load, which could not be
+ * handed off either.  A lock given back without a result (a failed load) is ESX_LOCK_GONE:
+ * one waiter locks again and loads, the others wait for its result.  A result whose key was invalidated since its load started is not
  * handed out (ESX_LOCK_GONE: the caller locks again and loads).  One older than its TTL is
  * (a caller that waited for that load may answer from it), but *age_ms tells the put that it
  * has expired: it is not stored.  On ESX_LOCK_DONE, *data is a malloc'ed copy of the result that

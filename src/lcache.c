@@ -179,8 +179,10 @@ static int page_put_core(lua_State *L, lcache *lc)
         else
             b->failed = 1;
         int ok = bad == NULL && !b->failed;
+        /* a page that cannot be handed off (too large for the slot, unserialisable): its
+         * waiters load by themselves; bad data is a failed load, which one of them retries */
         esx_cache_unlock(lc->core, ESX_CACHE_PAGE, page_no, ticket, ok ? b->out.data : NULL,
-                         ok ? b->out.len : 0, start_seq, now);
+                         ok ? b->out.len : 0, start_seq, now, bad == NULL);
         esx_buf_free(&b->out);
         lua_pop(L, 1);
     }
@@ -329,7 +331,7 @@ static int readers_put_core(lua_State *L, lcache *lc)
                 len = esx_rset_serialize(s, buf, need);
         }
         esx_cache_unlock(lc->core, ESX_CACHE_READERS, article, ticket, len ? buf : NULL, len,
-                         start_seq, now);
+                         start_seq, now, s != NULL || oom); /* (else bad data: a failed load) */
         free(buf);
     }
     if (s == NULL && !oom) {
@@ -612,11 +614,12 @@ static int l_unlock(lua_State *L)
     int kind = (int)luaL_checkinteger(L, 2);
     uint64_t key = check_id(L, 3);
     uint64_t ticket = (uint64_t)esx_checkcount(L, 4);
-    esx_cache_unlock(lc->core, kind, key, ticket, NULL, 0, 0, 0);
+    esx_cache_unlock(lc->core, kind, key, ticket, NULL, 0, 0, 0, 0);
     return 0;
 }
 
-/* ud:poll(kind, key, ticket, now) -> "busy" | "gone" | "done", value
+/* ud:poll(kind, key, ticket, now) -> "busy" | "gone" | "alone" | "done", value
+ * "alone": the holder loaded a result it could not hand off: load without the lock.
  * On "done" the published result is installed locally: value is the page list (pages) or
  * whether the set could be cached (readers).  "gone": the holder failed, died or was
  * overtaken by an invalidation, or its result cannot be taken here -- then it is withdrawn
@@ -651,8 +654,8 @@ static int poll_core(lua_State *L, lcache *lc)
     /* The TTL runs from when the result was loaded (age ms ago); everything else -- the
      * changes other processes logged meanwhile, which the put applies first -- is at now:
      * applied at now - age, a mark of a set that had expired grew it instead of dropping it. */
-    if (rc == ESX_LOCK_BUSY) {
-        lua_pushliteral(L, "busy");
+    if (rc == ESX_LOCK_BUSY || rc == ESX_LOCK_ALONE) {
+        lua_pushstring(L, rc == ESX_LOCK_BUSY ? "busy" : "alone");
         return 1;
     }
     if (rc != ESX_LOCK_DONE) {

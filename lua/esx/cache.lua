@@ -260,6 +260,11 @@ local function shared_lock(self, kind, key)
     while true do
       local s, value = cc:poll(kind, key, ticket, self._clock())
       if s == "done" then return "done", value end
+      -- "alone": the holder loaded a result it could not hand off (too large for the slot,
+      -- a reader set it could not cache): every waiter loads by itself.  Locking again, the
+      -- waiters waited one after another for each other's loads, which could not be handed
+      -- off either.
+      if s == "alone" then return "none" end
       if core_clock() > deadline then return "none" end
       -- "gone": the holder failed or died, or its result cannot be taken: take the lock
       if s == "gone" then gone = ticket break end
