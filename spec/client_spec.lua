@@ -1669,7 +1669,37 @@ describe("esx.client defaults (API.md's table, read back through behaviour)", fu
     assert.is_true(left > 58000 and left <= 60000, left)
     c:close()
   end)
-  -- (compression off by default: "sends neither header when compression is off")
+
+  it("doubles a failing node's dead time from 60000 ms up to 1800000 ms (dead_backoff_max)", function()
+    -- one node only: when every node is dead the one due soonest is tried (resurrect), so each
+    -- call is one more failure of it
+    local c = client{ hosts = { net.closed_port() }, max_retries = 0 }
+    local want = { 60000, 120000, 240000, 480000, 960000, 1800000, 1800000, 1800000 }
+    for i, ms in ipairs(want) do
+      local _, err = c:request("GET", "/")
+      assert.equal("connect", err.kind)
+      local node = c:stats().nodes[1]
+      assert.equal(i, node.failures)
+      local left = node.dead_until - socket.gettime() * 1000
+      assert.is_true(left > ms - 2000 and left <= ms, i .. ": " .. left)
+    end
+    c:close()
+  end)
+
+  it("gives up a connect the node never answers after 1000 ms (connect_timeout)", function()
+    local url, close = net.full_backlog()
+    local c = client{ hosts = { url }, max_retries = 0 }
+    finally(function()
+      c:close()
+      close()
+    end)
+    local res, err, ms = timed(function() return c:request("GET", "/") end)
+    assert.is_nil(res)
+    assert.equal("connect_timeout", err.kind)
+    assert.is_true(ms >= 990 and ms < 1600 * SCALE, "took " .. ms .. " ms")
+  end)
+  -- (compression off by default: "sends neither header when compression is off"; socket_timeout
+  -- 30000 is not waited out here: its bound is the same watchdog as the 300 ms ones above)
 end)
 
 describe("pool limits", function()
