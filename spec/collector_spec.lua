@@ -291,6 +291,50 @@ describe("esx.collector", function()
     assert.is_table(b[os.date("!rollups-%Y.%m.%d")])
   end)
 
+  it("uses API.md's bulk shaping by default: batches of 5000 events and 1 MiB, 2 bulks in flight", function()
+    local col
+    finally(function()
+      srv:clear_faults()
+      if col then col:close(0) end
+    end)
+    -- every bulk is held 1 s: the queue fills before the first answer, so each batch is
+    -- cut by batch_max_events or batch_max_bytes, and in_flight shows bulk_concurrency
+    srv:fault{ path = "/_bulk", stall_ms = 1000, count = -1 }
+    col = assert(esx.collector{ sink = client, rollup = false })
+    local small = {}
+    for i = 1, 100 do small[i] = '{"site_id":"s1","type":"v"}' end
+    small = "[" .. table.concat(small, ",") .. "]"
+    for _ = 1, 150 do assert.equal(204, (post(col, small))) end -- 15000 events of ~150 bytes
+    local most = 0
+    local deadline = socket.gettime() + 5 * SCALE
+    while socket.gettime() < deadline and col:stats().shipped < 15000 do
+      most = math.max(most, col:stats().in_flight)
+      socket.sleep(0.05)
+    end
+    assert.equal(15000, col:stats().shipped)
+    assert.equal(2, most)
+    local bulks = srv:requests("/_bulk").requests
+    assert.equal(3, #bulks) -- 5000 each, the 1 MiB bound far off
+    for _, r in ipairs(bulks) do assert.is_true(r.body_bytes < 1048576 * 0.9, r.body_bytes) end
+    -- events of ~1 KiB: 1 MiB, not 5000 events, cuts the batch
+    srv:clear_requests()
+    local big = '{"site_id":"s1","type":"v","p":"' .. string.rep("x", 900) .. '"}'
+    local list = {}
+    for i = 1, 50 do list[i] = big end
+    big = "[" .. table.concat(list, ",") .. "]"
+    for _ = 1, 40 do assert.equal(204, (post(col, big))) end -- 2000 events, ~2 MB
+    assert.is_true(col:flush(10000 * SCALE))
+    bulks = srv:requests("/_bulk").requests
+    assert.is_true(#bulks >= 2 and #bulks <= 3, #bulks)
+    local sum = 0
+    for _, r in ipairs(bulks) do
+      assert.is_true(r.body_bytes <= 1048576, r.body_bytes)
+      sum = sum + r.body_bytes
+    end
+    assert.is_true(bulks[1].body_bytes > 1048576 - 2048, bulks[1].body_bytes) -- filled, not cut early
+    assert.is_true(sum > 2000 * 900, sum)
+  end)
+
   it("raises on allowed_origins with a hole (the origins after it were answered 403)", function()
     for _, origins in ipairs{ { "https://a.example", nil, "https://b.example" },
                               { [1] = "https://a.example", [3] = "https://b.example" } } do
