@@ -1880,6 +1880,12 @@ describe("col:rollups", function()
     unit("ratelimit_wait", "src/ratelimit.c src/hash.c", 10)
   end)
 
+  it("seeds the rate table and the rollup table apart: keys made to collide in one spread in another (tools/unit)", function()
+    -- both are keyed by what beacons send (site_id, block_id, variant, type): with a fixed
+    -- seed, ids precomputed to share a slot make every lookup walk them all (hash flooding)
+    unit("seeded_tables", "src/hll.c src/hash.c src/base64.c src/buf.c -lm", 6)
+  end)
+
   it("builds col:rollups() without the collector's lock (a finalizer may call the collector)", function()
     -- the rows were pushed as Lua tables under the lock: a __gc that read stats() during
     -- those allocations locked it again, and the process hung
