@@ -335,6 +335,32 @@ describe("esx.collector", function()
     assert.is_true(sum > 2000 * 900, sum)
   end)
 
+  it("holds 64 MiB of unacknowledged events by default (queue_max_bytes), then answers 503", function()
+    -- a sink that refuses connections: nothing is acknowledged, everything stays queued
+    local dead = assert(esx.client{ hosts = { require("spec.support.net").closed_port() }, max_retries = 0 })
+    local col
+    finally(function()
+      if col then col:close(0) end
+      dead:close()
+    end)
+    col = assert(esx.collector{ sink = dead, rollup = false })
+    local pad = '{"site_id":"s1","type":"view","p":"'
+    local body = pad .. string.rep("x", 65536 - #pad - 2) .. '"}' -- max_body, one event
+    local n, status, headers = 0, nil, nil
+    repeat
+      status, headers = post(col, body)
+      if status == 204 then n = n + 1 end
+    until status ~= 204 or n > 2000
+    assert.equal(503, status)
+    assert.truthy(headers["Retry-After"])
+    local s = col:stats()
+    assert.equal(n, s.accepted)
+    -- full: less than one more body's room left under 64 MiB
+    assert.is_true(s.queued_bytes <= 67108864 and s.queued_bytes > 67108864 - 2 * 65536 - 1024,
+                   s.queued_bytes)
+    assert.is_true(n >= 1000 and n <= 1024, n)
+  end)
+
   it("raises on allowed_origins with a hole (the origins after it were answered 403)", function()
     for _, origins in ipairs{ { "https://a.example", nil, "https://b.example" },
                               { [1] = "https://a.example", [3] = "https://b.example" } } do
