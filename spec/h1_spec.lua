@@ -758,6 +758,23 @@ describe("gzip responses", function()
     c:close()
   end)
 
+  it("returns nil, err decode when a gzip body inflates past max_response_bytes (a gzip bomb)", function()
+    -- 20 KB on the wire, 20 MiB inflated: the cap holds while inflating, not after
+    local c = client{ max_response_bytes = 1048576 }
+    local gz = require("spec.support.devserver").gzip(("\0"):rep(20 * 1048576))
+    assert.is_true(#gz < 65536)
+    local res, err = exchange(c, "GET", "/", nil, function(conn)
+      conn:send("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: " .. #gz .. "\r\n\r\n")
+      conn:send(gz) -- (the client may stop reading: a send cut short is fine)
+    end)
+    assert.is_nil(res)
+    assert.equal("decode", err.kind)
+    assert.equal("gzip response inflates past max_response_bytes (1048576)", err.message)
+    assert.equal(200, err.status)
+    assert.is_true(c:stats().bytes.received_raw <= 1048576, c:stats().bytes.received_raw)
+    c:close()
+  end)
+
   it("inflates a gzip body a little larger on the wire than max_response_bytes allows inflated", function()
     -- incompressible bytes grow a little under gzip: the wire bound leaves room for that
     local c = client{ max_response_bytes = 65536 }
