@@ -1804,6 +1804,34 @@ describe("pool limits", function()
     end
   end)
 
+  it("counts an idle connection the server reset neither open nor idle, over either transport", function()
+    -- libcurl's: a socket whose ports had not been looked up before the reset has none once
+    -- reset, and was taken for one still connecting -- counted open and idle for good
+    for _, transport in ipairs{ "h1", "curl" } do
+      local r = in_child([[
+        local net = require "spec.support.net"
+        local l = net.listener()
+        local c = assert(esx.client{ hosts = { l.url }, max_retries = 0 })
+        local p = assert(c:send("GET", "/"))
+        local conn = assert(l:accept())
+        assert(net.read_request(conn))
+        assert(conn:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
+        assert(p:wait(5000))
+        assert(p:result())
+        local before = c:stats().pool
+        assert(conn:setoption("linger", { on = true, timeout = 0 }))
+        conn:close() -- a reset
+        local deadline = now_ms() + 3000
+        while c:stats().pool.open > 0 and now_ms() < deadline do socket.sleep(0.05) end
+        local after = c:stats().pool
+        c:close()
+        l:close()
+        return { before = { before.open, before.idle }, after = { after.open, after.idle } }
+      ]], "ESX_TRANSPORT=" .. transport)
+      assert.same({ before = { 1, 1 }, after = { 0, 0 } }, r, transport)
+    end
+  end)
+
   it("reuses keep-alive connections", function()
     local c = client()
     for _ = 1, 5 do assert(c:request("GET", "/")) end

@@ -149,6 +149,13 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
         req->curl_stale = 1; /* libcurl closes the connection; esx_eng_on_transfer_done restarts */
         return CURL_PREREQFUNC_ABORT;
     }
+    /* every connection is up by now: its ports are looked up while getpeername still answers.
+     * A peer that resets an idle connection leaves it unconnected (TCP_CLOSE) and without a
+     * peer name, and one never looked up before would be taken for a socket still
+     * connecting, counted open and idle until libcurl's next look (closed_by_peer) */
+    esx_engine *e = req->eng;
+    for (int i = 0; i < e->nsockets; i++)
+        note_ports(&e->sockets[i]);
     req->curl_connecting = 0;
     req->curl_lport = (unsigned short)conn_local_port;
     req->curl_rport = (unsigned short)conn_primary_port;
