@@ -1832,6 +1832,52 @@ describe("pool limits", function()
     end
   end)
 
+  it("holds three descriptors a live client over either transport, and none once closed or collected, rebuilt or not", function()
+    for _, transport in ipairs{ "h1", "curl" } do
+      local r = in_child([[
+        local net = require "spec.support.net"
+        local f = assert(io.open("/proc/self/stat"))
+        local pid = f:read("*l"):match("^%d+")
+        f:close()
+        local function nfd()
+          local p = assert(io.popen("ls /proc/" .. pid .. "/fd"))
+          local n = select(2, p:read("*a"):gsub("\n", ""))
+          p:close()
+          return n
+        end
+        local l = net.listener()
+        local function cycle(kill, drop)
+          local c = assert(esx.client{ hosts = { l.url }, max_retries = 0 })
+          local p = assert(c:send("GET", "/"))
+          local conn = assert(l:accept())
+          assert(net.read_request(conn))
+          assert(conn:send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
+          assert(p:wait(5000))
+          assert(p:result())
+          if kill then
+            c:_kill_io_thread()
+            socket.sleep(0.05)
+            c:stats() -- rebuilt
+          end
+          local live = nfd() - 2 -- less the connection's two ends
+          if not drop then c:close() end
+          c, p = nil, nil
+          conn:close()
+          collectgarbage()
+          collectgarbage()
+          return live
+        end
+        local n0 = nfd()
+        local live = cycle(false, false) - n0
+        for i = 1, 8 do cycle(i % 2 == 0, i > 4) end
+        local n1 = nfd()
+        l:close()
+        return { live = live, after = n1 - n0 }
+      ]], "ESX_TRANSPORT=" .. transport)
+      assert.same({ live = 3, after = 0 }, r, transport)
+    end
+  end)
+
   it("reuses keep-alive connections", function()
     local c = client()
     for _ = 1, 5 do assert(c:request("GET", "/")) end
