@@ -15,7 +15,7 @@
 enum { S_HEAD, S_BODY, S_CHUNK_SIZE, S_CHUNK_DATA, S_CHUNK_END, S_TRAILER, S_CLOSE, S_DONE };
 
 #define MAX_CHUNK_LINE 1024
-#define MAX_LENGTH ((int64_t)1 << 60)
+#define MAX_LENGTH ESX_H1_MAX_LENGTH
 
 void esx_h1_parser_init(esx_h1_parser *p, int head_request, esx_h1_header_fn on_header,
                         esx_h1_body_fn on_body, void *ud)

@@ -23,6 +23,8 @@
 #include "buf.h"
 
 #define ESX_H1_MAX_HEAD (64 * 1024)
+/* The largest Content-Length or chunk size esx reads (2^60): a longer one is a bad response. */
+#define ESX_H1_MAX_LENGTH ((int64_t)1 << 60)
 
 /* A header line of the response (the status line first, starting "HTTP/"), without its line
  * end.  Returns 0 to stop parsing (the feed then returns ESX_H1_ABORT). */
