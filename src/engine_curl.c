@@ -492,6 +492,18 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
         esx_eng_on_failure(e, req, node_index, ESX_ERESET, 1, 1, msg, now);
         return;
     }
+    if (rc == CURLE_BAD_FUNCTION_ARGUMENT && req->head_done == 1) {
+        /* after the head, only a trailer goes to libcurl's headers API, which refuses one
+         * without a colon with this code (not esx's bad argument: it was kind internal).  A
+         * bad reply, as h1.c says -- it comes too of a bad chunk size line that libcurl
+         * read as a last chunk ("0x2") */
+        char msg[256];
+        snprintf(msg, sizeof msg, "bad HTTP response: malformed trailer line (%.180s)",
+                 esx_request_node(req));
+        esx_eng_release_attempt(e, req);
+        esx_eng_on_failure(e, req, node_index, ESX_ERESET, 1, 1, msg, now);
+        return;
+    }
     if (rc == CURLE_WRITE_ERROR && req->abort_kind) {
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &req->status); /* err.status */
         esx_eng_release_attempt(e, req);

@@ -274,8 +274,12 @@ int esx_h1_feed(esx_h1_parser *p, const char *data, size_t n, size_t *used)
             if (got == 0)
                 break;
             if (p->state == S_TRAILER) {
+                /* trailer fields are dropped, but a line that is no field is a bad reply (as
+                 * libcurl 7.88 takes it: both transports alike) */
                 if (len == 0)
                     p->state = S_DONE;
+                else if (memchr(line, ':', len) == NULL)
+                    rc = fail(p, "malformed trailer line");
                 break;
             }
             if (!p->status_seen && len == 0)
