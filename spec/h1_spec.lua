@@ -812,6 +812,51 @@ describe("gzip responses", function()
   end)
 end)
 
+describe("content codings", function()
+  -- Content-Encoding is a list, applied in order, and x-gzip is gzip (RFC 9110 8.4): only a
+  -- value that began with "gzip" was inflated, so these came back still compressed as the body
+  local gz = require("spec.support.devserver").gzip('{"ok":true}')
+  for _, head in ipairs{ "Content-Encoding: x-gzip\r\n", "Content-Encoding: identity, gzip\r\n",
+                         "Content-Encoding: GZIP , identity\r\n",
+                         "Content-Encoding: identity\r\nContent-Encoding: gzip\r\n" } do
+    it("inflates a gzip body under " .. head:gsub("\r\n", " "):gsub(" $", ""), function()
+      local c = client()
+      local res, err = exchange(c, "GET", "/", nil,
+        "HTTP/1.1 200 OK\r\n" .. head .. "Content-Length: " .. #gz .. "\r\n\r\n" .. gz)
+      assert.is_nil(err)
+      assert.equal('{"ok":true}', res.body)
+      c:close()
+    end)
+  end
+
+  -- a coding esx did not ask for (it says Accept-Encoding: gzip, or nothing) came back as the
+  -- body, still coded, in a 200
+  for _, coding in ipairs{ "deflate", "br", "gzip, gzip" } do
+    it("returns nil, err decode, the node alive, on a body under Content-Encoding: " .. coding, function()
+      local c = client{ max_retries = 2 }
+      local body = coding:find("gzip") and gz or "xyz"
+      local res, err = exchange(c, "GET", "/", nil, "HTTP/1.1 200 OK\r\nContent-Encoding: " ..
+        coding .. "\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body)
+      assert.is_nil(res)
+      assert.equal("decode", err.kind)
+      assert.equal("response uses a content coding esx does not decode", err.message)
+      assert.equal(200, err.status)
+      assert.equal(0, err.retries)
+      assert.is_true(c:stats().nodes[1].alive)
+      c:close()
+    end)
+  end
+
+  it("returns a response without a body whatever its Content-Encoding", function()
+    local c = client()
+    local res, err = exchange(c, "GET", "/", nil,
+      "HTTP/1.1 204 No Content\r\nContent-Encoding: br\r\n\r\n")
+    assert.is_nil(err)
+    assert.equal(204, res.status)
+    c:close()
+  end)
+end)
+
 describe("pending:json", function()
   it("returns the decoded body once done, and nil, nil before", function()
     local c = client()

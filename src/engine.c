@@ -148,6 +148,31 @@ static void abort_with(esx_request *req, const char *kind, const char *msg)
     snprintf(req->abort_msg, sizeof req->abort_msg, "%s", msg);
 }
 
+/* Notes the content codings of a Content-Encoding value (a list, applied in order; RFC 9110
+ * 8.4): gzip (x-gzip is the same, 8.4.1.3) in resp_gzip, any coding but gzip and identity in
+ * resp_coded.  Only "gzip" as the value's first word counted: "identity, gzip" and "x-gzip"
+ * came back still compressed, as if they were the body, and "deflate" or "br" (which esx
+ * does not ask for) as well. */
+static void note_codings(esx_request *req, const char *v, size_t vlen)
+{
+    const char *end = v + vlen;
+    while (v < end) {
+        const char *comma = memchr(v, ',', (size_t)(end - v));
+        const char *te = comma ? comma : end;
+        while (v < te && (*v == ' ' || *v == '\t'))
+            v++;
+        size_t n = (size_t)(te - v);
+        while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+            n--;
+        if ((n == 4 && strncasecmp(v, "gzip", 4) == 0) ||
+            (n == 6 && strncasecmp(v, "x-gzip", 6) == 0))
+            req->resp_gzip = req->resp_gzip ? 2 : 1;
+        else if (n != 0 && !(n == 8 && strncasecmp(v, "identity", 8) == 0))
+            req->resp_coded = 1;
+        v = comma ? comma + 1 : end;
+    }
+}
+
 /* One response header line (with or without its line end); the status line starts a new
  * response.  Returns 0 when the request was aborted (headers too big). */
 int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
@@ -164,7 +189,7 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
     if (len >= 5 && memcmp(buf, "HTTP/", 5) == 0) {
         /* a new response (after 1xx): forget the previous headers */
         esx_buf_reset(&req->resp_headers);
-        req->resp_gzip = 0;
+        req->resp_gzip = req->resp_coded = 0;
         req->head_done = len > 9 && buf[9] == '1' ? 2 : 0;
         return 1;
     }
@@ -228,8 +253,8 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
         name[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
     }
     name[nlen] = '\0';
-    if (strcmp(name, "content-encoding") == 0 && vlen >= 4 && strncasecmp(v, "gzip", 4) == 0)
-        req->resp_gzip = 1;
+    if (strcmp(name, "content-encoding") == 0)
+        note_codings(req, v, vlen);
     size_t at = req->resp_headers.len;
     int brc;
     if ((brc = esx_buf_append(&req->resp_headers, name, nlen)) != ESX_BUF_OK ||
@@ -256,6 +281,11 @@ int esx_eng_record_body(esx_request *req, const char *buf, size_t len)
     req->last_activity = esx_now_ms();
     req->wire_in += len;
     int rc;
+    if (req->resp_coded || req->resp_gzip > 1) {
+        /* its bytes are not the body: esx inflates gzip once, and asks for nothing else */
+        abort_with(req, ESX_EDECODE, "response uses a content coding esx does not decode");
+        return 0;
+    }
     if (req->resp_gzip) {
         /* the wire bytes too: a body that inflates to little (empty deflate blocks) would
          * otherwise be read for ever, each byte activity for socket_timeout.  The slack is
@@ -425,7 +455,7 @@ static void reset_response(esx_request *req)
     esx_buf_reset(&req->resp_body);
     esx_inflate_end(&req->inflater);
     memset(&req->inflater, 0, sizeof req->inflater);
-    req->resp_gzip = 0;
+    req->resp_gzip = req->resp_coded = 0;
     req->wire_in = 0;
     req->head_in = 0;
     req->head_done = 0;

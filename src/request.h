@@ -83,7 +83,9 @@ struct esx_request {
     unsigned char head_done;       /* response header lines (engine.c): 0 in a final head,
                                     * 2 in an interim (1xx) one, 1 after the final head's end:
                                     * what libcurl passes on then is a trailer */
-    unsigned char resp_gzip;       /* the response is gzip (Content-Encoding) */
+    unsigned char resp_gzip;       /* the response is gzip (Content-Encoding); 2: gzip twice */
+    unsigned char resp_coded;      /* its Content-Encoding names a coding other than gzip and
+                                    * identity: its body cannot be read (engine.c) */
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
     char abort_msg[160];
