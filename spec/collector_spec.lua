@@ -73,7 +73,7 @@ local unit = require("spec.support.unit").run
 local ENGINE_SOURCES = "-Wno-unused-parameter src/client.c src/config.c " ..
   "src/engine.c src/engine_curl.c src/engine_exit.c src/engine_h1.c src/engine_waiters.c " ..
   "src/h1.c src/h1conn.c src/node.c src/request.c src/retry_after.c src/buf.c src/gzip.c " ..
-  "src/base64.c src/proc.c -lcurl -lz -pthread"
+  "src/base64.c src/proc.c src/tcpinfo.c -lcurl -lz -pthread"
 
 -- what the tools/unit programs that run a whole collector (and its client's engine) are built with
 local COLLECTOR_SOURCES = "src/collector.c src/collector_intake.c src/collector_queue.c " ..

@@ -703,6 +703,28 @@ describe("broken responses", function()
     end)
   end
 
+  it("returns nil, err reset on a chunk size line that never ends", function()
+    -- libcurl 7.88 skips the rest of a chunk size line, without a bound: "1;" and then bytes
+    -- for ever were read for ever, each one activity for socket_timeout (h1.c: 1 KiB a line)
+    local c = client{ max_response_bytes = 1024 }
+    local p = assert(c:send("GET", "/"))
+    local conn = assert(l:accept())
+    assert(net.read_request(conn))
+    assert(conn:send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;"))
+    local junk, sent, t0 = ("a"):rep(65536), 0, socket.gettime()
+    conn:settimeout(0.5)
+    while not p:ready() and sent < 512 * 1024 * 1024 and socket.gettime() - t0 < 5 do
+      local n, _, partial = conn:send(junk)
+      sent = sent + (n or partial or 0)
+    end
+    assert.is_true(p:wait(5000), "still reading after " .. sent .. " bytes")
+    local res, err = p:result()
+    assert.is_nil(res)
+    assert.equal("reset", err.kind)
+    assert.truthy(err.message:find("^bad HTTP response: "), err.message)
+    c:close()
+  end)
+
   it("returns nil, err decode when the response head passes 64 KiB", function()
     local c = client()
     local big = ("X-Big: " .. ("b"):rep(1000) .. "\r\n"):rep(70)

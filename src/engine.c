@@ -178,6 +178,7 @@ static void note_codings(esx_request *req, const char *v, size_t vlen)
 int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
 {
     req->last_activity = esx_now_ms();
+    req->passed_on = 1;
     /* every line counts, also those not kept below (long names, no colon): libcurl lets
      * 300 KiB of them in, then fails the transfer as a receive error -- a "reset", retried */
     if (len > ESX_H1_MAX_HEAD || (req->head_in += (unsigned)len) > ESX_H1_MAX_HEAD) {
@@ -279,6 +280,7 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
 int esx_eng_record_body(esx_request *req, const char *buf, size_t len)
 {
     req->last_activity = esx_now_ms();
+    req->passed_on = 1;
     req->wire_in += len;
     int rc;
     if (req->resp_coded || req->resp_gzip > 1) {

@@ -18,6 +18,7 @@
 
 #include "clock.h"
 #include "engine_int.h"
+#include "tcpinfo.h"
 #include "version.h"
 
 /* ---------------------------------------------------------------- curl callbacks */
@@ -118,14 +119,24 @@ static int peer_closed(int fd)
  * open cannot be told from a ticket (docs/client.md).  libcurl gives no socket before the
  * request is sent (CURLINFO_ACTIVESOCKET), so it is found by its ports (and, when another
  * socket has the same, its addresses). */
-static int reused_with_bytes_waiting(esx_request *req, const char *lip, int lport,
-                                     const char *rip, int rport)
+static int reused_with_bytes_waiting(esx_request *req, int fd)
 {
     long made = 1;
     if (curl_easy_getinfo(req->easy, CURLINFO_NUM_CONNECTS, &made) != CURLE_OK || made != 0)
         return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (fd < 0 || poll(&p, 1, 0) <= 0)
+        return 0;
+    return strncmp(esx_request_node(req), "https://", 8) != 0 || peer_closed(fd);
+}
+
+/* The socket of the connection from lip:lport to rip:rport, -1 when none is known.
+ * libcurl gives no socket before the request is sent (CURLINFO_ACTIVESOCKET), so it is found
+ * by its ports (and, when another socket has the same, its addresses). */
+static int socket_of(esx_engine *e, const char *lip, int lport, const char *rip, int rport)
+{
     int fds[8];
-    int n = sockets_on_ports(req->eng, lport, rport, fds, 8);
+    int n = sockets_on_ports(e, lport, rport, fds, 8);
     int fd = n > 0 ? fds[0] : -1;
     for (int i = 0; n > 1 && i < n && i < 8; i++) {
         if (socket_on_addresses(fds[i], lip, rip)) {
@@ -133,10 +144,7 @@ static int reused_with_bytes_waiting(esx_request *req, const char *lip, int lpor
             break;
         }
     }
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (fd < 0 || poll(&p, 1, 0) <= 0)
-        return 0;
-    return strncmp(esx_request_node(req), "https://", 8) != 0 || peer_closed(fd);
+    return fd;
 }
 
 /* libcurl has a connection for the transfer (new, or reused): socket silence counts from now. */
@@ -144,23 +152,55 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
                      int conn_local_port)
 {
     esx_request *req = ud;
-    if (reused_with_bytes_waiting(req, conn_local_ip, conn_local_port, conn_primary_ip,
-                                  conn_primary_port)) {
-        req->curl_stale = 1; /* libcurl closes the connection; esx_eng_on_transfer_done restarts */
-        return CURL_PREREQFUNC_ABORT;
-    }
+    esx_engine *e = req->eng;
     /* every connection is up by now: its ports are looked up while getpeername still answers.
      * A peer that resets an idle connection leaves it unconnected (TCP_CLOSE) and without a
      * peer name, and one never looked up before would be taken for a socket still
      * connecting, counted open and idle until libcurl's next look (closed_by_peer) */
-    esx_engine *e = req->eng;
     for (int i = 0; i < e->nsockets; i++)
         note_ports(&e->sockets[i]);
+    req->curl_fd = socket_of(e, conn_local_ip, conn_local_port, conn_primary_ip,
+                             conn_primary_port);
+    req->curl_gap_from = -1;
+    req->passed_on = 0;
+    if (req->curl_fd >= 0 && reused_with_bytes_waiting(req, req->curl_fd)) {
+        req->curl_stale = 1; /* libcurl closes the connection; esx_eng_on_transfer_done restarts */
+        return CURL_PREREQFUNC_ABORT;
+    }
     req->curl_connecting = 0;
     req->curl_lport = (unsigned short)conn_local_port;
     req->curl_rport = (unsigned short)conn_primary_port;
     req->last_activity = esx_now_ms();
     return CURL_PREREQFUNC_OK;
+}
+
+/* 1 when libcurl has read more than MAX_GAP bytes of req's connection without passing any
+ * of them on (a response line, body bytes).  What it may hold back is bounded -- a header
+ * line (100 KB, its own limit), a chunk's size line, a TLS record -- but not what it skips:
+ * the rest of a chunk size line ("1;" and then bytes for ever) was read without end, each
+ * byte activity for socket_timeout, where h1.c refuses a line over 1 KiB.  Looked at every
+ * GAP_CHECK_MS at most: two system calls, while a transfer waits for its answer. */
+#define MAX_GAP (256 * 1024)
+#define GAP_CHECK_MS 20
+static int read_without_passing_on(esx_request *req)
+{
+    if (req->passed_on) {
+        req->passed_on = 0;
+        req->curl_gap_from = -1;
+        return 0;
+    }
+    int64_t now = esx_now_ms();
+    if (req->curl_fd < 0 || (req->curl_gap_from >= 0 && now - req->curl_gap_at < GAP_CHECK_MS))
+        return 0;
+    unsigned long long read;
+    if (esx_tcp_consumed(req->curl_fd, &read) != 0)
+        return 0;
+    req->curl_gap_at = now;
+    if (req->curl_gap_from < 0) {
+        req->curl_gap_from = (long long)read;
+        return 0;
+    }
+    return read > (unsigned long long)req->curl_gap_from + MAX_GAP;
 }
 
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
@@ -171,6 +211,12 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     if ((long long)ulnow != req->ul_seen) {
         req->ul_seen = (long long)ulnow;
         req->last_activity = esx_now_ms();
+    }
+    if (!req->curl_connecting && read_without_passing_on(req)) {
+        req->abort_kind = ESX_ERESET; /* esx_eng_on_transfer_done */
+        snprintf(req->abort_msg, sizeof req->abort_msg,
+                 "bad HTTP response: %d KiB without response bytes", MAX_GAP / 1024);
+        return 1;
     }
     return 0;
 }
@@ -350,6 +396,9 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     req->eng = e;
     req->local_errno = 0;
     req->curl_lport = req->curl_rport = 0;
+    req->curl_fd = -1;
+    req->curl_gap_from = -1;
+    req->passed_on = 0;
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, req);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, e);
@@ -482,7 +531,7 @@ void esx_eng_on_transfer_done(esx_engine *e, esx_request *req, CURLcode rc, int6
         esx_eng_on_response(e, req, node_index, truncated, now);
         return;
     }
-    if (rc == CURLE_WRITE_ERROR && req->abort_kind &&
+    if ((rc == CURLE_WRITE_ERROR || rc == CURLE_ABORTED_BY_CALLBACK) && req->abort_kind &&
         strcmp(req->abort_kind, ESX_ERESET) == 0) {
         /* framing esx refuses (esx_eng_record_header): a bad reply, as h1 treats it -- the
          * node is suspect, the call retried */

@@ -88,8 +88,14 @@ struct esx_request {
                                     * identity: its body cannot be read (engine.c) */
     esx_inflater inflater;
     const char *abort_kind;     /* set by a callback that stopped the transfer */
-    char abort_msg[160];
+    char abort_msg[128];        /* (every message fits: engine.c makes them in 128 bytes) */
     size_t wire_in;             /* response body bytes received on the wire */
+    int curl_fd;                /* the libcurl attempt's socket once it has a connection,
+                                 * else -1 (engine_curl.c) */
+    int64_t curl_gap_at;        /* when curl_gap_from was last looked at */
+    long long curl_gap_from;    /* bytes read from curl_fd when libcurl last passed on none
+                                 * of them, -1 when it passed some on since (engine_curl.c) */
+    unsigned char passed_on;    /* a response line or body bytes came since the last look */
     long long ul_seen;          /* request body bytes the attempt wrote: as of libcurl's
                                  * last progress call (then its total, when the attempt
                                  * ends), or as h1conn.c wrote them; stats().bytes counts them */
