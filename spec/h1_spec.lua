@@ -648,6 +648,22 @@ describe("broken responses", function()
     end)
   end
 
+  -- libcurl 7.88 took an HTTP/2 status line on an HTTP/1.1 connection, and a 101 esx never
+  -- asks for as the final answer (the other protocol's bytes its body, kind http, the node
+  -- not marked)
+  for _, case in ipairs{ { "an HTTP/2 status line", "HTTP/2 200 OK\r\nContent-Length: 2\r\n\r\n{}" },
+                         { "a 101 Switching Protocols", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n{}" } } do
+    it("returns nil, err reset, and marks the node dead, on " .. case[1], function()
+      local c = client()
+      local res, err = exchange(c, "GET", "/", nil, case[2])
+      assert.is_nil(res)
+      assert.equal("reset", err.kind)
+      assert.truthy(err.message:find("^bad HTTP response: "), err.message)
+      assert.is_false(c:stats().nodes[1].alive)
+      c:close()
+    end)
+  end
+
   for _, te in ipairs{ "gzip, chunked", "gzip", "deflate, chunked" } do
     it("returns nil, err decode, the node alive, on a transfer coding esx does not decode: " .. te, function()
       -- esx sends no TE header, so only chunked may come (RFC 9110 10.1.4).  esx's own HTTP/1.1

@@ -23,8 +23,31 @@
 
 /* ---------------------------------------------------------------- curl callbacks */
 
+/* NULL when status line buf (with its line end) reads as h1.c reads one, else what is wrong:
+ * libcurl 7.88 took "HTTP/2 200" on an HTTP/1.1 connection, and a 101 that esx never asks for
+ * as the final answer, with the other protocol's bytes as its body (kind http, the node not
+ * marked) */
+static const char *bad_status_line(const char *buf, size_t len)
+{
+    if (len < 9 || memcmp(buf, "HTTP/1.", 7) != 0 || buf[7] < '0' || buf[7] > '9' ||
+        buf[8] != ' ')
+        return "bad HTTP response: not an HTTP/1.x response";
+    if (len >= 13 && memcmp(buf + 9, "101", 3) == 0 &&
+        (buf[12] == ' ' || buf[12] == '\r' || buf[12] == '\n'))
+        return "bad HTTP response: unexpected 101 Switching Protocols";
+    return NULL;
+}
+
 static size_t on_header(char *buf, size_t size, size_t n, void *ud)
 {
+    esx_request *req = ud;
+    const char *bad;
+    if (size * n >= 5 && memcmp(buf, "HTTP/", 5) == 0 && req->head_done != 1 &&
+        (bad = bad_status_line(buf, size * n)) != NULL) {
+        req->abort_kind = ESX_ERESET; /* a bad reply (esx_eng_on_transfer_done) */
+        snprintf(req->abort_msg, sizeof req->abort_msg, "%s", bad);
+        return 0;
+    }
     return esx_eng_record_header(ud, buf, size * n) ? size * n : 0;
 }
 
