@@ -1325,6 +1325,61 @@ describe("cache:page_put() and cache:apply()", function()
       assert.has_error(function() c:stats() end, "esx.cache: the cache is closed")
     end
   end)
+
+  it("apply raises on an op, an id or a sequence that is not an integer in range (esx.core directly)", function()
+    -- apply cast the batch's ids with (uint64_t)lua_tonumber unchecked: a NaN, a negative, a
+    -- fraction or a number past 2^64 was undefined behaviour (UBSan), and an unknown op was
+    -- logged for every process.  The public API checks them; esx.core is reachable too.
+    local core = require "esx.core"
+    local c = core.cache_new({ max_bytes = 1e7, page_ttl = 1e6, readers_ttl = 1e6, max_pages = 10 }, {})
+    local now = core.cache_clock()
+    local function apply(...) return pcall(c.apply, c, ...) end
+    local bad = { 0 / 0, -1, 1.5, 2 ^ 53, 2 ^ 65, -2 ^ 65, 1 / 0, "7", true }
+    for _, v in ipairs(bad) do
+      for pos = 2, 3 do -- the article, the user
+        local batch = { 1, 1, 7 }
+        batch[pos] = v
+        local ok, err = apply(batch, now)
+        assert.is_false(ok, "accepted " .. tostring(v) .. " at " .. pos)
+        assert.matches("bad argument #2 to '.-' %(entry " .. pos .. " must be an integer in %[0, 2%^53%)%)", err)
+      end
+      local ok, err = apply({ v, 1, 7 }, now) -- the op
+      assert.is_false(ok, "accepted op " .. tostring(v))
+      assert.matches("bad argument #2 to '.-' %(entry 1 must be an op", err)
+      if type(v) == "number" then -- a transaction's sequence
+        ok, err = apply({ 1, 1, 7 }, now, { v })
+        assert.is_false(ok, "accepted sequence " .. tostring(v))
+        assert.matches("bad argument #4 to '.-' %(entry 1 must be a sequence", err)
+      end
+    end
+    for _, op in ipairs{ 0, 4, 2 ^ 32 + 1 } do
+      assert.is_false((apply({ op, 1, 7 }, now)))
+    end
+    assert.is_false((apply({ 1, 1 }, now))) -- not a whole triple
+    -- a batch past the 8 ops kept on the C stack is checked the same, to its last entry
+    local long = {}
+    for i = 1, 12 do long[#long + 1] = 1; long[#long + 1] = i; long[#long + 1] = 7 end
+    long[#long] = 0 / 0
+    assert.is_false((apply(long, now)))
+    assert.equal(0, c:stats().seq) -- nothing was logged
+    c:apply({ 1, 1, 7, 2, 2, 0, 3, 0, 0 }, now, { 0 }) -- a good batch still applies
+    assert.equal(3, c:stats().seq)
+    c:close()
+    -- cache_new's sizes the same: a NaN or a size past size_t was cast unchecked
+    local good = { max_bytes = 1e7, page_ttl = 1e6, readers_ttl = 1e6, max_pages = 10 }
+    for _, field in ipairs{ "max_bytes", "max_pages", "page_ttl", "readers_ttl" } do
+      for _, v in ipairs{ 0 / 0, -1, 1e300 } do
+        local cfg = {}
+        for k, x in pairs(good) do cfg[k] = x end
+        cfg[field] = v
+        if not (v == 1e300 and field:find("ttl")) then -- (an endless ttl is a double: fine)
+          local ok, err = pcall(core.cache_new, cfg, {})
+          assert.is_false(ok, field .. " = " .. tostring(v))
+          assert.matches("out of range", err)
+        end
+      end
+    end
+  end)
 end)
 
 describe("memory", function()

@@ -703,6 +703,8 @@ static int poll_core(lua_State *L, lcache *lc)
  * since (a transaction's): op number -> the sequence at which that mark was recorded; a mark
  * whose article was invalidated after it is applied as an invalidation, and its op in the
  * table is rewritten so (esx_cache_apply). */
+static void check_batch(lua_State *L);
+
 static int apply_core(lua_State *L, lcache *lc)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -713,14 +715,15 @@ static int apply_core(lua_State *L, lcache *lc)
     esx_cache_op *ops = one;
     if (n > 8) {
         ops = lua_newuserdata(L, n * sizeof *ops); /* raises on out of memory */
+        check_batch(L); /* again: a finalizer run by that allocation may have changed it */
     }
     for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, 2, (int)(3 * i + 1));
         lua_rawgeti(L, 2, (int)(3 * i + 2));
         lua_rawgeti(L, 2, (int)(3 * i + 3));
-        ops[i].op = (uint32_t)lua_tointeger(L, -3);
-        ops[i].a = (uint64_t)lua_tonumber(L, -2);
-        ops[i].b = (uint64_t)lua_tonumber(L, -1);
+        ops[i].op = (uint32_t)esx_tointeger(L, -3); /* (checked by check_batch) */
+        ops[i].a = (uint64_t)esx_tointeger(L, -2);
+        ops[i].b = (uint64_t)esx_tointeger(L, -1);
         lua_pop(L, 3);
         ops[i].deferred = 0;
         ops[i].since = 0;
@@ -728,7 +731,7 @@ static int apply_core(lua_State *L, lcache *lc)
             lua_rawgeti(L, 4, (int)i + 1);
             if (lua_type(L, -1) == LUA_TNUMBER) {
                 ops[i].deferred = 1;
-                ops[i].since = (uint64_t)esx_checkcount(L, -1);
+                ops[i].since = (uint64_t)esx_tointeger(L, -1);
             }
             lua_pop(L, 1);
         }
@@ -746,11 +749,53 @@ static int apply_core(lua_State *L, lcache *lc)
 
 static busy_fn apply_fn = {apply_core};
 
+/* Whether the value at the top of the stack is an integer in [lo, hi]. */
+static int top_in(lua_State *L, long long lo, long long hi)
+{
+    if (!esx_isinteger(L, -1))
+        return 0;
+    long long v = esx_tointeger(L, -1);
+    return v >= lo && v <= hi;
+}
+
+/* apply's batch and since, checked before busy_call (a raise there names the method): every
+ * op one of the three, every id and sequence an integer in [0, 2^53).  Cast unchecked, a
+ * NaN, a negative, a fraction or a number past 2^64 was undefined behaviour (only
+ * lua/esx/cache.lua checked them, and esx.core is reachable from Lua directly). */
+static void check_batch(lua_State *L)
+{
+    size_t len = lua_rawlen(L, 2);
+    if (len % 3 != 0)
+        luaL_argerror(L, 2, "a batch of {op, a, b} triples expected");
+    int has_since = lua_istable(L, 4);
+    for (size_t i = 0; i < len / 3; i++) {
+        for (int k = 0; k < 3; k++) {
+            lua_rawgeti(L, 2, (int)(3 * i) + k + 1);
+            int ok = k == 0 ? top_in(L, ESX_CACHE_OP_MARK, ESX_CACHE_OP_INV_PAGES)
+                            : top_in(L, 0, ESX_MAX_SAFE_INTEGER);
+            lua_pop(L, 1);
+            if (!ok)
+                luaL_argerror(L, 2, lua_pushfstring(L, "entry %d must be %s", (int)(3 * i) + k + 1,
+                                                    k == 0 ? "an op (1, 2 or 3)"
+                                                           : "an integer in [0, 2^53)"));
+        }
+        if (has_since) {
+            lua_rawgeti(L, 4, (int)i + 1);
+            int ok = lua_type(L, -1) != LUA_TNUMBER || top_in(L, 0, ESX_MAX_SAFE_INTEGER);
+            lua_pop(L, 1);
+            if (!ok)
+                luaL_argerror(L, 4, lua_pushfstring(L, "entry %d must be a sequence in [0, 2^53)",
+                                                    (int)i + 1));
+        }
+    }
+}
+
 static int l_apply(lua_State *L)
 {
     check_open(L);
     luaL_checktype(L, 2, LUA_TTABLE);
     luaL_checknumber(L, 3);
+    check_batch(L);
     return busy_call(L, &apply_fn);
 }
 
@@ -853,7 +898,11 @@ static int l_new(lua_State *L)
     if (!getnum(L, 1, "max_bytes", &max_bytes) || !getnum(L, 1, "page_ttl", &page_ttl) ||
         !getnum(L, 1, "readers_ttl", &readers_ttl) || !getnum(L, 1, "max_pages", &max_pages))
         luaL_argerror(L, 1, "max_bytes, page_ttl, readers_ttl and max_pages are required");
-    if (max_bytes < 0 || max_pages < 0 || max_pages > 1e6)
+    /* (negated: a NaN fails every comparison, and cast to an integer type, as a number past
+     * its range, is undefined behaviour) */
+    if (!(max_bytes >= 0 && max_bytes < 18446744073709551616.0) || /* 2^64 */
+        !(max_pages >= 0 && max_pages <= 1e6) ||
+        !(page_ttl >= 0) || !(readers_ttl >= 0))
         luaL_argerror(L, 1, "out of range");
     lua_getfield(L, 1, "shared");
     int shared = lua_toboolean(L, -1);
