@@ -2570,6 +2570,37 @@ describe("shared = true (outside nginx: one process)", function()
       assert.is_nil(v)
       assert.equal("closed", err.kind)
     end)
+
+    it("does not let a forked child give back or publish under its parent's shared lock", function()
+      -- a child inherits the parent's held tickets (the cache's record of its loads, a
+      -- loader's coroutine): its close() released the parent's lock while the parent still
+      -- loaded, and every other process loaded the key again alongside it
+      local wait = require("posix.sys.wait")
+      local c = new_cache(sample_db(), { shared = true, lock_timeout = 3000 })
+      finally(function() c:close() end)
+      c._load_readers = function() coroutine.yield() return { 7 } end
+      local co = coroutine.create(function() return c:has_read(1, 7) end)
+      assert(coroutine.resume(co)) -- this process holds the shared lock of article 1, loading
+      local clock = require("esx.core").cache_clock
+      local pid = unistd.fork()
+      if pid == 0 then -- the child finishes the inherited load (publishing), then closes
+        local ok = pcall(function()
+          while coroutine.status(co) ~= "dead" do assert(coroutine.resume(co)) end
+          c:close()
+        end)
+        unistd._exit(ok and 0 or 1)
+      end
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status)
+      -- still this process's load: another process finds the lock busy, not free or done
+      local st, ticket = c._cc:lock(2, 1, 3000, clock())
+      assert.equal("busy", st)
+      assert.equal("busy", (c._cc:poll(2, 1, ticket, clock())))
+      local ok, v = coroutine.resume(co)
+      while ok and coroutine.status(co) ~= "dead" do ok, v = coroutine.resume(co) end
+      assert.is_true(ok)
+      assert.is_true(v)
+    end)
   end
 end)
 

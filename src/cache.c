@@ -730,7 +730,10 @@ int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, cons
     int published = 0;
     rg_lock(c);
     struct slot *s = slot_of_ticket(c, kind, key, ticket, &buf);
-    if (s != NULL && s->state == SLOT_BUSY) {
+    /* only the process that took the lock gives it back: a forked child inherits its
+     * parent's tickets (the Lua object's held locks, a loader's coroutine), and releasing or
+     * publishing under them would end the parent's load for every waiter while it runs */
+    if (s != NULL && s->state == SLOT_BUSY && s->pid == getpid()) {
         if (data != NULL && len <= ESX_CACHE_SLOT_BYTES) {
             memcpy(buf, data, len);
             s->len = len;

@@ -177,7 +177,9 @@ int esx_cache_lock(esx_cache *c, int kind, uint64_t key, double timeout_ms, doub
  * is CLOCK_MONOTONIC by default), when it fits the hand-off buffer.  Returns 1 if published,
  * else 0.  Not published, the lock's waiters load by themselves (ESX_LOCK_ALONE) when data
  * was given (too large) or unpublishable is set (a result the holder loaded but cannot hand
- * off), else (no result: the load failed) one of them loads again under the lock. */
+ * off), else (no result: the load failed) one of them loads again under the lock.  Only the
+ * process that took the lock releases it: a forked child's call with an inherited ticket is a
+ * no-op. */
 int esx_cache_unlock(esx_cache *c, int kind, uint64_t key, uint64_t ticket, const void *data,
                      size_t len, uint64_t start_seq, double clock_now, int unpublishable);
 
