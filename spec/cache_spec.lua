@@ -2571,6 +2571,40 @@ describe("shared = true (outside nginx: one process)", function()
       assert.equal("closed", err.kind)
     end)
 
+    it("gives back the shared locks of its loads when collected without close(), for other processes to load at once", function()
+      -- a cache dropped while its loader yields (in nginx: a request aborted, its light
+      -- thread and the cache object with it) was freed by __gc without giving its shared
+      -- locks back: the other processes waited for them until lock_timeout
+      local wait = require("posix.sys.wait")
+      local c = new_cache(sample_db(), { shared = true, lock_timeout = 3000 })
+      c._load_readers = function() coroutine.yield() return { 7 } end
+      local co = coroutine.create(function() return c:has_read(1, 7) end)
+      assert(coroutine.resume(co)) -- this process holds the shared lock of article 1, loading
+      local r, w = unistd.pipe()
+      local pid = unistd.fork()
+      if pid == 0 then -- "another worker": waits for the collection, then misses the same set
+        unistd.close(w)
+        unistd.read(r, 1)
+        c._readers_flights = {}
+        c._load_readers = function() return { 7 } end
+        c._wait = function() require("socket").sleep(0.01) return true end -- a blocking wait
+        local clock = require("esx.core").cache_clock
+        local t0 = clock()
+        local v = c:has_read(1, 7)
+        unistd._exit((v == true and clock() - t0 < 1000) and 0 or 1)
+      end
+      unistd.close(r)
+      local gone = setmetatable({ c }, { __mode = "v" })
+      c, co = nil, nil -- the cache and its loading coroutine dropped, never closed
+      collectgarbage("collect")
+      collectgarbage("collect")
+      assert.is_nil(gone[1]) -- collected
+      unistd.write(w, "x")
+      unistd.close(w)
+      local _, _, status = wait.wait(pid)
+      assert.equal(0, status) -- without the hand-back: 3 s (lock_timeout) of waiting, then 1
+    end)
+
     it("does not let a forked child give back or publish under its parent's shared lock", function()
       -- a child inherits the parent's held tickets (the cache's record of its loads, a
       -- loader's coroutine): its close() released the parent's lock while the parent still

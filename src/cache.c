@@ -87,6 +87,7 @@ struct esx_cache {
     uint64_t evictions, resets;
     uint64_t *removed;
     size_t nremoved, removed_cap;
+    int mu_ready; /* shared mode: the region's mutex was made (esx_cache_free may lock it) */
 };
 
 double esx_cache_now_ms(void)
@@ -848,6 +849,7 @@ esx_cache *esx_cache_new(const esx_cache_config *cfg, char *err, size_t errlen)
         if (rc == 0)
             rc = pthread_mutex_init(&c->rg->mu, &attr);
         pthread_mutexattr_destroy(&attr);
+        c->mu_ready = rc == 0;
         if (rc != 0) {
             snprintf(err, errlen, "cannot create the shared mutex: %s", strerror(rc));
             goto fail;
@@ -860,10 +862,33 @@ fail:
     return NULL;
 }
 
+/* Gives back the shared locks this process holds in c's region -- the loads it can no longer
+ * finish once c is freed -- as esx_cache_unlock does without a result: one waiter takes each
+ * over at once, rather than every other process waiting until lock_timeout.  A cache freed by
+ * the garbage collector without close() (its loader's coroutine dropped with it: a light
+ * thread killed while its loader yielded) kept them.  Locks of another process (a parent's,
+ * inherited through fork) are left alone.  One region per cache in a process: every busy
+ * slot of this pid is one of c's loads. */
+static void release_own_locks(esx_cache *c)
+{
+    pid_t me = getpid();
+    rg_lock(c);
+    for (size_t i = 0; i < ESX_CACHE_SLOTS; i++) {
+        struct slot *s = &c->rg->slots[i];
+        if (s->state == SLOT_BUSY && s->pid == me) {
+            s->state = SLOT_FREE;
+            s->alone = 0;
+        }
+    }
+    rg_unlock(c);
+}
+
 void esx_cache_free(esx_cache *c)
 {
     if (c == NULL)
         return;
+    if (c->rg != NULL && c->cfg.shared && c->mu_ready)
+        release_own_locks(c);
     if (c->buckets)
         drop_all(c);
     free(c->buckets);

@@ -75,7 +75,9 @@ typedef struct esx_cache esx_cache;
  * NUL-terminated).  The caller owns the cache (esx_cache_free). */
 esx_cache *esx_cache_new(const esx_cache_config *cfg, char *err, size_t errlen);
 
-/* Frees every entry and unmaps this process's view of the shared region.  NULL is allowed. */
+/* Frees every entry, gives back the shared locks this process holds (its loads in flight:
+ * one waiter of each takes it over at once) and unmaps this process's view of the shared
+ * region.  NULL is allowed. */
 void esx_cache_free(esx_cache *c);
 
 /* Applies changes other processes logged (shared mode; a no-op otherwise).  Drops the local
