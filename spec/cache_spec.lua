@@ -2499,6 +2499,37 @@ describe("shared = true (outside nginx: one process)", function()
     c:close()
   end)
 
+  it("hands off a reader set until the log has moved a whole ring past the marks it holds, not past its load's start", function()
+    -- the holder published the set with its load's start sequence, though it had replayed
+    -- the marks logged up to its put: the set stopped being offered 4,096 entries after the
+    -- start, and a worker that missed it then loaded it again
+    local big = {}
+    for i = 1, 3000 do big[i] = i * 977 end -- 8,624 bytes: with a small set (208), over 8,700
+    local c = new_cache(sample_db(), { shared = true, max_bytes = 8700 })
+    local loads, gate = 0, false
+    c._load_readers = function(a)
+      if a == 2 then return big end
+      loads = loads + 1
+      while not gate do coroutine.yield() end
+      return { 7 }
+    end
+    local x = coroutine.create(function() return c:has_read(1, 7) end)
+    assert(coroutine.resume(x)) -- holds article 1's shared lock, loading from sequence 0
+    for i = 1, 100 do c:mark_read(3, i) end -- logged while it loads: replayed at its put
+    gate = true
+    local ok, v
+    repeat ok, v = coroutine.resume(x) assert(ok, v) until coroutine.status(x) == "dead"
+    assert.is_true(v) -- cached here and published, up to date at sequence 100
+    for i = 1, 4000 do c:mark_read(3, i) end -- the log: 4,100 past the start, 4,000 past 100
+    assert.is_false(c:has_read(2, 7)) -- article 2's set evicts article 1's here
+    assert.is_nil(c._cc:has_read(1, 7, require("esx.core").cache_clock(), true))
+    c._readers_flights = {}
+    assert.is_true(c:has_read(1, 7)) -- "another worker" missing it: takes the hand-off
+    assert.equal(1, loads)
+    assert.is_true(c._cc:has_read(1, 7, require("esx.core").cache_clock(), true)) -- cached again
+    c:close()
+  end)
+
   -- Debian's lua-posix has no Lua 5.4 build: this runs under LuaJIT.
   local has_posix, unistd = pcall(require, "posix.unistd")
   if has_posix then

@@ -568,7 +568,7 @@ const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double no
 }
 
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
-                          double age, uint64_t start_seq)
+                          double age, uint64_t start_seq, uint64_t *upto)
 {
     double expires = (now - age) + c->cfg.readers_ttl;
     if (!(expires > now))
@@ -577,6 +577,8 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
     rg_lock(c);
     sync_locked(c, now);
     int changed = changed_since(c, ESX_CACHE_READERS, article, start_seq, set);
+    if (upto != NULL)
+        *upto = atomic_load(&c->rg->head); /* the set holds every mark logged up to here */
     rg_unlock(c);
     if (changed != 0)
         return changed > 0 ? 0 : -1;

@@ -132,9 +132,13 @@ const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double no
  * Returns 1 when the cache took ownership of set; 0 when it did not cache it (expired as it
  * is stored: readers_ttl is 0, too small to move now, or shorter than age; too large,
  * invalidated since start_seq, or the log no longer covers start_seq) and -1 when out of
- * memory -- in both of those cases the caller still owns set. */
+ * memory -- in both of those cases the caller still owns set.  When cached, *upto (if not
+ * NULL) is the sequence the set was brought up to: it holds every mark logged until then,
+ * and a copy handed to other processes is published with it (not start_seq), so that they
+ * replay only what was logged after it, and take it until the log has moved ESX_CACHE_LOG
+ * entries past it rather than past the load's start. */
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
-                          double age, uint64_t start_seq);
+                          double age, uint64_t start_seq, uint64_t *upto);
 
 /* Logs the n operations as one batch (visible to other processes at once) and applies them
  * to the local tiers in order.  A deferred mark (a transaction's, recorded at `since`) whose

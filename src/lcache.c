@@ -318,7 +318,8 @@ static int readers_put_core(lua_State *L, lcache *lc)
     char msg[128];
     int oom;
     esx_rset *s = build_set(L, 3, msg, sizeof msg, &oom);
-    int rc = s == NULL ? 0 : esx_cache_readers_put(lc->core, article, s, now, 0, start_seq);
+    uint64_t upto = start_seq;
+    int rc = s == NULL ? 0 : esx_cache_readers_put(lc->core, article, s, now, 0, start_seq, &upto);
     if (has_ticket) {
         /* Published only when cached here: a set that this process cannot cache (larger
          * than max_bytes, invalidated since the load began, or no memory) no other process
@@ -330,8 +331,11 @@ static int readers_put_core(lua_State *L, lcache *lc)
             if (need <= ESX_CACHE_SLOT_BYTES && (buf = malloc(need)) != NULL)
                 len = esx_rset_serialize(s, buf, need);
         }
+        /* published with the sequence the set was brought up to (its marks replayed), not
+         * the load's start: a taker replays only what came after, and the set stays
+         * takeable until the log has moved a whole ring past that, not past the start */
         esx_cache_unlock(lc->core, ESX_CACHE_READERS, article, ticket, len ? buf : NULL, len,
-                         start_seq, now, s != NULL || oom); /* (else bad data: a failed load) */
+                         rc == 1 ? upto : start_seq, now, s != NULL || oom); /* (else bad data: a failed load) */
         free(buf);
     }
     if (s == NULL && !oom) {
@@ -689,7 +693,7 @@ static int poll_core(lua_State *L, lcache *lc)
         lua_pushliteral(L, "gone");
         return 1;
     }
-    int put = esx_cache_readers_put(lc->core, key, s, now, age, start_seq);
+    int put = esx_cache_readers_put(lc->core, key, s, now, age, start_seq, NULL);
     if (put != 1)
         esx_rset_free(s);
     drain(L, lc);
