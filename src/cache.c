@@ -589,6 +589,16 @@ int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double 
     return insert(c, ESX_CACHE_READERS, article, bytes, expires, set, NULL, 0) ? 1 : -1;
 }
 
+int esx_cache_readers_catch_up(esx_cache *c, uint64_t article, esx_rset *set, double now,
+                               uint64_t start_seq)
+{
+    rg_lock(c);
+    sync_locked(c, now);
+    int changed = changed_since(c, ESX_CACHE_READERS, article, start_seq, set);
+    rg_unlock(c);
+    return changed;
+}
+
 size_t esx_cache_removed_pages(esx_cache *c, uint64_t *out, size_t max)
 {
     size_t n = c->nremoved < max ? c->nremoved : max;

@@ -140,6 +140,15 @@ const esx_rset *esx_cache_readers_peek(esx_cache *c, uint64_t article, double no
 int esx_cache_readers_put(esx_cache *c, uint64_t article, esx_rset *set, double now,
                           double age, uint64_t start_seq, uint64_t *upto);
 
+/* Brings a set handed off by another process (loaded from start_seq) up to date without
+ * caching it -- for a waiter of its load that answers from it although it cannot store it (it
+ * expired while the waiter waited): applies the changes other processes logged (at now) and
+ * replays the marks logged since start_seq onto set.  Returns 0 when set may answer, 1 when
+ * its article was invalidated since start_seq or the log no longer reaches back to it, -1
+ * when out of memory. */
+int esx_cache_readers_catch_up(esx_cache *c, uint64_t article, esx_rset *set, double now,
+                               uint64_t start_seq);
+
 /* Logs the n operations as one batch (visible to other processes at once) and applies them
  * to the local tiers in order.  A deferred mark (a transaction's, recorded at `since`) whose
  * article was invalidated after it was recorded is logged and applied as an invalidation of

@@ -256,6 +256,32 @@ uint64_t esx_rset_cardinality(const esx_rset *s)
     return n;
 }
 
+struct ids_fill {
+    uint64_t *out, high;
+    size_t n;
+};
+
+static bool ids_fill_one(uint32_t low, void *arg)
+{
+    struct ids_fill *f = arg;
+    f->out[f->n++] = f->high | low;
+    return true;
+}
+
+void esx_rset_ids(const esx_rset *s, uint64_t *out)
+{
+    if (s->arr != NULL) {
+        if (s->alen > 0)
+            memcpy(out, s->arr, (size_t)s->alen * sizeof *out);
+        return;
+    }
+    struct ids_fill f = {out, 0, 0};
+    for (uint32_t i = 0; i < s->n; i++) { /* (parts sorted by high key) */
+        f.high = (uint64_t)s->parts[i].high << 32;
+        roaring_iterate(s->parts[i].bm, ids_fill_one, &f);
+    }
+}
+
 /* Memory of container i of ra, from its header only: its struct plus its allocated payload
  * (an array's capacity, a run container's capacity plus its serialised run count, a bitset's
  * 8 KiB).  Never visits values: roaring_bitmap_statistics, used before, also sums every value

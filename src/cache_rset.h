@@ -48,6 +48,9 @@ int esx_rset_contains(const esx_rset *s, uint64_t id);
 /* Number of ids in s. */
 uint64_t esx_rset_cardinality(const esx_rset *s);
 
+/* Writes the ids of s into out (esx_rset_cardinality(s) of them), in ascending order. */
+void esx_rset_ids(const esx_rset *s, uint64_t *out);
+
 /* Bytes of memory s holds, measured as described above: O(1) after esx_rset_add, one pass
  * over the containers (never the values) after a bulk change.  Never fails. */
 size_t esx_rset_bytes(esx_rset *s);

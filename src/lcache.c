@@ -11,6 +11,7 @@
  * Caller mistakes (wrong types) raise; lua/esx/cache.lua checks the public arguments first,
  * so these checks only guard against misuse of esx.core directly.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -625,7 +626,9 @@ static int l_unlock(lua_State *L)
 /* ud:poll(kind, key, ticket, now) -> "busy" | "gone" | "alone" | "done", value
  * "alone": the holder loaded a result it could not hand off: load without the lock.
  * On "done" the published result is installed locally: value is the page list (pages) or
- * whether the set could be cached (readers).  "gone": the holder failed, died or was
+ * whether the set could be cached (readers) -- or, for a set that answers this waiter but
+ * cannot be stored (it expired while the waiter waited), its ids as a list, the marks logged
+ * since its load replayed.  "gone": the holder failed, died or was
  * overtaken by an invalidation, or its result cannot be taken here -- then it is withdrawn
  * from the slot, so that the next lock is acquired rather than offered it again. */
 static int poll_core(lua_State *L, lcache *lc);
@@ -694,6 +697,29 @@ static int poll_core(lua_State *L, lcache *lc)
         return 1;
     }
     int put = esx_cache_readers_put(lc->core, key, s, now, age, start_seq, NULL);
+    if (put == 0 && esx_cache_readers_catch_up(lc->core, key, s, now, start_seq) == 0) {
+        /* Not stored (it expired while this waiter waited), but up to date and not
+         * invalidated: the waiter answers from it, as from a page hand-off, rather than
+         * loading it again -- its ids as a list, as load_readers would give them.  (The ids
+         * are kept in the box while the list is built: Lua may raise out of memory.) */
+        uint64_t n = esx_rset_cardinality(s);
+        uint64_t *ids = n <= (uint64_t)INT_MAX ? malloc(n ? n * sizeof *ids : 1) : NULL;
+        if (ids != NULL) {
+            esx_rset_ids(s, ids);
+            esx_rset_free(s);
+            *box = ids;
+            drain(L, lc);
+            lua_pushliteral(L, "done");
+            lua_createtable(L, (int)n, 0);
+            for (uint64_t i = 0; i < n; i++) {
+                esx_pushinteger(L, (long long)ids[i]);
+                lua_rawseti(L, -2, (int)i + 1);
+            }
+            free(ids);
+            *box = NULL;
+            return 2;
+        }
+    }
     if (put != 1)
         esx_rset_free(s);
     drain(L, lc);

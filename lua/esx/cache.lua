@@ -315,7 +315,8 @@ local LOADS = {
 
 -- Loads (kind, key) with the user's loader and caches it; in shared mode under the shared
 -- lock, or takes another process's result.  Returns the loaded value, or (another process's
--- result, now cached here) its page list / true for a reader set; or nil, err.  With
+-- result, now cached here) its page list / true for a reader set -- a reader set that expired
+-- while this caller waited for it answers uncached, as its id list; or nil, err.  With
 -- `alone`, no shared lock: the user's loader always runs, and a reader set comes back as
 -- its id list.
 -- The lock's ticket is recorded while the loader runs -- it may yield, and close() gives back
