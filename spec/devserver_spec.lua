@@ -1697,6 +1697,34 @@ describe("esxd", function()
         assert.is_true(st == 200 or st == 201, c[1] .. " " .. tostring(c[2]))
       end
     end)
+    it("a string that is no number gives ES's caused_by: the long parser's, or Double.parseDouble's", function()
+      assert.equal(200, (jreq("PUT", "/nfe", { mappings = { properties = { l = { type = "long" }, i = { type = "integer" },
+        b = { type = "byte" }, d = { type = "double" }, f = { type = "float" } } } })))
+      -- Numbers.toLong: an IllegalArgumentException; XContentParser's int / double readers:
+      -- Double.parseDouble's NumberFormatException (on the trimmed string), then the range check
+      for _, c in ipairs({
+        { "l", "abc", "illegal_argument_exception", 'For input string: "abc"' },
+        { "l", "0x10", "illegal_argument_exception", 'For input string: "0x10"' },
+        { "l", "1e30", "illegal_argument_exception", "Value [1e30] is out of range for a long" },
+        { "i", "abc", "number_format_exception", 'For input string: "abc"' },
+        { "i", "1e20", "illegal_argument_exception", "Value [1e20] is out of range for an integer" },
+        { "b", "300", "illegal_argument_exception", "Value [300] is out of range for a byte" },
+        { "d", " x1 ", "number_format_exception", 'For input string: "x1"' },
+        { "d", "  ", "number_format_exception", "empty String" },
+        { "f", "1,5", "number_format_exception", 'For input string: "1,5"' } }) do
+        local st, b = jreq("PUT", "/nfe/_doc/1", { [c[1]] = c[2] })
+        assert.equal(400, st, c[1] .. " " .. c[2])
+        local ty = ({ l = "long", i = "integer", b = "byte", d = "double", f = "float" })[c[1]]
+        local want = es_error(400, "document_parsing_exception", "[1:1] failed to parse field [" .. c[1] .. "] of type [" ..
+          ty .. "] in document with id '1'. Preview of field's value: '" .. c[2] .. "'")
+        want.error.caused_by = { type = c[3], reason = c[4] }
+        assert.same(want, b)
+      end
+      assert.equal(404, (jreq("GET", "/nfe/_doc/1")))
+      for i, d in ipairs({ { l = "12" }, { l = "-1.5e3" }, { i = " 42 " }, { d = "1.5" }, { f = ".5" } }) do
+        assert.equal(201, (jreq("PUT", "/nfe/_doc/" .. i, d)), cjson.encode(d))
+      end
+    end)
     it("returns document_parsing_exception for a value an ip or date_nanos field cannot hold", function()
       assert.equal(200, (jreq("PUT", "/ipx", { mappings = { properties = { ip = { type = "ip" }, dn = { type = "date_nanos" },
         ipm = { type = "ip", ignore_malformed = true } } } })))

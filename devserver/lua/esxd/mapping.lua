@@ -997,10 +997,39 @@ local NANOS_MAX_MS = 9223372036854
 local COERCE_CLASS = { long = "Long", integer = "Integer", short = "Short", byte = "Byte", double = "Double",
   float = "Float", half_float = "Float", scaled_float = "Double" }
 
--- Returns true, or false and (for some types) the reason of ES's caused_by.
+-- The number types whose string values XContentParser reads with Double.parseDouble (the
+-- integer ones check the range after), and the Java text of its NumberFormatException.
+local PARSED_AS_DOUBLE = { integer = true, short = true, byte = true, double = true, float = true,
+  half_float = true, scaled_float = true }
+local RANGE_NAME = { integer = "an integer", short = "a short", byte = "a byte", long = "a long" }
+local function decimal_text(s)
+  return s:match("^[+-]?%d+%.?%d*[eE][+-]?%d+$") or s:match("^[+-]?%.%d+[eE][+-]?%d+$")
+    or s:match("^[+-]?%d+%.?%d*$") or s:match("^[+-]?%.%d+$")
+end
+
+-- A string in a number field that is no number as ES reads it: false, the type and reason of
+-- ES's caused_by (Numbers.toLong's IllegalArgumentException for a long, Double.parseDouble's
+-- NumberFormatException for the others, which trims the string first); nil when it is one.
+local function number_string_error(ty, s)
+  if ty == "long" then
+    if not decimal_text(s) then return false, "illegal_argument_exception", 'For input string: "' .. s .. '"' end
+  elseif PARSED_AS_DOUBLE[ty] then
+    local t = s:gsub("^[%c ]+", ""):gsub("[%c ]+$", "")
+    if t == "" then return false, "number_format_exception", "empty String" end
+    if not decimal_text(t) then return false, "number_format_exception", 'For input string: "' .. t .. '"' end
+  end
+  return nil
+end
+
+-- Returns true, or false and (for some types) the reason of ES's caused_by, and its type
+-- when that is not illegal_argument_exception.
 -- strict: the field's (or index's) "coerce" is false.
 local function fits(ty, e, format, strict, text)
   if NUMERIC[ty] then
+    if type(e) == "string" and not (strict and COERCE_CLASS[ty]) then
+      local bad, ctype, why = number_string_error(ty, e)
+      if bad == false then return false, why, ctype end
+    end
     local n = (type(e) == "number" or type(e) == "string") and tonumber(e)
     if not n or n ~= n then return false end
     local class = strict and COERCE_CLASS[ty]
@@ -1013,7 +1042,13 @@ local function fits(ty, e, format, strict, text)
     if r then
       local t = n < 0 and math.ceil(n) or math.floor(n)
       -- (a double cannot tell 2^63 - 1 from 2^63: long's and unsigned_long's maxima pass)
-      if t < r[1] or t > r[2] then return false end
+      if t < r[1] or t > r[2] then
+        -- a string past the range: XContentParser's IllegalArgumentException
+        if type(e) == "string" and RANGE_NAME[ty] then
+          return false, "Value [" .. e .. "] is out of range for " .. RANGE_NAME[ty]
+        end
+        return false
+      end
     end
     return true
   end
@@ -1089,9 +1124,9 @@ local function check(types, obj, prefix, formats, malformed, texts, seen)
           local disabled = disabled_by_types[types]
           if not (disabled and disabled[path]) then return { field = path, key = k, value = e, concrete = true } end
         elseif e ~= null and ty and not ignores_malformed(malformed, path, ty) then
-          local ok, cause = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path),
+          local ok, cause, ctype = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path),
                                  text)
-          if not ok then return { field = path, type = ty, value = text or e, cause = cause } end
+          if not ok then return { field = path, type = ty, value = text or e, cause = cause, cause_type = ctype } end
         end
       end
     end
@@ -1106,8 +1141,8 @@ function _M.new_value_error(types, path, e, text)
   local malformed = malformed_by_types[types]
   if ignores_malformed(malformed, path, ty) then return nil end
   local formats = formats_by_types[types]
-  local ok, cause = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path), text)
-  if not ok then return { field = path, type = ty, value = text or e, cause = cause } end
+  local ok, cause, ctype = fits(ty, e, formats and formats[path], NUMERIC[ty] and strict_numbers(types, path), text)
+  if not ok then return { field = path, type = ty, value = text or e, cause = cause, cause_type = ctype } end
 end
 
 -- All values at a dotted path (arrays flattened). "x.keyword" falls back to "x".

@@ -418,7 +418,7 @@ local function doc_parse_error(id, bad)
         :format(bad.field, bad.type, id, preview))
   end
   -- the value parser's reason, where esxd words it (an ip, "coerce": false)
-  local cause = bad.cause and { caused_by = { type = "illegal_argument_exception", reason = bad.cause } } or nil
+  local cause = bad.cause and { caused_by = { type = bad.cause_type or "illegal_argument_exception", reason = bad.cause } } or nil
   return errors.new(400, "document_parsing_exception",
     ("[1:1] failed to parse field [%s] of type [%s] in document with id '%s'. Preview of field's value: '%s'")
       :format(bad.field, bad.type, id, preview), nil, cause)
