@@ -1557,6 +1557,28 @@ describe("esxd", function()
       -- ES skips what a disabled object, or an unmapped object under "dynamic": false, holds unread
       put_doc("en", "2", { off = { [""] = 1 }, quiet = { o = { [""] = 1 } } })
     end)
+    it("maps a new field from an array's first value and parses the later ones with it, as ES does", function()
+      -- [1, "x"]: the first value maps a long, whose parser then fails on "x"; nothing is
+      -- indexed or mapped
+      local st, b = jreq("PUT", "/mix/_doc/1", '{"a":[1,"x"]}')
+      assert.equal(400, st)
+      local want = es_error(400, "document_parsing_exception",
+        "[1:1] failed to parse field [a] of type [long] in document with id '1'. Preview of field's value: 'x'")
+      want.error.caused_by = { type = "illegal_argument_exception", reason = 'For input string: "x"' }
+      assert.same(want, b)
+      st, b = jreq("PUT", "/mix/_doc/1", '{"o":[{"t":"2024-01-02"},{"t":"nope"}]}')
+      assert.equal(400, st)
+      assert.equal("[1:1] failed to parse field [o.t] of type [date] in document with id '1'. Preview of field's value: 'nope'",
+        b.error.reason)
+      assert.equal(404, (jreq("GET", "/mix/_doc/1")))
+      _, b = jreq("GET", "/mix/_mapping")
+      assert.same({}, b.mix.mappings)
+      -- what the first value's mapper reads is taken: ["x", 1] is text, [1, 2.5, "3"] a long
+      put_doc("mix", "2", cjson.decode('{"s":["x",1],"n":[1,2.5,"3"]}'))
+      _, b = jreq("GET", "/mix/_mapping")
+      assert.equal("text", b.mix.mappings.properties.s.type)
+      assert.equal("long", b.mix.mappings.properties.n.type)
+    end)
     it("refuses a document whose array gives a new field both a value and an object, as ES does", function()
       -- ES maps each element on its own and cannot merge a long (or text) mapper with an
       -- object one into the mapping update: 400 illegal_argument_exception, nothing mapped

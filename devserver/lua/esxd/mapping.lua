@@ -587,13 +587,15 @@ end
 -- earlier element's mapper is the one merged into (ES goes by its dynamic mappers' map,
 -- which for a field and its sub-fields is the document's order in the common cases).
 -- A value that does not fit the field it maps (an integer past a long's range, a string
--- a template maps as a number) is ES's parse error, as second value ({field=, type=,
--- value=, cause=}, as check gives it).
+-- a template maps as a number), or a later value of the same new field that its mapper cannot
+-- read, is ES's parse error, as second value ({field=, type=, value=, cause=}, as check
+-- gives it).
 function _M.dynamic_conflict(types, obj, no_dates, dynamic, texts)
   local trial = setmetatable({}, { __index = types })
   templates_by_types[trial] = templates_by_types[types]
   numeric_by_types[trial] = numeric_by_types[types]
   date_formats_by_types[trial] = date_formats_by_types[types]
+  disabled_by_types[trial] = disabled_by_types[types]
   for _, reg in ipairs({ formats_by_types, malformed_by_types, defs_by_types }) do
     if reg[types] then reg[trial] = setmetatable({}, { __index = reg[types] }) end
   end
@@ -603,7 +605,9 @@ function _M.dynamic_conflict(types, obj, no_dates, dynamic, texts)
     local bad = _M.new_value_error(trial, made.path, made.value, made.text)
     if bad then return nil, bad end
   end
-  if not c.path then return nil end
+  -- the later values of a field this document maps are parsed by its new mapper, as in ES
+  -- ([1, "x"] maps a long, which cannot read "x")
+  if not c.path then return nil, _M.check(trial, obj, nil, formats_by_types[trial], malformed_by_types[trial], texts) end
   if c.first == "object" then return "can't merge a non object mapping [" .. c.path .. "] with an object mapping" end
   return "mapper [" .. c.path .. "] cannot be changed from type [" .. c.first .. "] to [object]"
 end
