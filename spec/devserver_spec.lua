@@ -1557,6 +1557,36 @@ describe("esxd", function()
       -- ES skips what a disabled object, or an unmapped object under "dynamic": false, holds unread
       put_doc("en", "2", { off = { [""] = 1 }, quiet = { o = { [""] = 1 } } })
     end)
+    it("refuses a blank field name in mappings and documents, as ES does", function()
+      -- ObjectMapper.TypeParser (indices created on 8.6+): an IllegalArgumentException, wrapped
+      local msg = "field name cannot contain only whitespaces"
+      local want = { error = { root_cause = { { type = "mapper_parsing_exception", reason = "Failed to parse mapping: " .. msg } },
+        type = "mapper_parsing_exception", reason = "Failed to parse mapping: " .. msg,
+        caused_by = { type = "illegal_argument_exception", reason = msg } }, status = 400 }
+      for _, props in ipairs({ { ["  "] = { type = "keyword" } }, { o = { properties = { ["\t"] = { type = "long" } } } },
+        { ["\227\128\128"] = { type = "long" } } }) do   -- U+3000, a Unicode space separator
+        local st, b = jreq("PUT", "/bn", { mappings = { properties = props } })
+        assert.equal(400, st)
+        assert.same(want, b)
+      end
+      assert.equal(404, (req("HEAD", "/bn")))
+      assert.equal(200, (jreq("PUT", "/bn", { mappings = { properties = { off = { type = "object", enabled = false } } } })))
+      local st, b = jreq("PUT", "/bn/_mapping", { properties = { [" "] = { type = "long" } } })
+      assert.equal(400, st)
+      assert.same(want, b)
+      -- DocumentParser.innerParseObject: a document_parsing_exception naming the field's path
+      for _, c in ipairs({ { '{"  ":1}', "  " }, { '{"a":{"b":{"\\t":"x"}}}', "a.b.\t" },
+        { '{"l":[1,{" ":2}]}', "l. " } }) do
+        st, b = jreq("PUT", "/bn/_doc/1", c[1])
+        assert.equal(400, st, c[1])
+        assert.same(es_error(400, "document_parsing_exception", "[1:1] Field name cannot contain only whitespace: [" .. c[2] .. "]"), b)
+      end
+      assert.equal(404, (jreq("GET", "/bn/_doc/1")))
+      _, b = jreq("GET", "/bn/_mapping")
+      assert.is_nil(b.bn.mappings.properties.a)
+      -- a no-break space is no whitespace to Java, and a disabled object is skipped unread
+      put_doc("bn", "2", { ["\194\160"] = 1, off = { [" "] = 1 } })
+    end)
     it("maps a new field from an array's first value and parses the later ones with it, as ES does", function()
       -- [1, "x"]: the first value maps a long, whose parser then fails on "x"; nothing is
       -- indexed or mapped

@@ -155,7 +155,7 @@ local properties_error
 function _M.mapping_error(mappings)
   if type(mappings) ~= "table" then return nil end
   local msg = properties_error(mappings.properties)
-  if msg then return msg, msg == _M.EMPTY_NAME and "illegal_argument_exception" or nil end
+  if msg then return msg, (msg == _M.EMPTY_NAME or msg == _M.BLANK_NAME) and "illegal_argument_exception" or nil end
   msg = select(2, _M.dynamic_date_formats(mappings))
   if msg then return msg end
   return remaining("Root mapping definition", mappings, ROOT_PARAMS)
@@ -166,6 +166,7 @@ properties_error = function(props)
   for _, name in ipairs(sorted_keys(props)) do
     local def = props[name]
     if name == "" then return _M.EMPTY_NAME end
+    if _M.is_blank(name) then return _M.BLANK_NAME end
     if type(def) == "table" then
       local ty = def.type
       if type(ty) == "string" and not ES_TYPES[ty] then
@@ -612,30 +613,55 @@ function _M.dynamic_conflict(types, obj, no_dates, dynamic, texts)
   return "mapper [" .. c.path .. "] cannot be changed from type [" .. c.first .. "] to [object]"
 end
 
--- true when the document has a field named "" where ES's parser reads it: not inside an
--- "enabled": false object, nor inside an unmapped object or array where "dynamic" is false
--- (ES skips those without reading their names).
+-- Java's String.isBlank (Character.isWhitespace on every character), for a name that is
+-- not "": ASCII blanks and controls 0x1C-0x1F, and Unicode's space, line and paragraph
+-- separators but the no-break ones (U+00A0, U+2007, U+202F).
+local UNICODE_BLANKS = { "\225\154\128", "\226\128[\128-\134\136-\138\168\169]", "\226\129\159",
+  "\227\128\128" }
+function _M.is_blank(name)
+  local rest = name:gsub("[ \t\n\v\f\r\28-\31]", "")
+  for _, p in ipairs(UNICODE_BLANKS) do rest = rest:gsub(p, "") end
+  return rest == ""
+end
+
+-- ES's reasons for a blank field name: ObjectMapper.TypeParser's for mappings (indices
+-- created on 8.6+; an IllegalArgumentException, as for ""), and the document parser's
+-- (DocumentParser.innerParseObject, a document_parsing_exception of its own) with the path.
+_M.BLANK_NAME = "field name cannot contain only whitespaces"
+function _M.blank_name_reason(path) return "Field name cannot contain only whitespace: [" .. path .. "]" end
+
+-- "" when the document has a field named "" where ES's parser reads it, or the path of
+-- a field whose name is blank there: not inside an "enabled": false object, nor inside an
+-- unmapped object or array where "dynamic" is false (ES skips those without reading their
+-- names); nil when it has neither.
 local function empty_name(types, dynamic, obj, prefix)
   for k, v in pairs(obj) do
-    if k == "" then return true end
+    if k == "" then return "" end
+    if type(k) == "string" and _M.is_blank(k) then return prefix and (prefix .. "." .. k) or k end
+  end
+  for k, v in pairs(obj) do
     if type(k) == "string" and type(v) == "table" then
       local path = prefix and (prefix .. "." .. k) or k
       local disabled = disabled_by_types[types]
       local skipped = (disabled and disabled[path]) or (types[path] == nil and not maps_new(dynamic, prefix))
       if not skipped then
         local function walk(e)
-          if type(e) ~= "table" then return false end
+          if type(e) ~= "table" then return nil end
           if #e > 0 or json.is_array(e) then
-            for _, x in ipairs(e) do if walk(x) then return true end end
-            return false
+            for _, x in ipairs(e) do
+              local bad = walk(x)
+              if bad then return bad end
+            end
+            return nil
           end
           return empty_name(types, dynamic, e, path)
         end
-        if walk(v) then return true end
+        local bad = walk(v)
+        if bad then return bad end
       end
     end
   end
-  return false
+  return nil
 end
 function _M.empty_name(types, dynamic, obj) return empty_name(types, dynamic, obj, nil) end
 

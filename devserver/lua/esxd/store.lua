@@ -426,9 +426,12 @@ end
 
 local function put(idx, id, source, raw, cur, opts, external)
   -- (the raw text: a date field reads a number from its text, which decoding loses)
-  if mapping.empty_name(idx.types, idx.dynamic, source) then
+  local bad_name = mapping.empty_name(idx.types, idx.dynamic, source)
+  if bad_name == "" then
     return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. mapping.EMPTY_NAME, nil,
       { caused_by = { type = "illegal_argument_exception", reason = mapping.EMPTY_NAME } })
+  elseif bad_name then
+    return nil, errors.new(400, "document_parsing_exception", "[1:1] " .. mapping.blank_name_reason(bad_name))
   end
   local texts = mapping.number_texts(raw)
   local bad = mapping.check(idx.types, source, nil, idx.formats, idx.malformed, texts)
