@@ -193,6 +193,17 @@ describe("esxd", function()
         "esxd does not implement the date format [basic_date] of field [d]: " .. reads)
       refused({ properties = { d = { type = "date", format = "" } } },
         "esxd does not implement the date format [] of field [d]: " .. reads)
+      -- so in a dynamic template that maps dates (a date type, or none / "{dynamic_type}" where
+      -- dates match); ES would map new fields with that format
+      refused({ dynamic_templates = { { dm = { match = "d*", mapping = { type = "date", format = "dd.MM.yyyy" } } } } },
+        "esxd does not implement the date format [dd.MM.yyyy] of dynamic template [dm]: " .. reads)
+      refused({ dynamic_templates = { { any = { mapping = { type = "{dynamic_type}", format = "MM/yy" } } } } },
+        "esxd does not implement the date format [MM/yy] of dynamic template [any]: " .. reads)
+      refused({ dynamic_templates = { { s = { match_mapping_type = "string",
+        mapping = { type = "keyword", fields = { d = { type = "date_nanos", format = "basic_date" } } } } } } },
+        "esxd does not implement the date format [basic_date] of dynamic template [s]: " .. reads)
+      assert.equal(200, (req("PUT", "/idxt", { mappings = { dynamic_templates = {
+        { dm = { match = "d*", mapping = { type = "date", format = "yyyy/MM/dd||epoch_millis" } } } } } })))
       req("PUT", "/idxf")
       local st, b = jreq("PUT", "/idxf/_mapping", { properties = { d = { type = "date", format = "dd.MM.yyyy" } } })
       assert.equal(400, st)

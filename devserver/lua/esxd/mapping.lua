@@ -133,11 +133,12 @@ end
 -- A date field's "format" that esxd's date parser does not read (or no format at all): ES
 -- would parse dates with it (or refuse a pattern Java does not take); esxd refuses it rather
 -- than read such a field's dates with the default format.
-local function date_format_error(name, def, ty)
+-- (what: where the format is, by default "field [name]")
+local function date_format_error(name, def, ty, what)
   if (ty ~= "date" and ty ~= "date_nanos") or def.format == nil then return nil end
   local f = def.format
   if type(f) ~= "string" or f:match("^[%s|]*$") or _M.parts_take("", f) == nil then
-    return "esxd does not implement the date format [" .. java_string(f) .. "] of field [" .. name .. "]: its " ..
+    return "esxd does not implement the date format [" .. java_string(f) .. "] of " .. (what or "field [" .. name .. "]") .. ": its " ..
       "date parser reads strict_date_optional_time, date_optional_time, strict_date_optional_time_nanos, " ..
       "yyyy/MM/dd, yyyy/MM/dd HH:mm:ss, epoch_millis and epoch_second (joined with ||) only"
   end
@@ -156,7 +157,7 @@ function _M.mapping_error(mappings)
   if type(mappings) ~= "table" then return nil end
   local msg = properties_error(mappings.properties)
   if msg then return msg, (msg == _M.EMPTY_NAME or msg == _M.BLANK_NAME) and "illegal_argument_exception" or nil end
-  msg = select(2, _M.dynamic_date_formats(mappings))
+  msg = select(2, _M.dynamic_date_formats(mappings)) or _M.templates_error(mappings.dynamic_templates)
   if msg then return msg end
   return remaining("Root mapping definition", mappings, ROOT_PARAMS)
 end
@@ -393,6 +394,30 @@ local function template_for(types, path, name, ty)
         and (t.path_unmatch == nil or not simple_match(t.path_unmatch, path))
       if t.unmatch_mapping_type ~= nil and simple_match(t.unmatch_mapping_type, MATCH_TYPE[ty] or "") then ok = false end
       if ok then return t.mapping end
+    end
+  end
+end
+
+-- A dynamic template whose mapping can make a date field with a format esxd's date parser
+-- does not read: esxd's reason for refusing the mappings (as for an explicit date field's
+-- format; ES would map new fields with it), or nil. A template maps dates when its type is
+-- date / date_nanos, or is left out or "{dynamic_type}" and its match_mapping_type takes
+-- "date".
+function _M.templates_error(list)
+  if type(list) ~= "table" then return nil end
+  for _, entry in ipairs(list) do
+    local tname, t = next(type(entry) == "table" and entry or {})
+    local m = type(t) == "table" and t.mapping
+    if type(m) == "table" and type(tname) == "string" then
+      local what = "dynamic template [" .. tname .. "]"
+      local ty = m.type
+      local mmt = t.match_mapping_type
+      local dates = (mmt == nil or simple_match(mmt, "date") or simple_match(mmt, "*") or mmt == "*")
+        and not (t.unmatch_mapping_type ~= nil and simple_match(t.unmatch_mapping_type, "date"))
+      if ty == nil or (type(ty) == "string" and ty:find("{dynamic_type}", 1, true)) then ty = dates and "date" or nil end
+      local msg = type(ty) == "string" and date_format_error(tname, m, ty, what)
+        or each_field(m, function(sub, sty) return date_format_error(sub, m.fields[sub], sty, what) end)
+      if msg then return msg end
     end
   end
 end
