@@ -4181,6 +4181,24 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same({ error = "no handler found for uri [/a/b/c/d] and method [GET]" }, b)
     end)
+    it("/_x/_search and the other index APIs read \"_x\" as an index name, which ES refuses", function()
+      -- ES has no /_x/... route, so /{index}/_search takes the request and the index
+      -- resolver refuses the expression: 400 invalid_index_name_exception
+      local want = es_error(400, "invalid_index_name_exception", "Invalid index name [_foo], must not start with '_'.",
+        { index_uuid = "_na_", index = "_foo" })
+      for _, r in ipairs({ { "GET", "/_foo/_search" }, { "POST", "/_foo/_search", {} }, { "GET", "/_foo/_count" },
+          { "GET", "/_foo/_mapping" }, { "PUT", "/_foo/_mapping", { properties = {} } }, { "GET", "/_foo/_doc/1" },
+          { "GET", "/_foo/_source/1" } }) do
+        local st, b = jreq(r[1], r[2], r[3])
+        assert.equal(400, st, r[1] .. " " .. r[2])
+        assert.same(want, b, r[1] .. " " .. r[2])
+      end
+      assert.equal(400, (req("HEAD", "/_foo/_doc/1")))
+      -- and so a method the index API does not take is its 405
+      local st, b = jreq("DELETE", "/_foo/_search")
+      assert.equal(405, st)
+      assert.same({ error = "Incorrect HTTP method for uri [/_foo/_search] and method [DELETE], allowed: [GET, POST]", status = 405 }, b)
+    end)
     it("ES APIs at /_x that esxd lacks are 400 no handler found, not 405 allowed: [PUT]", function()
       -- PUT /{index} takes any name (an invalid one is its 400), but esxd has no handler for
       -- GET /_alias, POST /_aliases, GET /_stats, ...: saying only PUT is allowed is untrue

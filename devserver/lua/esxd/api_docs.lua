@@ -6,6 +6,7 @@ local store = require "esxd.store"
 local source_filter = require "esxd.source_filter"
 local params = require "esxd.params"
 local active_shards = require "esxd.active_shards"
+local names = require "esxd.names"
 
 local _M = {}
 
@@ -168,7 +169,11 @@ end
 local function lookup(ctx)
   local a = ctx.args
   local idx = store.get(ctx.vars.index)
-  if not idx then error(errors.index_not_found(ctx.vars.index), 0) end
+  if not idx then
+    -- the resolver's answer: a name starting with "_" is ES's invalid_index_name_exception
+    local _, err = names.resolve(ctx.vars.index, store.names())
+    error(err or errors.index_not_found(ctx.vars.index), 0)
+  end
   if params.bool(a.refresh, "refresh") then store.refresh(idx) end
   local rec
   if params.bool(a.realtime, "realtime") == false then rec = idx.visible[ctx.vars.id]
@@ -210,7 +215,7 @@ function _M.get(ctx)
 end
 
 function _M.exists(ctx)
-  if not store.get(ctx.vars.index) then return 404, nil end
+  if not store.get(ctx.vars.index) and ctx.vars.index:sub(1, 1) ~= "_" then return 404, nil end
   local _, rec = lookup(ctx)
   if rec then return 200, nil end
   return 404, nil

@@ -56,8 +56,12 @@ local function match(pattern, segs)
   for i, p in ipairs(pattern) do
     local s = segs[i]
     if p:sub(1, 1) == ":" then
-      -- ("_x" is an API ES has and esxd lacks; a list such as "a,_all" is an index expression)
-      if p == ":index" and s:sub(1, 1) == "_" and s ~= "_all" and not s:find(",", 1, true) then return nil end
+      -- "/_x" alone is an API ES has and esxd lacks (a list such as "a,_all" is an index
+      -- expression); before an index API's name ("/_x/_search") ES, finding no "/_x/..."
+      -- route, reads "_x" as the index expression, which its resolver refuses
+      if p == ":index" and #pattern == 1 and s:sub(1, 1) == "_" and s ~= "_all" and not s:find(",", 1, true) then
+        return nil
+      end
       if p == ":new" then p = ":index" end
       vars[p:sub(2)] = s
     elseif p ~= s then
