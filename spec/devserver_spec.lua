@@ -1788,6 +1788,28 @@ describe("esxd", function()
         assert.equal(201, (jreq("PUT", "/nfe/_doc/" .. i, d)), cjson.encode(d))
       end
     end)
+    it("a number field reads \"\" as a null unless coerce is false, as ES's NumberFieldMapper does", function()
+      assert.equal(200, (jreq("PUT", "/nes", { mappings = { properties = { n = { type = "long" },
+        m = { type = "integer", null_value = 7 }, d = { type = "double" }, s = { type = "long", coerce = false } } } })))
+      assert.equal(201, (jreq("PUT", "/nes/_doc/1?refresh=true", { n = "", m = "", d = { "", 1.5 } })))
+      put_doc("nes", "2", { n = 5 })
+      local _, b = jreq("GET", "/nes/_doc/1")
+      assert.same({ n = "", m = "", d = { "", 1.5 } }, b._source)
+      -- no value for n (exists, value_count), m indexes its null_value
+      _, b = jreq("POST", "/nes/_search", { query = { exists = { field = "n" } } })
+      assert.same({ "2" }, ids(b))
+      _, b = jreq("POST", "/nes/_search", { query = { term = { m = 7 } } })
+      assert.same({ "1" }, ids(b))
+      _, b = jreq("POST", "/nes/_search", { size = 0, aggs = { c = { value_count = { field = "n" } },
+        dc = { value_count = { field = "d" } } } })
+      assert.equal(1, b.aggregations.c.value)
+      assert.equal(1, b.aggregations.dc.value)
+      -- coerce false: XContentParser refuses the string
+      local st
+      st, b = jreq("PUT", "/nes/_doc/3", { s = "" })
+      assert.equal(400, st)
+      assert.equal("document_parsing_exception", b.error.type)
+    end)
     it("returns document_parsing_exception for a value an ip or date_nanos field cannot hold", function()
       assert.equal(200, (jreq("PUT", "/ipx", { mappings = { properties = { ip = { type = "ip" }, dn = { type = "date_nanos" },
         ipm = { type = "ip", ignore_malformed = true } } } })))

@@ -1081,6 +1081,8 @@ end
 -- strict: the field's (or index's) "coerce" is false.
 local function fits(ty, e, format, strict, text)
   if NUMERIC[ty] then
+    -- NumberFieldMapper.value: with coerce, an empty string is a null (null_value, or nothing)
+    if e == "" and not strict then return true end
     if type(e) == "string" and not (strict and COERCE_CLASS[ty]) then
       local bad, ctype, why = number_string_error(ty, e)
       if bad == false then return false, why, ctype end
@@ -1258,6 +1260,15 @@ function _M.values(source, path, types)
   local nv = types and null_values_by_types[types]
   nv = nv and nv[path]
   collect(source, split(path), 1, out, nv ~= nil)
+  local ty = types and types[path]
+  if NUMERIC[ty] and not strict_numbers(types, path) then
+    -- with coerce, a number field reads "" as a null (NumberFieldMapper.value)
+    local kept = {}
+    for _, v in ipairs(out) do
+      if v ~= "" then kept[#kept + 1] = v elseif nv ~= nil then kept[#kept + 1] = null end
+    end
+    out = kept
+  end
   if nv ~= nil then -- ES indexes null_value for each null
     for i, v in ipairs(out) do if v == null then out[i] = nv end end
   end
@@ -1281,7 +1292,6 @@ function _M.values(source, path, types)
     end
     out = kept
   end
-  local ty = types and types[path]
   if ty and ignores_malformed(malformed_by_types[types], path, ty) then
     local format = _M.format_of(types, path)
     local kept = {}
