@@ -1894,6 +1894,9 @@ describe("esxd", function()
         assert.same(want, b)
       end
       refused({ n = "5" }, "n", "long", "5", "Long value passed as String")
+      -- (checkCoerceString comes first: a string that is no number, or "", is refused the same way)
+      refused({ n = "abc" }, "n", "long", "abc", "Long value passed as String")
+      refused({ n = "" }, "n", "long", "", "Long value passed as String")
       refused({ ni = 5.5 }, "ni", "integer", "5.5", "5.5 cannot be converted to Integer without data loss")
       assert.equal(201, (jreq("PUT", "/mp/_doc/3", { nm = "5" })))   -- ignore_malformed keeps it in _source only
       assert.equal(200, (jreq("PUT", "/mpc", { settings = { index = { mapping = { coerce = false } } },

@@ -1087,10 +1087,11 @@ local function fits(ty, e, format, strict, text)
       local bad, ctype, why = number_string_error(ty, e)
       if bad == false then return false, why, ctype end
     end
+    local class = strict and COERCE_CLASS[ty]
+    -- XContentParser.checkCoerceString: any string, number or not ("" included)
+    if class and type(e) == "string" then return false, class .. " value passed as String" end
     local n = (type(e) == "number" or type(e) == "string") and tonumber(e)
     if not n or n ~= n then return false end
-    local class = strict and COERCE_CLASS[ty]
-    if class and type(e) == "string" then return false, class .. " value passed as String" end
     if class and RANGE[ty] and n ~= math.floor(n) then
       return false, tostring(n) .. " cannot be converted to " .. class .. " without data loss"
     end
