@@ -1760,7 +1760,7 @@ describe("esxd", function()
         assert.is_true(st == 200 or st == 201, c[1] .. " " .. tostring(c[2]))
       end
     end)
-    it("a string that is no number gives ES's caused_by: the long parser's, or Double.parseDouble's", function()
+    it("a string that is no number (or boolean) gives ES's caused_by: the long parser's, Double.parseDouble's", function()
       assert.equal(200, (jreq("PUT", "/nfe", { mappings = { properties = { l = { type = "long" }, i = { type = "integer" },
         b = { type = "byte" }, d = { type = "double" }, f = { type = "float" } } } })))
       -- Numbers.toLong: an IllegalArgumentException; XContentParser's int / double readers:
@@ -1783,6 +1783,14 @@ describe("esxd", function()
         want.error.caused_by = { type = c[3], reason = c[4] }
         assert.same(want, b)
       end
+      -- a boolean field's string: Booleans.parseBoolean's IllegalArgumentException
+      assert.equal(200, (jreq("PUT", "/nfe/_mapping", { properties = { t = { type = "boolean" } } })))
+      local st, b = jreq("PUT", "/nfe/_doc/1", { t = "yes" })
+      assert.equal(400, st)
+      local want = es_error(400, "document_parsing_exception",
+        "[1:1] failed to parse field [t] of type [boolean] in document with id '1'. Preview of field's value: 'yes'")
+      want.error.caused_by = { type = "illegal_argument_exception", reason = "Failed to parse value [yes] as only [true] or [false] are allowed." }
+      assert.same(want, b)
       assert.equal(404, (jreq("GET", "/nfe/_doc/1")))
       for i, d in ipairs({ { l = "12" }, { l = "-1.5e3" }, { i = " 42 " }, { d = "1.5" }, { f = ".5" } }) do
         assert.equal(201, (jreq("PUT", "/nfe/_doc/" .. i, d)), cjson.encode(d))

@@ -1119,7 +1119,12 @@ local function fits(ty, e, format, strict, text)
     if is_ip(e) then return true end
     return false, "'" .. tostring(e) .. "' is not an IP string literal."
   end
-  if ty == "boolean" then return type(e) == "boolean" or e == "true" or e == "false" or e == "" end
+  if ty == "boolean" then
+    if type(e) == "boolean" or e == "true" or e == "false" or e == "" then return true end
+    -- Booleans.parseBoolean, as XContentParser.booleanValue reads a string
+    if type(e) == "string" then return false, "Failed to parse value [" .. e .. "] as only [true] or [false] are allowed." end
+    return false
+  end
   return true
 end
 
