@@ -1568,6 +1568,47 @@ describe("esxd", function()
       -- ES skips what a disabled object, or an unmapped object under "dynamic": false, holds unread
       put_doc("en", "2", { off = { [""] = 1 }, quiet = { o = { [""] = 1 } } })
     end)
+    it("reads a dotted field name in a document as an object path, as ES's parser expands it", function()
+      -- {"a.b": 1} is {"a": {"b": 1}}: a is an object, a.b a long; _source stays as sent
+      local doc = '{"a.b":1,"c":{"d.e":"x"},"p.q.r":[{"s.t":true}]}'
+      assert.equal(201, (req("PUT", "/dot/_doc/1?refresh=true", doc, JSON)))
+      local _, b = jreq("GET", "/dot/_mapping")
+      local props = b.dot.mappings.properties
+      assert.same({ properties = { b = { type = "long" } } }, props.a)
+      assert.equal("text", props.c.properties.d.properties.e.type)
+      assert.same({ t = { type = "boolean" } }, props.p.properties.q.properties.r.properties.s.properties)
+      local _, _, body = req("GET", "/dot/_source/1")
+      assert.equal(doc, body)
+      for _, q in ipairs({ { term = { ["a.b"] = 1 } }, { term = { ["p.q.r.s.t"] = true } }, { match = { ["c.d.e"] = "x" } },
+          { exists = { field = "a" } }, { exists = { field = "c.d" } }, { exists = { field = "p.q" } } }) do
+        _, b = jreq("POST", "/dot/_search", { query = q })
+        assert.same({ "1" }, ids(b), cjson.encode(q))
+      end
+      -- the expanded object meets the mapping: a strict root refuses the new object a, a keyword
+      -- field refuses the object c.d would hold
+      assert.equal(200, (jreq("PUT", "/dots", { mappings = { dynamic = "strict", properties = {
+        c = { properties = { d = { type = "keyword" } } } } } })))
+      local st
+      st, b = jreq("PUT", "/dots/_doc/1", '{"a.b":1}')
+      assert.equal(400, st)
+      assert.same(es_error(400, "strict_dynamic_mapping_exception",
+        "[1:1] mapping set to strict, dynamic introduction of [a] within [_doc] is not allowed"), b)
+      st, b = jreq("PUT", "/dots/_doc/1", '{"c.d.e":"x"}')
+      assert.equal(400, st)
+      assert.equal("[1:1] failed to parse field [c.d] of type [keyword] in document with id '1'. Preview of field's value: '{...}'",
+        b.error.reason)
+      -- names DotExpandingXContentParser cannot split (an IllegalArgumentException)
+      for _, c in ipairs({ { ".foo", "field name cannot contain only whitespace: ['.foo']" },
+          { "a..b", "field name cannot contain only whitespace: ['a..b']" },
+          { "a. ", "field name starting or ending with a [.] makes object resolution ambiguous: [a. ]" },
+          { "..", "field name cannot contain only dots" } }) do
+        st, b = jreq("PUT", "/dot/_doc/2", cjson.encode({ [c[1]] = 1 }))
+        assert.equal(400, st, c[1])
+        local want = es_error(400, "document_parsing_exception", "[1:1] failed to parse: " .. c[2])
+        want.error.caused_by = { type = "illegal_argument_exception", reason = c[2] }
+        assert.same(want, b)
+      end
+    end)
     it("refuses a blank field name in mappings and documents, as ES does", function()
       -- ObjectMapper.TypeParser (indices created on 8.6+): an IllegalArgumentException, wrapped
       local msg = "field name cannot contain only whitespaces"

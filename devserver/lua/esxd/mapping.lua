@@ -469,6 +469,34 @@ local function map_new(types, path, name, v, no_dates, text)
   end
 end
 
+-- A document's dotted field name ("a.b": 1) is an object path, as ES's
+-- DotExpandingXContentParser reads it: {"a": {"b": 1}}. Returns that one-key object for a
+-- name with a dot, or nil (names ES refuses, such as ".a" or "a..b", are dotted_name_error's).
+local function expand_dotted(k, v)
+  if type(k) ~= "string" or not k:find(".", 1, true) then return nil end
+  local head, tail = k:match("^([^%.]+)%.(.*)$")
+  if not head or _M.dotted_name_error(k) then return nil end
+  tail = tail:gsub("%.+$", "")  -- (Java's split drops trailing empty parts: "a.b." is a.b)
+  if tail == "" then return { [head] = v } end
+  return { [head] = { [tail] = v } }
+end
+
+-- ES's reason (DotExpandingXContentParser.splitAndValidatePath, an IllegalArgumentException)
+-- for a dotted field name it cannot split into object names, or nil.
+function _M.dotted_name_error(k)
+  if not k:find(".", 1, true) then return nil end
+  local parts = {}
+  for part in (k .. "."):gmatch("([^%.]*)%.") do parts[#parts + 1] = part end
+  while #parts > 0 and parts[#parts] == "" do parts[#parts] = nil end
+  if #parts == 0 then return "field name cannot contain only dots" end
+  for _, part in ipairs(parts) do
+    if part == "" then return "field name cannot contain only whitespace: ['" .. k .. "']" end
+    if _M.is_blank(part) then
+      return "field name starting or ending with a [.] makes object resolution ambiguous: [" .. k .. "]"
+    end
+  end
+end
+
 -- conflict (a table, or nil): the first new field of this document that an array gives
 -- both an object and a value is recorded there ({path=, first=: the type the earlier element
 -- mapped, "object" or a leaf type, second=: the later one's}); types must then be a scratch
@@ -495,7 +523,10 @@ local function learn(types, obj, prefix, no_dates, dynamic, conflict, texts, see
     end
   end
   for k, v in pairs(obj) do
-    if type(k) == "string" then
+    local expanded = expand_dotted(k, v)
+    if expanded then
+      learn(types, expanded, prefix, no_dates, dynamic, conflict, texts, seen)
+    elseif type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
       if types[path] == nil and not new_ok then
         -- unmapped, and not mapped now: kept in _source only (nor is anything under it)
@@ -655,14 +686,17 @@ end
 _M.BLANK_NAME = "field name cannot contain only whitespaces"
 function _M.blank_name_reason(path) return "Field name cannot contain only whitespace: [" .. path .. "]" end
 
--- "" when the document has a field named "" where ES's parser reads it, or the path of
--- a field whose name is blank there: not inside an "enabled": false object, nor inside an
--- unmapped object or array where "dynamic" is false (ES skips those without reading their
--- names); nil when it has neither.
+-- "" when the document has a field named "" where ES's parser reads it, the path of a
+-- field whose name is blank there, or {reason=} for a dotted name ES cannot split
+-- (dotted_name_error): not inside an "enabled": false object, nor inside an unmapped object
+-- or array where "dynamic" is false (ES skips those without reading their names); nil when
+-- it has none of them.
 local function empty_name(types, dynamic, obj, prefix)
   for k, v in pairs(obj) do
     if k == "" then return "" end
     if type(k) == "string" and _M.is_blank(k) then return prefix and (prefix .. "." .. k) or k end
+    local dotted = type(k) == "string" and _M.dotted_name_error(k)
+    if dotted then return { reason = dotted } end
   end
   for k, v in pairs(obj) do
     if type(k) == "string" and type(v) == "table" then
@@ -695,7 +729,11 @@ function _M.empty_name(types, dynamic, obj) return empty_name(types, dynamic, ob
 -- root), or nil.
 local function strict(types, dynamic, obj, prefix)
   for k, v in pairs(obj) do
-    if type(k) == "string" and v ~= null then
+    local expanded = expand_dotted(k, v)
+    if expanded then
+      local bad = strict(types, dynamic, expanded, prefix)
+      if bad then return bad end
+    elseif type(k) == "string" and v ~= null then
       local path = prefix and (prefix .. "." .. k) or k
       local is_table = type(v) == "table"
       if types[path] == nil and not (is_table and next(v) == nil and json.is_array(v))
@@ -1161,7 +1199,12 @@ end
 -- path were met (to take each one's text, in document order).
 local function check(types, obj, prefix, formats, malformed, texts, seen)
   for k, v in pairs(obj) do
-    if type(k) == "string" then
+    local expanded = expand_dotted(k, v)
+    if expanded then
+      seen = seen or (texts and {})
+      local bad = check(types, expanded, prefix, formats, malformed, texts, seen)
+      if bad then return bad end
+    elseif type(k) == "string" then
       local path = prefix and (prefix .. "." .. k) or k
       local ty = types[path]
       local vals = (type(v) == "table" and v ~= null and #v > 0) and v or { v }
@@ -1231,6 +1274,14 @@ local function collect(node, parts, i, out, keep_null)
     local key = table.concat(parts, ".", i, j)
     local child = node[key]
     if child ~= nil then collect(child, parts, j + 1, out, keep_null) end
+  end
+  -- a dotted key under the path ("a.b.c" for the object a.b) holds that object, as ES
+  -- expands it: the object is there (for exists)
+  local rest = table.concat(parts, ".", i) .. "."
+  for k, child in pairs(node) do
+    if type(k) == "string" and k:sub(1, #rest) == rest and #k > #rest and child ~= null then
+      out[#out + 1] = { [k:sub(#rest + 1)] = child }
+    end
   end
 end
 

@@ -430,6 +430,9 @@ local function put(idx, id, source, raw, cur, opts, external)
   if bad_name == "" then
     return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. mapping.EMPTY_NAME, nil,
       { caused_by = { type = "illegal_argument_exception", reason = mapping.EMPTY_NAME } })
+  elseif type(bad_name) == "table" then
+    return nil, errors.new(400, "document_parsing_exception", "[1:1] failed to parse: " .. bad_name.reason, nil,
+      { caused_by = { type = "illegal_argument_exception", reason = bad_name.reason } })
   elseif bad_name then
     return nil, errors.new(400, "document_parsing_exception", "[1:1] " .. mapping.blank_name_reason(bad_name))
   end
