@@ -1609,6 +1609,18 @@ describe("esxd", function()
         assert.same(want, b)
       end
     end)
+    it("reads a dotted field name in mappings as an object path, as ES's mapping parser does", function()
+      assert.equal(200, (jreq("PUT", "/dotm", { mappings = { properties = { ["a.b"] = { type = "long" },
+        a = { properties = { c = { type = "keyword" } } }, ["x.y.z"] = { type = "keyword" } } } })))
+      local _, b = jreq("GET", "/dotm/_mapping")
+      assert.same({ a = { properties = { b = { type = "long" }, c = { type = "keyword" } } },
+        x = { properties = { y = { properties = { z = { type = "keyword" } } } } } }, b.dotm.mappings.properties)
+      put_doc("dotm", "1", { x = { y = { z = "k" } }, a = { b = 1 } })
+      for _, q in ipairs({ { exists = { field = "x.y" } }, { term = { ["x.y.z"] = "k" } }, { term = { ["a.b"] = 1 } } }) do
+        _, b = jreq("POST", "/dotm/_search", { query = q })
+        assert.same({ "1" }, ids(b), cjson.encode(q))
+      end
+    end)
     it("refuses a blank field name in mappings and documents, as ES does", function()
       -- ObjectMapper.TypeParser (indices created on 8.6+): an IllegalArgumentException, wrapped
       local msg = "field name cannot contain only whitespaces"

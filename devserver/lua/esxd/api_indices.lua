@@ -117,9 +117,36 @@ end
 -- The index's mappings as ES shows them: the explicit mappings as given, plus the dynamic
 -- fields (objects as "properties", a dynamic text field with its "keyword" sub-field with
 -- ignore_above 256, as ES's default dynamic template for strings).
+-- ES's mapping parser reads a dotted field name as an object path: {"a.b": {...}} shows as
+-- {"a": {"properties": {"b": {...}}}}, merged with an "a" given as well.
+local function expand_dotted_props(props)
+  if type(props) ~= "table" then return end
+  local dotted = {}
+  for name in pairs(props) do
+    if type(name) == "string" and name:find("^[^%.]+%.[^%.]") then dotted[#dotted + 1] = name end
+  end
+  table.sort(dotted)
+  for _, name in ipairs(dotted) do
+    local head, tail = name:match("^([^%.]+)%.(.+)$")
+    local node = props[head]
+    if node == nil then node = {}; props[head] = node end
+    if type(node) == "table" and (node.type == nil or node.type == "object" or node.type == "nested") then
+      node.properties = node.properties or {}
+      if node.properties[tail] == nil then
+        node.properties[tail] = props[name]
+        props[name] = nil
+      end
+    end
+  end
+  for _, def in pairs(props) do
+    if type(def) == "table" then expand_dotted_props(def.properties) end
+  end
+end
+
 local function mappings_of(idx)
   local explicit = type(idx.mappings) == "table" and idx.mappings or nil
   local out = deep_copy(explicit) or {}
+  expand_dotted_props(out.properties)
   local known = {}
   if explicit then mapping.load(known, explicit.properties) end
   local paths = {}

@@ -218,6 +218,14 @@ function _M.load(types, props, prefix, formats, dynamic, malformed, copy_from, n
   for name, def in pairs(props) do
     if type(def) == "table" then
       local path = prefix and (prefix .. "." .. name) or name
+      -- a dotted name ("a.b") is an object path in mappings too: a is an object
+      if type(name) == "string" and name:find(".", 1, true) then
+        local at = prefix
+        for part in name:gmatch("([^%.]+)%.") do
+          at = at and (at .. "." .. part) or part
+          if types[at] == nil then types[at] = "object" end
+        end
+      end
       if dynamic and def.dynamic ~= nil then dynamic[path] = def.dynamic end
       if dynamic and def.enabled == false then dynamic[path] = false end -- not parsed at all
       if def.enabled == false and disabled_by_types[types] then disabled_by_types[types][path] = true end
