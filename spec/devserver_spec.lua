@@ -2637,6 +2637,30 @@ describe("esxd", function()
       assert.equal(200, st)
       assert.equal(4, b.hits.total.value)
     end)
+    it("match_phrase finds the query's tokens in a row within one value, as ES does", function()
+      put_doc("mp1", "1", { t = { "quick brown fox", "jumps" }, k = "brown fox", n = 5 })
+      put_doc("mp1", "2", { t = "the Brown-Fox is lazy", k = "x", n = 6 })
+      local function hits(q)
+        local st, b = jreq("POST", "/mp1/_search", { query = { match_phrase = q } })
+        assert.equal(200, st, cjson.encode(q))
+        table.sort(b.hits.hits, function(x, y) return x._id < y._id end)
+        return ids(b), b
+      end
+      local got, b = hits({ t = "brown fox" })
+      assert.same({ "1", "2" }, got)
+      assert.equal(2, b.hits.hits[1]._score)
+      assert.same({}, (hits({ t = "fox brown" })))
+      assert.same({}, (hits({ t = "fox jumps" })))   -- not across two values of an array
+      assert.same({ "2" }, (hits({ t = { query = "BROWN fox is" } })))
+      assert.same({ "1" }, (hits({ ["k.keyword"] = "brown fox" })))   -- a keyword: its term query
+      assert.same({ "2" }, (hits({ n = 6 })))
+      assert.same({}, (hits({ t = "!!" })))   -- no tokens: zero_terms_query none
+      -- options esxd does not implement are refused, not ignored
+      local st
+      st, b = jreq("POST", "/mp1/_search", { query = { match_phrase = { t = { query = "brown fox", slop = 2 } } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "[match_phrase] query does not support [slop]"), b)
+    end)
     it("term, terms, ids, exists, prefix, range", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "1", "2", "4", "5" }, q({ term = { tag = "animal" } }))

@@ -59,6 +59,8 @@ local OPTIONS = {
     auto_generate_synonyms_phrase_query = true, lenient = true, prefix_length = true, max_expansions = true,
     fuzzy_transpositions = true, fuzzy_rewrite = true,
     fuzziness = { 0, "0" }, analyzer = { "standard" }, zero_terms_query = { "none", "NONE" } },
+  match_phrase = { query = true, boost = true, _name = true, slop = { 0, "0" }, analyzer = { "standard" },
+    zero_terms_query = { "none", "NONE" } },
 }
 
 local function check_options(qname, v)
@@ -588,6 +590,36 @@ builders.match = function(body, types)
     local n = 0
     for _, q in ipairs(qtoks) do if have[q] then n = n + 1 end end
     if n >= need and n > 0 then return true, n * 1.0 end
+    return false, 0
+  end
+end
+
+-- match_phrase (MatchPhraseQueryBuilder): on a text field, the query's tokens one after the
+-- other in one value (ES's position_increment_gap keeps a phrase from spanning two values of
+-- an array); other fields take it as match does, as their term query. Scores the number of
+-- the phrase's tokens. slop other than 0 is refused (not implemented).
+builders.match_phrase = function(body, types)
+  local field, v = field_entry("match_phrase", body)
+  check_options("match_phrase", v)
+  searchable(types, field)
+  if is_obj(v) then
+    if v.query == nil then perr("[match_phrase] requires query value") end
+    v = v.query
+  end
+  local ty = mapping.type_of(types, field)
+  if field == "_index" or (ty ~= "text" and ty ~= nil) then return builders.match({ [field] = v }, types) end
+  local qtoks = mapping.tokens(type(v) == "boolean" and tostring(v) or v)
+  local n = #qtoks
+  return function(rec)
+    if n == 0 then return false, 0 end
+    for _, dv in ipairs(values(rec.source, field, types)) do
+      local toks = mapping.tokens(dv)
+      for i = 1, #toks - n + 1 do
+        local j = 0
+        while j < n and toks[i + j] == qtoks[j + 1] do j = j + 1 end
+        if j == n then return true, n * 1.0 end
+      end
+    end
     return false, 0
   end
 end
