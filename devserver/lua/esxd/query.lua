@@ -594,6 +594,17 @@ builders.match = function(body, types)
   end
 end
 
+-- Are the tokens qtoks (at least one) in a row in toks?
+local function phrase_in(toks, qtoks)
+  local n = #qtoks
+  for i = 1, #toks - n + 1 do
+    local j = 0
+    while j < n and toks[i + j] == qtoks[j + 1] do j = j + 1 end
+    if j == n then return true end
+  end
+  return false
+end
+
 -- match_phrase (MatchPhraseQueryBuilder): on a text field, the query's tokens one after the
 -- other in one value (ES's position_increment_gap keeps a phrase from spanning two values of
 -- an array); other fields take it as match does, as their term query. Scores the number of
@@ -613,12 +624,7 @@ builders.match_phrase = function(body, types)
   return function(rec)
     if n == 0 then return false, 0 end
     for _, dv in ipairs(values(rec.source, field, types)) do
-      local toks = mapping.tokens(dv)
-      for i = 1, #toks - n + 1 do
-        local j = 0
-        while j < n and toks[i + j] == qtoks[j + 1] do j = j + 1 end
-        if j == n then return true, n * 1.0 end
-      end
+      if phrase_in(mapping.tokens(dv), qtoks) then return true, n * 1.0 end
     end
     return false, 0
   end
@@ -774,23 +780,29 @@ builders.query_string = function(body, types)
                 return walk(rec.source), 1.0
               end
             end
+          elseif field and phrase and (ty == nil or ty == "text") then
+            -- a quoted value is a phrase query (the field's analyzer, tokens in a row)
+            fn = builders.match_phrase({ [field] = phrase }, types)
           elseif field then
             fn = builders.match({ [field] = { query = phrase or value, operator = phrase and "and" or "or", lenient = lenient } }, types)
           else
             local qt = mapping.tokens(phrase or value)
             fn = function(rec)
               local have = {}
+              local in_row = false
               local function walk(node)
                 if type(node) == "table" then
                   for _, x in pairs(node) do walk(x) end
                 elseif node ~= nil and node ~= null then
-                  for _, t in ipairs(mapping.tokens(node)) do have[t] = true end
+                  local toks = mapping.tokens(node)
+                  for _, t in ipairs(toks) do have[t] = true end
+                  if phrase and #qt > 0 and phrase_in(toks, qt) then in_row = true end
                 end
               end
               walk(rec.source)
               local n = 0
               for _, t in ipairs(qt) do if have[t] then n = n + 1 end end
-              if n > 0 and (not phrase or n == #qt) then return true, n * 1.0 end
+              if n > 0 and (not phrase or in_row) then return true, n * 1.0 end
               return false, 0
             end
           end
