@@ -2661,6 +2661,36 @@ describe("esxd", function()
       assert.equal(400, st)
       assert.same(es_error(400, "parsing_exception", "[match_phrase] query does not support [slop]"), b)
     end)
+    it("multi_match runs match on each field: best_fields, most_fields, phrase", function()
+      put_doc("mm", "1", { title = "quick brown fox", body = "lazy dog", n = 5 })
+      put_doc("mm", "2", { title = "dog days", body = "the quick fox", n = 6 })
+      local function hits(mm)
+        local st, b = jreq("POST", "/mm/_search", { query = { multi_match = mm } })
+        assert.equal(200, st, cjson.encode(b))
+        local out = {}
+        for _, h in ipairs(b.hits.hits) do out[h._id] = h._score end
+        return out
+      end
+      assert.same({ ["1"] = 2, ["2"] = 2 }, hits({ query = "quick fox", fields = { "title", "body" } }))
+      assert.same({ ["1"] = 3 }, hits({ query = "quick fox brown", fields = { "title", "body" }, operator = "and" }))
+      -- best_fields: the best field's score plus tie_breaker times the others'; most_fields: the sum
+      assert.same({ ["1"] = 1.5, ["2"] = 2.5 }, hits({ query = "quick dog days", fields = { "title^3", "body" }, tie_breaker = 0.5 }))
+      assert.same({ ["1"] = 1, ["2"] = 2 }, hits({ query = "quick dog days", fields = { "title", "body" } }))
+      assert.same({ ["1"] = 2, ["2"] = 3 }, hits({ query = "quick dog days", fields = { "title", "body" }, type = "most_fields" }))
+      assert.same({ ["1"] = 2 }, hits({ query = "brown fox", fields = { "t*" }, type = "phrase" }))
+      -- no fields: every field (index.query.default_field "*"), leniently
+      assert.same({ ["1"] = 1, ["2"] = 1 }, hits({ query = "dog" }))
+      -- a named number field is not lenient: its parse failure fails the search, as for match
+      local st, b = jreq("POST", "/mm/_search", { query = { multi_match = { query = "dog", fields = { "title", "n" } } } })
+      assert.equal(400, st)
+      assert.equal("search_phase_execution_exception", b.error.type)
+      st, b = jreq("POST", "/mm/_search", { query = { multi_match = { fields = { "title" } } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "No text specified for multi_match query"), b)
+      st, b = jreq("POST", "/mm/_search", { query = { multi_match = { query = "x", type = "cross_fields" } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "[multi_match] query does not support [type]"), b)
+    end)
     it("term, terms, ids, exists, prefix, range", function()
       local function q(query) local _, b = search("/events-*/_search", { query = query, sort = { "n" } }); return ids(b) end
       assert.same({ "1", "2", "4", "5" }, q({ term = { tag = "animal" } }))

@@ -61,6 +61,11 @@ local OPTIONS = {
     fuzziness = { 0, "0" }, analyzer = { "standard" }, zero_terms_query = { "none", "NONE" } },
   match_phrase = { query = true, boost = true, _name = true, slop = { 0, "0" }, analyzer = { "standard" },
     zero_terms_query = { "none", "NONE" } },
+  multi_match = { query = true, fields = true, boost = true, _name = true, operator = true,
+    minimum_should_match = true, tie_breaker = true, lenient = true, auto_generate_synonyms_phrase_query = true,
+    fuzzy_transpositions = true, prefix_length = true, max_expansions = true,
+    type = { "best_fields", "most_fields", "phrase" }, fuzziness = { 0, "0" }, analyzer = { "standard" },
+    zero_terms_query = { "none", "NONE" }, slop = { 0, "0" } },
 }
 
 local function check_options(qname, v)
@@ -627,6 +632,65 @@ builders.match_phrase = function(body, types)
       if phrase_in(mapping.tokens(dv), qtoks) then return true, n * 1.0 end
     end
     return false, 0
+  end
+end
+
+-- multi_match (MultiMatchQueryBuilder): match (or match_phrase for type phrase) on each
+-- field; best_fields scores the best field plus tie_breaker times the others, most_fields
+-- the sum. Fields: names, "name^boost" (the boost is not used: see Scoring), "*" patterns
+-- over the mapped fields (lenient there, as ES's field expansion), default every field
+-- (index.query.default_field "*").
+builders.multi_match = function(body, types)
+  if not is_obj(body) then perr("[multi_match] query malformed, no start_object after query name") end
+  check_options("multi_match", body)
+  if body.query == nil then perr("No text specified for multi_match query") end
+  local kind = body.type or "best_fields"
+  local lenient = body.lenient == true or body.lenient == "true"
+  local list = body.fields
+  if list == nil then list = { "*" } elseif type(list) ~= "table" then list = { list } end
+  local names, seen = {}, {}
+  local function add(f, len)
+    if not seen[f] then seen[f] = true; names[#names + 1] = { f, len } end
+  end
+  for _, f in ipairs(list) do
+    f = tostring(f):gsub("%^[%d%.]*$", "")
+    if f:find("*", 1, true) then
+      local pat = "^" .. f:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0"):gsub("%*", ".*") .. "$"
+      local all = {}
+      for path, ty in pairs(types or {}) do
+        if ty ~= "object" and ty ~= "nested" and path:match(pat) then all[#all + 1] = path end
+      end
+      table.sort(all)
+      for _, path in ipairs(all) do add(path, true) end
+    else
+      add(f, lenient)
+    end
+  end
+  local parts = {}
+  for _, e in ipairs(names) do
+    local field, len = e[1], e[2]
+    local ok, fn = pcall(function()
+      if kind == "phrase" then return builders.match_phrase({ [field] = body.query }, types) end
+      return builders.match({ [field] = { query = body.query, operator = body.operator,
+        minimum_should_match = body.minimum_should_match, lenient = len } }, types)
+    end)
+    if ok then parts[#parts + 1] = fn
+    elseif not len then error(fn, 0) end
+  end
+  local tie = tonumber(body.tie_breaker) or 0
+  return function(rec)
+    local best, sum, any = 0, 0, false
+    for _, fn in ipairs(parts) do
+      local m, sc = fn(rec)
+      if m then
+        any = true
+        sum = sum + sc
+        if sc > best then best = sc end
+      end
+    end
+    if not any then return false, 0 end
+    if kind == "most_fields" then return true, sum end
+    return true, best + tie * (sum - best)
   end
 end
 
