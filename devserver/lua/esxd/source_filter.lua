@@ -25,9 +25,16 @@ local function compile(list)
   return out
 end
 
+-- A pattern matches a path, or the path of an object it is under: ES's filter automaton
+-- (makeMatchDotsInFieldNames) takes "a" for a dotted key "a.b" too.
 local function matches(pats, path)
   for _, p in ipairs(pats) do
     if path:match(p.pat) then return true end
+    local i = path:find(".", 1, true)
+    while i do
+      if path:sub(1, i - 1):match(p.pat) then return true end
+      i = path:find(".", i + 1, true)
+    end
   end
   return false
 end
