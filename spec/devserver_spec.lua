@@ -1621,6 +1621,15 @@ describe("esxd", function()
         assert.same({ "1" }, ids(b), cjson.encode(q))
       end
     end)
+    it("PUT _mapping reads a dotted field name as an object path: a conflict is ES's 400", function()
+      assert.equal(200, (jreq("PUT", "/dotu", { mappings = { properties = { a = { properties = { c = { type = "keyword" } } } } } })))
+      assert.equal(200, (jreq("PUT", "/dotu/_mapping", { properties = { ["a.d"] = { type = "long" } } })))
+      local st, b = jreq("PUT", "/dotu/_mapping", { properties = { ["a.c"] = { type = "long" } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception", "mapper [a.c] cannot be changed from type [keyword] to [long]"), b)
+      _, b = jreq("GET", "/dotu/_mapping")
+      assert.same({ a = { properties = { c = { type = "keyword" }, d = { type = "long" } } } }, b.dotu.mappings.properties)
+    end)
     it("refuses a blank field name in mappings and documents, as ES does", function()
       -- ObjectMapper.TypeParser (indices created on 8.6+): an IllegalArgumentException, wrapped
       local msg = "field name cannot contain only whitespaces"

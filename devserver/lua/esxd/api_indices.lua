@@ -249,6 +249,8 @@ function _M.put_mapping(ctx)
   end
   local msg, cause = mapping.mapping_error(body)
   if msg then error(mapper_parsing(msg, cause), 0) end
+  -- dotted names are object paths: {"a.c": ...} updates a's c (and conflicts as that would)
+  expand_dotted_props(body.properties)
   -- PutMappingRequest's indices options: no missing index, no expression matching nothing
   local resolved, rerr = names.resolve(ctx.vars.index, store.names(), {
     ignore_unavailable = ctx.args.ignore_unavailable == "" or ctx.args.ignore_unavailable == "true",
