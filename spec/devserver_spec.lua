@@ -3894,6 +3894,18 @@ describe("esxd", function()
       return b.aggregations, b
     end
 
+    it("_id has no field data to aggregate on in ES 8: the shard failure sort gives", function()
+      local reason = "Fielddata access on the _id field is disallowed, you can re-enable it by updating the dynamic " ..
+        "cluster setting: indices.id_field_data.enabled"
+      for _, spec in ipairs({ { x = { terms = { field = "_id" } } }, { x = { cardinality = { field = "_id" } } },
+          { x = { value_count = { field = "_id" } } } }) do
+        local st, b = jreq("POST", "/agg/_search", { size = 0, aggs = spec })
+        assert.equal(400, st, cjson.encode(spec))
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.same({ { type = "illegal_argument_exception", reason = reason } }, b.error.root_cause)
+        assert.equal("agg", b.error.failed_shards[1].index)
+      end
+    end)
     it("terms with size, sum_other_doc_count and sub-aggregations", function()
       local a, b = aggs({ sites = { terms = { field = "site", size = 2 }, aggs = { total = { sum = { field = "ms" } } } } })
       assert.same({}, b.hits.hits)

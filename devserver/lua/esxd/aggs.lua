@@ -30,6 +30,13 @@ end
 -- Sorting and aggregating need field data: a text field only has it with "fielddata": true,
 -- and a field mapped with "doc_values": false has none (ES's shard failure).
 local function need_fielddata(types, field)
+  if field == "_id" then
+    -- IdFieldMapper: no field data in ES 8 (indices.id_field_data.enabled is false), as for sort
+    local first = (indices_by_types[types] or {})[1]
+    error(errors.search_phase(first and first.name, errors.new(400, "illegal_argument_exception", "Fielddata access on " ..
+      "the _id field is disallowed, you can re-enable it by updating the dynamic cluster setting: " ..
+      "indices.id_field_data.enabled")), 0)
+  end
   local msg = mapping.fielddata_error(types, field)
   if msg == "text" then
     fielddata_error(field, failing_index(types, field))
