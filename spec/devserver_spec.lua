@@ -3894,6 +3894,14 @@ describe("esxd", function()
       return b.aggregations, b
     end
 
+    it("terms on _index buckets the documents by their index's name, as ES does", function()
+      put_doc("agg2", "1", { site = "z", ms = 7 })
+      local st, b = jreq("POST", "/agg,agg2/_search", { size = 0,
+        aggs = { x = { terms = { field = "_index" }, aggs = { t = { sum = { field = "ms" } } } } } })
+      assert.equal(200, st, cjson.encode(b))
+      assert.same({ { key = "agg", doc_count = 5, t = { value = 66 } }, { key = "agg2", doc_count = 1, t = { value = 7 } } },
+        b.aggregations.x.buckets)
+    end)
     it("_id has no field data to aggregate on in ES 8: the shard failure sort gives", function()
       local reason = "Fielddata access on the _id field is disallowed, you can re-enable it by updating the dynamic " ..
         "cluster setting: indices.id_field_data.enabled"

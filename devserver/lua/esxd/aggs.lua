@@ -64,6 +64,13 @@ end
 -- A field's values as its field data has them: a text field's (with "fielddata": true) are
 -- its tokens.
 local function fielddata_values(rec, field, types, ty)
+  if field == "_index" then
+    -- IndexFieldMapper: every document's value is its index's name
+    for _, idx in ipairs(indices_by_types[types] or {}) do
+      if (idx.visible and idx.visible[rec.id] == rec) or (idx.docs and idx.docs[rec.id] == rec) then return { idx.name } end
+    end
+    return {}
+  end
   local vals = mapping.values(rec.source, field, types)
   if ty ~= "text" then return vals end
   local out = {}
