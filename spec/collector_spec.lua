@@ -77,7 +77,7 @@ local ENGINE_SOURCES = "-Wno-unused-parameter src/client.c src/config.c " ..
 
 -- what the tools/unit programs that run a whole collector (and its client's engine) are built with
 local COLLECTOR_SOURCES = "src/collector.c src/collector_intake.c src/collector_queue.c " ..
-  "src/collector_ship.c src/spool.c src/deadletter.c src/event.c src/json.c src/rollup.c " ..
+  "src/collector_ship.c src/spool.c src/spool_owner.c src/deadletter.c src/event.c src/json.c src/rollup.c " ..
   "src/hll.c src/hash.c src/ratelimit.c src/bulk_response.c src/private.c -lm " .. ENGINE_SOURCES
 
 -- A 64 KiB tmpfs mounted on a new directory (a disk to fill), or nil when it cannot be
@@ -3151,32 +3151,32 @@ describe("spool", function()
 
   it("syncs every segment sealed between two syncs in the shipper, none in the append (tools/unit)", function()
     -- (through descriptors closed on exec: dup() left a copy to any program started meanwhile)
-    unit("spool_seal_sync", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
+    unit("spool_seal_sync", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 5)
   end)
 
   it("scans a spool of 10000 segments of its own for orphans in well under a second (tools/unit)", function()
     -- the scan runs under the collector's lock every 2 s, and looked each name of this
     -- process's up by walking every segment: with small segments in a full spool every
     -- request waited seconds
-    unit("spool_scan_many", "src/spool.c src/private.c src/proc.c -lz -lpthread", 4)
+    unit("spool_scan_many", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 4)
   end)
 
   it("does not refuse a dead process's segment another process is claiming without RENAME_NOREPLACE (tools/unit)", function()
     -- between the claimer's link and its unlink the old name has two links: a scan that
     -- looked then counted it in spool_segments_refused and said it was left on disk
-    unit("spool_claim_look", "src/spool.c src/private.c src/proc.c -lz -lpthread", 3)
+    unit("spool_claim_look", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 3)
   end)
 
   it("counts once a dead process's segment refused at a scan, claimed, then refused at its replay (tools/unit)", function()
     -- a backup tool's second link, gone at the claim and made again before the replay: the
     -- replay's refusal counted the file in spool_segments_refused a second time
-    unit("spool_refused_once", "src/spool.c src/private.c src/proc.c -lz -lpthread", 4)
+    unit("spool_refused_once", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 4)
   end)
 
   it("lets one process claim a dead one's segment without RENAME_NOREPLACE, never two (tools/unit)", function()
     -- the link-then-unlink fallback ignored a failed unlink: a process that had linked the
     -- old name too, between, and removed it first, replayed the segment as well
-    unit("spool_claim_race", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
+    unit("spool_claim_race", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 5)
   end)
 
   it("completes the claim of a claimer that died between its link and its unlink (tools/unit)", function()
@@ -3184,14 +3184,20 @@ describe("spool", function()
     -- killed between the two left the segment with two names, both of dead processes, and
     -- every later process refused it for good (spool_segments_refused), its events never
     -- replayed
-    unit("spool_claim_crashed", "src/spool.c src/private.c src/proc.c -lz -lpthread", 5)
+    unit("spool_claim_crashed", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 5)
+  end)
+
+  it("claims by the owner's lock, not by its pid: a live owner's segments never, a closed or dead one's always (tools/unit)", function()
+    -- kill(pid, 0) said a process was alive when another had its pid (a restarted container,
+    -- pid reuse), and its acknowledged events stayed on disk for as long as that one lived
+    unit("spool_owner_lock", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 12)
   end)
 
   it("syncs the segments it claims from a dead process at its next sync pass, not under the lock (tools/unit)", function()
     -- a process killed inside its spool_sync_interval had acknowledged records it never
     -- synced; the claimer synced the directory (the rename) but never the file, so a power
     -- loss any time after the claim could lose them
-    unit("spool_claim_sync", "src/spool.c src/private.c src/proc.c -lz -lpthread", 7)
+    unit("spool_claim_sync", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 7)
   end)
 
   it("claims dead processes' segments without RENAME_NOREPLACE or hard links, and counts a claim that fails while it fails (tools/unit)", function()
@@ -3200,13 +3206,13 @@ describe("spool", function()
     -- A claim that failed (EROFS, EIO) was counted in spool_segments_refused, with files that
     -- are not this user's, and stayed counted there after a later scan claimed it: now
     -- spool_claims_failing, a gauge of the claims that fail at the last scan
-    unit("spool_claim_nolink", "src/spool.c src/private.c src/proc.c -lz -lpthread", 9)
+    unit("spool_claim_nolink", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 9)
   end)
 
   it("scans a spool whose dead segments all have a backup tool's second link in well under a second (tools/unit)", function()
     -- each such segment's look for a claimer's name read the whole directory again and
     -- lstat-ed every name in it, under the collector's lock: 4000 of them took a minute
-    unit("spool_scan_linked", "src/spool.c src/private.c src/proc.c -lz -lpthread", 4)
+    unit("spool_scan_linked", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 4)
   end)
 
   it("replays a dead process's segment at once while its overflow segment waits for acknowledgements", function()
@@ -3280,6 +3286,104 @@ describe("spool", function()
     assert.is_true(s.lag_ms >= 600, "lag_ms " .. s.lag_ms)
     col:close(0)
     c2:close()
+  end)
+
+  -- Starts `sleep 30`, a live process that is no collector; returns its pid.
+  local function live_stranger()
+    local p = io.popen("sleep 30 >/dev/null 2>&1 & echo $!")
+    local pid = p:read("*l")
+    p:close()
+    return assert(pid:match("^%d+$"))
+  end
+
+  it("replays a dead process's segments whose pid a live process that is no collector has now", function()
+    -- pids shift in a restarted container, and a busy machine reuses them: a spool's owner
+    -- was taken for alive while kill(pid, 0) worked, and its segments -- each event answered
+    -- 2xx -- stayed on disk unclaimed and unsaid for as long as that other process lived
+    local dir = tmpdir()
+    local col, stranger
+    tidy(dir, function()
+      if stranger then os.execute("kill " .. stranger .. " 2>/dev/null") end
+      return col
+    end)
+    spool_victim(dir, { "r1", "r2", "r3" })
+    stranger = live_stranger()
+    -- the dead collector's segments and lock file, as if its pid were the stranger's
+    local p = io.popen("ls " .. dir)
+    local renamed = 0
+    for name in p:lines() do
+      local seg = name:match("^seg%-%d+%-(%d+%.log)$")
+      if seg then
+        assert(os.rename(dir .. "/" .. name, dir .. "/seg-" .. stranger .. "-" .. seg))
+        renamed = renamed + 1
+      elseif name:find("^lock%-%d+$") then
+        assert(os.rename(dir .. "/" .. name, dir .. "/lock-" .. stranger))
+      end
+    end
+    p:close()
+    assert.is_true(renamed > 0)
+    col = new{ spool_dir = dir }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "r4" })))))
+    assert_replays(col, 3, 4)
+    -- (and its lock file goes with its last segment: nothing of it is left to claim)
+    assert.falsy(exists(dir .. "/lock-" .. stranger))
+    local alive = os.execute("kill -0 " .. stranger)
+    assert.truthy(alive == true or alive == 0, "the stranger lives on")
+    col:close()
+  end)
+
+  it("never claims a live collector's segments, and claims them once it closed, its process alive", function()
+    -- the other side of claiming by lock: a live collector holds its lock (its segments stay
+    -- its own while it runs, whatever another process scans), and one that closed with
+    -- events left lets go of it (they are claimed by another process, at once)
+    local dir = tmpdir()
+    local col, holder
+    tidy(dir, function()
+      if holder then holder:close() end
+      return col
+    end)
+    local run = child_script(dir, "holder", ([[
+      local esx = require "esx"
+      local c = esx.client{ hosts = { "http://127.0.0.1:1" }, max_retries = 0 }
+      local col = esx.collector{ sink = c, spool_dir = "%s", spool_sync_interval = 0, rollup = false }
+      for i = 1, 2 do
+        assert(col:handle{ method = "POST", headers = { ["content-type"] = "application/json" },
+          body = '{"site_id":"s1","type":"view","event_id":"h' .. i .. '"}' } == 204)
+      end
+      io.stdout:write("accepted\n") io.stdout:flush()
+      io.stdin:read("*l") -- until told
+      col:close(0)
+      io.stdout:write("closed\n") io.stdout:flush()
+      io.stdin:read("*l")
+    ]]):format(dir))
+    holder = io.popen(run .. " > " .. dir .. "/holder.out 2>/dev/null", "w")
+    local function said(line)
+      local deadline = socket.gettime() + 10 * SCALE
+      while socket.gettime() < deadline do
+        local f = io.open(dir .. "/holder.out")
+        local out = f and f:read("*a") or ""
+        if f then f:close() end
+        if out:find(line, 1, true) then return true end
+        socket.sleep(0.02)
+      end
+      return false
+    end
+    assert.is_true(said("accepted"))
+    assert.equal(1, segments(dir))
+    col = new{ spool_dir = dir, rollup = false }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "own" })))))
+    assert.is_true(col:flush(5000 * SCALE))
+    socket.sleep(2.5) -- a second scan (every 2 s)
+    assert.equal(0, col:stats().replayed)
+    assert.equal(1, segments(dir)) -- the holder's, still its own
+    holder:write("\n") holder:flush()
+    assert.is_true(said("closed"))
+    -- its process lives on, its lock let go of: its segment is claimed by the next scan
+    assert_replays(col, 2, 3)
+    holder:write("\n")
+    holder:close()
+    holder = nil
+    col:close()
   end)
 
   it("replays an earlier process's segment that has this process's pid, never appending to it", function()
@@ -3377,7 +3481,7 @@ describe("spool", function()
   it("replays the records after one it cannot read (EIO: a bad sector) (tools/unit)", function()
     -- the scan for the next good record stopped at the first read that failed: every
     -- record behind the bad block was skipped, and the segment deleted with them
-    unit("spool_read_error", "src/spool.c src/private.c src/proc.c -lz -lpthread", 3)
+    unit("spool_read_error", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 3)
   end)
 
   it("answers requests while the shipper reads the spool from a slow disk (tools/unit)", function()

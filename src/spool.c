@@ -19,6 +19,7 @@
 #include "private.h"
 #include "proc.h"
 #include "spool.h"
+#include "spool_owner.h"
 
 #define MAX_RECORD ESX_SPOOL_MAX_RECORD
 
@@ -46,7 +47,13 @@ static pthread_once_t held_once = PTHREAD_ONCE_INIT;
 
 static void held_lock(void) { pthread_mutex_lock(&held_mu); }
 static void held_unlock(void) { pthread_mutex_unlock(&held_mu); }
-static void held_install(void) { pthread_atfork(held_lock, held_unlock, held_unlock); }
+/* (in a forked child: the parent's lock files are the parent's, see spool_owner.h) */
+static void held_child(void)
+{
+    esx_owner_forked();
+    held_unlock();
+}
+static void held_install(void) { pthread_atfork(held_lock, held_unlock, held_child); }
 
 /* Under held_mu: this process's spool holding the directory, or NULL.  Also the one whose
  * directory was removed and is now, under its path, this one (made again by another
@@ -123,6 +130,12 @@ esx_spool *esx_spool_open(const char *dir, size_t max_segment_bytes, char *why)
     if (holder(st.st_dev, st.st_ino) != NULL) {
         held_unlock();
         snprintf(why, 256, "cannot use spool_dir %.150s: another collector of this process uses it", dir);
+        free(sp);
+        return NULL;
+    }
+    /* the mark that this process is alive, held before its first segment (spool_owner.h) */
+    if ((sp->owner = esx_owner_take(dir, st.st_dev, st.st_ino, why)) == NULL) {
+        held_unlock();
         free(sp);
         return NULL;
     }
@@ -279,8 +292,32 @@ static int remake_dir(esx_spool *sp)
     return 0;
 }
 
+/* Before a segment is made: this process's lock file is still there, and locked (taken
+ * again when it, or the directory, was removed).  0, or -1 with a reason in why. */
+static int owner_held(esx_spool *sp, char *why)
+{
+    held_lock();
+    int rc = esx_owner_check(sp->owner, sp->dir, why);
+    held_unlock();
+    return rc;
+}
+
 static esx_segment *new_segment(esx_spool *sp, char *why)
 {
+    int remade = 0;
+    if (owner_held(sp, why) != 0) {
+        /* (the directory itself gone: made again first, as for the segment below) */
+        struct stat st;
+        if (stat(sp->dir, &st) == 0 || errno != ENOENT)
+            return NULL;
+        remade = 1;
+        if (remake_dir(sp) != 0) {
+            snprintf(why, 256, "cannot make %.150s again: %.80s", sp->dir, strerror(errno));
+            return NULL;
+        }
+        if (owner_held(sp, why) != 0)
+            return NULL;
+    }
     esx_segment *seg = calloc(1, sizeof *seg);
     if (seg == NULL) {
         snprintf(why, 256, "out of memory");
@@ -288,7 +325,6 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
     }
     seg->rfd = -1;
     seg->since_ms = esx_wall_ms();
-    int remade = 0;
     /* O_EXCL: a segment of an earlier process that had this pid (a restart in a container
      * reuses pids) is never appended to -- it is that process's, to be claimed and replayed */
     for (int tries = 0; tries < 1000; tries++) {
@@ -299,8 +335,13 @@ static esx_segment *new_segment(esx_spool *sp, char *why)
         seg->fd = open(seg->path, O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
         if (seg->fd < 0 && errno == ENOENT && !remade) {
             remade = 1;
-            if (remake_dir(sp) == 0)
+            if (remake_dir(sp) == 0) {
+                if (owner_held(sp, why) != 0) {
+                    free(seg);
+                    return NULL;
+                }
                 continue;
+            }
             errno = ENOENT;
         }
         if (seg->fd >= 0 || errno != EEXIST)
@@ -720,11 +761,6 @@ void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n)
     }
 }
 
-static int pid_alive(pid_t pid)
-{
-    return kill(pid, 0) == 0 || errno == EPERM;
-}
-
 static int owned(const esx_spool *sp, const char *path)
 {
     for (const esx_segment *seg = sp->segments; seg; seg = seg->next)
@@ -890,11 +926,12 @@ static void claims_scanned(esx_spool *sp, failing_scan *fs, int complete)
     sp->claims_failing = fs->n + fs->extra;
 }
 
-/* 1 when the segment name `name` (of pid, at path) is a dead process's: a pid that does not
- * exist, or this process's own pid on a name it does not own (an earlier process's). */
-static int dead_name(const esx_spool *sp, int pid, const char *path)
+/* 1 when the segment name `name` (of pid, at path) is a dead process's: one whose lock the
+ * scan os could take (or, without a lock file, a pid that does not exist), or this process's
+ * own pid on a name it does not own (an earlier process's). */
+static int dead_name(const esx_spool *sp, esx_owner_scan *os, int pid, const char *path)
 {
-    return pid == (int)sp->pid ? !owned(sp, path) : !pid_alive((pid_t)pid);
+    return pid == (int)sp->pid ? !owned(sp, path) : esx_owner_dead(os, sp->dir, pid);
 }
 
 /* 1 when name is a segment's, seg-<pid>-<seq>.log: *pid and *seq from it, and path (600
@@ -992,13 +1029,13 @@ static int links_unchanged_since(const struct stat *st, const struct timespec *a
 
 /* other_names' look at one name `other` (of pid) of the file: counted, a live process's
  * sets *live, a dead one's may become `canon`. */
-static void look_at_name(const esx_spool *sp, int pid, const char *other, const char *from,
-                         char *canon, nlink_t *names, int *live)
+static void look_at_name(const esx_spool *sp, esx_owner_scan *os, int pid, const char *other,
+                         const char *from, char *canon, nlink_t *names, int *live)
 {
     (*names)++;
     if (strcmp(other, from) == 0)
         return;
-    if (!dead_name(sp, pid, other))
+    if (!dead_name(sp, os, pid, other))
         *live = 1;
     else if (strcmp(other, canon) < 0)
         snprintf(canon, 600, "%s", other);
@@ -1017,8 +1054,8 @@ static void look_at_name(const esx_spool *sp, int pid, const char *other, const 
  * to refuse it (a link elsewhere: a backup tool's).  The names are those of the scan's
  * index (ix, made at the first call) while the file's links are as they were then, else
  * those of a walk of the directory now. */
-static int other_names(const esx_spool *sp, const char *from, const struct stat *st,
-                       char *canon, link_index *ix)
+static int other_names(const esx_spool *sp, esx_owner_scan *os, const char *from,
+                       const struct stat *st, char *canon, link_index *ix)
 {
     struct stat now;
     if (lstat(from, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
@@ -1042,7 +1079,7 @@ static int other_names(const esx_spool *sp, const char *from, const struct stat 
         for (; !live && lo < ix->n && by_inode(&ix->v[lo], &key) == 0; lo++) {
             char other[600];
             snprintf(other, sizeof other, "%.500s/%s", sp->dir, ix->v[lo].name);
-            look_at_name(sp, ix->v[lo].pid, other, from, canon, &names, &live);
+            look_at_name(sp, os, ix->v[lo].pid, other, from, canon, &names, &live);
         }
     } else {
         DIR *d = opendir(sp->dir);
@@ -1055,7 +1092,7 @@ static int other_names(const esx_spool *sp, const char *from, const struct stat 
             char other[600];
             if (segment_name(sp, de->d_name, &pid, &seq, other) && lstat(other, &now) == 0 &&
                 now.st_dev == st->st_dev && now.st_ino == st->st_ino)
-                look_at_name(sp, pid, other, from, canon, &names, &live);
+                look_at_name(sp, os, pid, other, from, canon, &names, &live);
         }
         closedir(d);
     }
@@ -1066,7 +1103,8 @@ static int other_names(const esx_spool *sp, const char *from, const struct stat 
 
 /* After the completion of a dead claimer's claim (other_names): removes the file's names
  * left in the directory but `keep` (this process's), each a dead process's segment name. */
-static void unlink_dead_names(const esx_spool *sp, const char *keep, dev_t dev, ino_t ino)
+static void unlink_dead_names(const esx_spool *sp, esx_owner_scan *os, const char *keep,
+                              dev_t dev, ino_t ino)
 {
     DIR *d = opendir(sp->dir);
     if (d == NULL)
@@ -1079,7 +1117,7 @@ static void unlink_dead_names(const esx_spool *sp, const char *keep, dev_t dev, 
         char other[600];
         if (segment_name(sp, de->d_name, &pid, &seq, other) && strcmp(other, keep) != 0 &&
             lstat(other, &now) == 0 && now.st_dev == dev && now.st_ino == ino &&
-            dead_name(sp, pid, other))
+            dead_name(sp, os, pid, other))
             unlink(other);
     }
     closedir(d);
@@ -1097,11 +1135,19 @@ int esx_spool_claim_orphans(esx_spool *sp)
     struct dirent *de;
     link_index links = {0}; /* the names of files with more than one, once one is met */
     failing_scan failing = {0};
+    esx_owner_scan owners = {0}; /* the verdicts on other pids, their locks held till the end */
     int complete = 1;
     while ((de = readdir(d)) != NULL) {
         int pid;
         unsigned long long seq;
         char from[600];
+        if (esx_owner_name(de->d_name, &pid)) {
+            /* a process's lock file: a dead one's goes at the end, when none of its segments
+             * is left (one that died with none: all acknowledged) */
+            if (pid != (int)sp->pid && pid != (int)esx_pid())
+                esx_owner_dead(&owners, sp->dir, pid);
+            continue;
+        }
         if (!segment_name(sp, de->d_name, &pid, &seq, from))
             continue;
         if (pid == (int)sp->pid && !sorted) {
@@ -1114,11 +1160,15 @@ int esx_spool_claim_orphans(esx_spool *sp)
                 ? (by == NULL   ? owned(sp, from)
                    : seq < mark ? owned_by_seq(by, n_by, seq, from)
                                 : owned_first(sp, claimed, from))
-                : pid_alive((pid_t)pid))
+                : !esx_owner_dead(&owners, sp->dir, pid))
             continue;
+        /* (left, until it is claimed or gone: its owner's lock file stays then) */
+        esx_owner_count(&owners, pid, 1, 0);
         struct stat st; /* a regular file of this user's: nothing else is replayed */
-        if (lstat(from, &st) != 0)
+        if (lstat(from, &st) != 0) {
+            esx_owner_count(&owners, pid, -1, 0);
             continue; /* gone meanwhile */
+        }
         int names = 0;
         char canon[600];
         if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
@@ -1127,7 +1177,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
             if (S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
                 (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && sp->n_refused < ESX_SPOOL_MAX_REFUSED &&
                 !refused_before(sp, &st))
-                names = other_names(sp, from, &st, canon, &links);
+                names = other_names(sp, &owners, from, &st, canon, &links);
             if (names == 1)
                 continue;
             if (names == 0) {
@@ -1186,11 +1236,14 @@ int esx_spool_claim_orphans(esx_spool *sp)
              * unclaimed: counted while it fails, tried again at every scan */
             if (errno != ENOENT && errno != EEXIST)
                 claim_failed(sp, &failing, from, &st, errno);
+            else if (errno == ENOENT)
+                esx_owner_count(&owners, pid, -1, 0);
             free(seg);
             continue;
         }
+        esx_owner_count(&owners, pid, -1, 1);
         if (names == 2)
-            unlink_dead_names(sp, seg->path, st.st_dev, st.st_ino);
+            unlink_dead_names(sp, &owners, seg->path, st.st_dev, st.st_ino);
         sp->dir_dirty = 1; /* its new name */
         seg->claim_unsynced = 1; /* its data: the next sync (esx_spool_sync_wanted) */
         sp->n_claim_unsynced++;
@@ -1206,6 +1259,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
         claimed++;
     }
     closedir(d);
+    esx_owner_scan_end(&owners, sp->dir, complete);
     claims_scanned(sp, &failing, complete);
     free(by);
     free(links.v);
@@ -1256,6 +1310,10 @@ void esx_spool_close(esx_spool *sp)
     }
     if (failed > 0)
         sync_failed(sp, failed, err);
+    /* (after its segments: the lock file goes with the last of them) */
+    held_lock();
+    esx_owner_drop(sp->owner);
+    held_unlock();
     free(sp->unsynced);
     free(sp->refused);
     free(sp->failing);
@@ -1280,6 +1338,9 @@ void esx_spool_forget(esx_spool *sp)
         free(seg);
         seg = next;
     }
+    held_lock();
+    esx_owner_drop(sp->owner); /* (the parent's: only our copy is freed) */
+    held_unlock();
     free(sp->unsynced);
     free(sp->refused);
     free(sp->failing);

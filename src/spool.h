@@ -7,7 +7,9 @@
  * power loss).  Segments are named seg-<pid>-<seq>.log, seq counting over all the spools of
  * the process (a name is never used twice while the process lives); a segment is deleted
  * once every event in it is acknowledged by Elasticsearch.  On start, and periodically, a process
- * claims the segments of processes that no longer exist (atomic rename) and replays them.
+ * claims the segments of processes that no longer exist (atomic rename) and replays them:
+ * each process holds a flock on its lock-<pid> file in the directory while it may write
+ * segments there, and one whose lock can be taken is dead (spool_owner.h).
  * A torn record at a segment's end (a write cut short) ends that segment's replay.
  *
  * Events that do not fit in memory are written to overflow segments only, and form the
@@ -78,6 +80,8 @@ typedef struct esx_spool {
     ino_t dir_ino;
     int held;               /* in the process's list of held directories */
     struct esx_spool *held_next;
+    struct esx_spool_owner *owner; /* this process's lock file in the directory, lock-<pid>:
+                             * its mark of life to claimers (spool_owner.h) */
 } esx_spool;
 
 /* Files of other processes refused at claim that a spool remembers (not to count them
@@ -165,9 +169,10 @@ void esx_spool_sync_failed(esx_spool *sp, int n, int err);
  * too: the next append opens a new one). */
 void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
 
-/* Claims (atomic rename) the segments left by processes that no longer exist, and those of
- * this process that no live spool of it owns (a collector closed earlier), adding them to
- * the backlog.  One that is not this user's private file (owner, group/other write, more
+/* Claims (atomic rename) the segments left by processes that no longer exist -- whose lock
+ * file it can lock (held until the scan ends), or without one, whose pid is gone -- and
+ * those of this process that no live spool of it owns (a collector closed earlier), adding
+ * them to the backlog; a dead process's lock file goes once none of its segments is left.  One that is not this user's private file (owner, group/other write, more
  * than one link) is left where it is, counted in segments_refused and said on stderr once
  * (for the first ESX_SPOOL_MAX_REFUSED such files: later ones are not counted) -- unless its
  * second link is a live process's segment name (a claim by link and unlink, half done).

@@ -1,0 +1,74 @@
+/*
+ * spool_owner.h -- which process's spool segments are a dead process's (see spool.h).
+ *
+ * A segment's name carries its writer's pid, seg-<pid>-<seq>.log, and a pid says little
+ * about a process once it is dead: a restart in a container, or a busy machine, gives it to
+ * another process -- pid 1 of a restarted container is pid 1 again.  "kill(pid, 0) fails"
+ * left such segments, their events each answered 2xx, on disk unclaimed and unreplayed for as
+ * long as the unrelated process lived.  So each process that writes segments in a spool
+ * directory holds an exclusive flock(2) on a file of its own there, lock-<pid>, from before
+ * its first segment until its last spool on the directory is closed (or it dies: the kernel
+ * lets go of the lock), and a claimer takes a process for dead when it can take that lock
+ * itself (LOCK_NB).  kill(pid, 0) decides only when there is no lock file (segments of an
+ * esx that made none) or flock does not work there.
+ *
+ * Every function here runs under the caller's lock (spool.c's held_mu), which a fork takes
+ * too: the child handler calls esx_owner_forked.
+ */
+#ifndef ESX_SPOOL_OWNER_H
+#define ESX_SPOOL_OWNER_H
+
+#include <sys/types.h>
+
+typedef struct esx_spool_owner esx_spool_owner;
+
+/* This process's lock in directory dir (dev, ino: its identity): taken (its file created
+ * when missing, mode 0600), or shared with the other spools of the process on the directory.
+ * Waits up to ESX_OWNER_WAIT_MS while another process holds it (a claimer taking the
+ * segments an earlier process with this pid left: a scan's while).  Where flock does not
+ * work, nothing is held (said once on stderr): claimers go by the pid then.  Returns NULL
+ * with a reason in why (256 bytes) when it cannot be taken. */
+#define ESX_OWNER_WAIT_MS 1000
+esx_spool_owner *esx_owner_take(const char *dir, dev_t dev, ino_t ino, char *why);
+
+/* Before a new segment: the lock is still held on the file that bears its name in dir --
+ * taken again when the file, or the whole directory, was removed meanwhile (by hand, a /tmp
+ * cleaner).  0, or -1 with a reason in why. */
+int esx_owner_check(esx_spool_owner *o, const char *dir, char *why);
+
+/* A spool lets go of it: the last one of the process unlocks it, and removes the file when
+ * no segment of the process's pid is left in the directory (those left behind mark their
+ * owner dead to the claimers: the file unlocked).  A forked child's copy is only freed. */
+void esx_owner_drop(esx_spool_owner *o);
+
+/* In a forked child: the parent's locks are the parent's (the child's descriptors are
+ * closed: a child that outlives its parent must not keep the parent's segments unclaimed). */
+void esx_owner_forked(void);
+
+/* A scan's verdicts, one per pid met (esx_spool_claim_orphans). */
+typedef struct {
+    struct esx_owner_seen *v;
+    size_t n, cap;
+} esx_owner_scan;
+
+/* 1 when the process of pid (not this one) is dead to this scan: its lock file could be
+ * locked -- and stays locked by this process until esx_owner_scan_end, so that no new
+ * process with that pid writes segments meanwhile --, or, without a usable lock file, no
+ * process has that pid.  0 when it is alive, or cannot be told now (no descriptor or memory
+ * left: the next scan asks again). */
+int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid);
+
+/* Segments of pid the scan met and left on disk (refused, passed over, failing), and that it
+ * claimed. */
+void esx_owner_count(esx_owner_scan *s, int pid, int left, int claimed);
+
+/* The scan is over: the locks it took are let go of, and the lock files of processes none
+ * of whose segments are left removed (complete: the scan looked at every name).  A claim
+ * from a pid that a process has (another one, or the owner itself after closing its
+ * collector) is said on stderr. */
+void esx_owner_scan_end(esx_owner_scan *s, const char *dir, int complete);
+
+/* 1 when name is a lock file's, lock-<pid>: *pid from it. */
+int esx_owner_name(const char *name, int *pid);
+
+#endif
