@@ -37,7 +37,12 @@ function _M.wait(ms, label)
     error(errors.illegal_argument("esxd refuses timeout=-1 with wait_for_active_shards=[" .. label ..
       "]: on one node the missing shard copies never start, so the request would never end"), 0)
   end
-  if ms > 0 then ngx.sleep(ms / 1000) end
+  if ms > 0 then
+    -- nginx's timers count from its cached clock, which lags when the worker was busy: without
+    -- the update the wait ended that much before the timeout
+    ngx.update_time()
+    ngx.sleep(ms / 1000)
+  end
 end
 
 -- The write's failure once the wait is over.

@@ -109,6 +109,7 @@ function _M.health(ctx)
   local timed_out = false
   if not met() then
     -- as ES: wait up to `timeout` (30s) for every condition, then answer 408 with what it is
+    ngx.update_time() -- the cached clock lags when the worker was busy
     local deadline = ngx.now() + params.time_ms(a.timeout or "30s") / 1000
     repeat
       ngx.sleep(0.05)

@@ -30,7 +30,10 @@ function _M.send(status, body, headers, accept_gzip, fault)
     body = table.concat(parts)
     ngx.header["Content-Encoding"] = "gzip"
   end
-  if fault.stall_ms and fault.stall_ms > 0 then ngx.sleep(fault.stall_ms / 1000) end
+  if fault.stall_ms and fault.stall_ms > 0 then
+    ngx.update_time() -- a stale cached clock would end the stall early (timers count from it)
+    ngx.sleep(fault.stall_ms / 1000)
+  end
 
   if fault.endless then
     ngx.header["Content-Length"] = nil
