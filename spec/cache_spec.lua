@@ -2615,15 +2615,12 @@ describe("shared = true (outside nginx: one process)", function()
       c:close()
     end)
 
-    it("gives back on close() the shared locks of its loads, for other processes to load at once", function()
-      local wait = require("posix.sys.wait")
-      local c = new_cache(sample_db(), { shared = true, lock_timeout = 3000 })
-      c._load_readers = function() coroutine.yield() return { 7 } end
-      local co = coroutine.create(function() return c:has_read(1, 7) end)
-      assert(coroutine.resume(co)) -- this process holds the shared lock of article 1, loading
+    -- Forks "another worker" of c that waits for a byte on w, then misses c's reader set of
+    -- article 1 and exits 0 when it loaded it itself (the shared lock given back) in under 1 s.
+    local function fork_missing_worker(c)
       local r, w = unistd.pipe()
       local pid = unistd.fork()
-      if pid == 0 then -- "another worker": waits for the close, then misses the same set
+      if pid == 0 then
         unistd.close(w)
         unistd.read(r, 1)
         c._readers_flights = {}
@@ -2635,6 +2632,16 @@ describe("shared = true (outside nginx: one process)", function()
         unistd._exit((v == true and clock() - t0 < 1000) and 0 or 1)
       end
       unistd.close(r)
+      return pid, w
+    end
+
+    it("gives back on close() the shared locks of its loads, for other processes to load at once", function()
+      local wait = require("posix.sys.wait")
+      local c = new_cache(sample_db(), { shared = true, lock_timeout = 3000 })
+      c._load_readers = function() coroutine.yield() return { 7 } end
+      local co = coroutine.create(function() return c:has_read(1, 7) end)
+      assert(coroutine.resume(co)) -- this process holds the shared lock of article 1, loading
+      local pid, w = fork_missing_worker(c)
       c:close()
       unistd.write(w, "x")
       unistd.close(w)
@@ -2655,20 +2662,7 @@ describe("shared = true (outside nginx: one process)", function()
       c._load_readers = function() coroutine.yield() return { 7 } end
       local co = coroutine.create(function() return c:has_read(1, 7) end)
       assert(coroutine.resume(co)) -- this process holds the shared lock of article 1, loading
-      local r, w = unistd.pipe()
-      local pid = unistd.fork()
-      if pid == 0 then -- "another worker": waits for the collection, then misses the same set
-        unistd.close(w)
-        unistd.read(r, 1)
-        c._readers_flights = {}
-        c._load_readers = function() return { 7 } end
-        c._wait = function() require("socket").sleep(0.01) return true end -- a blocking wait
-        local clock = require("esx.core").cache_clock
-        local t0 = clock()
-        local v = c:has_read(1, 7)
-        unistd._exit((v == true and clock() - t0 < 1000) and 0 or 1)
-      end
-      unistd.close(r)
+      local pid, w = fork_missing_worker(c)
       local gone = setmetatable({ c }, { __mode = "v" })
       c, co = nil, nil -- the cache and its loading coroutine dropped, never closed
       collectgarbage("collect")
