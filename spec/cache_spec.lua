@@ -1134,6 +1134,19 @@ describe("cache:transaction()", function()
     assert.equal("closed", err2.kind)
   end)
 
+  it("lets a transaction whose commit found the cache closed be rolled back, as nothing was committed", function()
+    local c = new_cache(sample_db())
+    local tx = c:transaction()
+    tx:mark_read(1, 1)
+    c:close()
+    local ok, err = tx:commit()
+    assert.is_nil(ok)
+    assert.equal("closed", err.kind)
+    assert.is_true(tx:rollback()) -- raised "the transaction is already committed"
+    assert.has_error(function() tx:commit() end,
+      "bad call to 'commit' (the transaction is already rolled back)")
+  end)
+
   it("raises when used after commit or rollback", function()
     local c = new_cache(sample_db())
     local tx = c:transaction()

@@ -682,9 +682,9 @@ end
 -- longer holds.  Dropping the set is right either way: the next read loads it.
 function Tx:commit()
   check_live(self, "commit")
-  self._done = "committed"
   local cc = self._cache._cc
-  if not cc then return closed_error() end
+  if not cc then return closed_error() end -- nothing committed: rollback() is still allowed
+  self._done = "committed"
   local ops = self._ops
   if #ops > 0 then cc:apply(ops, self._cache._clock(), self._since) end -- (rewrites the marks it invalidates)
   for i = 1, #ops, 3 do
