@@ -385,6 +385,42 @@ describe("bi:add", function()
   end)
 end)
 
+describe("bi:add (empty JSON arrays)", function()
+  -- the _source of a document as the server keeps it: the bytes the indexer sent
+  local function raw_source(id)
+    local res = assert(c:request("GET", "/p/_doc/" .. id))
+    return (assert(res.body:match('"_source":(.*)}$')))
+  end
+
+  it("sends esx.empty_array and esx.array_mt tables in documents as [], nested at any depth", function()
+    local bi = c:bulk_indexer{ flush_count = 2 }
+    assert(bi:add("index", { _index = "p", _id = "1" }, { tags = esx.empty_array }))
+    assert(bi:add("create", { _index = "p", _id = "2" }, { tags = setmetatable({}, esx.array_mt) }))
+    assert(bi:add("index", { _index = "p", _id = "3" }, { a = { b = setmetatable({ 1, nil, 3 }, esx.array_mt) } }))
+    assert(bi:add("index", { _index = "p", _id = "4" },
+      { m = setmetatable({ { e = esx.empty_array }, { d = { deep = setmetatable({}, esx.array_mt) } } }, esx.array_mt) }))
+    local s = bi:close()
+    assert.equal(4, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal('{"tags":[]}', raw_source("1"))
+    assert.equal('{"tags":[]}', raw_source("2"))
+    assert.equal('{"a":{"b":[1,null,3]}}', raw_source("3"))
+    assert.equal('{"m":[{"e":[]},{"d":{"deep":[]}}]}', raw_source("4"))
+  end)
+
+  it("raises on a table with esx.array_mt that has a key other than a positive integer, and buffers nothing", function()
+    local bi = c:bulk_indexer()
+    assert.has_error(function()
+      bi:add("index", { _index = "p", _id = "1" }, { q = setmetatable({ a = 1 }, esx.array_mt) })
+    end, "bad argument #3 to 'add' (document cannot be encoded as JSON)")
+    assert.has_error(function()
+      bi:add("index", { _index = "p", _id = "1" }, setmetatable({ "x", y = 1 }, esx.array_mt))
+    end, "bad argument #3 to 'add' (document cannot be encoded as JSON)")
+    assert.equal(0, bi:stats().added)
+    assert.equal(0, bi:close().failed)
+  end)
+end)
+
 describe("bi:flush and bi:stats", function()
   it("return nil, err with kind 'closed' once closed; close() again returns the same summary", function()
     local bi = c:bulk_indexer()

@@ -298,3 +298,70 @@ describe("core.json_encode", function()
     assert.has_error(function() encode() end, "bad argument #1 to 'encode' (value expected)")
   end)
 end)
+
+describe("core.json_encode: the empty JSON arrays a Lua table cannot express", function()
+  local esx = require "esx"
+  local encode = core.json_encode
+  local A, E = esx.array_mt, esx.empty_array
+  local BAD_ESX = "cannot encode a table with esx.array_mt that has a key other than a positive integer"
+
+  it("exports esx.array_mt (a table) and esx.empty_array (a light userdata): the core's, kept when it is loaded again", function()
+    assert.is_table(A)
+    assert.equal("userdata", type(E))
+    assert.equal(core.array_mt, A)
+    assert.equal(core.empty_array, E)
+    local saved = package.loaded["esx.core"]
+    finally(function() package.loaded["esx.core"] = saved end)
+    package.loaded["esx.core"] = nil
+    local again = require "esx.core"
+    assert.are_not.equal(saved, again) -- luaopen ran again
+    assert.equal(A, again.array_mt)
+    assert.equal(E, again.empty_array)
+    assert.equal("[]", again.json_encode(setmetatable({}, A)))
+    assert.equal("[]", encode(setmetatable({}, again.array_mt)))
+  end)
+
+  it("writes a table with esx.array_mt as an array: [] when empty, else its items 1..n, holes as null", function()
+    assert.equal("[]", encode(setmetatable({}, A)))
+    assert.equal('[1,"b",true]', encode(setmetatable({ 1, "b", true }, A)))
+    assert.equal("[1,null,3]", encode(setmetatable({ 1, nil, 3 }, A)))
+    assert.equal("{}", encode({})) -- without it, lua-cjson's rule: still an object
+  end)
+
+  it("writes esx.empty_array as []", function()
+    assert.equal("[]", encode(E))
+    assert.equal("[[],[]]", encode({ E, setmetatable({}, A) }))
+  end)
+
+  it("writes both nested inside objects and arrays, at any depth", function()
+    assert.equal('{"query":{"bool":{"must_not":[]}}}', encode({ query = { bool = { must_not = E } } }))
+    assert.equal('{"sort":[]}', encode({ sort = setmetatable({}, A) }))
+    assert.equal('[{"a":[{"b":[]}]}]', encode({ { a = { { b = setmetatable({}, A) } } } }))
+    local deep = E
+    for _ = 1, 998 do deep = { deep } end
+    assert.equal(string.rep("[", 999) .. string.rep("]", 999), encode(deep))
+  end)
+
+  it("returns nil, err for a table with esx.array_mt that has a key other than a positive integer", function()
+    for _, t in ipairs{ { a = 1 }, { 1, 2, x = 3 }, { [0] = 1 }, { [-1] = 1 }, { [1.5] = 1 }, { [true] = 1 } } do
+      local s, err = encode(setmetatable(t, A))
+      assert.is_nil(s)
+      assert.equal(BAD_ESX, err)
+    end
+    local s, err = encode({ query = { bool = { must = setmetatable({ term = {} }, A) } } })
+    assert.is_nil(s)
+    assert.equal(BAD_ESX, err)
+    s, err = encode(setmetatable({ [11] = 1 }, A))
+    assert.is_nil(s)
+    assert.equal("cannot encode an excessively sparse array", err)
+  end)
+
+  it("leaves a table with any other metatable to lua-cjson's rule, and refuses any other light userdata", function()
+    assert.equal("{}", encode(setmetatable({}, {})))
+    assert.equal("[1,2]", encode(setmetatable({ 1, 2 }, { __index = function() return 0 end })))
+    local up
+    local s, err = encode({ debug.upvalueid(function() return up end, 1) })
+    assert.is_nil(s)
+    assert.equal("cannot encode a userdata", err)
+  end)
+end)

@@ -5,7 +5,10 @@
  *   a table whose keys are all positive integers is an array up to its highest index (holes
  *   as null; "excessively sparse" -- highest index over twice the items and over 10 -- is
  *   refused), any other table an object (number keys written as strings; other key types
- *   refused), an empty table {}; at most 1000 levels; other types refused. */
+ *   refused), an empty table {}; at most 1000 levels; other types refused.  Plus empty
+ *   arrays: a table with esx.array_mt (core.array_mt) is always an array ([] when empty; a
+ *   key that is not a positive integer refused), and esx.empty_array (core.empty_array, a
+ *   light userdata) is []. */
 #ifndef ESX_LJSON_H
 #define ESX_LJSON_H
 

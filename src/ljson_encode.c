@@ -6,8 +6,13 @@
  * formats every number with "%.14g", so 281474976710655 became 2.8147497671066e+14), and other
  * numbers with the fewest digits that read back as the same double (0.1 + 0.2 stays
  * 0.30000000000000004 instead of becoming 0.3).  '/' is not escaped.
+ *
+ * And one addition, for what a Lua table cannot say by itself: an empty JSON array.  A table
+ * carrying esx.array_mt is always an array ([] when empty), and esx.empty_array is [].  The
+ * cost is one lua_getmetatable per table (and a pointer compare when it has one).
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +23,33 @@
 #include "ljson.h"
 
 #define MAX_DEPTH 1000            /* cjson's encode_max_depth */
+/* Stack slots: a table level holds at most 2 while it encodes a member (its key and value),
+ * and needs at most 4 more of its own meanwhile (its metatable, or array_length's key and
+ * value).  json_encode reserves enough
+ * for the first SHALLOW levels at once; deeper levels check for themselves. */
+#define SLOTS_PER_LEVEL 2
+#define SLOTS_OWN 4
+#define SHALLOW 16
+#define SHALLOW_SLOTS (SLOTS_PER_LEVEL * SHALLOW + SLOTS_OWN)
 #define MAX_TEXT (1024u << 20)    /* 1 GiB: past it the value is refused, not truncated */
 #define KEEP_BYTES 65536          /* a buffer up to this size is kept for the next call */
 
+/* json_encode's upvalues: its output buffer and esx.array_mt. */
+#define UV_BUF lua_upvalueindex(1)
+#define UV_ARRAY_MT lua_upvalueindex(2)
+
+/* esx.empty_array: a light userdata of its own (masked to 47 bits, as OpenResty's lua-cjson
+ * masks its markers: some LuaJIT builds refuse a light userdata past that). */
+static const char empty_array_tag;
+#define EMPTY_ARRAY ((void *)((uintptr_t)&empty_array_tag & (((uintptr_t)1 << 47) - 1)))
+
+/* How a table's metatable asks for it to be encoded. */
+enum { AS_TABLE,            /* none (or another): lua-cjson's rule */
+       AS_ARRAY };          /* esx.array_mt: always an array */
+
 typedef struct enc {
     lua_State *L;
+    const void *array_mt; /* esx.array_mt */
     esx_buf out;
     char err[128];
     int nomem;  /* the failure is out of memory: esx's, not the value's */
@@ -151,12 +178,20 @@ static int table(enc *e, int idx, int depth)
     lua_State *L = e->L;
     if (depth > MAX_DEPTH)
         return fail(e, "nested too deep (over 1000 levels, or a cycle)");
-    if (!lua_checkstack(L, 4))
+    if (depth > SHALLOW && !lua_checkstack(L, SLOTS_PER_LEVEL + SLOTS_OWN))
         return fail(e, "nested too deep for the Lua stack");
+    int kind = AS_TABLE; /* what the metatable asks for: one check per table, no more */
+    if (lua_getmetatable(L, idx)) {
+        kind = lua_topointer(L, -1) == e->array_mt ? AS_ARRAY : AS_TABLE;
+        lua_pop(L, 1);
+    }
     long long len = array_length(L, idx);
     if (len == -2)
         return fail(e, "cannot encode an excessively sparse array");
-    if (len > 0) {
+    if (len == -1 && kind == AS_ARRAY)
+        return fail(e, "cannot encode a table with esx.array_mt that has a key other than a "
+                       "positive integer");
+    if (len > 0 || (len == 0 && kind != AS_TABLE)) {
         if (put1(e, '[') != 0)
             return -1;
         for (long long i = 1; i <= len; i++) {
@@ -223,9 +258,13 @@ static int value(enc *e, int idx, int depth)
         return table(e, idx, depth);
     case LUA_TNIL:
         return put(e, "null", 4);
-    case LUA_TLIGHTUSERDATA:
-        if (lua_touserdata(L, idx) == NULL) /* cjson.null */
+    case LUA_TLIGHTUSERDATA: {
+        void *p = lua_touserdata(L, idx);
+        if (p == NULL) /* cjson.null */
             return put(e, "null", 4);
+        if (p == EMPTY_ARRAY)
+            return put(e, "[]", 2);
+    }
         /* fall through */
     default: {
         char why[64];
@@ -241,10 +280,11 @@ static int json_encode(lua_State *L)
 {
     luaL_checkany(L, 1);
     lua_settop(L, 1);
-    esx_buf *b = lua_touserdata(L, lua_upvalueindex(1));
-    enc e = {.L = L, .out = *b, .nomem = 0};
+    esx_buf *b = lua_touserdata(L, UV_BUF);
+    enc e = {.L = L, .array_mt = lua_topointer(L, UV_ARRAY_MT), .out = *b, .nomem = 0};
     e.out.len = 0;
-    int rc = value(&e, 1, 1);
+    int rc = lua_checkstack(L, SHALLOW_SLOTS) ? value(&e, 1, 1)
+                                              : fail(&e, "nested too deep for the Lua stack");
     *b = e.out; /* the memory, grown or not, is the state's again */
     if (rc != 0) {
         lua_pushnil(L);
@@ -263,10 +303,25 @@ static int json_encode(lua_State *L)
 
 void esx_ljson_encode_open(lua_State *L)
 {
+    /* esx.array_mt: one table per Lua state, kept in the registry, so that the core loaded
+     * again (package.loaded cleared) hands out the same one and still honours it. */
+    lua_getfield(L, LUA_REGISTRYINDEX, "esx.array_mt");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "esx.array_mt");
+    }
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, "array_mt");
+    lua_pushlightuserdata(L, EMPTY_ARRAY);
+    lua_setfield(L, -3, "empty_array");
+
     /* The output buffer of a Lua state: an upvalue of json_encode (a raise cannot leak it,
      * and small bodies reuse its memory).  json_encode calls no Lua code, so it is never
      * re-entered. */
     esx_lbuf_push(L, MAX_TEXT);
-    lua_pushcclosure(L, json_encode, 1);
+    lua_insert(L, -2); /* buffer, array_mt */
+    lua_pushcclosure(L, json_encode, 2);
     lua_setfield(L, -2, "json_encode");
 }

@@ -10,6 +10,11 @@ local registry = require "esx.registry"
 local _M = {
   version = core.version,
   _VERSION = "esx " .. core.version,
+  -- JSON arrays a Lua table cannot express by itself (src/ljson_encode.c, docs/client.md
+  -- "Table bodies"): a table with this metatable is always an array, [] when empty ...
+  array_mt = core.array_mt,
+  -- ... and this value (a light userdata) is [].
+  empty_array = core.empty_array,
 }
 
 -- The constructors, loaded on first use: esx.client (lua/esx/client.lua, docs/client.md),
