@@ -408,6 +408,17 @@ describe("bi:add (empty JSON arrays)", function()
     assert.equal('{"m":[{"e":[]},{"d":{"deep":[]}}]}', raw_source("4"))
   end)
 
+  it("sends OpenResty lua-cjson's empty_array, array_mt and empty_array_mt as [] when the loaded cjson has them", function()
+    local fork = require "spec.support.cjson_fork"
+    local cj, restore = fork.install("cjson.safe")
+    local bi = c:bulk_indexer{ flush_count = 1 }
+    finally(function() restore(); bi:close() end)
+    local doc, text = fork.document(esx, cj)
+    assert(bi:add("index", { _index = "p", _id = "1" }, doc))
+    assert.equal(1, bi:close().indexed)
+    assert.equal(text, raw_source("1"))
+  end)
+
   it("raises on a table with esx.array_mt that has a key other than a positive integer, and buffers nothing", function()
     local bi = c:bulk_indexer()
     assert.has_error(function()

@@ -773,6 +773,21 @@ describe("client methods", function()
     assert.equal('{"x":{"y":[]}}', raw_source("ev", "3"))
   end)
 
+  it("sends OpenResty lua-cjson's empty_array, array_mt and empty_array_mt as [] when the loaded cjson has them", function()
+    local fork = require "spec.support.cjson_fork"
+    local cj, restore = fork.install("cjson")
+    finally(restore)
+    local doc, text = fork.document(esx, cj)
+    assert(c:request("PUT", "/ev/_doc/1", doc))
+    assert.equal(text, raw_source("ev", "1"))
+    local p = assert(c:send("PUT", "/ev/_doc/2", doc))
+    assert.is_true(p:wait())
+    assert(p:result())
+    assert.equal(text, raw_source("ev", "2"))
+    assert(c:bulk({ { "index", { _index = "ev", _id = "3" }, doc } }))
+    assert.equal(text, raw_source("ev", "3"))
+  end)
+
   it("bulk sends esx.empty_array and esx.array_mt tables in documents as []", function()
     local res = assert(c:bulk({
       { "index", { _index = "ev", _id = "1" }, { tags = esx.empty_array } },

@@ -301,9 +301,11 @@ end)
 
 describe("core.json_encode: the empty JSON arrays a Lua table cannot express", function()
   local esx = require "esx"
+  local fork = require "spec.support.cjson_fork"
   local encode = core.json_encode
   local A, E = esx.array_mt, esx.empty_array
   local BAD_ESX = "cannot encode a table with esx.array_mt that has a key other than a positive integer"
+  local BAD_CJSON = "cannot encode a table with cjson.array_mt that has a key other than a positive integer"
 
   it("exports esx.array_mt (a table) and esx.empty_array (a light userdata): the core's, kept when it is loaded again", function()
     assert.is_table(A)
@@ -359,9 +361,35 @@ describe("core.json_encode: the empty JSON arrays a Lua table cannot express", f
   it("leaves a table with any other metatable to lua-cjson's rule, and refuses any other light userdata", function()
     assert.equal("{}", encode(setmetatable({}, {})))
     assert.equal("[1,2]", encode(setmetatable({ 1, 2 }, { __index = function() return 0 end })))
-    local up
-    local s, err = encode({ debug.upvalueid(function() return up end, 1) })
+    local cj = fork.new() -- not loaded: its markers are nothing to esx
+    assert.equal("{}", encode(setmetatable({}, cj.array_mt)))
+    local s, err = encode({ cj.empty_array })
     assert.is_nil(s)
     assert.equal("cannot encode a userdata", err)
   end)
+
+  for _, name in ipairs{ "cjson", "cjson.safe" } do
+    it("honours OpenResty lua-cjson's empty_array, array_mt and empty_array_mt when package.loaded['" ..
+       name .. "'] has them", function()
+      local cj, restore = fork.install(name)
+      finally(restore)
+      assert.equal("[]", encode(cj.empty_array))
+      assert.equal("[]", encode(setmetatable({}, cj.array_mt)))
+      assert.equal('[1,null,"c"]', encode(setmetatable({ 1, nil, "c" }, cj.array_mt)))
+      assert.equal("[]", encode(setmetatable({}, cj.empty_array_mt)))
+      assert.equal('{"k":1}', encode(setmetatable({ k = 1 }, cj.empty_array_mt)))
+      assert.equal("[1,2]", encode(setmetatable({ 1, 2 }, cj.empty_array_mt)))
+      assert.equal("null", encode(cj.null))
+      local doc, text = fork.document(esx, cj)
+      assert.equal(text, encode(doc))
+      local s, err = encode({ q = setmetatable({ a = 1 }, cj.array_mt) })
+      assert.is_nil(s)
+      assert.equal(BAD_CJSON, err)
+      restore() -- unloaded: looked up at each encoding, not remembered
+      assert.equal("{}", encode(setmetatable({}, cj.array_mt)))
+      s, err = encode(cj.empty_array)
+      assert.is_nil(s)
+      assert.equal("cannot encode a userdata", err)
+    end)
+  end
 end)

@@ -7,8 +7,9 @@
  *   refused), any other table an object (number keys written as strings; other key types
  *   refused), an empty table {}; at most 1000 levels; other types refused.  Plus empty
  *   arrays: a table with esx.array_mt (core.array_mt) is always an array ([] when empty; a
- *   key that is not a positive integer refused), and esx.empty_array (core.empty_array, a
- *   light userdata) is []. */
+ *   key that is not a positive integer refused), esx.empty_array (core.empty_array, a light
+ *   userdata) is [], and so are OpenResty lua-cjson's cjson.array_mt, cjson.empty_array and
+ *   (when empty) cjson.empty_array_mt tables, found in package.loaded's cjson or cjson.safe. */
 #ifndef ESX_LJSON_H
 #define ESX_LJSON_H
 

@@ -8,8 +8,11 @@
  * 0.30000000000000004 instead of becoming 0.3).  '/' is not escaped.
  *
  * And one addition, for what a Lua table cannot say by itself: an empty JSON array.  A table
- * carrying esx.array_mt is always an array ([] when empty), and esx.empty_array is [].  The
- * cost is one lua_getmetatable per table (and a pointer compare when it has one).
+ * carrying esx.array_mt is always an array ([] when empty), and esx.empty_array is []; so are
+ * the same markers of OpenResty's lua-cjson fork (cjson.array_mt, cjson.empty_array_mt,
+ * cjson.empty_array) when a loaded cjson module has them.  The cost on the common path is one
+ * lua_getmetatable per table (and a pointer compare when it has one); cjson's markers are
+ * looked up only for a metatable or a light userdata that is not esx's own.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,8 +27,8 @@
 
 #define MAX_DEPTH 1000            /* cjson's encode_max_depth */
 /* Stack slots: a table level holds at most 2 while it encodes a member (its key and value),
- * and needs at most 4 more of its own meanwhile (its metatable, or array_length's key and
- * value).  json_encode reserves enough
+ * and needs at most 4 more of its own meanwhile (its metatable and cjson's markers, or
+ * array_length's key and value; a light userdata's look-up).  json_encode reserves enough
  * for the first SHALLOW levels at once; deeper levels check for themselves. */
 #define SLOTS_PER_LEVEL 2
 #define SLOTS_OWN 4
@@ -34,9 +37,16 @@
 #define MAX_TEXT (1024u << 20)    /* 1 GiB: past it the value is refused, not truncated */
 #define KEEP_BYTES 65536          /* a buffer up to this size is kept for the next call */
 
-/* json_encode's upvalues: its output buffer and esx.array_mt. */
+/* json_encode's upvalues: its output buffer, esx.array_mt, package.loaded (the registry's
+ * _LOADED) and the names of cjson's markers (NAMES), so that looking them up allocates no
+ * Lua memory -- a raise inside the encoder would lose the grown buffer. */
 #define UV_BUF lua_upvalueindex(1)
 #define UV_ARRAY_MT lua_upvalueindex(2)
+#define UV_LOADED lua_upvalueindex(3)
+#define UV_NAMES lua_upvalueindex(4)
+static const char *const NAMES[] = {"cjson", "cjson.safe", "array_mt", "empty_array_mt",
+                                    "empty_array"};
+enum { N_CJSON = 1, N_CJSON_SAFE, N_ARRAY_MT, N_EMPTY_ARRAY_MT, N_EMPTY_ARRAY };
 
 /* esx.empty_array: a light userdata of its own (masked to 47 bits, as OpenResty's lua-cjson
  * masks its markers: some LuaJIT builds refuse a light userdata past that). */
@@ -45,7 +55,9 @@ static const char empty_array_tag;
 
 /* How a table's metatable asks for it to be encoded. */
 enum { AS_TABLE,            /* none (or another): lua-cjson's rule */
-       AS_ARRAY };          /* esx.array_mt: always an array */
+       AS_ARRAY,            /* esx.array_mt: always an array */
+       AS_CJSON_ARRAY,      /* cjson.array_mt: the same */
+       AS_EMPTY_ARRAY };    /* cjson.empty_array_mt: [] when empty, else lua-cjson's rule */
 
 typedef struct enc {
     lua_State *L;
@@ -171,6 +183,36 @@ static long long array_length(lua_State *L, int idx)
     return (long long)max;
 }
 
+/* Whether the value at idx (absolute) is the marker NAMES[field] of a loaded cjson or
+ * cjson.safe module (OpenResty's fork has them, lua-cjson 2.1.0 not).  Raw reads only: no Lua
+ * code runs, no memory is allocated.  Uses two stack slots. */
+static int cjson_marker(lua_State *L, int idx, int field)
+{
+    int found = 0;
+    for (int m = N_CJSON; m <= N_CJSON_SAFE && !found; m++) {
+        lua_rawgeti(L, UV_NAMES, m);
+        lua_rawget(L, UV_LOADED);
+        if (lua_type(L, -1) == LUA_TTABLE) {
+            lua_rawgeti(L, UV_NAMES, field);
+            lua_rawget(L, -2);
+            found = !lua_isnil(L, -1) && lua_rawequal(L, -1, idx);
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    return found;
+}
+
+/* The kind (AS_*) a metatable other than esx.array_mt, on top of the stack, asks for: one of
+ * cjson's, or none.  Out of line: the common path never comes here.  Uses two stack slots. */
+__attribute__((noinline, cold)) static int foreign_kind(lua_State *L)
+{
+    int mt = lua_gettop(L);
+    return cjson_marker(L, mt, N_ARRAY_MT) ? AS_CJSON_ARRAY
+           : cjson_marker(L, mt, N_EMPTY_ARRAY_MT) ? AS_EMPTY_ARRAY
+           : AS_TABLE;
+}
+
 static int value(enc *e, int idx, int depth);
 
 static int table(enc *e, int idx, int depth)
@@ -182,15 +224,18 @@ static int table(enc *e, int idx, int depth)
         return fail(e, "nested too deep for the Lua stack");
     int kind = AS_TABLE; /* what the metatable asks for: one check per table, no more */
     if (lua_getmetatable(L, idx)) {
-        kind = lua_topointer(L, -1) == e->array_mt ? AS_ARRAY : AS_TABLE;
+        kind = lua_topointer(L, -1) == e->array_mt ? AS_ARRAY : foreign_kind(L);
         lua_pop(L, 1);
     }
     long long len = array_length(L, idx);
     if (len == -2)
         return fail(e, "cannot encode an excessively sparse array");
-    if (len == -1 && kind == AS_ARRAY)
-        return fail(e, "cannot encode a table with esx.array_mt that has a key other than a "
-                       "positive integer");
+    if (len == -1 && (kind == AS_ARRAY || kind == AS_CJSON_ARRAY))
+        return fail(e, kind == AS_ARRAY
+                           ? "cannot encode a table with esx.array_mt that has a key other than a "
+                             "positive integer"
+                           : "cannot encode a table with cjson.array_mt that has a key other than "
+                             "a positive integer");
     if (len > 0 || (len == 0 && kind != AS_TABLE)) {
         if (put1(e, '[') != 0)
             return -1;
@@ -262,7 +307,7 @@ static int value(enc *e, int idx, int depth)
         void *p = lua_touserdata(L, idx);
         if (p == NULL) /* cjson.null */
             return put(e, "null", 4);
-        if (p == EMPTY_ARRAY)
+        if (p == EMPTY_ARRAY || cjson_marker(L, idx, N_EMPTY_ARRAY))
             return put(e, "[]", 2);
     }
         /* fall through */
@@ -322,6 +367,17 @@ void esx_ljson_encode_open(lua_State *L)
      * re-entered. */
     esx_lbuf_push(L, MAX_TEXT);
     lua_insert(L, -2); /* buffer, array_mt */
-    lua_pushcclosure(L, json_encode, 2);
+    lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED"); /* package.loaded, in 5.1 and 5.4 */
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+    }
+    int n = (int)(sizeof NAMES / sizeof NAMES[0]);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushstring(L, NAMES[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_pushcclosure(L, json_encode, 4);
     lua_setfield(L, -2, "json_encode");
 }
