@@ -773,6 +773,23 @@ describe("client methods", function()
     assert.equal('{"x":{"y":[]}}', raw_source("ev", "3"))
   end)
 
+  it("reads an empty array back as a table that is sent back as [] (c:get, c:search, pending:json)", function()
+    assert(c:request("PUT", "/ev/_doc/1?refresh=true", '{"name":"parka","tags":[],"sizes":[["s",[]]]}'))
+    local src = (assert(c:get("ev", "1")))._source
+    assert.equal(esx.array_mt, getmetatable(src.tags))
+    -- re-indexed as read, with one field changed: before, "tags" went out as {} and was an object
+    src.name = "coat"
+    assert(c:index("ev", src, "2"))
+    local raw = raw_source("ev", "2")
+    assert.truthy(raw:find('"tags":[]', 1, true), raw)
+    assert.truthy(raw:find('"sizes":[["s",[]]]', 1, true), raw)
+    local hits = (assert(c:search("ev", { query = { ids = { values = { "1" } } } }))).hits.hits
+    assert.equal(esx.array_mt, getmetatable(hits[1]._source.tags))
+    local p = assert(c:send("GET", "/ev/_doc/1"))
+    assert.is_true(p:wait())
+    assert.equal(esx.array_mt, getmetatable((assert(p:json()))._source.sizes[1][2]))
+  end)
+
   it("sends OpenResty lua-cjson's empty_array, array_mt and empty_array_mt as [] when the loaded cjson has them", function()
     local fork = require "spec.support.cjson_fork"
     local cj, restore = fork.install("cjson")

@@ -75,6 +75,31 @@ describe("core.json_decode", function()
     assert.equal(40, #decode(text)[11])
   end)
 
+  it("gives every empty array esx.array_mt, so that it encodes back as [] (a _source sent back keeps \"tags\": [])", function()
+    local A = core.array_mt
+    local src = decode('{"name":"parka","tags":[],"sizes":[ ],"nested":{"a":[[],[1,[]]]},"meta":{}}')
+    assert.equal(A, getmetatable(src.tags))
+    assert.equal(A, getmetatable(src.sizes))
+    assert.equal(A, getmetatable(src.nested.a[1]))
+    assert.equal(A, getmetatable(src.nested.a[2][2]))
+    assert.equal(0, #src.tags)
+    assert.is_nil(next(src.tags))
+    -- non-empty arrays and objects (empty or not) stay plain tables
+    assert.is_nil(getmetatable(src.nested.a))
+    assert.is_nil(getmetatable(src.nested.a[2]))
+    assert.is_nil(getmetatable(src.meta))
+    assert.is_nil(getmetatable(src))
+    assert.equal(A, getmetatable(decode("[]")))
+    -- the round trip: decoded, changed, encoded again
+    src.name = "coat"
+    local back = decode(core.json_encode(src))
+    assert.equal(A, getmetatable(back.tags))
+    assert.equal("[]", core.json_encode(src.tags))
+    assert.equal("[[],[1,[]]]", core.json_encode(src.nested.a))
+    assert.equal("{}", core.json_encode(src.meta))
+    assert.truthy(core.json_encode(src):find('"tags":[]', 1, true))
+  end)
+
   it("returns null as cjson.null", function()
     assert.equal(cjson.null, decode("null"))
     assert.equal(cjson.null, decode('{"a":null}').a)

@@ -4,7 +4,8 @@
  * One recursive-descent pass over the bytes, building values as it goes: no separate scan,
  * strings without escapes pushed in place, integers of up to 15 digits converted without
  * strtod.  Strict grammar (RFC 8259), a depth limit, no trailing garbage; null is the same
- * light userdata as lua-cjson's cjson.null, so code may compare with either.  Decoding the
+ * light userdata as lua-cjson's cjson.null, so code may compare with either; an empty array
+ * is a table with esx.array_mt, so that json_encode writes it back as [] (not {}).  Decoding the
  * responses is most of a search's CPU on the client side (bench/results/client.md).
  */
 #include <errno.h>
@@ -347,6 +348,19 @@ static int literal(dec *d, const char *word, size_t n)
     return 0;
 }
 
+/* An empty array gets esx.array_mt (kept in the registry by ljson_encode.c), so that it is
+ * encoded back as [] and not as {}: a _source read and sent back (a re-index, an update) keeps
+ * its "tags": [].  Only the empty case pays for the look-up.  Uses one stack slot (value()
+ * checked three for the container, a key and a value; none is in use here). */
+static void mark_empty_array(lua_State *L)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, "esx.array_mt");
+    if (lua_istable(L, -1))
+        lua_setmetatable(L, -2);
+    else
+        lua_pop(L, 1);
+}
+
 static int array(dec *d)
 {
     lua_State *L = d->L;
@@ -355,6 +369,7 @@ static int array(dec *d)
     skip_ws(d);
     if (d->p < d->end && *d->p == ']') {
         d->p++;
+        mark_empty_array(L);
         return 0;
     }
     for (int i = 1;; i++) {

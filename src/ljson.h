@@ -29,7 +29,8 @@ void esx_ljson_encode_open(lua_State *L);
  * (nothing written). */
 size_t esx_json_number_text(double v, char *out);
 
-/* Decodes len bytes of JSON onto L's stack: returns 1 with the value pushed, or 2 with nil
+/* Decodes len bytes of JSON onto L's stack (an empty array a table with esx.array_mt):
+ * returns 1 with the value pushed, or 2 with nil
  * and an error (kind "decode") pushed.  Raises only on Lua memory errors. */
 int esx_ljson_decode(lua_State *L, const char *s, size_t len);
 
