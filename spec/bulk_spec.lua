@@ -379,7 +379,7 @@ describe("bi:add", function()
     assert.has_error(function() bi:add("index", { _index = "p", _id = "1" }, 42) end,
       "bad argument #3 to 'add' (document table or JSON string expected, got number)")
     assert.has_error(function() bi:add("delete", { _index = "p", _id = print }) end,
-      "bad argument #2 to 'add' (metadata cannot be encoded as JSON)")
+      "bad argument #2 to 'add' (metadata cannot be encoded as JSON: cannot encode a function)")
     assert.equal(0, bi:stats().added)
     assert.equal(0, bi:close().failed)
   end)
@@ -423,10 +423,12 @@ describe("bi:add (empty JSON arrays)", function()
     local bi = c:bulk_indexer()
     assert.has_error(function()
       bi:add("index", { _index = "p", _id = "1" }, { q = setmetatable({ a = 1 }, esx.array_mt) })
-    end, "bad argument #3 to 'add' (document cannot be encoded as JSON)")
+    end, "bad argument #3 to 'add' (document cannot be encoded as JSON: cannot encode a table with " ..
+      "esx.array_mt that has a key other than a positive integer)")
     assert.has_error(function()
       bi:add("index", { _index = "p", _id = "1" }, setmetatable({ "x", y = 1 }, esx.array_mt))
-    end, "bad argument #3 to 'add' (document cannot be encoded as JSON)")
+    end, "bad argument #3 to 'add' (document cannot be encoded as JSON: cannot encode a table with " ..
+      "esx.array_mt that has a key other than a positive integer)")
     assert.equal(0, bi:stats().added)
     assert.equal(0, bi:close().failed)
   end)

@@ -828,7 +828,7 @@ describe("client methods", function()
     assert.has_error(function() c:send("POST", "/ev/_search", bad) end, "bad body to 'send' (" .. why .. ")")
     assert.has_error(function() c:search("ev", bad) end, "bad body to 'search' (" .. why .. ")")
     assert.has_error(function() c:bulk({ { "index", { _index = "ev", _id = "1" }, bad } }) end,
-      "bulk: cannot encode an operation as JSON")
+      "bad argument #1 to 'bulk' (operation 1: document " .. why .. ")")
     assert.same({}, srv:requests("/_bulk").requests)
     assert.same({}, srv:requests("/ev/_search").requests)
   end)
@@ -993,6 +993,22 @@ describe("client methods", function()
       "options go in the second argument)")
     assert.has_error(function() c:bulk({ op("1"), 42 }) end,
       "bad argument #1 to 'bulk' (operation 2: {action, meta, doc} expected, got number)")
+    assert.same({}, srv:requests("/_bulk").requests)
+  end)
+
+  it("bulk raises naming the operation that cannot be encoded and why, at the caller's line, and sends nothing", function()
+    local op = function(id, doc) return { "index", { _index = "ev", _id = id }, doc or { a = 1 } } end
+    assert.has_error(function() c:bulk({ op("1"), op("2"), op("3", { n = 0 / 0 }) }) end,
+      "bad argument #1 to 'bulk' (operation 3: document cannot be encoded as JSON: cannot encode NaN or infinity)")
+    assert.has_error(function() c:bulk({ op("1"), { "delete", { _index = "ev", _id = print } } }) end,
+      "bad argument #1 to 'bulk' (operation 2: metadata cannot be encoded as JSON: cannot encode a function)")
+    local ok, err = pcall(c.bulk, c, { op("1", { f = print }) })
+    assert.is_false(ok)
+    assert.equal("bad argument #1 to 'bulk' (operation 1: document cannot be encoded as JSON: cannot encode a function)", err)
+    local line = debug.getinfo(1, "l").currentline + 1
+    ok, err = pcall(function() c:bulk({ op("1", { f = print }) }) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("client_spec.lua:" .. line .. ": bad argument #1 to 'bulk' (operation 1: document", 1, true), err)
     assert.same({}, srv:requests("/_bulk").requests)
   end)
 

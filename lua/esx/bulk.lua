@@ -547,9 +547,9 @@ function Indexer:add(action, meta, doc)
   if not actions[action] then error("bad argument #1 to 'add' (unknown action " .. tostring(action) .. ")", 2) end
   if type(meta) ~= "table" then error("bad argument #2 to 'add' (metadata table expected)", 2) end
   if meta._index then require("esx.client").check_index(meta._index, 2, "add") end
-  local head, _, why = json_encode({ [action] = meta })
+  local head, err, why = json_encode({ [action] = meta })
   if not head and why == "nomem" then return nil, core.error("internal", "out of memory encoding the operation") end
-  if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON)", 2) end
+  if not head then error("bad argument #2 to 'add' (metadata cannot be encoded as JSON: " .. tostring(err) .. ")", 2) end
   local line
   if action == "delete" then
     if doc ~= nil then error("bad argument #3 to 'add' (delete takes no document)", 2) end
@@ -560,9 +560,9 @@ function Indexer:add(action, meta, doc)
       error("bad argument #3 to 'add' (document table or JSON string expected, got " .. type(doc) .. ")", 2)
     end
     local body
-    if type(doc) == "string" then body = doc else body, _, why = json_encode(doc) end
+    if type(doc) == "string" then body = doc else body, err, why = json_encode(doc) end
     if not body and why == "nomem" then return nil, core.error("internal", "out of memory encoding the operation") end
-    if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON)", 2) end
+    if not body then error("bad argument #3 to 'add' (document cannot be encoded as JSON: " .. tostring(err) .. ")", 2) end
     if body:find("\n", 1, true) then error("bad argument #3 to 'add' (document contains a newline)", 2) end
     line = head .. "\n" .. body .. "\n"
   end

@@ -654,12 +654,15 @@ function Client:info(opts)
   return call(self, "info", "GET", "/", nil, opts)
 end
 
--- -> the line | nil, "nomem" (out of memory: esx's failure, returned, not raised)
-local function encode_line(t)
-  local s, _, why = json_encode(t)
+-- -> the line | nil, "nomem" (out of memory: esx's failure, returned, not raised).  A value
+-- that cannot be JSON raises, naming operation i (1-based), what (metadata or document) and
+-- the encoder's reason, as c:request's message does.
+local function encode_line(t, i, what)
+  local s, err, why = json_encode(t)
   if not s then
     if why == "nomem" then return nil, why end
-    error("bulk: cannot encode an operation as JSON", 4)
+    error(format("bad argument #1 to 'bulk' (operation %d: %s cannot be encoded as JSON: %s)", i, what,
+      tostring(err)), 4)
   end
   return s
 end
@@ -703,7 +706,7 @@ function _M.bulk_body(ops)
       error(format("bad argument #1 to 'bulk' (operation %d: metadata table expected)", i), 3)
     end
     if meta._index then check_index(meta._index, 1, "bulk") end
-    local line = encode_line({ [action] = meta })
+    local line = encode_line({ [action] = meta }, i, "metadata")
     if not line then return nil, new_error("internal", "out of memory encoding the operations") end
     lines[#lines + 1] = line
     if action == "delete" and doc ~= nil then
@@ -722,7 +725,7 @@ function _M.bulk_body(ops)
         -- a newline ends the NDJSON line: the rest would be read as further operations
         error(format("bad argument #1 to 'bulk' (operation %d: document contains a newline)", i), 3)
       end
-      line = type(doc) == "string" and doc or encode_line(doc)
+      line = type(doc) == "string" and doc or encode_line(doc, i, "document")
       if not line then return nil, new_error("internal", "out of memory encoding the operations") end
       lines[#lines + 1] = line
     end
