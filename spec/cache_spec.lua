@@ -628,6 +628,56 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     c:close()
   end)
 
+  it("writes esx.empty_array and an empty esx.array_mt table as [], as the client's encoder does, cached or not", function()
+    local core = require "esx.core"
+    local page = function()
+      return { { id = 1, tags = esx.empty_array, sizes = setmetatable({}, esx.array_mt),
+                 list = setmetatable({ "a", "b" }, esx.array_mt), obj = {}, other = setmetatable({}, {}),
+                 -- a document as esx's decoder reads it from Elasticsearch: its [] a table with esx.array_mt
+                 src = core.json_decode('{"labels":[],"nested":[[],{"x":[]}]}') } }
+    end
+    local want = { tags = "[]", sizes = "[]", list = '["a","b"]', obj = "{}", other = "{}" }
+    for _, max_bytes in ipairs{ 1e6, 0 } do -- pre-encoded when cached; core.cache_json when not
+      local c = esx.cache{ load_readers = function() return { 1 } end, load_page = page, max_bytes = max_bytes }
+      local json = c:read_articles_json(1, 1)
+      for k, v in pairs(want) do
+        assert.truthy(json:find('"' .. k .. '":' .. v, 1, true), k .. " in " .. json)
+      end
+      local src = cjson.decode(json)[1].src
+      assert.truthy(json:find('"labels":[]', 1, true), json)
+      assert.truthy(json:find('"nested":[[],{"x":[]}]', 1, true), json)
+      assert.equal(2, #src.nested)
+      assert.equal(max_bytes > 0 and 1 or 0, c:stats().pages.entries)
+      c:close()
+    end
+    -- the same from core.cache_json directly, at the top level too
+    assert.equal("[]", core.cache_json(esx.empty_array))
+    assert.equal("[]", core.cache_json(setmetatable({}, esx.array_mt)))
+    assert.equal('{"a":[]}', core.cache_json({ a = esx.empty_array }))
+  end)
+
+  it("writes OpenResty lua-cjson's empty_array, array_mt and empty_array_mt (empty) as [] when the loaded cjson has them", function()
+    local core = require "esx.core"
+    local fork = require "spec.support.cjson_fork"
+    local cj, restore = fork.install("cjson")
+    finally(restore)
+    local page = function()
+      return { { id = 1, a = cj.empty_array, b = setmetatable({}, cj.array_mt), c = setmetatable({}, cj.empty_array_mt),
+                 d = setmetatable({ k = 1 }, cj.empty_array_mt) } }
+    end
+    for _, max_bytes in ipairs{ 1e6, 0 } do
+      local c = esx.cache{ load_readers = function() return { 1 } end, load_page = page, max_bytes = max_bytes }
+      local json = c:read_articles_json(1, 1)
+      for k, v in pairs{ a = "[]", b = "[]", c = "[]", d = '{"k":1}' } do
+        assert.truthy(json:find('"' .. k .. '":' .. v, 1, true), k .. " in " .. json)
+      end
+      c:close()
+    end
+    restore() -- unloaded: nothing to esx, as for json_encode (light userdata: null, as before)
+    assert.equal("null", core.cache_json(cj.empty_array))
+    assert.equal("{}", core.cache_json(setmetatable({}, cj.array_mt)))
+  end)
+
   it("writes numbers that read back as the same number", function()
     local c = esx.cache{ load_readers = function() return { 1 } end,
       load_page = function() return { { id = 1, score = 0.1 + 0.2, big = 2^53, price = 19.99 } } end }

@@ -303,9 +303,11 @@ int esx_lpage_unwalk(lua_State *L, const char **p, const char *e, int depth)
  * read_json() answers with memcpy and one membership test per article.
  * Encoding: strings by esx_json_write_str (json.h: bytes as they are, with ", \ and control
  * characters escaped); integers exactly; other finite numbers as core.json_encode writes them
- * (ljson.h); NaN, infinities, functions, userdata (e.g. cjson.null) and tables nested deeper than MAX_DEPTH as null; a table whose keys are exactly
- * 1..n (n > 0) as an array, any other as an object (number keys as strings, other key types
- * skipped; {} when empty). */
+ * (ljson.h); NaN, infinities, functions, userdata (e.g. cjson.null) and tables nested deeper
+ * than MAX_DEPTH as null, but esx.empty_array (and cjson's) as []; a table whose keys are
+ * exactly 1..n (n > 0) as an array, any other as an object (number keys as strings, other key
+ * types skipped; {} when empty, but [] when it carries one of json_encode's array markers:
+ * the marker test is ljson.h's, shared with json_encode). */
 
 static void json_string(esx_sbuf *b, const char *s, size_t len)
 {
@@ -334,14 +336,15 @@ static void json_number(lua_State *L, int idx, esx_sbuf *b)
 /* The tables being encoded, outermost first: path[d] is the table at depth d. */
 typedef const void *json_path[MAX_DEPTH + 1];
 
-static void json_value(lua_State *L, int idx, esx_sbuf *b, int depth, json_path path);
+static void json_value(lua_State *L, int idx, esx_sbuf *b, int depth, json_path path,
+                       const esx_json_marks *m);
 
 /* Encodes the table at idx; skip_read leaves out a "read" key; open leaves the object open
  * (no closing brace) and returns whether anything was written after the opening brace.
  * A table that contains itself (one of its ancestors in path) cannot be JSON: b fails with
  * b->cycle set.  Stops at the first failure, so its cost is bounded by the buffer's limit. */
 static int json_table(lua_State *L, int idx, esx_sbuf *b, int depth, int skip_read, int open,
-                      json_path path)
+                      json_path path, const esx_json_marks *m)
 {
     const void *self = lua_topointer(L, idx);
     for (int d = 0; d < depth; d++) {
@@ -369,13 +372,17 @@ static int json_table(lua_State *L, int idx, esx_sbuf *b, int depth, int skip_re
     }
     if (count == 0 || count != n)
         array = 0;
+    /* an empty table that a marker says is an array (esx.array_mt, esx's decoder gives one to
+     * every empty JSON array; cjson's array_mt and empty_array_mt): [], as json_encode writes it */
+    if (count == 0 && !open && esx_json_table_kind(L, idx, m) != ESX_JSON_AS_PLAIN)
+        array = 1;
     if (array) {
         sb_put(b, "[", 1);
         for (size_t i = 1; i <= n; i++) {
             if (i > 1)
                 sb_put(b, ",", 1);
             lua_rawgeti(L, idx, (int)i);
-            json_value(L, -1, b, depth + 1, path);
+            json_value(L, -1, b, depth + 1, path, m);
             lua_pop(L, 1);
             if (b->failed)
                 return 1;
@@ -409,7 +416,7 @@ static int json_table(lua_State *L, int idx, esx_sbuf *b, int depth, int skip_re
             first = 0;
             json_string(b, k, klen);
             sb_put(b, ":", 1);
-            json_value(L, -1, b, depth + 1, path);
+            json_value(L, -1, b, depth + 1, path, m);
         }
         lua_pop(L, 1);
         if (b->failed) {
@@ -422,7 +429,8 @@ static int json_table(lua_State *L, int idx, esx_sbuf *b, int depth, int skip_re
     return !first;
 }
 
-static void json_value(lua_State *L, int idx, esx_sbuf *b, int depth, json_path path)
+static void json_value(lua_State *L, int idx, esx_sbuf *b, int depth, json_path path,
+                       const esx_json_marks *m)
 {
     idx = lua_absindex(L, idx);
     switch (lua_type(L, idx)) {
@@ -443,10 +451,17 @@ static void json_value(lua_State *L, int idx, esx_sbuf *b, int depth, json_path 
         return;
     case LUA_TTABLE:
         if (depth < MAX_DEPTH && lua_checkstack(L, 4)) {
-            json_table(L, idx, b, depth, 0, 0, path);
+            json_table(L, idx, b, depth, 0, 0, path, m);
             return;
         }
-        /* fall through */
+        sb_put(b, "null", 4);
+        return;
+    case LUA_TLIGHTUSERDATA: /* esx.empty_array (or cjson's) is [], any other null */
+        if (esx_json_is_empty_array(L, idx, m))
+            sb_put(b, "[]", 2);
+        else
+            sb_put(b, "null", 4);
+        return;
     default:
         sb_put(b, "null", 4);
         return;
@@ -455,14 +470,16 @@ static void json_value(lua_State *L, int idx, esx_sbuf *b, int depth, json_path 
 
 /* Builds the blob of the page list at idx (an absolute index, already checked by
  * check_page).  Returns a malloc'ed blob, which the caller owns, and its length, or NULL
- * when out of memory or larger than limit.  Uses one stack slot while it runs. */
+ * when out of memory or larger than limit (or the stack cannot hold the walk's eight slots). */
 void *esx_lpage_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
 {
     uint32_t n = (uint32_t)lua_rawlen(L, idx);
     size_t head = 4 + (size_t)n * 8 + ((size_t)n + 1) * 4;
-    if (head > limit)
+    if (head > limit || !lua_checkstack(L, 8))
         return NULL;
     esx_sbuf *b = esx_sbuf_push(L, limit);
+    esx_json_marks marks;
+    esx_json_marks_push(L, &marks);
     sb_put(b, &n, 4);
     for (uint32_t i = 0; i < n; i++) { /* ids; offsets are filled in below */
         lua_rawgeti(L, idx, (int)i + 1);
@@ -484,7 +501,7 @@ void *esx_lpage_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
             memcpy(b->out.data + offs_at + (size_t)i * 4, &off, 4);
         lua_rawgeti(L, idx, (int)i + 1);
         json_path path = {NULL};
-        json_table(L, lua_gettop(L), b, 1, 1, 1, path);
+        json_table(L, lua_gettop(L), b, 1, 1, 1, path, &marks);
         lua_pop(L, 1);
         if (b->failed)
             break;
@@ -495,7 +512,7 @@ void *esx_lpage_blob(lua_State *L, int idx, size_t limit, size_t *blob_len)
     void *blob = NULL;
     if (!b->failed && b->out.len <= UINT32_MAX)
         blob = esx_buf_take(&b->out, blob_len); /* the caller's from here */
-    lua_pop(L, 1); /* the esx_sbuf; its __gc frees what was not taken */
+    lua_pop(L, 3); /* the marks, and the esx_sbuf: its __gc frees what was not taken */
     return blob;
 }
 
@@ -557,5 +574,9 @@ const char *esx_lpage_check(lua_State *L, int idx, char *msg, size_t msglen)
 void esx_lpage_json(lua_State *L, int idx, esx_sbuf *b)
 {
     json_path path = {NULL};
-    json_value(L, idx, b, 0, path);
+    esx_json_marks marks;
+    idx = lua_absindex(L, idx);
+    esx_json_marks_push(L, &marks);
+    json_value(L, idx, b, 0, path, &marks);
+    lua_pop(L, 2);
 }

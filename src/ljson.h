@@ -23,6 +23,36 @@ void esx_ljson_open(lua_State *L);
  * errors. */
 void esx_ljson_encode_open(lua_State *L);
 
+/* The markers of an empty JSON array, shared by json_encode and the cache's page encoder
+ * (lcache_page.c): esx.array_mt and esx.empty_array, and OpenResty lua-cjson's array_mt,
+ * empty_array_mt and empty_array when package.loaded's cjson or cjson.safe has them. */
+enum { ESX_JSON_AS_PLAIN,        /* no marker (or another metatable): the encoder's own rule */
+       ESX_JSON_AS_ARRAY,        /* esx.array_mt: always an array */
+       ESX_JSON_AS_CJSON_ARRAY,  /* cjson.array_mt: the same */
+       ESX_JSON_AS_EMPTY_ARRAY }; /* cjson.empty_array_mt: [] when empty, else the own rule */
+
+/* Where the marker test finds esx.array_mt, package.loaded and the names of cjson's markers
+ * (stack indices: absolute, or json_encode's upvalues). */
+typedef struct {
+    const void *array_mt;
+    int loaded, names;
+} esx_json_marks;
+
+/* Pushes package.loaded and the names of cjson's markers (two slots, left for the caller to
+ * pop once done with m) and fills m.  Raises only Lua's memory error. */
+void esx_json_marks_push(lua_State *L, esx_json_marks *m);
+
+/* The ESX_JSON_AS_* kind the metatable of the table at idx (absolute) asks for.  Raw reads only:
+ * no Lua code runs, no memory is allocated.  Uses three stack slots. */
+int esx_json_table_kind(lua_State *L, int idx, const esx_json_marks *m);
+
+/* Whether the light userdata at idx (absolute) is esx.empty_array or cjson.empty_array (from
+ * a loaded cjson).  As above; uses two stack slots. */
+int esx_json_is_empty_array(lua_State *L, int idx, const esx_json_marks *m);
+
+/* Pushes esx.empty_array. */
+void esx_json_push_empty_array(lua_State *L);
+
 /* Writes the finite number v to out (room for 32 bytes, no NUL needed) as json_encode does:
  * an integral value exactly as an integer, any other in the fewest of 15, 16 or 17
  * significant digits that read back as v.  Returns the length, or 0 for NaN and infinities

@@ -12,7 +12,9 @@
  * the same markers of OpenResty's lua-cjson fork (cjson.array_mt, cjson.empty_array_mt,
  * cjson.empty_array) when a loaded cjson module has them.  The cost on the common path is one
  * lua_getmetatable per table (and a pointer compare when it has one); cjson's markers are
- * looked up only for a metatable or a light userdata that is not esx's own.
+ * looked up only for a metatable or a light userdata that is not esx's own.  The marker test
+ * (esx_json_table_kind, esx_json_is_empty_array) is shared with the cache's page encoder
+ * (lcache_page.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -53,15 +55,15 @@ enum { N_CJSON = 1, N_CJSON_SAFE, N_ARRAY_MT, N_EMPTY_ARRAY_MT, N_EMPTY_ARRAY };
 static const char empty_array_tag;
 #define EMPTY_ARRAY ((void *)((uintptr_t)&empty_array_tag & (((uintptr_t)1 << 47) - 1)))
 
-/* How a table's metatable asks for it to be encoded. */
-enum { AS_TABLE,            /* none (or another): lua-cjson's rule */
-       AS_ARRAY,            /* esx.array_mt: always an array */
-       AS_CJSON_ARRAY,      /* cjson.array_mt: the same */
-       AS_EMPTY_ARRAY };    /* cjson.empty_array_mt: [] when empty, else lua-cjson's rule */
+/* How a table's metatable asks for it to be encoded (ljson.h's ESX_JSON_AS_*). */
+#define AS_TABLE ESX_JSON_AS_PLAIN
+#define AS_ARRAY ESX_JSON_AS_ARRAY
+#define AS_CJSON_ARRAY ESX_JSON_AS_CJSON_ARRAY
+#define AS_EMPTY_ARRAY ESX_JSON_AS_EMPTY_ARRAY
 
 typedef struct enc {
     lua_State *L;
-    const void *array_mt; /* esx.array_mt */
+    esx_json_marks marks; /* esx.array_mt; package.loaded and NAMES as upvalues */
     esx_buf out;
     char err[128];
     int nomem;  /* the failure is out of memory: esx's, not the value's */
@@ -186,14 +188,14 @@ static long long array_length(lua_State *L, int idx)
 /* Whether the value at idx (absolute) is the marker NAMES[field] of a loaded cjson or
  * cjson.safe module (OpenResty's fork has them, lua-cjson 2.1.0 not).  Raw reads only: no Lua
  * code runs, no memory is allocated.  Uses two stack slots. */
-static int cjson_marker(lua_State *L, int idx, int field)
+static int cjson_marker(lua_State *L, int idx, const esx_json_marks *marks, int field)
 {
     int found = 0;
     for (int m = N_CJSON; m <= N_CJSON_SAFE && !found; m++) {
-        lua_rawgeti(L, UV_NAMES, m);
-        lua_rawget(L, UV_LOADED);
+        lua_rawgeti(L, marks->names, m);
+        lua_rawget(L, marks->loaded);
         if (lua_type(L, -1) == LUA_TTABLE) {
-            lua_rawgeti(L, UV_NAMES, field);
+            lua_rawgeti(L, marks->names, field);
             lua_rawget(L, -2);
             found = !lua_isnil(L, -1) && lua_rawequal(L, -1, idx);
             lua_pop(L, 1);
@@ -205,12 +207,71 @@ static int cjson_marker(lua_State *L, int idx, int field)
 
 /* The kind (AS_*) a metatable other than esx.array_mt, on top of the stack, asks for: one of
  * cjson's, or none.  Out of line: the common path never comes here.  Uses two stack slots. */
-__attribute__((noinline, cold)) static int foreign_kind(lua_State *L)
+__attribute__((noinline, cold)) static int foreign_kind(lua_State *L, const esx_json_marks *m)
 {
     int mt = lua_gettop(L);
-    return cjson_marker(L, mt, N_ARRAY_MT) ? AS_CJSON_ARRAY
-           : cjson_marker(L, mt, N_EMPTY_ARRAY_MT) ? AS_EMPTY_ARRAY
+    return cjson_marker(L, mt, m, N_ARRAY_MT) ? AS_CJSON_ARRAY
+           : cjson_marker(L, mt, m, N_EMPTY_ARRAY_MT) ? AS_EMPTY_ARRAY
            : AS_TABLE;
+}
+
+int esx_json_table_kind(lua_State *L, int idx, const esx_json_marks *m)
+{
+    int kind = AS_TABLE; /* what the metatable asks for: one check per table, no more */
+    if (lua_getmetatable(L, idx)) {
+        kind = lua_topointer(L, -1) == m->array_mt ? AS_ARRAY : foreign_kind(L, m);
+        lua_pop(L, 1);
+    }
+    return kind;
+}
+
+int esx_json_is_empty_array(lua_State *L, int idx, const esx_json_marks *m)
+{
+    return lua_touserdata(L, idx) == EMPTY_ARRAY || cjson_marker(L, idx, m, N_EMPTY_ARRAY);
+}
+
+void esx_json_push_empty_array(lua_State *L)
+{
+    lua_pushlightuserdata(L, EMPTY_ARRAY);
+}
+
+/* Pushes the table of NAMES, kept in the registry: json_encode's upvalue, and what
+ * esx_json_marks_push hands to the cache's encoder. */
+static void push_names(lua_State *L)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, "esx.json_names");
+    if (lua_istable(L, -1))
+        return;
+    lua_pop(L, 1);
+    int n = (int)(sizeof NAMES / sizeof NAMES[0]);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushstring(L, NAMES[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "esx.json_names");
+}
+
+/* Pushes package.loaded (the registry's _LOADED; an empty table if there is none). */
+static void push_loaded(lua_State *L)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED"); /* package.loaded, in 5.1 and 5.4 */
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+    }
+}
+
+void esx_json_marks_push(lua_State *L, esx_json_marks *m)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, "esx.array_mt");
+    m->array_mt = lua_istable(L, -1) ? lua_topointer(L, -1) : NULL; /* the registry keeps it */
+    lua_pop(L, 1);
+    push_loaded(L);
+    m->loaded = lua_gettop(L);
+    push_names(L);
+    m->names = lua_gettop(L);
 }
 
 static int value(enc *e, int idx, int depth);
@@ -222,11 +283,7 @@ static int table(enc *e, int idx, int depth)
         return fail(e, "nested too deep (over 1000 levels, or a cycle)");
     if (depth > SHALLOW && !lua_checkstack(L, SLOTS_PER_LEVEL + SLOTS_OWN))
         return fail(e, "nested too deep for the Lua stack");
-    int kind = AS_TABLE; /* what the metatable asks for: one check per table, no more */
-    if (lua_getmetatable(L, idx)) {
-        kind = lua_topointer(L, -1) == e->array_mt ? AS_ARRAY : foreign_kind(L);
-        lua_pop(L, 1);
-    }
+    int kind = esx_json_table_kind(L, idx, &e->marks);
     long long len = array_length(L, idx);
     if (len == -2)
         return fail(e, "cannot encode an excessively sparse array");
@@ -307,7 +364,7 @@ static int value(enc *e, int idx, int depth)
         void *p = lua_touserdata(L, idx);
         if (p == NULL) /* cjson.null */
             return put(e, "null", 4);
-        if (p == EMPTY_ARRAY || cjson_marker(L, idx, N_EMPTY_ARRAY))
+        if (p == EMPTY_ARRAY || cjson_marker(L, idx, &e->marks, N_EMPTY_ARRAY))
             return put(e, "[]", 2);
     }
         /* fall through */
@@ -326,7 +383,11 @@ static int json_encode(lua_State *L)
     luaL_checkany(L, 1);
     lua_settop(L, 1);
     esx_buf *b = lua_touserdata(L, UV_BUF);
-    enc e = {.L = L, .array_mt = lua_topointer(L, UV_ARRAY_MT), .out = *b, .nomem = 0};
+    enc e = {.L = L,
+             .marks = {.array_mt = lua_topointer(L, UV_ARRAY_MT), .loaded = UV_LOADED,
+                       .names = UV_NAMES},
+             .out = *b,
+             .nomem = 0};
     e.out.len = 0;
     int rc = lua_checkstack(L, SHALLOW_SLOTS) ? value(&e, 1, 1)
                                               : fail(&e, "nested too deep for the Lua stack");
@@ -367,17 +428,8 @@ void esx_ljson_encode_open(lua_State *L)
      * re-entered. */
     esx_lbuf_push(L, MAX_TEXT);
     lua_insert(L, -2); /* buffer, array_mt */
-    lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED"); /* package.loaded, in 5.1 and 5.4 */
-    if (!lua_istable(L, -1)) {
-        lua_pop(L, 1);
-        lua_newtable(L);
-    }
-    int n = (int)(sizeof NAMES / sizeof NAMES[0]);
-    lua_createtable(L, n, 0);
-    for (int i = 0; i < n; i++) {
-        lua_pushstring(L, NAMES[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
+    push_loaded(L);
+    push_names(L);
     lua_pushcclosure(L, json_encode, 4);
     lua_setfield(L, -2, "json_encode");
 }
