@@ -2220,6 +2220,52 @@ describe("shared = true (outside nginx: one process)", function()
     end
   end)
 
+  it("hands a page with esx.empty_array and esx.array_mt tables over, still [] in the other worker's JSON", function()
+    -- the hand-off copy dropped metatables (an empty esx.array_mt table, as the decoder gives
+    -- every empty JSON array, came back {}) and refused esx.empty_array (each worker loaded)
+    local core = require "esx.core"
+    local fork = require "spec.support.cjson_fork"
+    local cj, restore = fork.install("cjson")
+    local c
+    finally(function() restore() if c then c:close() end end)
+    c = new_cache(sample_db(), { shared = true })
+    local loads = 0
+    c._load_page = function()
+      loads = loads + 1
+      coroutine.yield()
+      return { { id = 1, tags = esx.empty_array, sizes = setmetatable({}, esx.array_mt),
+                 list = setmetatable({ "a" }, esx.array_mt), ca = setmetatable({}, cj.array_mt),
+                 ce = setmetatable({}, cj.empty_array_mt), cn = cj.empty_array, obj = {},
+                 src = core.json_decode('{"labels":[],"n":[[]]}') } }
+    end
+    local results = run_all{
+      function() return c:read_articles(7, 1) end,
+      function()
+        c._page_flights = {} -- "another worker": takes the page from the hand-off buffer
+        return c:read_articles(7, 1)
+      end,
+    }
+    assert.equal(1, loads)
+    local a = results[2][1][1]
+    assert.equal(esx.empty_array, a.tags)
+    assert.equal(esx.empty_array, a.cn) -- cjson's, as esx's: both are []
+    for _, k in ipairs{ "sizes", "list", "ca", "ce" } do assert.equal(esx.array_mt, getmetatable(a[k]), k) end
+    assert.equal(esx.array_mt, getmetatable(a.src.labels))
+    assert.equal(esx.array_mt, getmetatable(a.src.n[1]))
+    assert.is_nil(getmetatable(a.obj))
+    assert.is_nil(getmetatable(a.src.n))
+    local json = core.cache_json(a)
+    for k, v in pairs{ tags = "[]", sizes = "[]", list = '["a"]', ca = "[]", ce = "[]", cn = "[]", obj = "{}" } do
+      assert.truthy(json:find('"' .. k .. '":' .. v, 1, true), k .. " in " .. json)
+    end
+    assert.truthy(json:find('"labels":[]', 1, true), json)
+    assert.truthy(json:find('"n":[[]]', 1, true), json)
+    -- what the client would send of it is the same (field by field: key order is the table's)
+    assert.equal("[]", core.json_encode(a.src.labels))
+    assert.equal("[[]]", core.json_encode(a.src.n))
+    assert.equal("[]", core.json_encode(a.tags))
+  end)
+
   -- The cache's core is wrapped to count (and bound) the polls of the shared lock.
   local function counting_core(c, poll)
     local cc, n = c._cc, { polls = 0 }

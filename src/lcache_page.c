@@ -144,11 +144,30 @@ size_t esx_lpage_measure(lua_State *L, int idx, size_t limit)
 }
 
 /* Serialises the value at idx into b (shared mode's hand-off).  Fails (b->failed) on
- * functions, threads, userdata other than the NULL light userdata (cjson.null), on tables
- * nested deeper than MAX_DEPTH -- so a cycle fails -- and past the buffer's limit; it stops
- * at the first failure, so its cost is bounded by that limit.  A table referenced twice is
- * written twice. */
+ * functions, threads, userdata other than the NULL light userdata (cjson.null) and
+ * esx.empty_array (or cjson's), on tables nested deeper than MAX_DEPTH -- so a cycle fails --
+ * and past the buffer's limit; it stops at the first failure, so its cost is bounded by that
+ * limit.  A table referenced twice is written twice.  Metatables do not travel, but the
+ * empty-array markers the JSON encoders honour (ljson.h) do: esx.empty_array (and cjson's) as
+ * 'e', a table that is an array by its metatable (esx.array_mt, cjson.array_mt; an empty one
+ * with cjson.empty_array_mt) as 'A', read back as esx.empty_array and a table with
+ * esx.array_mt -- which both encoders write as the original. */
+static void walk(lua_State *L, int idx, esx_sbuf *b, int depth, const esx_json_marks *m);
+
 void esx_lpage_walk(lua_State *L, int idx, esx_sbuf *b, int depth)
+{
+    esx_json_marks marks;
+    idx = lua_absindex(L, idx);
+    if (!lua_checkstack(L, 2)) {
+        b->failed = 1;
+        return;
+    }
+    esx_json_marks_push(L, &marks);
+    walk(L, idx, b, depth, &marks);
+    lua_pop(L, 2);
+}
+
+static void walk(lua_State *L, int idx, esx_sbuf *b, int depth, const esx_json_marks *m)
 {
     if (b->failed)
         return;
@@ -189,18 +208,21 @@ void esx_lpage_walk(lua_State *L, int idx, esx_sbuf *b, int depth)
         sb_tag(b, lua_toboolean(L, idx) ? 'T' : 'F');
         return;
     case LUA_TTABLE: {
-        if (depth >= MAX_DEPTH || !lua_checkstack(L, 3)) {
+        /* a key and a value, and a light userdata's marker test (2); after the members, the
+         * table's marker test (3) */
+        if (depth >= MAX_DEPTH || !lua_checkstack(L, 4)) {
             b->failed = 1;
             return;
         }
         uint32_t count = 0;
+        size_t tag_at = b->out.len;
         sb_tag(b, 't');
         size_t count_at = b->out.len;
         sb_put(b, &count, 4);
         lua_pushnil(L);
         while (lua_next(L, idx) != 0) {
-            esx_lpage_walk(L, -2, b, depth + 1);
-            esx_lpage_walk(L, -1, b, depth + 1);
+            walk(L, lua_gettop(L) - 1, b, depth + 1, m);
+            walk(L, lua_gettop(L), b, depth + 1, m);
             count++;
             lua_pop(L, 1);
             if (b->failed) {
@@ -211,13 +233,22 @@ void esx_lpage_walk(lua_State *L, int idx, esx_sbuf *b, int depth)
         if (b->failed) /* the count itself did not fit: nothing at count_at to patch */
             return;
         memcpy(b->out.data + count_at, &count, 4);
+        int kind = esx_json_table_kind(L, idx, m);
+        if (kind == ESX_JSON_AS_ARRAY || kind == ESX_JSON_AS_CJSON_ARRAY ||
+            (kind == ESX_JSON_AS_EMPTY_ARRAY && count == 0))
+            b->out.data[tag_at] = 'A';
         return;
     }
     case LUA_TLIGHTUSERDATA:
         /* the NULL light userdata is cjson.null (and esx's JSON null): the only light
-         * userdata that means the same in every process */
+         * userdata that means the same in every process, with esx.empty_array (the address
+         * differs, the meaning not: 'e' is read back as the reader's) */
         if (lua_touserdata(L, idx) == NULL) {
             sb_tag(b, 'n');
+            return;
+        }
+        if (esx_json_is_empty_array(L, idx, m)) {
+            sb_tag(b, 'e');
             return;
         }
         b->failed = 1;
@@ -272,6 +303,10 @@ int esx_lpage_unwalk(lua_State *L, const char **p, const char *e, int depth)
     case 'n':
         lua_pushlightuserdata(L, NULL);
         return 0;
+    case 'e':
+        esx_json_push_empty_array(L);
+        return 0;
+    case 'A':
     case 't': {
         uint32_t n;
         if (e - *p < 4)
@@ -288,6 +323,13 @@ int esx_lpage_unwalk(lua_State *L, const char **p, const char *e, int depth)
                                      lua_tonumber(L, -2) != lua_tonumber(L, -2)))
                 return -1;
             lua_rawset(L, -3);
+        }
+        if (t == 'A') { /* an array by its metatable: esx.array_mt, which encodes the same */
+            lua_getfield(L, LUA_REGISTRYINDEX, "esx.array_mt");
+            if (lua_istable(L, -1))
+                lua_setmetatable(L, -2);
+            else
+                lua_pop(L, 1);
         }
         return 0;
     }
@@ -544,7 +586,7 @@ const char *esx_lpage_list_hole(lua_State *L, int idx, size_t n, char *msg, size
 
 /* Checks that the value at idx is a list of article tables with integer ids (raw fields:
  * metatables are not consulted, as nothing else here follows them -- a page handed to
- * another worker travels without them); pushes nothing.  Returns NULL or a message naming
+ * another worker travels without them, but for the empty-array markers); pushes nothing.  Returns NULL or a message naming
  * what is wrong (static, or written into msg). */
 const char *esx_lpage_check(lua_State *L, int idx, char *msg, size_t msglen)
 {

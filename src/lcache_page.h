@@ -43,8 +43,9 @@ int esx_sbuf_gc(lua_State *L);
  * or it holds what cannot be measured).  Raises only when Lua is out of memory. */
 size_t esx_lpage_measure(lua_State *L, int idx, size_t limit);
 
-/* Serialises the value at idx into b; on failure (unsupported value, too deep, over the
- * limit) b->failed is set. */
+/* Serialises the value at idx into b (metatables left behind, but for the empty-array
+ * markers of ljson.h, read back as esx.array_mt and esx.empty_array); on failure
+ * (unsupported value, too deep, over the limit) b->failed is set. */
 void esx_lpage_walk(lua_State *L, int idx, esx_sbuf *b, int depth);
 
 /* Pushes the value serialised at *p (end e), advancing *p; returns 0, or -1 on malformed
