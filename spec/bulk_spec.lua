@@ -299,6 +299,42 @@ describe("client:bulk_indexer", function()
     end
   end)
 
+  it("draws its back-off jitter from the kernel, not from math.random: indexers in processes with one math.random state do not retry in step", function()
+    -- before, the jitter came from math.random, whose state is the same in every LuaJIT
+    -- process (it is not seeded at start: every luajit prints the same first math.random())
+    -- and in every nginx worker (forked from the master): indexers of several workers or load
+    -- jobs answered 429 together drew the same back-offs and came back together, in step.
+    -- Here two indexers start from one math.random state, as those processes do, and must draw
+    -- different back-offs.  The indexer's clock is virtual (core.now/core.sleep stubbed), so
+    -- close() records its back-off sleeps without waiting them out.
+    local core = require "esx.core"
+    local real_now, real_sleep = core.now, core.sleep
+    local offset, slept = 0, {}
+    core.now = function() return real_now() + offset end
+    core.sleep = function(ms) slept[#slept + 1] = ms; offset = offset + ms end
+    finally(function() core.now, core.sleep = real_now, real_sleep end)
+    local function draws()
+      srv:reset()
+      srv:fault{ path = "/_bulk", status = 503, count = 3 }
+      slept = {}
+      math.randomseed(7)
+      local bi = c:bulk_indexer{ flush_count = 1, backoff_min = 1000000, backoff_max = 1000000 }
+      assert(bi:add("index", { _index = "p", _id = "1" }, { n = 1 }))
+      local s = bi:close()
+      assert.equal(1, s.indexed)
+      assert.equal(3, s.retried)
+      assert.equal(3, #slept)
+      for _, ms in ipairs(slept) do assert.is_true(ms > 499000 and ms <= 1000000, tostring(ms)) end
+      return slept
+    end
+    local a, b = draws(), draws()
+    -- each draw is uniform over 500 s: three pairs within 1 s of each other by chance is a
+    -- one in 10^7 event, and the same draws differ only by the ms the steps take
+    local apart = 0
+    for i = 1, 3 do if math.abs(a[i] - b[i]) > 1000 then apart = apart + 1 end end
+    assert.is_true(apart > 0, ("the same back-offs: %s / %s"):format(table.concat(a, " "), table.concat(b, " ")))
+  end)
+
   it("splits a batch the server refuses as too large (413)", function()
     srv:fault{ path = "/_bulk", status = 413, count = 1 }
     local bi = c:bulk_indexer{ flush_count = 8 }

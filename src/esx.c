@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "compat.h"
 #include "gzip.h"
+#include "hash.h"
 #include "lclass.h"
 #include "lcache.h"
 #include "lclient.h"
@@ -78,11 +79,23 @@ static int core_retry_after_ms(lua_State *L)
     return 1;
 }
 
+/* core.random() -> a number in [0, 1) from the kernel (getrandom), for back-off jitter.
+ * Not math.random: its state is the same in every LuaJIT process (never seeded at start) and
+ * in every nginx worker (forked from the master), so jitter drawn from it put the processes
+ * in step.  Keeps no state, so a fork needs nothing; a system call per draw (one per
+ * back-off). */
+static int core_random(lua_State *L)
+{
+    lua_pushnumber(L, (lua_Number)(esx_random_seed() >> 11) * 0x1.0p-53);
+    return 1;
+}
+
 static const luaL_Reg core_functions[] = {
     {"gunzip", core_gunzip},
     {"error", esx_lerror_new},
     {"sleep", core_sleep},
     {"now", core_now},
+    {"random", core_random},
     {"retry_after_ms", core_retry_after_ms},
     {NULL, NULL},
 };

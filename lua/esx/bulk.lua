@@ -18,9 +18,13 @@ local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/
 local options = require "esx.options"
 local registry = require "esx.registry"
 
-local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, remove, concat, random, floor =
+local type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, remove, concat, floor =
   type, pairs, ipairs, next, select, pcall, tostring, setmetatable, getmetatable, error, table.remove, table.concat,
-  math.random, math.floor
+  math.floor
+-- jitter from the kernel: math.random's state is the same in every LuaJIT process (never
+-- seeded at start) and in every nginx worker (forked from the master), so indexers of several
+-- processes answered 429 together drew the same back-offs and came back in step
+local random = core.random
 local insert = table.insert
 
 local _M = {}
