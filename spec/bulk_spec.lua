@@ -599,6 +599,59 @@ describe("bi:close (client closed)", function()
     assert.equal(3, #s.dropped)
     assert.equal("closed: the client is closed", s.dropped[3].reason)
   end)
+
+  -- An indexer whose batch of items 1 and 2 was answered 503 -- read by the indexer at its next
+  -- call, when the back-off (10-20 s) of their retries is drawn -- and then its client closed.
+  local function answered_503_then_client_closed()
+    -- (answered late: the add() that sends the batch must not read the answer, and be held by
+    -- the retries while the client is still open)
+    srv:fault{ path = "/_bulk", status = 503, stall_ms = 200, count = 1 }
+    -- retries worth concurrency (1) batches of flush_count (2) hold the producer
+    local bi = c:bulk_indexer{ flush_count = 2, concurrency = 1, backoff_min = 20000, backoff_max = 20000 }
+    add_docs(bi, 2)                                               -- sent
+    -- the answer reaches the client (a request done before close() keeps it): the server has
+    -- the request, then the client's slot is free again
+    local socket = require "socket"
+    local deadline = socket.gettime() + 5
+    while (srv:requests("/_bulk").counts["/_bulk"] or 0) < 1 and socket.gettime() < deadline do
+      socket.sleep(0.01)
+    end
+    while c:stats().pool.in_use > 0 and socket.gettime() < deadline do socket.sleep(0.01) end
+    socket.sleep(0.05)
+    c:close()
+    return bi
+  end
+
+  it("does not wait out the back-off of retries that the closed client can never send", function()
+    -- before, close() slept until the retries of items 1 and 2 were due (10-20 s here; up to
+    -- backoff_max, or a Retry-After's 30 s), only to drop them then with "closed": a shutdown
+    -- that closes the client first blocked for nothing
+    local bi = answered_503_then_client_closed()
+    local core = require "esx.core"
+    local t0 = core.now()
+    local s = bi:close()
+    assert.is_true(core.now() - t0 < 2000, "close took " .. (core.now() - t0) .. " ms")
+    assert.equal(2, s.added)
+    assert.equal(2, s.failed)
+    assert.equal(2, s.retried) -- (the 503 was read: they waited out a back-off)
+    assert.equal(2, #s.dropped)
+    for _, d in ipairs(s.dropped) do assert.equal("closed: the client is closed", d.reason) end
+  end)
+
+  it("does not hold the producer for the back-off of retries that the closed client can never send", function()
+    -- before, the add() that read the 503 and found retries worth a batch waiting slept 10-20 s
+    local bi = answered_503_then_client_closed()
+    local core = require "esx.core"
+    local t0 = core.now()
+    assert(bi:add("index", { _index = "p", _id = "3" }, { n = 3 }))
+    assert.is_true(core.now() - t0 < 2000, "add took " .. (core.now() - t0) .. " ms")
+    local st = bi:stats()
+    assert.equal(2, st.retried)
+    assert.equal(0, st.delayed)
+    local s = bi:close()
+    assert.equal(3, s.failed)
+    assert.equal(0, s.indexed)
+  end)
 end)
 
 describe("bi:close (never called)", function()

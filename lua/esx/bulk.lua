@@ -199,6 +199,12 @@ local function retry_after(err)
   return ms < RETRY_AFTER_MAX and ms or RETRY_AFTER_MAX
 end
 
+-- True once the indexer's client is closed, for good: nothing can ever be sent again.
+local function client_closed(self)
+  local s, err = self.client:stats()
+  return s == nil and err.kind == "closed"
+end
+
 -- Whole-request failures in which the request never reached a node (nothing was applied).
 local not_sent = { pool_timeout = true, connect_timeout = true, connect = true, no_nodes = true }
 
@@ -207,7 +213,7 @@ local not_sent = { pool_timeout = true, connect_timeout = true, connect = true, 
 -- failure that may have come after the node applied the batch (a timeout, a reset, a 502 from a
 -- proxy), the items are marked: a 409 for the retry is then the earlier attempt's own write.
 local function batch_failed(self, items, err)
-  local final = err.kind == "closed" and not self.client:stats()
+  local final = err.kind == "closed" and client_closed(self)
   local maybe_applied = not not_sent[err.kind] and err.status ~= 429
   local not_before, due = retry_after(err), {}
   for _, it in ipairs(items) do
@@ -444,9 +450,14 @@ local function pump(self, splits_only)
   arm(self)
 end
 
--- Moves the retries that are due (all: every one) to the buffer -> how many it moved.
+-- Moves the retries that are due (all: every one) to the buffer -> how many it moved.  Once
+-- the client is closed every one is due: no back-off can make it sendable, and sent, each is
+-- dropped at once ("closed"), as the items of a request that failed because it was closed --
+-- rather than close(), or an add() held by the retries, sleeping out their back-off (up to
+-- backoff_max, or a Retry-After's 30 s) to drop them then.
 local function take_due(self, all)
   if #self.delayed == 0 then return 0 end
+  all = all or client_closed(self)
   local t, keep, n = now(), {}, #self.delayed
   for _, d in ipairs(self.delayed) do -- one pass: removing in place is quadratic
     if all or d.due <= t then
@@ -595,7 +606,7 @@ function Indexer:add(action, meta, doc)
   -- rather than piling up every document it is given in memory.
   while #self.delayed > 0 and (#self.delayed >= self.o.concurrency * self.o.flush_count or
         self.delayed_bytes >= self.o.concurrency * self.o.flush_bytes) do
-    sleep(soonest_due(self) - now())
+    if not client_closed(self) then sleep(soonest_due(self) - now()) end
     self:flush()
     while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
     if #self.inflight >= self.o.concurrency then settle_oldest(self) end
@@ -612,7 +623,7 @@ function Indexer:close()
   self:flush()
   while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 or #self.splits > 0 do
     while #self.inflight > 0 do settle_oldest(self) end
-    if #self.delayed > 0 then sleep(soonest_due(self) - now()) end
+    if #self.delayed > 0 and not client_closed(self) then sleep(soonest_due(self) - now()) end
     self:flush()
   end
   local s = self:stats()
