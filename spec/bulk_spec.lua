@@ -862,6 +862,19 @@ describe("bi:add and bi:close (light threads sharing an indexer in nginx)", func
     assert.equal(4, s.indexed)
   end)
 
+  it("close() in two threads at once returns the one summary to both", function()
+    -- before, the close() that finished its wait second found the indexer closed by the other
+    -- one and raised "attempt to index a nil value" (its stats() answered nil, closed)
+    srv:fault{ path = "/_bulk", stall_ms = 100, count = -1 }
+    local bi = c:bulk_indexer{ concurrency = 1, flush_count = 2 }
+    local a, b
+    run(function() add_docs(bi, 4) a = bi:close() end,
+        function() b = bi:close() end)
+    assert.equal(4, a.added)
+    assert.equal(4, a.indexed)
+    assert.equal(a, b)
+  end)
+
   it("close() counts every item of a batch whose on_drop yields", function()
     -- before, on_drop ran in the middle of the batch: while it yielded the rest of the batch
     -- was nowhere, and close() in the other thread returned without it

@@ -626,6 +626,9 @@ function Indexer:close()
     if #self.delayed > 0 and not client_closed(self) then sleep(soonest_due(self) - now()) end
     self:flush()
   end
+  -- another light thread's close() may have finished first while this one waited (in nginx,
+  -- for the same batch): the one summary is the answer to both
+  if self.summary then return self.summary end
   local s = self:stats()
   s.dropped = self.dropped
   s.on_drop_error = self.on_drop_error
