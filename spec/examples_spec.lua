@@ -246,6 +246,14 @@ describe("the example nginx and the demo #nginx", function()
     table.sort(rows, function(a, b) return a.type < b.type end)
     assert.same({ "click", 2, 2 }, { rows[1].type, rows[1].count, rows[1].uniques })
     assert.same({ "view", 8, 4 }, { rows[2].type, rows[2].count, rows[2].uniques })
+    -- a from or to that is not an integer is the client's mistake: 400, not the 500 of the
+    -- error esx.collector.totals raises on it
+    for _, q in ipairs{ "from=1.5", "to=now", "from=1e300", "to=0x1p60" } do
+      local st, b = http(port, "GET", "/api/rollups?site=news&" .. q)
+      assert.equal(400, st, q .. ": " .. tostring(b))
+      assert.matches("must be an integer", b)
+    end
+    assert.equal(200, (http(port, "GET", "/api/rollups?site=news&from=0&to=")))
     local _, sites = http(port, "GET", "/api/sites")
     assert.same({ "news" }, cjson.decode(sites).sites)
     local _, metrics = http(port, "GET", "/metrics")

@@ -56,6 +56,18 @@ local function id_arg(name)
   return v
 end
 
+-- An optional time in ms (nil when absent or empty).  esx.collector.totals raises on one that
+-- is not an integer (caller mistakes raise): a client's ?from=1.5 or ?to=now was a 500.
+local function ms_arg(name)
+  local raw = ngx.var["arg_" .. name]
+  if raw == nil or raw == "" then return nil end
+  local v = tonumber(raw)
+  if not v or v ~= math.floor(v) or v <= -2 ^ 53 or v >= 2 ^ 53 then
+    return json(400, { error = "query parameter '" .. name .. "' must be an integer (ms)" })
+  end
+  return v
+end
+
 --- location = /collect
 function _M.collect()
   return esx_nginx.collect(col)
@@ -92,7 +104,7 @@ end
 function _M.rollups()
   local site = ngx.var.arg_site
   if not site or not site:match("^[%w_.-]+$") then return json(400, { error = "site expected" }) end
-  local q = { site_id = site, from = tonumber(ngx.var.arg_from), to = tonumber(ngx.var.arg_to) }
+  local q = { site_id = site, from = ms_arg("from"), to = ms_arg("to") }
   local totals, err = collector_mod.totals(client, q)
   if not totals then return json(502, { error = tostring(err) }) end
   q.by_window = true
