@@ -254,6 +254,15 @@ describe("the example nginx and the demo #nginx", function()
       assert.matches("must be an integer", b)
     end
     assert.equal(200, (http(port, "GET", "/api/rollups?site=news&from=0&to=")))
+    -- a batch under max_body (64 KiB) stays in memory, as docs/nginx.md says to configure
+    -- /collect: nginx's default client_body_buffer_size (16k) wrote it to a temporary file
+    -- first, and the handler read it back from disk, on the worker's event loop
+    local big = {}
+    for i = 1, 20 do big[i] = { site_id = "big", type = "view", user_id = "u" .. i } end
+    local batch = cjson.encode(big) .. string.rep(" ", 40000)
+    assert.equal(204, (http(port, "POST", "/collect", batch, { ["Content-Type"] = "application/json" })))
+    local log = io.open(dir .. "/error.log"):read("*a")
+    assert.falsy(log:find("buffered to a temporary file", 1, true), log)
     local _, sites = http(port, "GET", "/api/sites")
     assert.same({ "news" }, cjson.decode(sites).sites)
     local _, metrics = http(port, "GET", "/metrics")
