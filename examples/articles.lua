@@ -14,6 +14,9 @@
 local _M = {}
 
 _M.PAGE_SIZE = 20
+-- the last page a search can reach: from + size is at most index.max_result_window (10000 by
+-- default); past it Elasticsearch refuses the search (400)
+_M.MAX_PAGE = math.floor(10000 / _M.PAGE_SIZE)
 _M.READS_PAGE = 10000 -- reads one search returns (index.max_result_window's default)
 _M.MAX_READS = 1000000 -- reads since the bulk load one article may have: past it,
                        -- load_readers raises (bulk-load the reader sets again) rather than

@@ -229,6 +229,13 @@ describe("the example nginx and the demo #nginx", function()
     page = cjson.decode(select(2, http(port, "GET", "/articles?user=9&page=1")))
     assert.same({ 25, true }, { page[1].id, page[1].read })
     assert.equal(400, (http(port, "GET", "/articles?user=x&page=1")))
+    -- a page no search can reach (from + size past index.max_result_window): 400, not 502
+    assert.equal(200, (http(port, "GET", "/articles?user=7&page=500")))
+    for _, p in ipairs{ 501, 2 ^ 40 } do
+      local st, b = http(port, "GET", ("/articles?user=7&page=%d"):format(p))
+      assert.equal(400, st, b)
+      assert.matches("page must be 1%-500", b)
+    end
     local events = {}
     for i = 1, 10 do
       events[i] = { site_id = "news", type = i <= 8 and "view" or "click", block_id = "hero",

@@ -76,7 +76,10 @@ end
 --- location = /articles  GET ?user=U&page=P -> the page's articles with `read` for U
 function _M.articles()
   local user, page = id_arg("user"), id_arg("page")
-  if page < 1 then return json(400, { error = "page must be >= 1" }) end
+  -- (a page past MAX_PAGE was the client's mistake answered 502: Elasticsearch refuses it)
+  if page < 1 or page > articles.MAX_PAGE then
+    return json(400, { error = "page must be 1-" .. articles.MAX_PAGE })
+  end
   local body, err = cache:read_articles_json(user, page)
   if not body then return json(502, { error = tostring(err) }) end
   ngx.header["Content-Type"] = "application/json"
