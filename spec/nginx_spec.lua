@@ -351,3 +351,56 @@ describe("esx.nginx.collect", function()
     assert.same({ 200 }, answers)
   end)
 end)
+
+-- The bulk indexer's back-off is jittered so that indexers that were refused at the same
+-- moment (429) do not retry at the same moment.  LuaJIT's math.random starts from one fixed
+-- state, and every nginx worker inherits it from the master: the indexers of all workers drew
+-- the same "random" jitter, and retried in step.
+describe("esx.bulk's back-off jitter in nginx workers #nginx", function()
+  it("differs from one worker to the other", function()
+    local ds = require "spec.support.devserver"
+    local es, web = ds.start{}, nil
+    finally(function()
+      if web then web:stop() end
+      es:stop()
+    end)
+    es:fault{ path = "/_bulk", item_status = 429, count = 100 }
+    web = nginx.start{
+      workers = 2,
+      http = ([[
+        init_by_lua_block { package.loaded.jitter_client = require("esx").client{ hosts = { "%s" } } }
+      ]]):format(es.url),
+      server = [[
+        location = /jitter {
+          content_by_lua_block {
+            local core = require "esx.core"
+            -- 100 s, jittered: a wait in [50 s, 100 s); the retry never comes in this spec
+            local bi = package.loaded.jitter_client:bulk_indexer{ backoff_min = 100000,
+              backoff_max = 100000, max_retries = 1, flush_interval = 0 }
+            package.loaded.jitter_keep = bi -- (not collected with an item it never sent)
+            bi:add("index", { _index = "jitter" }, { n = 1 })
+            bi:flush()
+            local deadline = core.now() + 5000
+            while not bi.delayed[1] and core.now() < deadline do ngx.sleep(0.01) end
+            local d = bi.delayed[1]
+            ngx.say(ngx.worker.id(), " ", d and math.floor(d.due - core.now()) or "none")
+          }
+        }
+      ]],
+    }
+    local waits = {}
+    for _ = 1, 60 do
+      local status, body = web:get("/jitter")
+      assert.equal(200, status, body)
+      local id, wait = body:match("^(%d+) (%d+)")
+      assert.truthy(id, body)
+      waits[id] = waits[id] or tonumber(wait) -- each worker's first draw
+      if waits["0"] and waits["1"] then break end
+    end
+    assert.truthy(waits["0"] and waits["1"], "both workers answered")
+    -- identical draws differ by the few ms between the two measures; independent ones by
+    -- up to 50 s (within 200 ms of each other: 0.4% of the time)
+    assert.is_true(math.abs(waits["0"] - waits["1"]) > 200,
+      ("worker 0 waits %d ms, worker 1 %d ms"):format(waits["0"], waits["1"]))
+  end)
+end)
