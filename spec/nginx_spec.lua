@@ -404,3 +404,75 @@ describe("esx.bulk's back-off jitter in nginx workers #nginx", function()
       ("worker 0 waits %d ms, worker 1 %d ms"):format(waits["0"], waits["1"]))
   end)
 end)
+
+-- The collector's retry back-off is jittered too (src/collector_queue.c), from a generator
+-- seeded when the collector is made: one made in init_by_lua, as docs/nginx.md advises, was
+-- seeded in the master, and the fork left every worker the same seed -- the workers' retries
+-- of a 429 fell due in step.
+describe("the collector's retry jitter in nginx workers #nginx", function()
+  it("differs from one worker to the other for a collector made in init_by_lua", function()
+    local ds = require "spec.support.devserver"
+    local es, web = ds.start{}, nil
+    finally(function()
+      if web then web:stop() end
+      es:stop()
+    end)
+    es:fault{ path = "/_bulk", item_status = 429, count = 1000 } -- every item, every time
+    web = nginx.start{
+      workers = 2,
+      http = ([[
+        lua_shared_dict jitter 64k;
+        init_by_lua_block {
+          local esx = require "esx"
+          -- a retry waits 2-4 s (backoff_max 4 s, equal jitter)
+          package.loaded.jitter_col = assert(esx.collector{ sink = esx.client{ hosts = { "%s" } },
+            flush_interval = 10, retry_backoff_min = 4000, retry_backoff_max = 4000 })
+        }
+        init_worker_by_lua_block {
+          ngx.timer.at(0, function()
+            local core, col = require "esx.core", package.loaded.jitter_col
+            local status = col:handle{ method = "POST", body = '{"site_id":"s","type":"view"}',
+                                       headers = { ["content-type"] = "application/json" } }
+            -- the times between this worker's bulk requests: the back-offs it drew
+            local times, last = {}, 0
+            local deadline = core.now() + 20000
+            while #times < 4 and core.now() < deadline do
+              local n = col:stats().bulk_requests
+              if n > last then last = n times[#times + 1] = core.now() end
+              ngx.sleep(0.005)
+            end
+            local gaps = {}
+            for i = 2, #times do gaps[#gaps + 1] = math.floor(times[i] - times[i - 1]) end
+            ngx.shared.jitter:set(tostring(ngx.worker.id()), status .. " " .. table.concat(gaps, " "))
+          end)
+        }
+      ]]):format(es.url),
+      server = [[
+        location = /gaps { content_by_lua_block { ngx.say(ngx.shared.jitter:get(ngx.var.arg_w)) } }
+      ]],
+    }
+    local gaps = {}
+    for _ = 1, 300 do
+      for w = 0, 1 do
+        local _, body = web:get("/gaps?w=" .. w)
+        if body ~= "nil\n" then gaps[w] = gaps[w] or body end
+      end
+      if gaps[0] and gaps[1] then break end
+      require("socket").sleep(0.1)
+    end
+    assert.truthy(gaps[0] and gaps[1], "both workers measured")
+    local a, b = {}, {}
+    for n in gaps[0]:gmatch("%d+") do a[#a + 1] = tonumber(n) end
+    for n in gaps[1]:gmatch("%d+") do b[#b + 1] = tonumber(n) end
+    assert.same({ 204, 204 }, { a[1], b[1] })
+    assert.equal(4, #a, gaps[0])
+    assert.equal(4, #b, gaps[1])
+    -- drawn alike, the gaps differ by the polling's few ms; drawn apart, by up to 2 s each
+    -- (all three within 100 ms of the other worker's: 0.1% of the time)
+    local apart = false
+    for i = 2, 4 do
+      if math.abs(a[i] - b[i]) > 100 then apart = true end
+    end
+    assert.is_true(apart, "worker 0: " .. gaps[0] .. ", worker 1: " .. gaps[1])
+  end)
+end)

@@ -14,6 +14,7 @@
 
 #include "clock.h"
 #include "collector_int.h"
+#include "hash.h"
 #include "private.h"
 #include "proc.h"
 
@@ -119,7 +120,7 @@ esx_collector *esx_collector_new(const esx_collector_config *cfg, esx_client *cl
         goto fail;
     }
     esx_idgen_init(&col->ids);
-    col->rng = (unsigned)esx_now_ms() ^ (unsigned)esx_pid();
+    col->rng = (unsigned)esx_random_seed();
     esx_client_ref(client);
     col->client = client;
     col->pid = esx_pid();
@@ -134,7 +135,8 @@ fail:
 /* A collector inherited through fork, in the child: the parent's thread, requests and spool
  * files are the parent's.  The memory is our copy: drop its queue (in-flight batches belong
  * to the parent's engine and are left alone), re-create the locks, and re-seed the id
- * generator so parent and child never mint the same event_id.  Starts nothing. */
+ * generator so parent and child never mint the same event_id, and the retry jitter's so that
+ * they do not retry in step.  Starts nothing. */
 static void adopt(esx_collector *col)
 {
     init_locks(col);
@@ -183,6 +185,9 @@ static void adopt(esx_collector *col)
     if (inherited >= 0)
         close(inherited);
     esx_idgen_init(&col->ids);
+    /* and the retry jitter's generator: a collector made in nginx's init_by_lua left every
+     * worker the master's, and the workers' retries of a 429 fell due in step */
+    col->rng = (unsigned)esx_random_seed();
     col->running = 0;
     col->pid = esx_pid();
 }
