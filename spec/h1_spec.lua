@@ -741,6 +741,32 @@ describe("broken responses", function()
     c:close()
   end)
 
+  it("returns nil, err reset on chunks whose framing outweighs the data they carry", function()
+    -- one body byte a chunk, each chunk size line 1 KiB of extension: within every line bound,
+    -- ~1,000 bytes read a body byte, so max_response_bytes was reached only after ~1,000 times
+    -- that on the wire (1 GiB for 1 MiB) -- the framing may be at most 16 times the data
+    local c = client{ max_response_bytes = 1024 * 1024 }
+    local p = assert(c:send("GET", "/"))
+    local conn = assert(l:accept())
+    assert(net.read_request(conn))
+    assert(conn:send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"))
+    local chunk = ("1;" .. ("e"):rep(1000) .. "\r\nx\r\n"):rep(64)
+    local sent, t0 = 0, socket.gettime()
+    conn:settimeout(0.5)
+    while not p:ready() and socket.gettime() - t0 < 5 do
+      local n, _, partial = conn:send(chunk)
+      sent = sent + (n or partial or 0)
+    end
+    assert.is_true(p:wait(5000), "still reading after " .. sent .. " bytes")
+    local res, err = p:result()
+    assert.is_nil(res)
+    assert.equal("reset", err.kind, err.message)
+    assert.truthy(err.message:find("^bad HTTP response: "), err.message)
+    -- (sent: what the kernel took, read or not; libcurl's transfers are looked at every 20 ms)
+    assert.is_true(sent < 64 * 1024 * 1024, sent .. " bytes sent")
+    c:close()
+  end)
+
   it("returns nil, err decode when the response head passes 64 KiB", function()
     local c = client()
     local big = ("X-Big: " .. ("b"):rep(1000) .. "\r\n"):rep(70)

@@ -18,6 +18,7 @@
 
 #include "clock.h"
 #include "engine_int.h"
+#include "h1.h"
 #include "tcpinfo.h"
 #include "version.h"
 
@@ -186,6 +187,10 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
                              conn_primary_port);
     req->curl_gap_from = -1;
     req->passed_on = 0;
+    unsigned long long base;
+    req->curl_base = req->curl_fd >= 0 && esx_tcp_consumed(req->curl_fd, &base) == 0 ?
+                         (long long)base : -1;
+    req->curl_gap_at = 0; /* looked at from the first progress call on */
     if (req->curl_fd >= 0 && reused_with_bytes_waiting(req, req->curl_fd)) {
         req->curl_stale = 1; /* libcurl closes the connection; esx_eng_on_transfer_done restarts */
         return CURL_PREREQFUNC_ABORT;
@@ -197,29 +202,32 @@ static int on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
     return CURL_PREREQFUNC_OK;
 }
 
-/* 1 when libcurl has read more than MAX_GAP bytes of req's connection without passing any
- * of them on (a response line, body bytes).  What it may hold back is bounded -- a header
- * line (100 KB, its own limit), a chunk's size line, a TLS record -- but not what it skips:
- * the rest of a chunk size line ("1;" and then bytes for ever) was read without end, each
- * byte activity for socket_timeout, where h1.c refuses a line over 1 KiB.  Looked at every
- * GAP_CHECK_MS at most: two system calls, while a transfer waits for its answer. */
+/* 1 (MAX_GAP) or 2 (framing) when libcurl has read more of req's connection than it passes on (response lines, body
+ * bytes): MAX_GAP bytes since it last passed any, or more than h1.c allows chunked framing
+ * (ESX_H1_FRAMING_RATIO times the bytes passed on, plus the slack) in all.  What it may hold
+ * back is bounded -- a header line (100 KB, its own limit), a chunk's size line, a TLS
+ * record -- but not what it skips: the rest of a chunk size line ("1;" and then bytes for
+ * ever) was read without end, each byte activity for socket_timeout, and one body byte a
+ * chunk behind a long extension took ~1,000 bytes a byte to reach max_response_bytes.
+ * Looked at every GAP_CHECK_MS at most: two system calls. */
 #define MAX_GAP (256 * 1024)
 #define GAP_CHECK_MS 20
 static int read_without_passing_on(esx_request *req)
 {
-    if (req->passed_on) {
-        req->passed_on = 0;
-        req->curl_gap_from = -1;
-        return 0;
-    }
     int64_t now = esx_now_ms();
-    if (req->curl_fd < 0 || (req->curl_gap_from >= 0 && now - req->curl_gap_at < GAP_CHECK_MS))
+    if (req->curl_fd < 0 || now - req->curl_gap_at < GAP_CHECK_MS)
         return 0;
     unsigned long long read;
     if (esx_tcp_consumed(req->curl_fd, &read) != 0)
         return 0;
     req->curl_gap_at = now;
-    if (req->curl_gap_from < 0) {
+    unsigned long long passed = (unsigned long long)req->head_in + req->wire_in;
+    if (req->curl_base >= 0 && read > (unsigned long long)req->curl_base &&
+        read - (unsigned long long)req->curl_base >
+            ESX_H1_FRAMING_SLACK + ESX_H1_FRAMING_RATIO * passed + MAX_GAP)
+        return 2;
+    if (req->passed_on || req->curl_gap_from < 0) {
+        req->passed_on = 0;
         req->curl_gap_from = (long long)read;
         return 0;
     }
@@ -235,10 +243,15 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
         req->ul_seen = (long long)ulnow;
         req->last_activity = esx_now_ms();
     }
-    if (!req->curl_connecting && read_without_passing_on(req)) {
+    int over = req->curl_connecting ? 0 : read_without_passing_on(req);
+    if (over) {
         req->abort_kind = ESX_ERESET; /* esx_eng_on_transfer_done */
-        snprintf(req->abort_msg, sizeof req->abort_msg,
-                 "bad HTTP response: %d KiB without response bytes", MAX_GAP / 1024);
+        if (over == 1)
+            snprintf(req->abort_msg, sizeof req->abort_msg,
+                     "bad HTTP response: %d KiB without response bytes", MAX_GAP / 1024);
+        else
+            snprintf(req->abort_msg, sizeof req->abort_msg,
+                     "bad HTTP response: chunk framing outweighs the data it carries");
         return 1;
     }
     return 0;
@@ -421,6 +434,7 @@ static int setup_easy(esx_engine *e, esx_request *req, const esx_node *node, int
     req->curl_lport = req->curl_rport = 0;
     req->curl_fd = -1;
     req->curl_gap_from = -1;
+    req->curl_base = -1;
     req->passed_on = 0;
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, req);
     curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);

@@ -307,19 +307,25 @@ int esx_h1_feed(esx_h1_parser *p, const char *data, size_t n, size_t *used)
             }
             i += take;
             p->remaining -= (int64_t)take;
+            if (p->state == S_CHUNK_DATA)
+                p->chunked_data += take;
             if (p->remaining == 0)
                 p->state = p->state == S_BODY ? S_DONE : S_CHUNK_END;
             break;
         }
         case S_CHUNK_SIZE:
             got = take_line(p, data, n, &i, MAX_CHUNK_LINE, &line, &len);
+            p->framing += i - before;
             if (got < 0)
                 rc = fail(p, "chunk size line too long");
+            else if (p->framing > ESX_H1_FRAMING_SLACK + ESX_H1_FRAMING_RATIO * p->chunked_data)
+                rc = fail(p, "chunk framing outweighs the data it carries");
             else if (got > 0)
                 rc = chunk_size(p, line, len);
             break;
         case S_CHUNK_END:
             got = take_line(p, data, n, &i, MAX_CHUNK_LINE, &line, &len);
+            p->framing += i - before;
             if (got < 0 || (got > 0 && len != 0))
                 rc = fail(p, "missing line end after a chunk");
             else if (got > 0)

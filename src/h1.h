@@ -25,6 +25,13 @@
 #define ESX_H1_MAX_HEAD (64 * 1024)
 /* The largest Content-Length or chunk size esx reads (2^60): a longer one is a bad response. */
 #define ESX_H1_MAX_LENGTH ((int64_t)1 << 60)
+/* Chunked framing (size lines, extensions, line ends) may pass the data it carries by this
+ * factor, plus the slack below; more is a bad response.  Each line is bounded, but without
+ * this a server sending one byte a chunk behind a 1 KiB extension made esx read ~1,000 bytes
+ * a body byte before max_response_bytes was reached.  One-byte chunks with no extension
+ * ("1\r\nx\r\n") are 5 bytes of framing a byte: well within. */
+#define ESX_H1_FRAMING_RATIO 16
+#define ESX_H1_FRAMING_SLACK (64 * 1024)
 
 /* A header line of the response (the status line first, starting "HTTP/"), without its line
  * end.  Returns 0 to stop parsing (the feed then returns ESX_H1_ABORT). */
@@ -46,6 +53,8 @@ typedef struct esx_h1_parser {
     int has_length;
     int64_t length;     /* Content-Length */
     int64_t remaining;  /* body or chunk bytes still to come */
+    uint64_t framing;   /* chunked: size line, extension and line end bytes so far */
+    uint64_t chunked_data; /* chunked: data bytes so far */
     int close;          /* "Connection: close" */
     int ka;             /* "Connection: keep-alive" (HTTP/1.0) */
     int te_other;       /* a transfer coding other than chunked: the body ends at the close */

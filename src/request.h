@@ -92,10 +92,13 @@ struct esx_request {
     size_t wire_in;             /* response body bytes received on the wire */
     int curl_fd;                /* the libcurl attempt's socket once it has a connection,
                                  * else -1 (engine_curl.c) */
+    unsigned char passed_on;    /* a response line or body bytes came since the last look
+                                 * (here: in the padding after curl_fd) */
     int64_t curl_gap_at;        /* when curl_gap_from was last looked at */
-    long long curl_gap_from;    /* bytes read from curl_fd when libcurl last passed on none
-                                 * of them, -1 when it passed some on since (engine_curl.c) */
-    unsigned char passed_on;    /* a response line or body bytes came since the last look */
+    long long curl_gap_from;    /* bytes read from curl_fd when libcurl last passed on some
+                                 * of them, -1 before the first look (engine_curl.c) */
+    long long curl_base;        /* bytes read from curl_fd before this attempt's response, -1
+                                 * when the kernel does not tell (engine_curl.c) */
     long long ul_seen;          /* request body bytes the attempt wrote: as of libcurl's
                                  * last progress call (then its total, when the attempt
                                  * ends), or as h1conn.c wrote them; stats().bytes counts them */
