@@ -3670,9 +3670,9 @@ describe("esxd", function()
       assert.is_nil(b.items[1].index.status)
     end)
     it("search body features esxd lacks are refused, not ignored", function()
-      for _, k in ipairs({ "collapse", "highlight", "fields", "docvalue_fields", "pit",
+      for _, k in ipairs({ "collapse", "highlight", "pit",
           "terminate_after", "rescore", "indices_boost", "script_fields", "runtime_mappings", "suggest" }) do
-        local v = (k == "search_after" or k == "fields" or k == "docvalue_fields" or k == "indices_boost")
+        local v = (k == "search_after" or k == "indices_boost")
           and { "x" } or (k == "terminate_after" and 1 or { x = {} })
         local st, b = search("/events-a/_search", { [k] = v })
         assert.equal(400, st, k)
@@ -3868,6 +3868,135 @@ describe("esxd", function()
       assert.same({ "3" }, ids(b))
       _, b = jreq("GET", "/events-*/_search?q=whale")
       assert.same({ "5" }, ids(b))
+    end)
+  end)
+
+  describe("search fields and docvalue_fields", function()
+    local null = cjson.null
+    local function setup_ff()
+      local st = jreq("PUT", "/ff", { mappings = { dynamic = false, properties = {
+        brand = { properties = { name = { type = "text", fields = { keyword = { type = "keyword" } } }, code = { type = "keyword" } } },
+        price = { type = "double" }, qty = { type = "integer" }, ok = { type = "boolean" }, ip = { type = "ip" },
+        when = { type = "date" }, day = { type = "date", format = "yyyy/MM/dd||epoch_millis" },
+        tag = { type = "keyword", ignore_above = 5 }, nv = { type = "keyword", null_value = "NONE" },
+        t = { type = "text" }, copy = { type = "keyword", copy_to = "all" }, all = { type = "keyword" } } } })
+      assert.equal(200, st)
+      put_doc("ff", "1", { brand = { name = "Acme Corp", code = "A1" }, price = 5, qty = "7.9", ok = "true",
+        ip = "::ffff:10.0.0.1", when = "2024-05-01T10:20:30Z", day = "2024/05/01", tag = { "short", "toolong" },
+        nv = null, t = "Hello World", free = { x = 1, y = { "a", "b" } }, copy = "c" })
+    end
+    local function hit_of(body)
+      local st, b = jreq("POST", "/ff/_search?filter_path=hits.hits", body)
+      assert.equal(200, st, cjson.encode(b))
+      return b.hits.hits[1], b
+    end
+
+    it("fields: names, patterns and multi-fields, values as the mappings make them, every value an array", function()
+      setup_ff()
+      local h = hit_of({ _source = false, fields = { "brand.*", "price", "qty", "ok", "ip", "when", "day", "tag",
+        "nv", "t", "copy", "all", "free.x", "nope", "brand" } })
+      -- unmapped (free.x), unknown (nope), objects (brand) and copy_to targets (all) are left out
+      assert.same({ _index = "ff", _id = "1", _score = 1, fields = {
+        ["brand.name"] = { "Acme Corp" }, ["brand.name.keyword"] = { "Acme Corp" }, ["brand.code"] = { "A1" },
+        price = { 5 }, qty = { 7 }, ok = { true }, ip = { "10.0.0.1" }, when = { "2024-05-01T10:20:30.000Z" },
+        day = { "2024/05/01" }, tag = { "short" }, nv = { "NONE" }, t = { "Hello World" }, copy = { "c" } } }, h)
+      local _, _, raw = req("POST", "/ff/_search", { _source = false, fields = { "price" } })
+      assert.truthy(raw:find('"fields":{"price":[5.0]}', 1, true), raw)
+      -- without _source false, both; a hit without any of the fields has no "fields"
+      h = hit_of({ fields = { "brand.code" } })
+      assert.same({ "A1" }, h.fields["brand.code"])
+      assert.equal("Acme Corp", h._source.brand.name)
+      h = hit_of({ fields = { "nope*", "free.x" } })
+      assert.same({ _index = "ff", _id = "1", _score = 1, _source = h._source }, h)
+    end)
+
+    it("fields: include_unmapped returns _source values of unmapped fields", function()
+      setup_ff()
+      local h = hit_of({ _source = false, fields = { { field = "free.*", include_unmapped = true }, { field = "qty" } } })
+      assert.same({ ["free.x"] = { 1 }, ["free.y"] = { "a", "b" }, qty = { 7 } }, h.fields)
+    end)
+
+    it("fields and docvalue_fields: a date format in the object form; other formats refused as ES does", function()
+      setup_ff()
+      local h = hit_of({ _source = false, fields = { { field = "when", format = "epoch_millis" },
+        { field = "day", format = "yyyy-MM-dd'T'HH:mm" } },
+        docvalue_fields = { { field = "when", format = "epoch_second" } } })
+      assert.same({ when = { "1714558830000" }, day = { "2024-05-01T00:00" } }, h.fields)
+      h = hit_of({ _source = false, docvalue_fields = { { field = "when", format = "strict_date||epoch_millis" } } })
+      assert.same({ when = { "2024-05-01" } }, h.fields)
+      local function fails(body, reason)
+        local st, b = jreq("POST", "/ff/_search", body)
+        assert.equal(400, st)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.equal("all shards failed", b.error.reason)
+        assert.same({ { type = "illegal_argument_exception", reason = reason } }, b.error.root_cause)
+        assert.same({ type = "illegal_argument_exception", reason = reason }, b.error.failed_shards[1].reason)
+        assert.equal("ff", b.error.failed_shards[1].index)
+      end
+      fails({ fields = { { field = "when", format = "foo" } } }, "Invalid format: [foo]: Unknown pattern letter: f")
+      fails({ docvalue_fields = { { field = "when", format = "yyyy'x" } } },
+        "Invalid format: [yyyy'x]: Pattern ends with an incomplete string literal: yyyy'x")
+      fails({ fields = { { field = "brand.code", format = "x" } } }, "Field [brand.code] of type [keyword] doesn't support formats.")
+      fails({ fields = { { field = "qty", format = "0.0" } } }, "Field [qty] of type [integer] doesn't support formats.")
+      -- no hits: no fetch phase, no failure
+      local st, b = jreq("POST", "/ff/_search", { query = { term = { ["brand.code"] = "zz" } },
+        fields = { { field = "when", format = "foo" } } })
+      assert.equal(200, st)
+      assert.equal(0, b.hits.total.value)
+    end)
+
+    it("docvalue_fields: doc values (sorted, keywords once, copy_to included); text without fielddata refused", function()
+      setup_ff()
+      put_doc("ff", "2", { tag = { "b", "a", "b" }, qty = { 3, 1, 3 }, ok = { true, false }, copy = "z",
+        brand = { name = "Zed Zed" } })
+      local st, b = jreq("POST", "/ff/_search?filter_path=hits.hits", { _source = false, query = { ids = { values = { "2" } } },
+        docvalue_fields = { "tag", "qty", "ok", "all", "brand.name.keyword", "nope", { field = "when" } } })
+      assert.equal(200, st)
+      assert.same({ { _index = "ff", _id = "2", _score = 1, fields = { tag = { "a", "b" }, qty = { 1, 3, 3 },
+        ok = { false, true }, all = { "z" }, ["brand.name.keyword"] = { "Zed Zed" } } } }, b.hits.hits)
+      local _, h = hit_of({ _source = false, query = { ids = { values = { "1" } } }, docvalue_fields = { "when", "price", "ip" } })
+      assert.same({ when = { "2024-05-01T10:20:30.000Z" }, price = { 5 }, ip = { "10.0.0.1" } }, h.hits.hits[1].fields)
+      -- ?docvalue_fields= adds to the body's
+      st, b = jreq("POST", "/ff/_search?filter_path=hits.hits.fields&docvalue_fields=qty,tag", { query = { ids = { values = { "2" } } },
+        docvalue_fields = { "all" } })
+      assert.equal(200, st)
+      assert.same({ { fields = { qty = { 1, 3, 3 }, tag = { "a", "b" }, all = { "z" } } } }, b.hits.hits)
+      local reason = "Fielddata is disabled on [brand.name] in [ff]. Text fields are not optimised for operations that require per-document field data like aggregations and sorting, so these operations are disabled by default. Please use a keyword field instead. Alternatively, set fielddata=true on [brand.name] in order to load field data by uninverting the inverted index. Note that this can use significant memory."
+      assert.equal(200, (jreq("PUT", "/ff2", { settings = { index = { max_docvalue_fields_search = 1 } } })))
+      put_doc("ff2", "1", { a = "x" })
+      st, b = jreq("POST", "/ff2/_search", { docvalue_fields = { "a*" } })
+      assert.equal(400, st)
+      assert.same({ { type = "illegal_argument_exception", reason = "Trying to retrieve too many docvalue_fields. " ..
+        "Must be less than or equal to: [1] but was [2]. This limit can be set by changing the " ..
+        "[index.max_docvalue_fields_search] index level setting." } }, b.error.root_cause)
+      -- a failing index's hits are left out, the others' kept, with the failure in _shards
+      st, b = jreq("POST", "/ff,ff2/_search", { _source = false, docvalue_fields = { "a*" } })
+      assert.equal(200, st)
+      assert.same({ "1", "2" }, ids(b))
+      assert.equal("ff", b.hits.hits[1]._index)
+      assert.equal(2, b._shards.total)
+      assert.equal(1, b._shards.failed)
+      assert.equal("ff2", b._shards.failures[1].index)
+      for _, dv in ipairs({ { "brand.name" }, { "brand.*" } }) do
+        st, b = jreq("POST", "/ff/_search", { docvalue_fields = dv })
+        assert.equal(400, st)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.same({ { type = "illegal_argument_exception", reason = reason } }, b.error.root_cause)
+      end
+    end)
+
+    it("fields / docvalue_fields parse errors are ES's", function()
+      setup_ff()
+      local st, b = jreq("POST", "/ff/_search", { fields = "when" })
+      assert.equal(400, st)
+      assert.same(es_error(400, "parsing_exception", "Unknown key for a VALUE_STRING in [fields]."), b)
+      st, b = jreq("POST", "/ff/_search", { docvalue_fields = { when = 1 } })
+      assert.same(es_error(400, "parsing_exception", "Unknown key for a START_OBJECT in [docvalue_fields]."), b)
+      st, b = jreq("POST", "/ff/_search", { fields = { { field = "when", bogus = 1 } } })
+      assert.equal(400, st)
+      assert.same(es_error(400, "x_content_parse_exception", "[fetch_field_and_format] unknown field [bogus]"), b)
+      st, b = jreq("POST", "/ff/_search", { fields = { { "when" } } })
+      assert.same(es_error(400, "x_content_parse_exception", "[fetch_field_and_format] Expected START_OBJECT but was: START_ARRAY"), b)
     end)
   end)
 
@@ -4478,7 +4607,7 @@ describe("esxd", function()
         "parameter: [_source_include] -> did you mean any of [_source_includes, _source_excludes, _source_exclude_vectors]?"), b)
     end)
     it("documented parameters esxd does not implement are refused, not ignored", function()
-      for _, q in ipairs({ "scroll=1m", "terminate_after=1", "analyzer=standard", "docvalue_fields=a",
+      for _, q in ipairs({ "scroll=1m", "terminate_after=1", "analyzer=standard",
           "suggest_field=a", "explain=true" }) do
         local st, b = jreq("GET", "/_search?" .. q)
         assert.equal(400, st, q)

@@ -1319,7 +1319,8 @@ local function utf8_len(str)
 end
 
 -- A malformed value of an "ignore_malformed" field is not indexed: it has no value either.
-function _M.values(source, path, types)
+-- no_copy_to: leave out what copy_to adds (the search "fields" option reads _source only).
+function _M.values(source, path, types, no_copy_to)
   if types and _M.type_of(types, path) == nil then return {} end
   local out = {}
   local nv = types and null_values_by_types[types]
@@ -1343,7 +1344,7 @@ function _M.values(source, path, types)
     if parent then collect(source, split(parent), 1, out) end
   end
   -- copy_to: the target indexes the source fields' values as its own (_source is unchanged)
-  local from = types and copy_from_by_types[types]
+  local from = types and not no_copy_to and copy_from_by_types[types]
   from = from and from[path]
   if from then
     for _, src in ipairs(from) do collect(source, split(src), 1, out) end

@@ -82,7 +82,7 @@ _M.APIS = {
     preference = false }),  -- not in the msearch spec: RestMultiSearchAction does not read it
   search = api(SEARCH_COMMON, { index = "path", analyzer = "no", analyze_wildcard = "bool",
     ccs_minimize_roundtrips = "bool", default_operator = "operator", df = "ok", explain = "default:false",
-    stored_fields = "ok", docvalue_fields = "no", from = "int", force_synthetic_source = "default:false",
+    stored_fields = "ok", docvalue_fields = "ok", from = "int", force_synthetic_source = "default:false",
     lenient = "bool", q = "ok", scroll = "no", search_type = "search_type", size = "int", sort = "ok", _source = "ok",
     _source_excludes = "ok", _source_includes = "ok", _source_exclude_vectors = "default:false",
     terminate_after = "no", stats = "ok", suggest_field = "no", suggest_mode = "no", suggest_size = "no",

@@ -10,6 +10,7 @@ local aggs = require "esxd.aggs"
 local mapping = require "esxd.mapping"
 local dates = require "esxd.dates"
 local source_filter = require "esxd.source_filter"
+local fetch_fields = require "esxd.fetch_fields"
 
 local _M = {}
 local null = json.null
@@ -80,7 +81,7 @@ _M.KNOWN = KNOWN
 -- leaves out what the caller asked for. explain / profile: only false.
 local UNSUPPORTED = { pit = true, collapse = true, terminate_after = true, rescore = true,
   indices_boost = true, script_fields = true, runtime_mappings = true, highlight = true, suggest = true,
-  docvalue_fields = true, fields = true, explain = "unless_false", profile = "unless_false" }
+  explain = "unless_false", profile = "unless_false" }
 
 local function json_kind(v)
   if is_obj(v) then return "START_OBJECT" end
@@ -443,6 +444,13 @@ function _M.search(expr, params, body, started, path)
   end
   -- before the indices are resolved, as RestSearchAction parses the body first
   if agg_spec ~= nil then aggs.parse(agg_spec) end
+  local want_fields = fetch_fields.parse(body.fields, "fields")
+  local want_dv = fetch_fields.parse(body.docvalue_fields, "docvalue_fields")
+  -- RestSearchAction adds ?docvalue_fields=a,b to the body's
+  if type(params.docvalue_fields) == "string" then
+    want_dv = want_dv or {}
+    for f in params.docvalue_fields:gmatch("[^,]+") do want_dv[#want_dv + 1] = { field = f } end
+  end
   local q = body.query
   -- the URL's q replaces the body's query (RestSearchAction applies it after the body)
   local uq = _M.url_query(params, path)
@@ -553,8 +561,34 @@ function _M.search(expr, params, body, started, path)
       if not wants_source and body._source == nil and params._source == nil then srcf = false end
     end
   end
+  -- the fetch phase: each index with hits on the page builds its "fields" plan; one that
+  -- fails (a format its field does not take, ...) is that index's shard failure, and its
+  -- hits are left out
+  local plans, fetch_failed = {}, {}
+  local page = {}
   for i = from + 1, math.min(#hits, from + size) do
     local h = hits[i]
+    if (want_fields or want_dv) and plans[h.index] == nil and not fetch_failed[h.index] then
+      local okp, plan = pcall(fetch_fields.plan, store.get(h.index), want_fields, want_dv)
+      if okp then plans[h.index] = plan
+      elseif errors.is(plan) and plan.shard_failure then
+        fetch_failed[h.index] = true
+        failures[#failures + 1] = plan
+      else error(plan, 0) end
+    end
+    if not fetch_failed[h.index] then page[#page + 1] = h end
+  end
+  if next(fetch_failed) then
+    local failed_names = {}
+    for _, e in ipairs(failures) do failed_names[e.failed_index] = true end
+    local all_failed = true
+    for _, idx in ipairs(idxs) do if not failed_names[idx.name] then all_failed = false end end
+    if all_failed then error(errors.search_phase_all(failures, "all shards failed"), 0) end
+    if params.allow_partial_search_results == "false" then
+      error(errors.search_phase_all(failures, "Partial shards failure"), 0)
+    end
+  end
+  for _, h in ipairs(page) do
     local hit = json.obj("_index", h.index, "_id", (not none) and h.rec.id or nil,
       "_version", want_version and h.rec.version or nil,
       "_seq_no", want_seq_no and h.rec.seq_no or nil,
@@ -562,6 +596,7 @@ function _M.search(expr, params, body, started, path)
       "_score", track_scores and json.float(h.score) or null,
       "_routing", h.rec.routing)
     if srcf ~= false then json.set(hit, "_source", source_filter.apply(srcf, h.rec)) end
+    if plans[h.index] then json.set(hit, "fields", fetch_fields.fetch(plans[h.index], h.rec, h.types)) end
     if sorts then
       local sv = json.array()
       for k, it in ipairs(sorts) do

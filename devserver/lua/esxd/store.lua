@@ -91,6 +91,8 @@ function _M.create(name, body)
   if lerr then return nil, lerr end
   idx.max_result_window, lerr = settings.number(flat, "index.max_result_window", 1)
   if lerr then return nil, lerr end
+  idx.max_docvalue_fields_search, lerr = settings.number(flat, "index.max_docvalue_fields_search", 0)
+  if lerr then return nil, lerr end
   idx.nested_limit, lerr = settings.number(flat, "index.mapping.nested_fields.limit", 0, nil, 64)
   if lerr then return nil, lerr end
   local max_terms
