@@ -3985,6 +3985,22 @@ describe("esxd", function()
       end
     end)
 
+    it("stored_fields: the values of the fields mapped with store true, in fields; no _source", function()
+      assert.equal(200, (jreq("PUT", "/sf", { mappings = { properties = { code = { type = "keyword", store = true },
+        n = { type = "long", store = true }, d = { type = "date", store = true }, plain = { type = "keyword" } } } })))
+      put_doc("sf", "1", { code = "x", n = "5", d = "2024-05-01", plain = "p" })
+      local st, b = jreq("POST", "/sf/_search?filter_path=hits.hits", { stored_fields = { "code", "n", "d", "plain", "nope" } })
+      assert.equal(200, st)
+      assert.same({ { _index = "sf", _id = "1", _score = 1,
+        fields = { code = { "x" }, n = { 5 }, d = { "2024-05-01T00:00:00.000Z" } } } }, b.hits.hits)
+      st, b = jreq("GET", "/sf/_search?filter_path=hits.hits&stored_fields=code,plain,_source")
+      assert.same({ { _index = "sf", _id = "1", _score = 1, _source = { code = "x", n = "5", d = "2024-05-01", plain = "p" },
+        fields = { code = { "x" } } } }, b.hits.hits)
+      st, b = jreq("POST", "/sf/_search?filter_path=hits.hits", { stored_fields = "*" })
+      assert.same({ { _index = "sf", _id = "1", _score = 1,
+        fields = { code = { "x" }, n = { 5 }, d = { "2024-05-01T00:00:00.000Z" } } } }, b.hits.hits)
+    end)
+
     it("fields / docvalue_fields parse errors are ES's", function()
       setup_ff()
       local st, b = jreq("POST", "/ff/_search", { fields = "when" })

@@ -3,7 +3,8 @@
 -- "*" patterns over the index's mapped fields (multi-fields included, objects and metadata
 -- fields not), every value in an array; "fields" reads _source through the mappings
 -- (null_value, ignore_above, ignore_malformed, dates formatted), "docvalue_fields" the doc
--- values (sorted; keywords and ips deduplicated; copy_to targets included).
+-- values (sorted; keywords and ips deduplicated; copy_to targets included); stored_fields the
+-- fields mapped with "store": true, presented as "fields" presents them.
 local json = require "esxd.json"
 local errors = require "esxd.errors"
 local names = require "esxd.names"
@@ -250,8 +251,18 @@ end
 -- What an index's shard fetches for "fields" (list) and "docvalue_fields" (dv): the resolved
 -- fields with their printers; raises the shard's failure (a format the field does not take,
 -- a text field without field data among docvalue_fields, too many docvalue_fields).
-function _M.plan(idx, list, dv)
-  local plan = { fields = {}, unmapped = {}, dv = {} }
+-- stored: stored_fields' names and patterns (without _source / _none_): the fields mapped
+-- with "store": true among them.
+function _M.plan(idx, list, dv, stored)
+  local plan = { fields = {}, unmapped = {}, dv = {}, stored = {} }
+  for _, name in ipairs(stored or {}) do
+    for _, path in ipairs(matching(idx.types, name)) do
+      if mapping.stored(idx.types, path) then
+        local ty = idx.types[path]
+        plan.stored[#plan.stored + 1] = { path = path, ty = ty, printer = printer_for(idx, ty, path, nil) }
+      end
+    end
+  end
   for _, f in ipairs(list or {}) do
     for _, path in ipairs(matching(idx.types, f.field)) do
       local ty = idx.types[path]
@@ -326,6 +337,15 @@ function _M.fetch(plan, rec, types)
   local res, any = json.obj(), false
   local function put(path, arr)
     if #arr > 0 and json.get(res, path) == nil then json.set(res, path, arr); any = true end
+  end
+  -- stored fields first (StoredFieldsPhase), as the values the field stored
+  for _, f in ipairs(plan.stored) do
+    local arr = json.array()
+    for _, v in ipairs(mapping.values(rec.source, f.path, types, true)) do
+      local x = present(f.ty, v, f.printer)
+      if x ~= nil then arr[#arr + 1] = x end
+    end
+    put(f.path, arr)
   end
   for _, f in ipairs(plan.fields) do
     local arr = json.array()

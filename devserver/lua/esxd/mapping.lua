@@ -1414,6 +1414,12 @@ local function def_of(types, path)
   return defs and defs[path]
 end
 
+-- Is the field mapped with "store": true (what stored_fields returns)?
+function _M.stored(types, path)
+  local def = def_of(types, path)
+  return def ~= nil and (def.store == true or def.store == "true")
+end
+
 -- nil, or ES's reason for a query on a field that is neither indexed ("index": false) nor
 -- has doc values: keyword, numeric, date, boolean and ip fields stay searchable through
 -- their doc values, as in ES 8.

@@ -552,10 +552,22 @@ function _M.search(expr, params, body, started, path)
   -- stored_fields: [] drops _source; "_none_" drops _id and _source too
   local sf = params.stored_fields or body.stored_fields
   local none = false
+  local want_stored
   if sf ~= nil then
-    if type(sf) == "string" then sf = { sf } end
+    if type(sf) == "string" then
+      local list = {}
+      for f in sf:gmatch("[^,]+") do list[#list + 1] = f end
+      sf = list
+    end
     if type(sf) == "table" then
       for _, f in ipairs(sf) do if f == "_none_" then none = true end end
+      -- stored_fields names the stored fields whose values the hits carry in "fields"
+      for _, f in ipairs(sf) do
+        if type(f) == "string" and f ~= "_none_" and f ~= "_source" then
+          want_stored = want_stored or {}
+          want_stored[#want_stored + 1] = f
+        end
+      end
       local wants_source = false
       for _, f in ipairs(sf) do if f == "_source" then wants_source = true end end
       if not wants_source and body._source == nil and params._source == nil then srcf = false end
@@ -568,8 +580,8 @@ function _M.search(expr, params, body, started, path)
   local page = {}
   for i = from + 1, math.min(#hits, from + size) do
     local h = hits[i]
-    if (want_fields or want_dv) and plans[h.index] == nil and not fetch_failed[h.index] then
-      local okp, plan = pcall(fetch_fields.plan, store.get(h.index), want_fields, want_dv)
+    if (want_fields or want_dv or want_stored) and plans[h.index] == nil and not fetch_failed[h.index] then
+      local okp, plan = pcall(fetch_fields.plan, store.get(h.index), want_fields, want_dv, want_stored)
       if okp then plans[h.index] = plan
       elseif errors.is(plan) and plan.shard_failure then
         fetch_failed[h.index] = true
