@@ -338,22 +338,16 @@ function _M.fetch(plan, rec, types)
   local function put(path, arr)
     if #arr > 0 and json.get(res, path) == nil then json.set(res, path, arr); any = true end
   end
-  -- stored fields first (StoredFieldsPhase), as the values the field stored
-  for _, f in ipairs(plan.stored) do
-    local arr = json.array()
-    for _, v in ipairs(mapping.values(rec.source, f.path, types, true)) do
-      local x = present(f.ty, v, f.printer)
-      if x ~= nil then arr[#arr + 1] = x end
+  -- stored fields first (StoredFieldsPhase), as the values the field stored; then fields
+  for _, list in ipairs{ plan.stored, plan.fields } do
+    for _, f in ipairs(list) do
+      local arr = json.array()
+      for _, v in ipairs(mapping.values(rec.source, f.path, types, true)) do
+        local x = present(f.ty, v, f.printer)
+        if x ~= nil then arr[#arr + 1] = x end
+      end
+      put(f.path, arr)
     end
-    put(f.path, arr)
-  end
-  for _, f in ipairs(plan.fields) do
-    local arr = json.array()
-    for _, v in ipairs(mapping.values(rec.source, f.path, types, true)) do
-      local x = present(f.ty, v, f.printer)
-      if x ~= nil then arr[#arr + 1] = x end
-    end
-    put(f.path, arr)
   end
   if #plan.unmapped > 0 then
     local all = {}
