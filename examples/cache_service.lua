@@ -46,6 +46,10 @@ local function handle(method, path, q)
   local user, page, article = id(q.user), id(q.page), id(q.article)
   if method == "GET" and path == "/articles" then
     if not user or not page or page < 1 then return answer(400, { error = "user and page expected" }) end
+    -- (a page past MAX_PAGE is the client's mistake: Elasticsearch refuses the search)
+    if page > articles.MAX_PAGE then
+      return answer(400, { error = "page must be 1-" .. articles.MAX_PAGE })
+    end
     local json, err = cache:read_articles_json(user, page)
     if not json then return answer(502, { error = tostring(err) }) end
     return 200, json

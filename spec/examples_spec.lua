@@ -112,6 +112,16 @@ describe("examples (plain Lua)", function()
     assert.equal(404, (es:json("GET", "/reads/_doc/3-2")))
   end)
 
+  it("cache_service.lua answers 400 to a page past the last one a search can reach", function()
+    local port = free_port()
+    finally(cache_service(es.url, port, 2, "/dev/null"))
+    assert.is_true(wait_port(port))
+    -- Elasticsearch refuses from + size past index.max_result_window: the service answered 502
+    local status, body = http(port, "GET", "/articles?user=7&page=501")
+    assert.equal(400, status, body)
+    assert.equal(400, (http(port, "GET", "/articles?user=7&page=1099511627776")))
+  end)
+
   it("cache_service.lua serves read flags from esx.cache and marks reads", function()
     local port = free_port()
     local log = os.tmpname()
