@@ -394,6 +394,31 @@ describe("client:bulk_indexer", function()
     assert.equal(11, count("p"))
   end)
 
+  it("drops an index, update or delete answered 409 after an attempt whose outcome was unknown, naming that attempt", function()
+    -- Another writer changed each document after the load read its _seq_no; the load's first
+    -- attempt is answered 503 (not applied), its retry meets the other writer's change: a real
+    -- conflict.  Before, a 409 after any unknown outcome was counted as indexed -- only a
+    -- create's is the earlier attempt's own write -- and the three writes were lost unreported.
+    for _, id in ipairs{ "i", "u", "d" } do
+      local r = assert(c:index("p", { n = 0 }, id))
+      assert(c:index("p", { n = 1, by = "other" }, id))
+      srv:fault{ path = "/_bulk", status = 503, count = 1 }
+      local bi = c:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+      local meta = { _index = "p", _id = id, if_seq_no = r._seq_no, if_primary_term = r._primary_term }
+      if id == "i" then bi:add("index", meta, { n = 2 })
+      elseif id == "u" then bi:add("update", meta, { doc = { n = 2 } })
+      else bi:add("delete", meta) end
+      local s = bi:close()
+      assert.equal(0, s.indexed)
+      assert.equal(1, s.failed)
+      assert.equal(1, s.retried)
+      assert.equal(1, #s.dropped)
+      assert.matches("^version_conflict_engine_exception: .* %(after an attempt whose outcome was unknown, " ..
+        "which may have applied it%)$", s.dropped[1].reason)
+      assert.equal("other", assert(c:get("p", id))._source.by)
+    end
+  end)
+
   it("raises on a malformed operation, and returns nil, err with kind 'closed' once closed", function()
     local bi = c:bulk_indexer()
     assert.has_error(function() bi:add("upsert", { _index = "p" }, {}) end,

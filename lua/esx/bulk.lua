@@ -211,7 +211,7 @@ local not_sent = { pool_timeout = true, connect_timeout = true, connect = true, 
 -- A batch that failed as a whole: its items are retried -- unless the client is closed, for
 -- good (no retry can ever be sent): then they are dropped at once, with the reason.  After a
 -- failure that may have come after the node applied the batch (a timeout, a reset, a 502 from a
--- proxy), the items are marked: a 409 for the retry is then the earlier attempt's own write.
+-- proxy), the items are marked: a 409 for a create's retry is then the earlier attempt's own write.
 local function batch_failed(self, items, err)
   local final = err.kind == "closed" and client_closed(self)
   local maybe_applied = not not_sent[err.kind] and err.status ~= 429
@@ -320,14 +320,20 @@ local function settle(self, entry)
            -- a delete of a document that is not there: done (Elasticsearch answers 404 with
            -- result "not_found" and no error, and does not count it in "errors")
            status == 404 and it.action == "delete" and r.result == "not_found" and r.error == nil or
-           -- a conflict (a create of a document that exists, a version already there) after an
-           -- attempt whose outcome was unknown: that attempt wrote it, as the collector reads it
-           status == 409 and it.maybe_applied then
+           -- a create of a document that exists after an attempt whose outcome was unknown:
+           -- that attempt created it, as the collector reads it.  Only a create: a 409 for an
+           -- index, update or delete (if_seq_no, a version, an update's concurrent change) is a
+           -- conflict that the earlier attempt may or may not explain -- counted as indexed, a
+           -- write another writer's change refused would be lost without a word
+           status == 409 and it.maybe_applied and it.action == "create" then
       self.counters.indexed = self.counters.indexed + 1
     else
       local e = type(r) == "table" and r.error
       local reason = type(e) == "table" and (tostring(e.type) .. ": " .. tostring(e.reason))
         or ("status " .. tostring(status))
+      if status == 409 and it.maybe_applied then
+        reason = reason .. " (after an attempt whose outcome was unknown, which may have applied it)"
+      end
       if retryable(status) then
         retry_later(self, it, reason, due)
       else
