@@ -593,6 +593,102 @@ describe("bi:close", function()
   end)
 end)
 
+describe("bi:close (timeout)", function()
+  local core = require "esx.core"
+
+  it("returns within its timeout from a hanging sink, reporting every operation without an outcome dropped", function()
+    -- before, close() had no bound: it waited for the batch in flight (up to socket_timeout,
+    -- 30 s by default) and then for each batch left, each retried max_retries times
+    srv:fault{ path = "/_bulk", stall_ms = 1000, count = -1 }
+    local seen = {}
+    local bi = c:bulk_indexer{ flush_count = 2, concurrency = 1,
+                               on_drop = function(item, reason) seen[item.meta._id] = reason end }
+    add_docs(bi, 3) -- 1 and 2 in flight, 3 buffered
+    local t0 = core.now()
+    local s = bi:close{ timeout = 150 }
+    local ms = core.now() - t0
+    assert.is_true(ms >= 140 and ms < 650, "close took " .. ms .. " ms")
+    assert.equal(3, s.added)
+    assert.equal(0, s.indexed)
+    assert.equal(3, s.failed)
+    assert.equal(3, s.timed_out)
+    assert.equal(1, s.batches)
+    local unknown = "request_timeout: bi:close() gave up after 150 ms with the operation's batch in " ..
+                    "flight: its outcome is unknown"
+    local unsent = "request_timeout: bi:close() gave up after 150 ms before sending the operation"
+    assert.same({ { "1", unknown }, { "2", unknown }, { "3", unsent } },
+      { { s.dropped[1].meta._id, s.dropped[1].reason }, { s.dropped[2].meta._id, s.dropped[2].reason },
+        { s.dropped[3].meta._id, s.dropped[3].reason } })
+    assert.same({ ["1"] = unknown, ["2"] = unknown, ["3"] = unsent }, seen)
+    assert.equal(s, bi:close())
+  end)
+
+  it("drops the retries still waiting out their back-off when the timeout passes, with their last reason", function()
+    srv:fault{ path = "/_bulk", item_status = 429, item_count = 1, count = 1 }
+    local bi = c:bulk_indexer{ backoff_min = 10000, backoff_max = 10000 }
+    add_docs(bi, 2)
+    local t0 = core.now()
+    local s = bi:close(200) -- (a number, as col:close(timeout_ms))
+    local ms = core.now() - t0
+    assert.is_true(ms >= 190 and ms < 700, "close took " .. ms .. " ms")
+    assert.equal(1, s.indexed)
+    assert.equal(1, s.retried)
+    assert.equal(1, s.failed)
+    assert.equal(1, s.timed_out)
+    assert.equal("1", s.dropped[1].meta._id)
+    assert.matches("^request_timeout: bi:close%(%) gave up after 200 ms while the operation waited to be " ..
+      "retried %(retried after: es_rejected_execution_exception: .*%)$", s.dropped[1].reason)
+  end)
+
+  it("sends nothing more and drops what is left at once with a timeout of 0; without one, waits for everything", function()
+    local bi = c:bulk_indexer{}
+    add_docs(bi, 2)
+    local s = bi:close{ timeout = 0 }
+    assert.equal(0, s.batches)
+    assert.equal(2, s.failed)
+    assert.equal(2, s.timed_out)
+    assert.equal(0, srv:requests("/_bulk").counts["/_bulk"] or 0)
+    bi = c:bulk_indexer{}
+    add_docs(bi, 2)
+    s = bi:close{ timeout = 5000 }
+    assert.equal(2, s.indexed)
+    assert.equal(0, s.timed_out)
+    assert.equal(0, #s.dropped)
+  end)
+
+  it("polls for a batch in nginx no longer than its timeout when the nginx waiter fails", function()
+    srv:fault{ path = "/_bulk", stall_ms = 1000, count = -1 }
+    local fake = require "spec.support.ngx"
+    finally(fake.install({ get_phase = function() return "content" end,
+                           sleep = function(sec) core.sleep(sec * 1000) end },
+                         { wait = function() return nil, core.error("internal", "cannot reach the esx waiter socket") end }))
+    local bi = c:bulk_indexer{}
+    add_docs(bi, 2)
+    assert(bi:flush())
+    local t0 = core.now()
+    local s = bi:close{ timeout = 150 }
+    local ms = core.now() - t0
+    assert.is_true(ms >= 140 and ms < 650, "close took " .. ms .. " ms")
+    assert.equal(2, s.timed_out)
+    assert.equal(2, s.failed)
+  end)
+
+  it("raises on an unknown option and on a timeout that is not an integer number of ms >= 0", function()
+    local bi = c:bulk_indexer{}
+    assert.has_error(function() bi:close{ timout = 100 } end, "bad option 'timout' to 'close' (unknown option)")
+    assert.has_error(function() bi:close{ timeout = -1 } end, "bad option 'timeout' to 'close' (must be >= 0)")
+    assert.has_error(function() bi:close{ timeout = 1.5 } end,
+      "bad option 'timeout' to 'close' (integer expected, got non-integer number)")
+    assert.has_error(function() bi:close(-1) end, "bad argument #1 to 'close' (timeout: must be >= 0)")
+    assert.has_error(function() bi:close("100") end,
+      "bad argument #1 to 'close' (options table or timeout in ms expected, got string)")
+    local ok, err = pcall(function() local s = bi:close{ timout = 100 } return s end)
+    assert.is_false(ok)
+    assert.truthy(err:find("^[^:]*bulk_spec%.lua:%d+: bad option 'timout' to 'close'"), err)
+    assert.equal(0, bi:close().added)
+  end)
+end)
+
 describe("bi:close (whole-batch 429)", function()
   -- Retry-After in seconds, and as an HTTP-date two seconds ahead (whole seconds: at least 1 s)
   for _, form in ipairs{ "seconds", "date" } do

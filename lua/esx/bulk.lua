@@ -3,7 +3,7 @@
 --   local bi = client:bulk_indexer{ flush_bytes = 5242880, flush_count = 1000, flush_interval = 1000,
 --                                   concurrency = 2 }
 --   bi:add("index", { _index = "products", _id = "42" }, { name = "..." })
---   local summary = bi:close()   -- {added, indexed, failed, retried, batches, dropped = {...}}
+--   local summary = bi:close{ timeout = 60000 } -- {added, indexed, failed, retried, batches, dropped = {...}}
 --
 -- Buffers operations into _bulk requests (flushed by bytes, by count, and once the oldest is
 -- flush_interval old), keeps at most
@@ -11,7 +11,8 @@
 -- retryable 5xx) with jittered exponential back-off, splits a batch the server refused as
 -- too large (413) or as malformed (400), or whose answer passed the client's
 -- max_response_bytes, and reports every item it gives up on with its reason — through
--- `on_drop(item, reason)` and in the summary.  Nothing is dropped silently.
+-- `on_drop(item, reason)` and in the summary -- those close() gives up on when its timeout
+-- passes too.  Nothing is dropped silently.
 
 local core = require "esx.core"
 local json_encode = core.json_encode -- exact integers, unlike cjson 2.1.0 (src/ljson.h)
@@ -177,6 +178,7 @@ local function retry_later(self, item, reason, due, not_before)
     return
   end
   item.retries = item.retries + 1
+  item.last_reason = reason -- (for a close() that gives up on it: see give_up)
   self.counters.retried = self.counters.retried + 1
   local at = due[item.retries]
   if not at then
@@ -349,24 +351,32 @@ local arm -- (below) in nginx, a timer for the work that only time brings: answe
 -- waited for, and nothing between taking it off the list and accounting for every item of it
 -- yields: in nginx, other light threads sharing the indexer count it against `concurrency`,
 -- and their close() waits for it, whichever thread sees it done first settles it.
-local function settle_oldest(self)
+-- deadline (a close()'s timeout, in now() ms; nil: none) bounds the wait: -> false when it
+-- passed with the batch still running (left in flight), true otherwise.
+local function settle_oldest(self, deadline)
   local entry = self.inflight[1]
-  if not entry then return end
+  if not entry then return true end
   local p = entry.pending
   if not p:ready() and can_yield() then
-    require("esx.nginx").wait(p)
+    require("esx.nginx").wait(p, deadline and deadline - now())
     -- the waiter failed (its socket unreachable, as under a burst of waits): the batch is
     -- still running and its outcome is needed.  Poll for it, yielding between looks, rather
     -- than block the worker and every request on it for as long as the batch takes.
     local nap = 1
-    while not p:ready() do
+    while not p:ready() and not (deadline and now() >= deadline) do
       rawget(_G, "ngx").sleep(nap / 1000)
       if nap < 64 then nap = nap * 2 end
     end
   end
   -- outside nginx, or in a phase that cannot yield: block for it (the client's own timeouts
   -- bound the wait)
-  if not p:ready() then p:wait() end
+  if not p:ready() then
+    if not deadline then
+      p:wait()
+    elseif not p:wait(deadline - now()) then
+      return false
+    end
+  end
   for i, e in ipairs(self.inflight) do
     if e == entry then
       remove(self.inflight, i)
@@ -376,6 +386,7 @@ local function settle_oldest(self)
   end
   notify(self)
   arm(self)
+  return true
 end
 
 -- Sends one batch: a slot is free.  A batch that cannot be sent is accounted for at once; its
@@ -428,9 +439,15 @@ end
 -- Sends the halves of refused batches, then (unless splits_only) the buffer, a batch per free
 -- slot.  Items stay listed (splits, buf) until the slot for them is free: the wait for it may
 -- yield to another light thread, which may send them or close the indexer meanwhile.
-local function pump(self, splits_only)
+-- deadline: a close()'s timeout (see settle_oldest); once it passed nothing more is sent.
+local function pump(self, splits_only, deadline)
   while self.splits[1] or (not splits_only and self.buf[1]) do
-    while #self.inflight >= self.o.concurrency do settle_oldest(self) end
+    if deadline and now() >= deadline then break end
+    local slot = true
+    while #self.inflight >= self.o.concurrency do
+      if not settle_oldest(self, deadline) then slot = false break end
+    end
+    if not slot then break end
     -- Lua out of memory (building the batch or its body, in client:send) raises: the batch
     -- must then still be listed (buf, splits), or close() would never account for its items
     -- (added ~= indexed + failed).  A batch from the buffer leaves it only once sent, without
@@ -621,25 +638,105 @@ function Indexer:add(action, meta, doc)
   return true
 end
 
---- bi:close() -> summary: flushes, waits out retries and returns
--- {added, indexed, failed, retried, batches, split, dropped = {{action, meta, reason}...}}.
--- added == indexed + failed once close returns.  Calling it again returns the same summary.
-function Indexer:close()
+-- bi:close's argument: nil, a timeout in ms, or {timeout = ms} -> the timeout (nil: none).
+-- Raises as a client call's options do: a misspelt name would otherwise leave close unbounded.
+local CLOSE_TIMEOUT = { type = "integer", min = 0, max = options.MAX_SAFE_INTEGER }
+local function close_timeout(opts)
+  if opts == nil then return nil end
+  if type(opts) == "table" then
+    -- of several bad options the first in string order is named, the same in every run
+    local bad, bad_why
+    for k, v in pairs(opts) do
+      local why = k ~= "timeout" and "unknown option" or options.violation(CLOSE_TIMEOUT, v)
+      if why and (bad == nil or tostring(k) < bad) then bad, bad_why = tostring(k), why end
+    end
+    if bad then error("bad option '" .. bad .. "' to 'close' (" .. bad_why .. ")", 3) end
+    return opts.timeout
+  end
+  if type(opts) ~= "number" then
+    error("bad argument #1 to 'close' (options table or timeout in ms expected, got " .. type(opts) .. ")", 3)
+  end
+  local why = options.violation(CLOSE_TIMEOUT, opts)
+  if why then error("bad argument #1 to 'close' (timeout: " .. why .. ")", 3) end
+  return opts
+end
+
+-- True while some operation has no outcome yet: buffered, halves of a refused batch, in
+-- flight, or waiting out a back-off.
+local function open_work(self)
+  return #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 or #self.splits > 0
+end
+
+-- close()'s timeout passed: every operation still without an outcome is dropped with the
+-- reason, none left uncounted -> how many.  Batches already answered are read first (their
+-- items get their outcome); a batch still running is left to the client (its answer is never
+-- read: it may have been applied) and its items are reported with an unknown outcome.  Nothing
+-- here yields: another light thread finds the lists empty, not half dealt with.
+local function give_up(self, timeout)
+  local i = 1
+  while self.inflight[i] do
+    local e = self.inflight[i]
+    if e.pending:ready() then
+      remove(self.inflight, i)
+      settle(self, e)
+    else
+      i = i + 1
+    end
+  end
+  local why, n = string.format("request_timeout: bi:close() gave up after %d ms ", timeout), 0
+  local function give(it, what)
+    n = n + 1
+    drop(self, it, why .. what .. (it.last_reason and (" (retried after: " .. it.last_reason .. ")") or ""))
+  end
+  for _, e in ipairs(self.inflight) do
+    for _, it in ipairs(e.items) do give(it, "with the operation's batch in flight: its outcome is unknown") end
+  end
+  for _, b in ipairs(self.splits) do
+    for _, it in ipairs(b) do give(it, "before sending the operation") end
+  end
+  for _, it in ipairs(self.buf) do give(it, "before sending the operation") end
+  for _, d in ipairs(self.delayed) do give(d.item, "while the operation waited to be retried") end
+  self.inflight, self.splits, self.buf, self.delayed = {}, {}, {}, {}
+  self.buf_bytes, self.delayed_bytes = 0, 0
+  return n
+end
+
+--- bi:close([timeout_ms | {timeout = ms}]) -> summary: flushes, waits out retries and returns
+-- {added, indexed, failed, retried, batches, split, timed_out, dropped = {{action, meta, reason}...}}.
+-- added == indexed + failed once close returns: with a timeout, what has no outcome when it
+-- passes is dropped (timed_out counts it).  Calling it again returns the same summary.
+function Indexer:close(opts)
+  local timeout = close_timeout(opts)
   if self.summary then return self.summary end
-  self:flush()
-  while #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 or #self.splits > 0 do
-    while #self.inflight > 0 do settle_oldest(self) end
-    if #self.delayed > 0 and not client_closed(self) then sleep(soonest_due(self) - now()) end
-    self:flush()
+  local deadline = timeout and now() + timeout
+  local function send()
+    if self.closed then return end -- (another light thread's close() finished meanwhile)
+    take_due(self, false)
+    pump(self, false, deadline)
+  end
+  send()
+  while open_work(self) and not (deadline and now() >= deadline) do
+    while #self.inflight > 0 and settle_oldest(self, deadline) do end
+    if #self.delayed > 0 and not client_closed(self) then
+      local wake = soonest_due(self)
+      if deadline and deadline < wake then wake = deadline end
+      sleep(wake - now())
+    end
+    send()
   end
   -- another light thread's close() may have finished first while this one waited (in nginx,
   -- for the same batch): the one summary is the answer to both
   if self.summary then return self.summary end
+  local timed_out = open_work(self) and give_up(self, timeout) or 0
   local s = self:stats()
   s.dropped = self.dropped
-  s.on_drop_error = self.on_drop_error
+  s.timed_out = timed_out
   self.closed, self.summary = true, s
   registry.remove(self)
+  -- on_drop for the operations given up on (it may yield: the indexer is closed meanwhile)
+  notify(self)
+  s.on_drop_errors = self.counters.on_drop_errors
+  s.on_drop_error = self.on_drop_error
   return s
 end
 
