@@ -419,6 +419,31 @@ describe("client:bulk_indexer", function()
     end
   end)
 
+  it("reads the result of an index with op_type create under create, as Elasticsearch lists it", function()
+    -- before, the results (under "create") were taken as out of request order: every batch was
+    -- sent max_retries + 1 times and its items, all in the index, reported failed
+    local c2 = assert(esx.client{ hosts = { srv.url }, socket_timeout = 200 })
+    srv:fault{ path = "/_bulk", stall_ms = 500, count = 1 }
+    local bi = c2:bulk_indexer{ backoff_min = 1, backoff_max = 5 }
+    for i = 1, 3 do bi:add("index", { _index = "p", _id = tostring(i), op_type = "create" }, { n = i }) end
+    local s = bi:close()
+    -- the first attempt was applied, answered after socket_timeout: its retry's 409s are its writes
+    assert.equal(3, s.indexed)
+    assert.equal(0, s.failed)
+    assert.equal(3, s.retried)
+    assert.equal(2, s.batches)
+    bi = c2:bulk_indexer{}
+    bi:add("index", { _index = "p", _id = "1", op_type = "create" }, { n = 1 })
+    bi:add("index", { _index = "p", _id = "4", op_type = "create" }, { n = 4 })
+    s = bi:close()
+    assert.equal(1, s.indexed)
+    assert.equal(1, s.failed)
+    assert.equal(0, s.retried)
+    assert.matches("^version_conflict_engine_exception: ", s.dropped[1].reason)
+    c2:close()
+    assert.equal(4, count("p"))
+  end)
+
   it("raises on a malformed operation, and returns nil, err with kind 'closed' once closed", function()
     local bi = c:bulk_indexer()
     assert.has_error(function() bi:add("upsert", { _index = "p" }, {}) end,

@@ -249,6 +249,13 @@ local function split(self, items)
   self.splits[#self.splits + 1] = b
 end
 
+-- The action an item's result is listed under: an index with op_type "create" is a create
+-- (Elasticsearch lists its result under "create", and answers it 409 when the document exists).
+local function result_action(it)
+  if it.action == "index" and it.meta.op_type == "create" then return "create" end
+  return it.action
+end
+
 -- Reads a finished batch's outcome: per-item results, or a whole-request failure.
 local function settle(self, entry)
   local items = entry.items
@@ -303,7 +310,7 @@ local function settle(self, entry)
     local action, r
     if type(entry_i) == "table" then action, r = next(entry_i) end
     local id = it.meta._id
-    if type(action) == "string" and (action ~= it.action or type(id) == "string" and
+    if type(action) == "string" and (action ~= result_action(it) or type(id) == "string" and
         type(r) == "table" and type(r._id) == "string" and r._id ~= id) then
       return outcome_unknown(self, items, "bulk response results are not in request order (item " ..
         i .. " is the result of another operation)")
@@ -327,7 +334,7 @@ local function settle(self, entry)
            -- index, update or delete (if_seq_no, a version, an update's concurrent change) is a
            -- conflict that the earlier attempt may or may not explain -- counted as indexed, a
            -- write another writer's change refused would be lost without a word
-           status == 409 and it.maybe_applied and it.action == "create" then
+           status == 409 and it.maybe_applied and result_action(it) == "create" then
       self.counters.indexed = self.counters.indexed + 1
     else
       local e = type(r) == "table" and r.error
