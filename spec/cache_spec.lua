@@ -656,6 +656,36 @@ describe("cache:read_articles_json(user_id, page_no)", function()
     assert.equal('{"a":[]}', core.cache_json({ a = esx.empty_array }))
   end)
 
+  it("writes an esx.array_mt table with holes as an array with null, as the client's encoder does, cached or not", function()
+    local core = require "esx.core"
+    local fork = require "spec.support.cjson_fork"
+    local cj, restore = fork.install("cjson")
+    finally(restore)
+    local page = function()
+      return { { id = 1, tags = setmetatable({ 1, nil, 3 }, esx.array_mt),
+                 lead = setmetatable({ [2] = "b" }, esx.array_mt),
+                 nested = { setmetatable({ [3] = { k = setmetatable({ nil, true }, esx.array_mt) } }, esx.array_mt) },
+                 ca = setmetatable({ "x", nil, "z" }, cj.array_mt),
+                 -- json_encode refuses an excessively sparse array; the page encoder cannot: an object
+                 sparse = setmetatable({ [20] = 1 }, esx.array_mt) } }
+    end
+    local want = { tags = "[1,null,3]", lead = '[null,"b"]', nested = '[[null,null,{"k":[null,true]}]]',
+                   ca = '["x",null,"z"]' }
+    for _, max_bytes in ipairs{ 1e6, 0 } do -- pre-encoded when cached; core.cache_json when not
+      local c = esx.cache{ load_readers = function() return { 1 } end, load_page = page, max_bytes = max_bytes }
+      local json = c:read_articles_json(1, 1)
+      for k, v in pairs(want) do
+        assert.truthy(json:find('"' .. k .. '":' .. v, 1, true), k .. " in " .. json)
+        assert.equal(v, core.json_encode(page()[1][k])) -- the client's encoder: the same text
+      end
+      assert.truthy(json:find('"sparse":{"20":1}', 1, true), json)
+      assert.is_nil(core.json_encode(page()[1].sparse))
+      c:close()
+    end
+    assert.equal("[1,null,3]", core.cache_json(setmetatable({ 1, nil, 3 }, esx.array_mt)))
+    assert.equal('{"1":1,"3":3}', core.cache_json({ 1, nil, 3 })) -- unmarked: keys exactly 1..n only
+  end)
+
   it("writes OpenResty lua-cjson's empty_array, array_mt and empty_array_mt (empty) as [] when the loaded cjson has them", function()
     local core = require "esx.core"
     local fork = require "spec.support.cjson_fork"
@@ -2236,6 +2266,7 @@ describe("shared = true (outside nginx: one process)", function()
       return { { id = 1, tags = esx.empty_array, sizes = setmetatable({}, esx.array_mt),
                  list = setmetatable({ "a" }, esx.array_mt), ca = setmetatable({}, cj.array_mt),
                  ce = setmetatable({}, cj.empty_array_mt), cn = cj.empty_array, obj = {},
+                 holed = setmetatable({ 1, nil, 3 }, esx.array_mt),
                  src = core.json_decode('{"labels":[],"n":[[]]}') } }
     end
     local results = run_all{
@@ -2255,7 +2286,8 @@ describe("shared = true (outside nginx: one process)", function()
     assert.is_nil(getmetatable(a.obj))
     assert.is_nil(getmetatable(a.src.n))
     local json = core.cache_json(a)
-    for k, v in pairs{ tags = "[]", sizes = "[]", list = '["a"]', ca = "[]", ce = "[]", cn = "[]", obj = "{}" } do
+    for k, v in pairs{ tags = "[]", sizes = "[]", list = '["a"]', ca = "[]", ce = "[]", cn = "[]", obj = "{}",
+                       holed = "[1,null,3]" } do
       assert.truthy(json:find('"' .. k .. '":' .. v, 1, true), k .. " in " .. json)
     end
     assert.truthy(json:find('"labels":[]', 1, true), json)

@@ -348,8 +348,10 @@ int esx_lpage_unwalk(lua_State *L, const char **p, const char *e, int depth)
  * (ljson.h); NaN, infinities, functions, userdata (e.g. cjson.null) and tables nested deeper
  * than MAX_DEPTH as null, but esx.empty_array (and cjson's) as []; a table whose keys are
  * exactly 1..n (n > 0) as an array, any other as an object (number keys as strings, other key
- * types skipped; {} when empty, but [] when it carries one of json_encode's array markers:
- * the marker test is ljson.h's, shared with json_encode). */
+ * types skipped; {} when empty), but as json_encode writes a table carrying one of its array
+ * markers: [] when empty, and an array with null in its holes when its keys are all positive
+ * integers and not excessively sparse (the marker test is ljson.h's, shared with
+ * json_encode). */
 
 static void json_string(esx_sbuf *b, const char *s, size_t len)
 {
@@ -412,12 +414,20 @@ static int json_table(lua_State *L, int idx, esx_sbuf *b, int depth, int skip_re
             array = 0;
         }
     }
-    if (count == 0 || count != n)
-        array = 0;
-    /* an empty table that a marker says is an array (esx.array_mt, esx's decoder gives one to
-     * every empty JSON array; cjson's array_mt and empty_array_mt): [], as json_encode writes it */
-    if (count == 0 && !open && esx_json_table_kind(L, idx, m) != ESX_JSON_AS_PLAIN)
-        array = 1;
+    if (count == 0) {
+        /* an empty table that a marker says is an array (esx.array_mt, esx's decoder gives one
+         * to every empty JSON array; cjson's array_mt and empty_array_mt): [], as json_encode
+         * writes it */
+        array = !open && esx_json_table_kind(L, idx, m) != ESX_JSON_AS_PLAIN;
+    } else if (array && count != n) {
+        /* keys all positive integers, with holes: an array (holes as null) when a marker says
+         * it is one (esx.array_mt, cjson.array_mt), as json_encode writes it -- unless
+         * excessively sparse (json_encode's rule: the largest key over twice the keys, and over
+         * 10), which json_encode refuses and this encoder cannot: an object then */
+        int kind = esx_json_table_kind(L, idx, m);
+        array = (kind == ESX_JSON_AS_ARRAY || kind == ESX_JSON_AS_CJSON_ARRAY) &&
+                !(n > count * 2 && n > 10);
+    }
     if (array) {
         sb_put(b, "[", 1);
         for (size_t i = 1; i <= n; i++) {
