@@ -2631,6 +2631,66 @@ describe("pending:waiter_path", function()
     assert.is_false(ok == true or ok == 0, "the directory is left behind")
   end)
 
+  it("removes the directories that killed processes left in TMPDIR, and no other #child", function()
+    -- a process killed by SIGKILL (an nginx worker the OOM killer took) cannot remove its
+    -- $TMPDIR/esx-XXXXXX/waiter.sock: each death left one more directory there, for good
+    local unix = require "socket.unix"
+    local tmp = os.tmpname()
+    os.remove(tmp)
+    assert(os.execute("mkdir -m 700 " .. tmp))
+    local live = unix()
+    finally(function() live:close() os.execute("rm -rf " .. tmp) end)
+    local function exists(path, kind) local ok = os.execute("test -" .. kind .. " " .. path) return ok == true or ok == 0 end
+    local function dead_socket(dir) -- a socket no one listens on any more, as a killed process leaves it
+      assert(os.execute("mkdir -m 700 " .. tmp .. "/" .. dir))
+      local s = unix()
+      assert(s:bind(tmp .. "/" .. dir .. "/waiter.sock"))
+      assert(s:listen())
+      s:close()
+    end
+    local cmd, script = require("spec.support.child").script([[
+      local c = assert(require("esx").client{ hosts = { arg[1] } })
+      local p = assert(c:send("GET", "/"))
+      io.write(assert(p:waiter_path()), "\n")
+      io.flush()
+      os.execute("kill -9 $PPID") -- no close, no exit handler
+      os.execute("sleep 5")
+    ]])
+    local out = io.popen("TMPDIR=" .. tmp .. " " .. cmd .. " " .. srv.url .. " 2>/dev/null"):read("*a")
+    os.remove(script)
+    local killed = out:match("^(.*)/waiter%.sock\n$")
+    assert(killed and exists(killed .. "/waiter.sock", "S"), out)
+    dead_socket("esx-dead01")
+    dead_socket("esx-extra1") -- with something else in it: not esx's to remove
+    assert(io.open(tmp .. "/esx-extra1/keep", "w")):close()
+    dead_socket("esx-tooLong1") -- not a name mkdtemp gives esx
+    assert(os.execute("mkdir -m 700 " .. tmp .. "/esx-file01")) -- not a socket
+    assert(io.open(tmp .. "/esx-file01/waiter.sock", "w")):close()
+    assert(os.execute("mkdir -m 700 " .. tmp .. "/esx-live01")) -- a process that still listens
+    assert(live:bind(tmp .. "/esx-live01/waiter.sock"))
+    assert(live:listen())
+    local r = in_child(("local tmp = %q"):format(tmp) .. [[
+
+      local function exists(path) local ok = os.execute("test -e " .. path) return ok == true or ok == 0 end
+      local c = assert(esx.client{ hosts = { arg[1] } })
+      local p = assert(c:send("GET", "/"))
+      local own = assert(p:waiter_path())
+      local t0 = now_ms()
+      repeat socket.sleep(0.01) until not exists(tmp .. "/esx-dead01") or now_ms() - t0 > 1000
+      socket.sleep(0.05) -- (the sweep goes on past that one)
+      local own_kept = exists(own)
+      c:close()
+      return { own = own_kept }
+    ]], "TMPDIR=" .. tmp)
+    assert.is_true(r.own)
+    assert.is_false(exists(killed, "e"), "the killed process's directory is left")
+    assert.is_false(exists(tmp .. "/esx-dead01", "e"))
+    assert.is_true(exists(tmp .. "/esx-extra1/waiter.sock", "S"))
+    assert.is_true(exists(tmp .. "/esx-tooLong1/waiter.sock", "S"))
+    assert.is_true(exists(tmp .. "/esx-file01/waiter.sock", "f"))
+    assert.is_true(exists(tmp .. "/esx-live01/waiter.sock", "S"))
+  end)
+
   it("makes a new socket once its directory was removed, and a waiter is woken through it", function()
     -- before, the engine kept answering the removed path: no waiter could connect again
     local c = client()

@@ -890,6 +890,8 @@ static void *io_main(void *arg)
         int stale = atomic_exchange(&e->stale_listen_fd, -1);
         if (stale >= 0)
             close(stale); /* a waiter socket whose file went away: out of the poll set now */
+        if (atomic_load(&e->sweep_due))
+            esx_eng_sweep_waiters(e); /* once per process: here, not in the caller's thread */
         int64_t now = esx_now_ms();
         esx_eng_take_submissions(e, now);
         start_waiting(e, now); /* before expiring: pool_timeout 0 means "only if a slot is free" */
@@ -1031,6 +1033,7 @@ esx_engine *esx_engine_new(const esx_config *cfg, const esx_engine *prev, char *
     e->rng = (unsigned)e->generation * 2654435761u ^ (unsigned)e->pid;
     atomic_init(&e->listen_fd, -1);
     atomic_init(&e->stale_listen_fd, -1);
+    atomic_init(&e->sweep_due, 0);
     atomic_init(&e->alive, 0);
     atomic_init(&e->stop, 0);
     atomic_init(&e->kill, 0);

@@ -33,6 +33,7 @@
 #define MAX_SPARE_EASY 32
 #define ACCEPT_PAUSE_MS 20
 #define WAITER_SOCKET "waiter.sock" /* in a directory of its own (esx_engine_waiter_path) */
+#define WAITER_SOCKET_NEW "waiter.new" /* its name until it listens: then renamed */
 #define ESX_ESOCKTABLE (-1) /* as an errno: the engine's table of MAX_SOCKETS sockets is full */
 
 typedef struct waiter_conn {
@@ -139,6 +140,8 @@ struct esx_engine {
     dev_t path_dev;          /* its file's identity: a file removed (a /tmp cleaner) or replaced */
     ino_t path_ino;          /* is a new socket (esx_engine_waiter_path) */
     atomic_int stale_listen_fd; /* the waiter socket it replaced: the I/O thread closes it */
+    atomic_int sweep_due;    /* the I/O thread removes dead processes' waiter directories */
+    char sweep_dir[64];      /* from this one (TMPDIR; under mu) */
 };
 
 /* ---------------------------------------------------------------- engine.c */
@@ -264,6 +267,11 @@ void esx_eng_accept_waiters(esx_engine *e);
 /* Reads waiter connection i; once it named a request (or broke) it leaves e->conns, the
  * last one taking index i. */
 void esx_eng_read_waiter(esx_engine *e, int i);
+
+/* Removes from e->sweep_dir the waiter directories of processes that are gone (see
+ * engine_waiters.c); called by the I/O thread once e->sweep_due is set.  Cannot fail: a
+ * directory it cannot prove dead, or cannot remove, is left. */
+void esx_eng_sweep_waiters(esx_engine *e);
 
 /* engine_exit.c.  live_add: e (its thread started) is stopped by exit(); live_remove: before
  * e is joined or freed.  thread_starting: before pthread_create (and thread_gone if it

@@ -2,9 +2,11 @@
  * engine_waiters.c -- the unix socket nginx waiters wait on (esx.nginx.wait): its path, the
  * connections on it, each naming a request by id, and waking them when that request ends.
  * esx_engine_waiter_path runs on any thread; the rest on the I/O thread, or after it was
- * joined (engine_int.h).
+ * joined (engine_int.h).  And the removal of the waiter directories killed processes left.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +162,102 @@ void esx_eng_read_waiter(esx_engine *e, int i)
         e->conns[i] = e->conns[--e->nconns];
 }
 
+/* ---- the directories of dead processes ---------------------------------------------
+ * A process killed by SIGKILL (an nginx worker killed by the OOM killer, or by hand) cannot
+ * remove its waiter socket's directory: without this, every such death left one more in
+ * TMPDIR for good.  A directory is taken for a dead process's only when the kernel says so:
+ * its WAITER_SOCKET refuses a connection -- no socket listens on that file any more, and
+ * none ever will again (a closed listening socket does not come back, and esx names its
+ * socket WAITER_SOCKET only once it listens: never in the moment between bind and listen).
+ * A socket that still listens (its process alive, or a forked child that inherited it and
+ * has not let it go yet) accepts or, its backlog full, says EAGAIN: left.  Only directories
+ * named as mkdtemp names them, owned by this user, that hold that socket and nothing else. */
+
+static atomic_int swept_for; /* the process (pid) whose waiter directories were swept */
+
+/* 1 when name is one that esx_engine_waiter_path's mkdtemp makes: "esx-" and six letters or
+ * digits. */
+static int waiter_dir_name(const char *name)
+{
+    if (strncmp(name, "esx-", 4) != 0 || strlen(name) != 10)
+        return 0;
+    for (int i = 4; i < 10; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
+            return 0;
+    }
+    return 1;
+}
+
+/* 1 when the directory open at dfd holds WAITER_SOCKET, a socket of uid, and nothing else. */
+static int only_socket(int dfd, uid_t uid)
+{
+    struct stat st;
+    if (fstatat(dfd, WAITER_SOCKET, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISSOCK(st.st_mode) ||
+        st.st_uid != uid)
+        return 0;
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    int only = 1;
+    struct dirent *de;
+    while (only && (de = readdir(d)) != NULL)
+        only = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+               strcmp(de->d_name, WAITER_SOCKET) == 0;
+    closedir(d);
+    return only;
+}
+
+/* 1 when a connection to the unix socket at path is refused: no socket listens there. */
+static int refused(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    size_t len = strlen(path);
+    if (len >= sizeof addr.sun_path)
+        return 0;
+    memcpy(addr.sun_path, path, len + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int rc = connect(fd, (struct sockaddr *)&addr, sizeof addr);
+    int err = errno;
+    close(fd); /* (a live one's I/O thread reads the end of it, and drops it) */
+    return rc != 0 && err == ECONNREFUSED;
+}
+
+void esx_eng_sweep_waiters(esx_engine *e)
+{
+    char tmp[sizeof e->sweep_dir];
+    pthread_mutex_lock(&e->mu);
+    memcpy(tmp, e->sweep_dir, sizeof tmp);
+    atomic_store(&e->sweep_due, 0);
+    pthread_mutex_unlock(&e->mu);
+    DIR *d = opendir(tmp);
+    if (d == NULL)
+        return;
+    uid_t uid = geteuid();
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!waiter_dir_name(de->d_name))
+            continue;
+        int sub = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0)
+            continue;
+        struct stat st;
+        char path[sizeof tmp + 32];
+        snprintf(path, sizeof path, "%s/%s/%s", tmp, de->d_name, WAITER_SOCKET);
+        if (fstat(sub, &st) == 0 && st.st_uid == uid && only_socket(sub, uid) && refused(path) &&
+            unlinkat(sub, WAITER_SOCKET, 0) == 0)
+            unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR);
+        close(sub);
+    }
+    closedir(d);
+}
+
 /* Whether the socket file at e->listen_path is still the one e listens on.  Something may
  * have removed it -- a /tmp cleaner, an `rm -rf` of /tmp, its directory made unreadable -- and
  * no waiter could connect again for the life of the engine: each wait failed with
@@ -198,26 +296,31 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
         snprintf(why, 256, "cannot create the waiter socket's directory: %s", strerror(errno));
         goto fail;
     }
+    /* bound as WAITER_SOCKET_NEW, and named WAITER_SOCKET only once it listens: a
+     * WAITER_SOCKET that refuses a connection is a dead socket's (esx_eng_sweep_waiters) */
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", dir, WAITER_SOCKET); /* fits */
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", dir, WAITER_SOCKET_NEW); /* fits */
+    char path[sizeof addr.sun_path];
+    snprintf(path, sizeof path, "%s/%s", dir, WAITER_SOCKET);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         snprintf(why, 256, "cannot create the waiter socket: %s", strerror(errno));
         rmdir(dir);
         goto fail;
     }
-    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0) {
-        snprintf(why, 256, "cannot listen on %s: %s", addr.sun_path, strerror(errno));
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 512) != 0 ||
+        rename(addr.sun_path, path) != 0) {
+        snprintf(why, 256, "cannot listen on %s: %s", path, strerror(errno));
         close(fd);
         unlink(addr.sun_path);
         rmdir(dir);
         goto fail;
     }
     struct stat st;
-    if (stat(addr.sun_path, &st) != 0) {
-        snprintf(why, 256, "cannot stat %s: %s", addr.sun_path, strerror(errno));
+    if (stat(path, &st) != 0) {
+        snprintf(why, 256, "cannot stat %s: %s", path, strerror(errno));
         close(fd);
-        unlink(addr.sun_path);
+        unlink(path);
         rmdir(dir);
         goto fail;
     }
@@ -233,12 +336,20 @@ const char *esx_engine_waiter_path(esx_engine *e, char *why)
         }
         atomic_store(&e->stale_listen_fd, old);
     }
-    memcpy(e->listen_path, addr.sun_path, sizeof e->listen_path);
+    memcpy(e->listen_path, path, sizeof e->listen_path);
     if (fstat(fd, &st) == 0) { /* (else an abandon in a forked child leaves it open) */
         e->listen_dev = st.st_dev;
         e->listen_ino = st.st_ino;
     }
     atomic_store(&e->listen_fd, fd);
+    /* the first waiter socket of this process: the directories that killed processes left
+     * beside it are removed, on the I/O thread (the caller may be an nginx worker's event
+     * loop); a worker that replaces a killed one removes that one's */
+    int pid = (int)esx_pid();
+    if (atomic_exchange(&swept_for, pid) != pid) {
+        snprintf(e->sweep_dir, sizeof e->sweep_dir, "%s", tmp);
+        atomic_store(&e->sweep_due, 1);
+    }
     pthread_mutex_unlock(&e->mu);
     curl_multi_wakeup(e->multi);
     return e->listen_path;
