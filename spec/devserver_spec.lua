@@ -4548,7 +4548,7 @@ describe("esxd", function()
       -- PUT /{index} takes any name (an invalid one is its 400), but esxd has no handler for
       -- GET /_alias, POST /_aliases, GET /_stats, ...: saying only PUT is allowed is untrue
       for _, r in ipairs({ { "GET", "/_alias" }, { "POST", "/_aliases" }, { "GET", "/_stats" },
-          { "DELETE", "/_foo" }, { "GET", "/_alias?local=true" } }) do
+          { "DELETE", "/_stats" }, { "GET", "/_alias?local=true" } }) do
         local st, b = jreq(r[1], r[2])
         assert.equal(400, st, r[2])
         assert.same({ error = "no handler found for uri [" .. r[2] .. "] and method [" .. r[1] .. "]" }, b)
@@ -4560,6 +4560,29 @@ describe("esxd", function()
       st, b = jreq("PUT", "/_alias")
       assert.equal(400, st)
       assert.equal("invalid_index_name_exception", b.error.type)
+    end)
+    it("returns 400 invalid_index_name_exception for /_x that is no ES API (GET /_foo, DELETE /_foo, HEAD /_cluster)", function()
+      -- ES's path trie falls back to /{index} when no route ends at "/_x" (a typo, or
+      -- "/_cluster", whose routes are deeper): the index APIs' resolver refuses the name
+      local function want(name)
+        return es_error(400, "invalid_index_name_exception", "Invalid index name [" .. name .. "], must not start with '_'.",
+          { index_uuid = "_na_", index = name })
+      end
+      for _, r in ipairs({ { "GET", "/_foo", "_foo" }, { "DELETE", "/_foo", "_foo" }, { "GET", "/_cluster", "_cluster" },
+          { "GET", "/_foo?pretty", "_foo" } }) do
+        local st, b = jreq(r[1], r[2])
+        assert.equal(400, st, r[1] .. " " .. r[2])
+        assert.same(want(r[3]), b, r[1] .. " " .. r[2])
+      end
+      local st, _, b = req("HEAD", "/_foo")
+      assert.equal(400, st)
+      assert.equal("", b)
+      -- a method /{index} does not take is its 405
+      local h
+      st, b, h = jreq("POST", "/_foo")
+      assert.equal(405, st)
+      assert.same({ error = "Incorrect HTTP method for uri [/_foo] and method [POST], allowed: [DELETE, GET, HEAD, PUT]", status = 405 }, b)
+      assert.equal("DELETE,GET,HEAD,PUT", h.allow)
     end)
     it("wrong methods are 405", function()
       local st, b = jreq("DELETE", "/_search")

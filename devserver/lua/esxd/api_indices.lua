@@ -104,6 +104,8 @@ end
 function _M.exists(ctx)
   local ok, list = pcall(search.targets, ctx.vars.index, ctx.args)
   if ok and #list > 0 then return 200, nil end
+  -- a name the resolver refuses ("_x") is its 400, as ES answers; a missing index is 404
+  if not ok and errors.is(list) and list.status ~= 404 then error(list, 0) end
   return 404, nil
 end
 

@@ -50,16 +50,31 @@ local routes = {
     GET = api_indices.get } },
 }
 
+-- The names ES 8 has an API at ("/_x" alone, some method): those esxd implements (the first
+-- line; another method is their 405) and those it does not (no handler). ES's path trie
+-- prefers such a route to "/{index}"; for any other "/_x" (a typo such as "/_foo", or
+-- "/_cluster", whose routes are all deeper) it falls back to "/{index}", and the index
+-- resolver refuses the name: 400 invalid_index_name_exception.
+local ES_ROOT_APIS = {}
+for n in ([[_bulk _count _mapping _msearch _refresh _search
+    _alias _aliases _analyze _async_search _capabilities _cat _component_template _connector
+    _dangling _data_stream _features _field_caps _flush _forcemerge _health_report _index_template
+    _inference _license _mget _mtermvectors _nodes _pit _query _query_rules _rank_eval _recovery
+    _reindex _script_context _script_language _search_shards _segments _settings _shard_stores
+    _snapshot _sql _stats _synonyms _tasks _template _xpack]]):gmatch("%S+") do
+  ES_ROOT_APIS[n] = true
+end
+
 local function match(pattern, segs)
   if #pattern ~= #segs then return nil end
   local vars = {}
   for i, p in ipairs(pattern) do
     local s = segs[i]
     if p:sub(1, 1) == ":" then
-      -- "/_x" alone is an API ES has and esxd lacks (a list such as "a,_all" is an index
-      -- expression); before an index API's name ("/_x/_search") ES, finding no "/_x/..."
-      -- route, reads "_x" as the index expression, which its resolver refuses
-      if p == ":index" and #pattern == 1 and s:sub(1, 1) == "_" and s ~= "_all" and not s:find(",", 1, true) then
+      -- "/_x" alone is an API ES has and esxd lacks when ES has one there (no handler);
+      -- otherwise, as before an index API's name ("/_x/_search"), ES reads "_x" as the
+      -- index expression, which its resolver refuses
+      if p == ":index" and #pattern == 1 and ES_ROOT_APIS[s] then
         return nil
       end
       if p == ":new" then p = ":index" end
@@ -76,9 +91,10 @@ function _M.find(method, segs, raw_path)
   local allowed
   for _, r in ipairs(routes) do
     -- PUT /{index} takes any name, "_x" too (ES's invalid index name 400); other methods on
-    -- "/_x" are ES APIs esxd lacks (GET /_alias, POST /_aliases, ...): no handler, not 405
+    -- an ES API's "/_x" are APIs esxd lacks (GET /_alias, POST /_aliases, ...): no handler,
+    -- not 405
     local new = r[1][1] == ":new"
-    local vars = (not new or (allowed == nil and (r[2][method] or segs[1] == nil or segs[1]:sub(1, 1) ~= "_")))
+    local vars = (not new or (allowed == nil and (r[2][method] or segs[1] == nil or not ES_ROOT_APIS[segs[1]])))
       and match(r[1], segs)
     if vars then
       local h = r[2][method]
