@@ -4001,6 +4001,28 @@ describe("esxd", function()
         fields = { code = { "x" }, n = { 5 }, d = { "2024-05-01T00:00:00.000Z" } } } }, b.hits.hits)
     end)
 
+    it("returns 400 illegal_argument_exception when stored_fields combines _none_ with other names", function()
+      put_doc("sf", "1", { a = "x" })
+      local want = es_error(400, "illegal_argument_exception", "cannot combine _none_ with other fields")
+      for _, r in ipairs({ { "/sf/_search", { stored_fields = { "_none_", "a" } } },
+          { "/sf/_search", { stored_fields = { "a", "_none_" } } }, { "/sf/_search?stored_fields=_none_,_source" },
+          { "/nope/_search?stored_fields=a,_none_" } }) do
+        local st, b = jreq(r[2] and "POST" or "GET", r[1], r[2])
+        assert.equal(400, st, r[1])
+        assert.same(want, b, r[1])
+      end
+      -- "_none_" alone is fine; a value that is neither a name nor a list is ES's parsing_exception
+      local st, b = jreq("POST", "/sf/_search", { stored_fields = { "_none_" } })
+      assert.equal(200, st)
+      assert.is_nil(b.hits.hits[1]._id)
+      for _, v in ipairs({ { true, "VALUE_BOOLEAN" }, { 5, "VALUE_NUMBER" }, { { a = 1 }, "START_OBJECT" } }) do
+        st, b = jreq("POST", "/sf/_search", { stored_fields = v[1] })
+        assert.equal(400, st)
+        assert.same(es_error(400, "parsing_exception", "Expected [VALUE_STRING] or [START_ARRAY] in [stored_fields] but found [" ..
+          v[2] .. "]"), b)
+      end
+    end)
+
     it("fields / docvalue_fields parse errors are ES's", function()
       setup_ff()
       local st, b = jreq("POST", "/ff/_search", { fields = "when" })
@@ -4452,7 +4474,7 @@ describe("esxd", function()
     end)
     it("search/100_stored_fields", function()
       jreq("PUT", "/test/_doc/1?refresh=true", { foo = "bar" })
-      local _, b = jreq("POST", "/test/_search", { stored_fields = {} })
+      local _, b = jreq("POST", "/test/_search", '{"stored_fields":[]}')
       assert.equal("1", b.hits.hits[1]._id)
       assert.is_nil(b.hits.hits[1]._source)
       _, b = jreq("POST", "/test/_search", { stored_fields = "_none_" })

@@ -397,6 +397,34 @@ local function parse_query(q)
 end
 
 -- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
+-- StoredFieldsContext.fromXContent / fromRestRequest: a name or a list of names (the URL's
+-- split on commas); "_none_" alone is {none = true}, with other names ES's 400.
+local function parse_stored_fields(v, from_url)
+  local list = {}
+  if from_url then
+    for f in v:gmatch("[^,]+") do list[#list + 1] = f end
+  elseif type(v) == "string" then
+    list[1] = v
+  elseif json_kind(v) == "START_ARRAY" then
+    -- (numbers and booleans are their text; esxd leaves out the nulls, objects and arrays
+    -- ES fails on)
+    for _, f in ipairs(v) do
+      if type(f) == "number" then list[#list + 1] = json.number(f)
+      elseif type(f) == "string" or type(f) == "boolean" then list[#list + 1] = tostring(f) end
+    end
+  elseif v == nil then
+    return nil
+  else
+    errors.raise(400, "parsing_exception", "Expected [VALUE_STRING] or [START_ARRAY] in [stored_fields] but found [" ..
+      json_kind(v) .. "]")
+  end
+  if #list == 1 and list[1] == "_none_" then return { none = true } end
+  for _, f in ipairs(list) do
+    if f == "_none_" then errors.raise(400, "illegal_argument_exception", "cannot combine _none_ with other fields") end
+  end
+  return list
+end
+
 function _M.search(expr, params, body, started, path)
   body = body or {}
   -- SearchSourceBuilder.parseXContent
@@ -444,6 +472,9 @@ function _M.search(expr, params, body, started, path)
   end
   -- before the indices are resolved, as RestSearchAction parses the body first
   if agg_spec ~= nil then aggs.parse(agg_spec) end
+  -- the URL's stored_fields replaces the body's (RestSearchAction)
+  local sf = parse_stored_fields(body.stored_fields)
+  if params.stored_fields ~= nil then sf = parse_stored_fields(params.stored_fields, true) end
   local want_fields = fetch_fields.parse(body.fields, "fields")
   local want_dv = fetch_fields.parse(body.docvalue_fields, "docvalue_fields")
   -- RestSearchAction adds ?docvalue_fields=a,b to the body's
@@ -550,28 +581,20 @@ function _M.search(expr, params, body, started, path)
   local max_score
   if track_scores then max_score = all_max end
   -- stored_fields: [] drops _source; "_none_" drops _id and _source too
-  local sf = params.stored_fields or body.stored_fields
   local none = false
   local want_stored
   if sf ~= nil then
-    if type(sf) == "string" then
-      local list = {}
-      for f in sf:gmatch("[^,]+") do list[#list + 1] = f end
-      sf = list
-    end
-    if type(sf) == "table" then
-      for _, f in ipairs(sf) do if f == "_none_" then none = true end end
-      -- stored_fields names the stored fields whose values the hits carry in "fields"
-      for _, f in ipairs(sf) do
-        if type(f) == "string" and f ~= "_none_" and f ~= "_source" then
-          want_stored = want_stored or {}
-          want_stored[#want_stored + 1] = f
-        end
+    none = sf.none
+    -- stored_fields names the stored fields whose values the hits carry in "fields"
+    for _, f in ipairs(sf) do
+      if f ~= "_source" then
+        want_stored = want_stored or {}
+        want_stored[#want_stored + 1] = f
       end
-      local wants_source = false
-      for _, f in ipairs(sf) do if f == "_source" then wants_source = true end end
-      if not wants_source and body._source == nil and params._source == nil then srcf = false end
     end
+    local wants_source = false
+    for _, f in ipairs(sf) do if f == "_source" then wants_source = true end end
+    if not wants_source and body._source == nil and params._source == nil then srcf = false end
   end
   -- the fetch phase: each index with hits on the page builds its "fields" plan; one that
   -- fails (a format its field does not take, ...) is that index's shard failure, and its
