@@ -971,6 +971,27 @@ describe("esxd", function()
       st, b = jreq("GET", "/gp/_doc/1?stored_fields=_source")
       assert.same({ a = 2 }, b._source)
     end)
+    it("GET with stored_fields returns the stored fields' values in fields, exact names only", function()
+      assert.equal(200, (jreq("PUT", "/gs", { settings = { refresh_interval = "-1" }, mappings = { properties = {
+        code = { type = "keyword", store = true }, n = { type = "long", store = true },
+        d = { type = "date", store = true, format = "yyyy/MM/dd||epoch_millis" },
+        s = { type = "text", fields = { raw = { type = "keyword", store = true } } }, plain = { type = "keyword" } } } })))
+      assert.equal(201, (jreq("PUT", "/gs/_doc/1?routing=r", { code = { "x", "y" }, n = "5", d = "2024/05/01", s = "Hi", plain = "p" })))
+      -- real time: not refreshed yet; _routing stays top-level; unstored, unknown and pattern
+      -- names give nothing
+      local st, b = jreq("GET", "/gs/_doc/1?routing=r&stored_fields=code,n,d,s.raw,plain,nope,c*,_routing")
+      assert.equal(200, st)
+      assert.same({ _index = "gs", _id = "1", _version = 1, _seq_no = 0, _primary_term = 1, _routing = "r", found = true,
+        fields = { code = { "x", "y" }, n = { 5 }, d = { "2024/05/01" }, ["s.raw"] = { "Hi" } } }, b)
+      -- with _source listed, both (fields after _source, as ES writes them)
+      local raw
+      st, _, raw = req("GET", "/gs/_doc/1?stored_fields=n,_source")
+      assert.equal(200, st)
+      assert.truthy(raw:find('"_source":{.*},"fields":{"n":%[5%]}}$'), raw)
+      -- none of them has a value: no "fields"
+      st, b = jreq("GET", "/gs/_doc/1?stored_fields=plain,nope")
+      assert.same({ _index = "gs", _id = "1", _version = 1, _seq_no = 0, _primary_term = 1, _routing = "r", found = true }, b)
+    end)
     it("returns 400 when an index is created with aliases, which esxd does not implement", function()
       -- ES would resolve the alias in searches, counts, terms lookups and writes; esxd ignored
       -- it, so every later use of the name was a 404 (or auto-created an index of that name)

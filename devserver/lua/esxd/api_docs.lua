@@ -7,6 +7,7 @@ local source_filter = require "esxd.source_filter"
 local params = require "esxd.params"
 local active_shards = require "esxd.active_shards"
 local names = require "esxd.names"
+local fetch_fields = require "esxd.fetch_fields"
 
 local _M = {}
 
@@ -202,6 +203,28 @@ local function source_spec(a)
   return f
 end
 
+-- ?stored_fields=a,b on a get (ShardGetService): the values of the named fields mapped with
+-- "store": true, as the field type displays its stored values; exact names only (no patterns;
+-- an unknown or unstored name, or a metadata field, gives nothing). nil when none has a value.
+local function stored_fields(idx, rec, spec)
+  if spec == nil then return nil end
+  local list = {}
+  for s in spec:gmatch("[^,]+") do
+    if not s:find("*", 1, true) and s:sub(1, 1) ~= "_" then list[#list + 1] = s end
+  end
+  if #list == 0 then return nil end
+  local ok, plan = pcall(fetch_fields.plan, idx, nil, nil, list)
+  if not ok then
+    -- (a date format esxd cannot print: the search's shard failure, as the get's error)
+    if errors.is(plan) and plan.shard_failure then
+      local c = plan.root_cause[1]
+      error(errors.new(plan.status, c.type, c.reason), 0)
+    end
+    error(plan, 0)
+  end
+  return fetch_fields.fetch(plan, rec, idx.types)
+end
+
 function _M.get(ctx)
   local idx, rec = lookup(ctx)
   if not rec then
@@ -211,6 +234,8 @@ function _M.get(ctx)
   local res = json.obj("_index", idx.name, "_id", rec.id, "_version", rec.version, "_seq_no", rec.seq_no,
     "_primary_term", 1, "_routing", rec.routing, "found", true)
   if f ~= false then json.set(res, "_source", source_filter.apply(f, rec)) end
+  local fields = stored_fields(idx, rec, ctx.args.stored_fields)
+  if fields then json.set(res, "fields", fields) end
   return 200, res
 end
 
