@@ -3931,6 +3931,33 @@ describe("esxd", function()
       assert.same({ _index = "ff", _id = "1", _score = 1, _source = h._source }, h)
     end)
 
+    it("fields: returns _id, _index, _version and _routing when named, as ES 8's metadata value fetchers do", function()
+      setup_ff()
+      assert.equal(201, (jreq("PUT", "/ff/_doc/2?routing=r&refresh=true", { qty = 1 })))
+      jreq("PUT", "/ff/_doc/2?routing=r&refresh=true", { qty = 2 })
+      local st, b = jreq("POST", "/ff/_search?filter_path=hits.hits", { _source = false, sort = { "_doc" },
+        fields = { "_id", "_index", "_version", "_routing", "_ignored", "qty" } })
+      assert.equal(200, st, cjson.encode(b))
+      assert.same({ _id = { "1" }, _index = { "ff" }, _version = { 1 }, qty = { 7 } }, b.hits.hits[1].fields)
+      assert.same({ _id = { "2" }, _index = { "ff" }, _version = { 2 }, _routing = { "r" }, qty = { 2 } }, b.hits.hits[2].fields)
+      -- patterns never match metadata fields
+      st, b = jreq("POST", "/ff/_search?filter_path=hits.hits", { _source = false, fields = { "_*", "*" }, query = { ids = { values = { "2" } } } })
+      assert.same({ qty = { 2 } }, b.hits.hits[1].fields)
+      -- those without a value fetcher fail the shard: 500 unsupported_operation_exception
+      -- (through srv:request: ES's 500 is meant, not one of esxd's, which the robustness spec
+      -- looks for)
+      for _, name in ipairs({ "_source", "_seq_no", "_field_names" }) do
+        local raw
+        st, _, raw = srv:request("POST", "/ff/_search", cjson.encode({ fields = { name } }), JSON)
+        b = cjson.decode(raw)
+        assert.equal(500, st, name)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        local want = { type = "unsupported_operation_exception", reason = "Cannot fetch values for internal field [" .. name .. "]." }
+        assert.same({ want }, b.error.root_cause)
+        assert.same(want, b.error.failed_shards[1].reason)
+      end
+    end)
+
     it("fields: include_unmapped returns _source values of unmapped fields", function()
       setup_ff()
       local h = hit_of({ _source = false, fields = { { field = "free.*", include_unmapped = true }, { field = "qty" } } })

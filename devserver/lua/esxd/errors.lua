@@ -97,7 +97,8 @@ function _M.body_required()
 end
 
 -- Java's exceptions, as opposed to Elasticsearch's own.
-local JAVA = { illegal_argument_exception = true, number_format_exception = true, illegal_state_exception = true }
+local JAVA = { illegal_argument_exception = true, number_format_exception = true, illegal_state_exception = true,
+  unsupported_operation_exception = true }
 
 -- Wrap a query-phase failure the way ES does (search_phase_execution_exception, all shards failed).
 -- The shard's failure keeps its caused_by; the root cause is rendered without it, as ES does.

@@ -228,9 +228,21 @@ local function matching(types, pattern)
   return out
 end
 
-local function field_fail(idx, reason)
-  error(errors.search_phase(idx.name, errors.new(400, "illegal_argument_exception", reason)), 0)
+local function field_fail(idx, reason, status, etype)
+  error(errors.search_phase(idx.name, errors.new(status or 400, etype or "illegal_argument_exception", reason)), 0)
 end
+
+-- The metadata fields of an ES 8 index, for "fields": those whose value a hit can show, and
+-- those whose field type has no value fetcher ("Cannot fetch values for internal field").
+local META_FIELDS = { _id = true, _index = true, _version = true, _routing = true, _ignored = true,
+  _source = "internal", _seq_no = "internal", _field_names = "internal", _tier = "internal" }
+local META_VALUE = {
+  _id = function(rec) return rec.id end,
+  _index = function(rec, idx_name) return idx_name end,
+  _version = function(rec) return rec.version end,
+  _routing = function(rec) return rec.routing end,
+  _ignored = function() return nil end,
+}
 
 local function no_format(idx, path, ty, format)
   if format ~= nil and not mapping.is_date(ty) then
@@ -254,7 +266,7 @@ end
 -- stored: stored_fields' names and patterns (without _source / _none_): the fields mapped
 -- with "store": true among them.
 function _M.plan(idx, list, dv, stored)
-  local plan = { fields = {}, unmapped = {}, dv = {}, stored = {} }
+  local plan = { fields = {}, unmapped = {}, dv = {}, stored = {}, meta = {} }
   for _, name in ipairs(stored or {}) do
     for _, path in ipairs(matching(idx.types, name)) do
       if mapping.stored(idx.types, path) then
@@ -264,6 +276,15 @@ function _M.plan(idx, list, dv, stored)
     end
   end
   for _, f in ipairs(list or {}) do
+    -- a metadata field named exactly (patterns never match them): ES 8's value fetchers
+    -- return _id, _index, _version and _routing (_ignored: esxd keeps none); the others'
+    -- throw, the shard's failure
+    local meta = META_FIELDS[f.field]
+    if meta == "internal" then
+      field_fail(idx, "Cannot fetch values for internal field [" .. f.field .. "].", 500, "unsupported_operation_exception")
+    elseif meta then
+      plan.meta[#plan.meta + 1] = f.field
+    end
     for _, path in ipairs(matching(idx.types, f.field)) do
       local ty = idx.types[path]
       no_format(idx, path, ty, f.format)
@@ -333,10 +354,15 @@ local function sorted_unique(vals, cmp, unique)
 end
 
 -- The hit's "fields" object, or nil when it has none (ES leaves the key out then).
-function _M.fetch(plan, rec, types)
+-- idx_name: the hit's index (for "_index").
+function _M.fetch(plan, rec, types, idx_name)
   local res, any = json.obj(), false
   local function put(path, arr)
     if #arr > 0 and json.get(res, path) == nil then json.set(res, path, arr); any = true end
+  end
+  for _, name in ipairs(plan.meta or {}) do
+    local v = META_VALUE[name](rec, idx_name)
+    if v ~= nil then put(name, json.array({ v })) end
   end
   -- stored fields first (StoredFieldsPhase), as the values the field stored; then fields
   for _, list in ipairs{ plan.stored, plan.fields } do

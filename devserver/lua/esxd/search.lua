@@ -631,7 +631,7 @@ function _M.search(expr, params, body, started, path)
       "_score", track_scores and json.float(h.score) or null,
       "_routing", h.rec.routing)
     if srcf ~= false then json.set(hit, "_source", source_filter.apply(srcf, h.rec)) end
-    if plans[h.index] then json.set(hit, "fields", fetch_fields.fetch(plans[h.index], h.rec, h.types)) end
+    if plans[h.index] then json.set(hit, "fields", fetch_fields.fetch(plans[h.index], h.rec, h.types, h.index)) end
     if sorts then
       local sv = json.array()
       for k, it in ipairs(sorts) do
