@@ -3993,6 +3993,33 @@ describe("esxd", function()
       assert.equal(0, b.hits.total.value)
     end)
 
+    it("docvalue_fields: a number format is a DecimalFormat pattern, its values strings, as ES's DocValueFormat.Decimal", function()
+      setup_ff()
+      put_doc("ff", "2", { price = { -1234.5, 0.125 }, qty = { 3, 12 } })
+      local h = hit_of({ _source = false, query = { ids = { values = { "1" } } }, docvalue_fields = {
+        { field = "price", format = "#.00" }, { field = "qty", format = "0000" } } })
+      assert.same({ price = { "5.00" }, qty = { "0007" } }, h.fields)
+      h = hit_of({ _source = false, query = { ids = { values = { "2" } } }, docvalue_fields = {
+        { field = "price", format = "#,##0.00;(#,##0.00)" }, { field = "qty", format = "#%" } } })
+      assert.same({ price = { "(1,234.50)", "0.13" }, qty = { "300%", "1200%" } }, h.fields)
+      -- 8.x has no "use_field_mapping": it is a pattern like any other (all prefix, for a number;
+      -- a letter java.time does not know, for a date)
+      h = hit_of({ _source = false, query = { ids = { values = { "1" } } }, docvalue_fields = {
+        { field = "qty", format = "use_field_mapping" } } })
+      assert.same({ qty = { "use_field_mapping7" } }, h.fields)
+      local function fails(body, reason)
+        local st, b = jreq("POST", "/ff/_search", body)
+        assert.equal(400, st)
+        assert.equal("search_phase_execution_exception", b.error.type)
+        assert.same({ { type = "illegal_argument_exception", reason = reason } }, b.error.root_cause)
+      end
+      fails({ docvalue_fields = { { field = "when", format = "use_field_mapping" } } },
+        "Invalid format: [use_field_mapping]: Unknown pattern letter: f")
+      fails({ docvalue_fields = { { field = "price", format = "#," } } }, 'Malformed pattern "#,"')
+      fails({ docvalue_fields = { { field = "price", format = "0.0.0" } } }, 'Multiple decimal separators in pattern "0.0.0"')
+      fails({ docvalue_fields = { { field = "ok", format = "0" } } }, "Field [ok] of type [boolean] doesn't support formats.")
+    end)
+
     it("docvalue_fields: doc values (sorted, keywords once, copy_to included); text without fielddata refused", function()
       setup_ff()
       put_doc("ff", "2", { tag = { "b", "a", "b" }, qty = { 3, 1, 3 }, ok = { true, false }, copy = "z",

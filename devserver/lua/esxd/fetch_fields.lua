@@ -10,6 +10,7 @@ local errors = require "esxd.errors"
 local names = require "esxd.names"
 local mapping = require "esxd.mapping"
 local dates = require "esxd.dates"
+local decimal_format = require "esxd.decimal_format"
 
 local _M = {}
 local null = json.null
@@ -134,8 +135,11 @@ function _M.date_printer(format)
   local printer
   for k, p in ipairs(parts) do
     local named = NAMED[p]
+    -- the whole pattern is checked first (ES's "Unknown pattern letter" comes before esxd's
+    -- "does not implement" for a letter esxd does not print)
     local toks = (named == nil or (named ~= "iso" and named ~= "millis" and named ~= "second"))
-      and tokens(named or p, format, k == 1) or nil
+      and tokens(named or p, format, false) or nil
+    if toks and k == 1 then tokens(named or p, format, true) end
     if k == 1 then
       if named == "iso" then printer = dates.format
       elseif named == "millis" then printer = function(ms) return string.format("%d", ms) end
@@ -309,11 +313,20 @@ function _M.plan(idx, list, dv, stored)
     elseif fd then
       field_fail(idx, fd)
     end
+    -- a number's format is a java.text.DecimalFormat pattern (DocValueFormat.Decimal)
+    local number_printer
     if f.format ~= nil and mapping.NUMERIC[ty] then
-      field_fail(idx, "esxd does not implement number formats in docvalue_fields (field [" .. f.path .. "], format [" .. f.format .. "])")
+      local ok, pr = pcall(decimal_format.printer, f.format)
+      if not ok then
+        if errors.is(pr) then field_fail(idx, pr.reason, pr.status, pr.type) end
+        error(pr, 0)
+      end
+      number_printer = pr
+    else
+      no_format(idx, f.path, ty, f.format)
     end
-    no_format(idx, f.path, ty, f.format)
-    plan.dv[#plan.dv + 1] = { path = f.path, ty = ty, printer = printer_for(idx, ty, f.path, f.format) }
+    plan.dv[#plan.dv + 1] = { path = f.path, ty = ty, printer = number_printer or printer_for(idx, ty, f.path, f.format),
+      number_format = number_printer ~= nil }
   end
   return plan
 end
@@ -412,7 +425,8 @@ function _M.fetch(plan, rec, types, idx_name)
     vals = sorted_unique(vals, nil, not (INTEGRAL[ty] or FLOATING[ty] or mapping.is_date(ty) or ty == "boolean"))
     local arr = json.array()
     for _, x in ipairs(vals) do
-      if FLOATING[ty] then x = json.float(x)
+      if f.number_format then x = f.printer(x)
+      elseif FLOATING[ty] then x = json.float(x)
       elseif mapping.is_date(ty) then x = f.printer(x)
       elseif ty == "boolean" then x = x == 1
       elseif ty == "ip" then x = mapping.ip_format(x) end
