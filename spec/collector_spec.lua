@@ -3332,6 +3332,41 @@ describe("spool", function()
     col:close()
   end)
 
+  it("replays an older esx's segments (no lock file) whose pid a process started after their last write has now, and counts them", function()
+    -- without a lock file the pid decided alone: kill(pid, 0) worked for as long as the
+    -- unrelated process lived, and the acknowledged events waited on disk, silently
+    local dir = tmpdir()
+    local col, stranger
+    tidy(dir, function()
+      if stranger then os.execute("kill " .. stranger .. " 2>/dev/null") end
+      return col
+    end)
+    spool_victim(dir, { "o1", "o2" })
+    stranger = live_stranger()
+    local p = io.popen("ls " .. dir)
+    local renamed = 0
+    for name in p:lines() do
+      local seg = name:match("^seg%-%d+%-(%d+%.log)$")
+      if seg then
+        local to = dir .. "/seg-" .. stranger .. "-" .. seg
+        assert(os.rename(dir .. "/" .. name, to))
+        -- (last written 10 s ago: before the stranger started)
+        assert(os.execute("touch -m -d @" .. (os.time() - 10) .. " " .. to))
+        renamed = renamed + 1
+      elseif name:find("^lock%-%d+$") then
+        os.remove(dir .. "/" .. name) -- an esx from before lock files made none
+      end
+    end
+    p:close()
+    assert.is_true(renamed > 0)
+    col = new{ spool_dir = dir }
+    assert.equal(204, (post(col, cjson.encode(ev({ event_id = "o3" })))))
+    assert_replays(col, 2, 3)
+    assert.equal(renamed, col:stats().spool_segments_pid_reused)
+    assert.equal(0, segments(dir))
+    col:close()
+  end)
+
   it("never claims a live collector's segments, and claims them once it closed, its process alive", function()
     -- the other side of claiming by lock: a live collector holds its lock (its segments stay
     -- its own while it runs, whatever another process scans), and one that closed with

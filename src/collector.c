@@ -390,6 +390,7 @@ void esx_collector_stats(esx_collector *col, esx_collector_counters *out)
         out->spool_segments_gone = col->spool->segments_gone;
         out->spool_segments_refused = col->spool->segments_refused;
         out->spool_claims_failing = col->spool->claims_failing;
+        out->spool_segments_pid_reused = col->spool->segments_pid_reused;
         out->spool_sync_failed = col->spool->sync_failed;
     }
     int64_t oldest = 0, now = esx_now_ms();

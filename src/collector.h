@@ -64,6 +64,7 @@ typedef struct esx_collector_counters {
     uint64_t queued_events, queued_bytes, in_flight, delayed;
     uint64_t shipped, retried, dead_lettered, spooled, replayed, spilled, spool_bytes;
     uint64_t spool_skipped_bytes, spool_segments_gone, spool_segments_refused, spool_claims_failing,
+             spool_segments_pid_reused,
              spool_sync_failed,
              dead_letter_failed;
     uint64_t bulk_requests, bulk_failures, indices_created, index_create_failed;

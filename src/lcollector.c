@@ -367,6 +367,7 @@ static int col_stats(lua_State *L)
     set_int(L, "spool_segments_gone", (long long)s.spool_segments_gone);
     set_int(L, "spool_segments_refused", (long long)s.spool_segments_refused);
     set_int(L, "spool_claims_failing", (long long)s.spool_claims_failing);
+    set_int(L, "spool_segments_pid_reused", (long long)s.spool_segments_pid_reused);
     set_int(L, "spool_sync_failed", (long long)s.spool_sync_failed);
     set_int(L, "bulk_requests", (long long)s.bulk_requests);
     set_int(L, "bulk_failures", (long long)s.bulk_failures);

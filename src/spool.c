@@ -934,6 +934,14 @@ static int dead_name(const esx_spool *sp, esx_owner_scan *os, int pid, const cha
     return pid == (int)sp->pid ? !owned(sp, path) : esx_owner_dead(os, sp->dir, pid);
 }
 
+/* 1 when the segment at path, of pid (alive, without a lock file), is the writing of an
+ * earlier process with that pid (esx_owner_reused). */
+static int reused_pid(esx_owner_scan *os, int pid, const char *path)
+{
+    struct stat st;
+    return os->by_start && lstat(path, &st) == 0 && esx_owner_reused(os, pid, &st);
+}
+
 /* 1 when name is a segment's, seg-<pid>-<seq>.log: *pid and *seq from it, and path (600
  * bytes) its path in the spool directory. */
 static int segment_name(const esx_spool *sp, const char *name, int *pid,
@@ -1136,6 +1144,9 @@ int esx_spool_claim_orphans(esx_spool *sp)
     link_index links = {0}; /* the names of files with more than one, once one is met */
     failing_scan failing = {0};
     esx_owner_scan owners = {0}; /* the verdicts on other pids, their locks held till the end */
+    held_lock();
+    owners.by_start = esx_owner_locks(sp->owner);
+    held_unlock();
     int complete = 1;
     while ((de = readdir(d)) != NULL) {
         int pid;
@@ -1156,11 +1167,13 @@ int esx_spool_claim_orphans(esx_spool *sp)
             by = segments_by_seq(sp, &n_by);
             sorted = 1;
         }
+        int reused = 0; /* (alive by its pid, but not the writer: esx_owner_reused) */
         if (pid == (int)sp->pid
                 ? (by == NULL   ? owned(sp, from)
                    : seq < mark ? owned_by_seq(by, n_by, seq, from)
                                 : owned_first(sp, claimed, from))
-                : !esx_owner_dead(&owners, sp->dir, pid))
+                : !esx_owner_dead(&owners, sp->dir, pid) &&
+                      !(reused = reused_pid(&owners, pid, from)))
             continue;
         /* (left, until it is claimed or gone: its owner's lock file stays then) */
         esx_owner_count(&owners, pid, 1, 0);
@@ -1242,6 +1255,12 @@ int esx_spool_claim_orphans(esx_spool *sp)
             continue;
         }
         esx_owner_count(&owners, pid, -1, 1);
+        if (reused)
+            sp->segments_pid_reused++;
+        /* its last write is now the claim: a live holder's segments are never older than its
+         * process (esx_owner_reused), even where no lock file says it is alive */
+        struct timespec touch[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+        utimensat(AT_FDCWD, seg->path, touch, AT_SYMLINK_NOFOLLOW);
         if (names == 2)
             unlink_dead_names(sp, &owners, seg->path, st.st_dev, st.st_ino);
         sp->dir_dirty = 1; /* its new name */

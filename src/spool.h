@@ -35,7 +35,8 @@ typedef struct esx_segment {
     size_t read_off;         /* records before this offset are in memory or acknowledged */
     int64_t pending;         /* events loaded from this segment, not yet acknowledged */
     int64_t since_ms;        /* wall ms no later than its oldest record was written: when it
-                                was created (for a claimed segment: the file's last write) */
+                                was created (for a claimed segment: the file's last write,
+                                or claim by another process, esx_owner_reused) */
     int sealed;              /* no more appends */
     int claim_unsynced;      /* claimed from a dead process, not yet synced by this one */
     int in_backlog;
@@ -64,6 +65,9 @@ typedef struct esx_spool {
                              * or whose file was gone (segments_gone) */
     uint64_t sync_failed;   /* fdatasync calls of its files that failed (EIO) */
     uint64_t segments_gone; /* backlog segments whose file was gone (ENOENT) */
+    uint64_t segments_pid_reused; /* dead processes' segments without a lock file claimed
+                                   * while a process that started after their last write has
+                                   * their pid (esx_owner_reused) */
     uint64_t segments_refused; /* backlog segments whose file is there but could not be read
                                 * as this user's private file: left on disk, not replayed */
     struct esx_spool_file { dev_t dev; ino_t ino; } *refused; /* the files of other processes

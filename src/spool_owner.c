@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,7 +283,55 @@ struct esx_owner_seen {
     int dead;
     int alive;   /* dead by its lock, yet a process has the pid */
     int left, claimed;
+    int64_t started_ms; /* no lock file, the pid alive (by_start): wall ms when the process
+                         * with that pid started; 0 when unknown */
 };
+
+/* Wall-clock ms at which process pid started (field 22 of /proc/<pid>/stat: clock ticks
+ * after boot, CLOCK_BOOTTIME), or 0 when it cannot be told. */
+static int64_t proc_start_ms(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* after the command's ")" (the last one: a command may hold any byte), field 3 on */
+    char *p = strrchr(buf, ')');
+    if (p == NULL)
+        return 0;
+    p++;
+    for (int field = 3; field <= 22; field++) {
+        while (*p == ' ')
+            p++;
+        if (field == 22)
+            break;
+        while (*p && *p != ' ')
+            p++;
+    }
+    char *end;
+    unsigned long long ticks = strtoull(p, &end, 10);
+    long hz = sysconf(_SC_CLK_TCK);
+    struct timespec wall, boot;
+    if (end == p || hz <= 0 || clock_gettime(CLOCK_REALTIME, &wall) != 0 ||
+        clock_gettime(CLOCK_BOOTTIME, &boot) != 0)
+        return 0;
+    int64_t booted = ((int64_t)wall.tv_sec - boot.tv_sec) * 1000 +
+                     ((int64_t)wall.tv_nsec - boot.tv_nsec) / 1000000;
+    int64_t ms = booted + (int64_t)(ticks / (unsigned long long)hz) * 1000 +
+                 (int64_t)(ticks % (unsigned long long)hz) * 1000 / hz;
+    return ms > 0 ? ms : 0;
+}
+
+int esx_owner_locks(const esx_spool_owner *o)
+{
+    return o != NULL && !o->no_flock && o->fd >= 0;
+}
 
 static struct esx_owner_seen *seen(esx_owner_scan *s, int pid, size_t *at)
 {
@@ -316,7 +365,10 @@ int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid)
          * flock -- the pid decides.  No descriptor or memory left: the next scan. */
         if (errno == EMFILE || errno == ENFILE || errno == ENOMEM)
             return 0;
+        int gone = errno == ENOENT;
         e.dead = !pid_alive((pid_t)pid);
+        if (!e.dead && gone && s->by_start)
+            e.started_ms = proc_start_ms(pid); /* (esx_owner_reused) */
     } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         e.dead = !pid_alive((pid_t)pid);
     } else if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
@@ -350,6 +402,16 @@ int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid)
     return e.dead;
 }
 
+int esx_owner_reused(esx_owner_scan *s, int pid, const struct stat *st)
+{
+    size_t at;
+    struct esx_owner_seen *v = seen(s, pid, &at);
+    if (v == NULL || v->dead || v->started_ms == 0)
+        return 0;
+    int64_t written = (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
+    return v->started_ms > written + ESX_OWNER_START_SLACK_MS;
+}
+
 void esx_owner_count(esx_owner_scan *s, int pid, int left, int claimed)
 {
     size_t at;
@@ -364,6 +426,10 @@ void esx_owner_scan_end(esx_owner_scan *s, const char *dir, int complete)
 {
     for (size_t i = 0; i < s->n; i++) {
         struct esx_owner_seen *v = &s->v[i];
+        if (v->fd < 0 && v->started_ms > 0 && v->claimed > 0)
+            fprintf(stderr, "esx.collector: claimed %d spool segment(s) of process %d in %s "
+                            "without a lock file: the process that has that pid now started "
+                            "after they were last written\n", v->claimed, v->pid, dir);
         if (v->fd < 0)
             continue;
         char path[600];

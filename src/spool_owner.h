@@ -10,7 +10,9 @@
  * its first segment until its last spool on the directory is closed (or it dies: the kernel
  * lets go of the lock), and a claimer takes a process for dead when it can take that lock
  * itself (LOCK_NB).  kill(pid, 0) decides only when there is no lock file (segments of an
- * esx that made none) or flock does not work there.
+ * esx that made none) or flock does not work there -- and where flock works, a live pid
+ * whose process started after the segment's last write is not its writer's
+ * (esx_owner_reused).
  *
  * Every function here runs under the caller's lock (spool.c's held_mu), which a fork takes
  * too: the child handler calls esx_owner_forked.
@@ -18,6 +20,7 @@
 #ifndef ESX_SPOOL_OWNER_H
 #define ESX_SPOOL_OWNER_H
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 typedef struct esx_spool_owner esx_spool_owner;
@@ -45,10 +48,18 @@ void esx_owner_drop(esx_spool_owner *o);
  * closed: a child that outlives its parent must not keep the parent's segments unclaimed). */
 void esx_owner_forked(void);
 
-/* A scan's verdicts, one per pid met (esx_spool_claim_orphans). */
+/* 1 when this process holds a real lock on its lock file in the directory (flock works
+ * there), 0 when it holds nothing. */
+int esx_owner_locks(const esx_spool_owner *o);
+
+/* A scan's verdicts, one per pid met (esx_spool_claim_orphans).  by_start (set by the caller
+ * when flock works in the directory: a local file system, whose times are this machine's
+ * clock): a pid without a lock file whose process is alive is asked when it started
+ * (esx_owner_reused). */
 typedef struct {
     struct esx_owner_seen *v;
     size_t n, cap;
+    int by_start;
 } esx_owner_scan;
 
 /* 1 when the process of pid (not this one) is dead to this scan: its lock file could be
@@ -57,6 +68,17 @@ typedef struct {
  * process has that pid.  0 when it is alive, or cannot be told now (no descriptor or memory
  * left: the next scan asks again). */
 int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid);
+
+/* Slack of esx_owner_reused: a file's times lag the clock by a tick, and /proc gives a
+ * process's start in ticks. */
+#define ESX_OWNER_START_SLACK_MS 1000
+
+/* 1 when pid -- alive, no lock file: an esx from before lock files wrote the segment, or its
+ * process is gone and another has its pid -- is another process's than the writer of the
+ * segment st describes: the process with that pid started more than ESX_OWNER_START_SLACK_MS
+ * after the file was last written (st_mtim; a claim sets it to the claim's time).  Only with
+ * by_start, and after esx_owner_dead said 0 for pid; 0 when it cannot be told (no /proc). */
+int esx_owner_reused(esx_owner_scan *s, int pid, const struct stat *st);
 
 /* Segments of pid the scan met and left on disk (refused, passed over, failing), and that it
  * claimed. */

@@ -57,6 +57,7 @@ local types = {
     retried = COUNTER, dead_lettered = COUNTER, dead_letter_failed = COUNTER, spooled = COUNTER,
     replayed = COUNTER, spilled = COUNTER, spool_skipped_bytes = COUNTER,
     spool_segments_gone = COUNTER, spool_segments_refused = COUNTER,
+    spool_segments_pid_reused = COUNTER,
     spool_sync_failed = COUNTER, bulk_requests = COUNTER,
     bulk_failures = COUNTER, rollup_dropped = COUNTER, rollup_written = COUNTER, rollup_lost = COUNTER,
     rate_unlimited = COUNTER, indices_created = COUNTER, index_create_failed = COUNTER,
