@@ -3193,6 +3193,13 @@ describe("spool", function()
     unit("spool_owner_lock", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 12)
   end)
 
+  it("opens the spool of a process given a dead one's pid at once while another process claims the dead one's segments (tools/unit)", function()
+    -- the claimer holds the dead process's lock file for its scan: the newcomer waited for
+    -- it under its collector's lock, up to a second, then answered 503 -- now it takes the
+    -- lock from the claimer, which stops claiming that pid's segments, and claims the rest
+    unit("spool_owner_handoff", "src/spool.c src/spool_owner.c src/private.c src/proc.c -lz -lpthread", 5)
+  end)
+
   it("syncs the segments it claims from a dead process at its next sync pass, not under the lock (tools/unit)", function()
     -- a process killed inside its spool_sync_interval had acknowledged records it never
     -- synced; the claimer synced the directory (the rename) but never the file, so a power

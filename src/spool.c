@@ -1152,6 +1152,7 @@ int esx_spool_claim_orphans(esx_spool *sp)
         int pid;
         unsigned long long seq;
         char from[600];
+        esx_owner_yield(&owners, sp->dir); /* (a process waiting for a lock held here) */
         if (esx_owner_name(de->d_name, &pid)) {
             /* a process's lock file: a dead one's goes at the end, when none of its segments
              * is left (one that died with none: all acknowledged) */
@@ -1202,6 +1203,10 @@ int esx_spool_claim_orphans(esx_spool *sp)
             if (lstat(from, &st) != 0)
                 continue;
         }
+        /* a new process with the pid may have taken its lock meanwhile: from then on its
+         * names are that process's */
+        if (pid != (int)sp->pid && !reused && !esx_owner_still(&owners, sp->dir, pid))
+            continue;
         esx_segment *seg = calloc(1, sizeof *seg);
         if (seg == NULL) {
             complete = 0;

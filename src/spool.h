@@ -174,7 +174,8 @@ void esx_spool_sync_failed(esx_spool *sp, int n, int err);
 void esx_spool_release(esx_spool *sp, esx_segment *seg, int64_t n);
 
 /* Claims (atomic rename) the segments left by processes that no longer exist -- whose lock
- * file it can lock (held until the scan ends), or without one, whose pid is gone -- and
+ * file it can lock (held until the scan ends, or until a new process with that pid takes
+ * it: esx_owner_still), or without one, whose pid is gone -- and
  * those of this process that no live spool of it owns (a collector closed earlier), adding
  * them to the backlog; a dead process's lock file goes once none of its segments is left.  One that is not this user's private file (owner, group/other write, more
  * than one link) is left where it is, counted in segments_refused and said on stderr once

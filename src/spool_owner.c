@@ -56,6 +56,31 @@ static int no_flock(int err)
     return err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
 }
 
+/* Waits until the lock of fd, held by another process, can be taken (and takes it), up to
+ * ESX_OWNER_WAIT_MS after start, with a byte in the file while it waits: a claimer that
+ * holds it lets go at its next claim (esx_owner_still; one that takes it next clears the
+ * file, and sees the byte again).  0, or -1 with errno (EWOULDBLOCK: still held). */
+static int wait_free(int fd, const struct timespec *start)
+{
+    for (;;) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && st.st_size == 0 && pwrite(fd, "w", 1, 0) != 1)
+            return -1; /* (errno: EIO, ENOSPC...) */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        struct timespec now, nap = {0, 1000000};
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000 >=
+            ESX_OWNER_WAIT_MS) {
+            errno = EWOULDBLOCK;
+            return -1;
+        }
+        nanosleep(&nap, NULL);
+    }
+}
+
 /* Takes the lock on path.  Returns 0 (o->fd, o->fdev, o->fino set), 1 when flock does not
  * work on that file system (nothing held, the file removed), or -1 with a reason in why. */
 static int lock_file(esx_spool_owner *o, char *why)
@@ -75,18 +100,17 @@ static int lock_file(esx_spool_owner *o, char *why)
             return -1;
         }
         int rc;
-        for (;;) {
+        do
             rc = flock(fd, LOCK_EX | LOCK_NB);
-            if (rc == 0 || (errno != EWOULDBLOCK && errno != EINTR))
-                break;
-            /* held: a claimer taking what an earlier process with this pid left, for a
-             * scan's while (the lock may not be waited for without a bound: held_mu) */
-            struct timespec now, nap = {0, 10 * 1000000};
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >=
-                ESX_OWNER_WAIT_MS)
-                break;
-            nanosleep(&nap, NULL);
+        while (rc != 0 && errno == EINTR);
+        if (rc != 0 && errno == EWOULDBLOCK) {
+            /* Held: by a claimer taking the segments an earlier process with this pid left
+             * (or by a process with this pid in another pid namespace).  Waiting for the end
+             * of its scan held the caller's locks (held_mu, the collector's) for as long as
+             * the scan took, and past ESX_OWNER_WAIT_MS the spool was refused: 503.  A byte
+             * written to the file tells the claimer that a process with the pid is here: it
+             * lets go before its next claim (esx_owner_still). */
+            rc = wait_free(fd, &start);
         }
         if (rc != 0) {
             int err = errno;
@@ -109,6 +133,10 @@ static int lock_file(esx_spool_owner *o, char *why)
             return -1;
         }
         if (still_named(fd, o->path)) {
+            /* (the byte of a process with this pid that waited for it: cleared) */
+            struct stat now;
+            if (fstat(fd, &now) == 0 && now.st_size > 0 && ftruncate(fd, 0) != 0)
+                fst.st_size = 0; /* (a claimer clears it when it takes the lock) */
             o->fd = fd;
             o->fdev = fst.st_dev;
             o->fino = fst.st_ino;
@@ -283,6 +311,8 @@ struct esx_owner_seen {
     int dead;
     int alive;   /* dead by its lock, yet a process has the pid */
     int left, claimed;
+    int yielded; /* its lock let go of during the scan: a process with the pid took it */
+    int deaf;    /* its file could not be cleared: its size says nothing (let_go_if_wanted) */
     int64_t started_ms; /* no lock file, the pid alive (by_start): wall ms when the process
                          * with that pid started; 0 when unknown */
 };
@@ -358,7 +388,10 @@ int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid)
     char path[600];
     snprintf(path, sizeof path, "%.500s/lock-%d", dir, pid);
     struct esx_owner_seen e = {.pid = pid, .fd = -1};
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    /* (for writing too: a waiting process's byte in it is cleared when it is taken) */
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == EACCES)
+        fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd < 0) {
         /* no lock file: segments of an esx that made none, or of a file system without
@@ -375,6 +408,10 @@ int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid)
         /* the owner is gone -- unless the file was removed meanwhile, by the claimer that
          * held it before us: a new process with the pid may own a new one (the next scan) */
         if (still_named(fd, path)) {
+            /* a byte left by a process with the pid that waited for it (gone, or given the
+             * lock since): cleared, so that one written from now on says one waits */
+            if (st.st_size > 0 && ftruncate(fd, 0) != 0)
+                e.deaf = 1;
             e.dead = 1;
             e.alive = pid_alive((pid_t)pid);
             e.fd = fd;
@@ -402,6 +439,47 @@ int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid)
     return e.dead;
 }
 
+/* Lets go of v's lock when a process with that pid waits for it (a byte in the file: see
+ * wait_free), or when the file no longer bears its name (a new one could be locked by such
+ * a process meanwhile).  1 when it did. */
+static int let_go_if_wanted(const char *dir, struct esx_owner_seen *v)
+{
+    char path[600];
+    struct stat st;
+    snprintf(path, sizeof path, "%.500s/lock-%d", dir, v->pid);
+    if (v->fd < 0 ||
+        ((v->deaf || (fstat(v->fd, &st) == 0 && st.st_size == 0)) && still_named(v->fd, path)))
+        return 0;
+    close(v->fd);
+    v->fd = -1;
+    v->dead = 0; /* (none of its segments more: they may be the new process's) */
+    v->yielded = 1;
+    return 1;
+}
+
+int esx_owner_still(esx_owner_scan *s, const char *dir, int pid)
+{
+    size_t at;
+    struct esx_owner_seen *v = seen(s, pid, &at);
+    if (v == NULL)
+        return 1;
+    if (v->yielded)
+        return 0;
+    return !let_go_if_wanted(dir, v);
+}
+
+void esx_owner_yield(esx_owner_scan *s, const char *dir)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    if (ms - s->checked_ms < ESX_OWNER_YIELD_MS)
+        return;
+    s->checked_ms = ms;
+    for (size_t i = 0; i < s->n; i++)
+        let_go_if_wanted(dir, &s->v[i]);
+}
+
 int esx_owner_reused(esx_owner_scan *s, int pid, const struct stat *st)
 {
     size_t at;
@@ -426,6 +504,10 @@ void esx_owner_scan_end(esx_owner_scan *s, const char *dir, int complete)
 {
     for (size_t i = 0; i < s->n; i++) {
         struct esx_owner_seen *v = &s->v[i];
+        if (v->yielded && v->claimed > 0)
+            fprintf(stderr, "esx.collector: claimed %d spool segment(s) of process %d in %s: it no "
+                            "longer held its lock there; a new process with that pid took it "
+                            "meanwhile, and claims the rest\n", v->claimed, v->pid, dir);
         if (v->fd < 0 && v->started_ms > 0 && v->claimed > 0)
             fprintf(stderr, "esx.collector: claimed %d spool segment(s) of process %d in %s "
                             "without a lock file: the process that has that pid now started "

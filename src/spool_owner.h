@@ -20,6 +20,7 @@
 #ifndef ESX_SPOOL_OWNER_H
 #define ESX_SPOOL_OWNER_H
 
+#include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -27,8 +28,10 @@ typedef struct esx_spool_owner esx_spool_owner;
 
 /* This process's lock in directory dir (dev, ino: its identity): taken (its file created
  * when missing, mode 0600), or shared with the other spools of the process on the directory.
- * Waits up to ESX_OWNER_WAIT_MS while another process holds it (a claimer taking the
- * segments an earlier process with this pid left: a scan's while).  Where flock does not
+ * While another process holds it (a claimer taking the segments an earlier process with this
+ * pid left), a byte is written to the file -- the claimer lets go at its next claim
+ * (esx_owner_still) -- and the lock is taken once it is free (the byte cleared): waits up to
+ * ESX_OWNER_WAIT_MS for that (a holder that does not let go is no claimer).  Where flock does not
  * work, nothing is held (said once on stderr): claimers go by the pid then.  Returns NULL
  * with a reason in why (256 bytes) when it cannot be taken. */
 #define ESX_OWNER_WAIT_MS 1000
@@ -60,11 +63,13 @@ typedef struct {
     struct esx_owner_seen *v;
     size_t n, cap;
     int by_start;
+    int64_t checked_ms; /* (esx_owner_yield) */
 } esx_owner_scan;
 
 /* 1 when the process of pid (not this one) is dead to this scan: its lock file could be
- * locked -- and stays locked by this process until esx_owner_scan_end, so that no new
- * process with that pid writes segments meanwhile --, or, without a usable lock file, no
+ * locked -- and stays locked by this process until esx_owner_scan_end (or until a new
+ * process with that pid takes it: esx_owner_still), so that no new process with that pid
+ * writes segments meanwhile --, or, without a usable lock file, no
  * process has that pid.  0 when it is alive, or cannot be told now (no descriptor or memory
  * left: the next scan asks again). */
 int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid);
@@ -79,6 +84,19 @@ int esx_owner_dead(esx_owner_scan *s, const char *dir, int pid);
  * after the file was last written (st_mtim; a claim sets it to the claim's time).  Only with
  * by_start, and after esx_owner_dead said 0 for pid; 0 when it cannot be told (no /proc). */
 int esx_owner_reused(esx_owner_scan *s, int pid, const struct stat *st);
+
+/* Right before the claim of a segment of pid (dead to the scan): 1 to go on, 0 when a new
+ * process with that pid waits for its lock -- it wrote a byte to the file (esx_owner_take),
+ * or the file lost its name: the scan lets go of the lock now (if not yet), and claims
+ * none of pid's segments more (they may be the new process's; it claims the rest of the
+ * dead one's itself, as segments of its pid that it does not own). */
+int esx_owner_still(esx_owner_scan *s, const char *dir, int pid);
+
+/* Between names: lets go of every lock the scan holds that a process waits for (as
+ * esx_owner_still), at most every ESX_OWNER_YIELD_MS -- a process waiting for one waits no
+ * longer than that while the scan is busy with other pids' segments. */
+#define ESX_OWNER_YIELD_MS 2
+void esx_owner_yield(esx_owner_scan *s, const char *dir);
 
 /* Segments of pid the scan met and left on disk (refused, passed over, failing), and that it
  * claimed. */
