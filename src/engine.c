@@ -173,6 +173,22 @@ static void note_codings(esx_request *req, const char *v, size_t vlen)
     }
 }
 
+/* The number a Content-Length value of vlen bytes holds, or -1 when it is not 1*DIGIT or
+ * passes ESX_H1_MAX_LENGTH (as h1.c refuses it: libcurl 7.88 ignored a number too large to
+ * hold and read to the close, so a response cut short there was taken as whole). */
+static int64_t content_length(const char *v, size_t vlen)
+{
+    int64_t x = 0;
+    if (vlen == 0)
+        return -1;
+    for (size_t k = 0; k < vlen; k++) {
+        if (v[k] < '0' || v[k] > '9' || x > ESX_H1_MAX_LENGTH / 10)
+            return -1;
+        x = x * 10 + (v[k] - '0');
+    }
+    return x;
+}
+
 /* One response header line (with or without its line end); the status line starts a new
  * response.  Returns 0 when the request was aborted (headers too big). */
 int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
@@ -224,20 +240,16 @@ int esx_eng_record_header(esx_request *req, const char *buf, size_t len)
     while (vlen && (v[vlen - 1] == ' ' || v[vlen - 1] == '\t'))
         vlen--; /* the whitespace around a value is not part of it (RFC 9110 5.5) */
     if (!bad && req->wire_in == 0 && nlen == 14 && strncasecmp(buf, "content-length", 14) == 0) {
-        char first[32];
-        int64_t x = 0;
-        for (size_t k = 0; k < vlen && !bad; k++) {
-            /* a number too large to hold, as h1.c refuses it: libcurl 7.88 ignored it and
-             * read to the close, so a response cut short there was taken as whole */
-            if (v[k] < '0' || v[k] > '9' || x > ESX_H1_MAX_LENGTH / 10)
-                bad = "bad Content-Length";
-            else
-                x = x * 10 + (v[k] - '0');
-        }
-        if (vlen == 0 || vlen >= sizeof first)
+        /* 1*DIGIT (RFC 9110 8.6): leading zeros are part of the syntax, and repeated fields
+         * agree when they carry the same number -- "2" and "02" do, as h1.c reads them (the
+         * text compared, a response with both was a reset over libcurl, and over esx's own
+         * HTTP/1.1 one that was neither retried nor held against the node) */
+        int64_t x = content_length(v, vlen);
+        size_t flen;
+        const char *first = x < 0 ? NULL : esx_request_header_ref(req, "content-length", &flen);
+        if (x < 0)
             bad = "bad Content-Length";
-        if (!bad && esx_request_header(req, "content-length", first, sizeof first) &&
-            (strlen(first) != vlen || memcmp(first, v, vlen) != 0))
+        else if (first && content_length(first, flen) != x)
             bad = "conflicting Content-Length headers";
     }
     if (bad) {

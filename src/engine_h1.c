@@ -390,6 +390,12 @@ static int h1_recv(esx_engine *e, esx_h1_conn *c, int64_t now)
         h1_fail(e, c, ESX_ERESET, 1, text, now);
         return 0;
     }
+    if (rc == ESX_H1_ABORT && req->abort_kind && strcmp(req->abort_kind, ESX_ERESET) == 0) {
+        /* framing the header callback refused (esx_eng_record_header): a bad reply, as h1.c's
+         * own refusals above and as engine_curl.c treats it -- retried, the node marked */
+        h1_fail(e, c, ESX_ERESET, 1, req->abort_msg, now);
+        return 0;
+    }
     /* a callback stopped (body too big, bad gzip), the headers are too big, or a transfer
      * coding esx does not decode: the node answered, the bytes cannot be read */
     const char *kind = rc == ESX_H1_ABORT ? req->abort_kind : ESX_EDECODE;

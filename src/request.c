@@ -110,9 +110,9 @@ void esx_request_complete(esx_request *req)
     pthread_mutex_unlock(&req->mu);
 }
 
-const char *esx_request_header(const esx_request *req, const char *name, char *out, size_t outlen)
+const char *esx_request_header_ref(const esx_request *req, const char *name, size_t *len)
 {
-    if (req->resp_headers.data == NULL || outlen == 0)
+    if (req->resp_headers.data == NULL)
         return NULL;
     size_t nlen = strlen(name);
     const char *p = req->resp_headers.data;
@@ -123,16 +123,25 @@ const char *esx_request_header(const esx_request *req, const char *name, char *o
             const char *v = p + nlen + 1;
             while (*v == ' ')
                 v++;
-            size_t vlen = (size_t)(p + line - v);
-            if (vlen >= outlen)
-                vlen = outlen - 1;
-            memcpy(out, v, vlen);
-            out[vlen] = '\0';
-            return out;
+            *len = (size_t)(p + line - v);
+            return v;
         }
         if (!eol)
             break;
         p = eol + 1;
     }
     return NULL;
+}
+
+const char *esx_request_header(const esx_request *req, const char *name, char *out, size_t outlen)
+{
+    size_t vlen;
+    const char *v = outlen ? esx_request_header_ref(req, name, &vlen) : NULL;
+    if (v == NULL)
+        return NULL;
+    if (vlen >= outlen)
+        vlen = outlen - 1;
+    memcpy(out, v, vlen);
+    out[vlen] = '\0';
+    return out;
 }

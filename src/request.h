@@ -165,4 +165,9 @@ void esx_request_complete(esx_request *req);
  * to outlen), or NULL when absent. */
 const char *esx_request_header(const esx_request *req, const char *name, char *out, size_t outlen);
 
+/* The value of the first response header `name` (lowercase) as it is stored (leading spaces
+ * skipped, not NUL-terminated; *len bytes), pointing into req's headers and valid until they
+ * change; NULL when absent.  Nothing is copied, so a value of any length is seen whole. */
+const char *esx_request_header_ref(const esx_request *req, const char *name, size_t *len);
+
 #endif
