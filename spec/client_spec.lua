@@ -2217,6 +2217,36 @@ describe("credentials", function()
     end
   end)
 
+  it("sends credentials with a raw ',' and escaped '@', ':' and '%' from a hosts string, never showing them", function()
+    -- the string form split at every comma: "http://elastic:p,w@..." became "http://elastic:p"
+    -- and "w@...", refused as a bad port, though the same URL in a list was taken
+    local l = net.listener()
+    local c
+    finally(function()
+      if c then c:close() end
+      l:close()
+    end)
+    local url = l.url:gsub("^http://", "http://elastic:p,w%%40x%%3Ay%%25z@")
+    c = client{ hosts = url .. ", " .. url, max_retries = 0 }
+    assert.equal(2, #c:stats().nodes)
+    assert.equal(l.url, c:stats().nodes[1].url)
+    local p = assert(c:send("GET", "/nope/_doc/1"))
+    local conn = assert(l:accept())
+    local req = assert(net.read_request(conn))
+    assert.equal("Basic " .. require("mime").b64("elastic:p,w@x:y%z"), req.headers.authorization)
+    conn:send("HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
+    assert.is_true(p:wait(5000))
+    local res, err = p:result()
+    conn:close()
+    assert.is_nil(res)
+    assert.equal("not_found", err.kind)
+    for _, secret in ipairs{ "p,w", "p%2Cw", "40x" } do
+      assert.falsy(tostring(err):find(secret, 1, true))
+      assert.falsy(err.node:find(secret, 1, true))
+      assert.falsy(esx.metrics():find(secret, 1, true))
+    end
+  end)
+
   it("percent-decodes credentials taken from the URL", function()
     local url = secure.url:gsub("^http://", "http://elastic:s3cret%%2Dpw@")
     local c = client{ hosts = { url } }

@@ -27,11 +27,34 @@ local MAX_SAFE = options.MAX_SAFE_INTEGER
 
 local function ms(default) return { type = "integer", min = 0, max = MAX_SAFE, default = default } end
 
+-- The node URLs of a hosts string: separated by commas or whitespace, except a comma in a
+-- URL's credentials (up to the authority's last '@', the one esx_node_parse takes; RFC 3986
+-- allows a raw ',' there): "http://u:p,ss@h:9200" was split into "http://u:p" and "ss@h:9200",
+-- and refused for a bad port, though the same URL in a list was taken.
+local function split_hosts(s)
+  local list, pos = {}, 1
+  while true do
+    local from = s:find("[^,%s]", pos)
+    if not from then return list end
+    local stop = s:find("%s", from) or #s + 1 -- (no URL holds a space)
+    local url = s:sub(from, stop - 1)
+    local auth = url:match("^%a[%w+.-]*://()") or 1
+    local auth_end = url:find("[/?#]", auth) or #url + 1
+    local after = auth
+    for at in url:sub(1, auth_end - 1):gmatch("()@") do
+      if at >= auth then after = at end
+    end
+    local comma = url:find(",", after, true)
+    if comma then url, stop = url:sub(1, comma - 1), from + comma - 1 end
+    list[#list + 1] = url
+    pos = stop
+  end
+end
+
 local function check_hosts(v)
   local list
   if type(v) == "string" then
-    list = {}
-    for h in v:gmatch("[^,%s]+") do list[#list + 1] = h end
+    list = split_hosts(v)
   elseif type(v) == "table" then
     list = {}
     for i, h in ipairs(v) do
