@@ -249,8 +249,8 @@ void esx_eng_sweep_waiters(esx_engine *e)
             continue;
         struct stat st;
         char path[sizeof tmp + 32];
-        snprintf(path, sizeof path, "%s/%s/%s", tmp, de->d_name, WAITER_SOCKET);
-        if (fstat(sub, &st) == 0 && st.st_uid == uid && only_socket(sub, uid) && refused(path) &&
+        int n = snprintf(path, sizeof path, "%s/%s/%s", tmp, de->d_name, WAITER_SOCKET);
+        if (n > 0 && (size_t)n < sizeof path && fstat(sub, &st) == 0 && st.st_uid == uid && only_socket(sub, uid) && refused(path) &&
             unlinkat(sub, WAITER_SOCKET, 0) == 0)
             unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR);
         close(sub);
