@@ -57,12 +57,18 @@ static pid_t owner(const char *dir, int go, int said, int fork_first, pid_t *gra
         _exit(1);
     seg->pending = 1; /* (an event not yet acknowledged: the segment stays at close) */
     if (fork_first) {
+        /* the grandchild says its pid once fork has returned in it: its fork handler has
+         * closed its copy of the lock's descriptor by then (before, the copy still held the
+         * lock, and a claim right after its parent's death found it taken) */
         pid_t g = fork();
         if (g == 0) {
+            pid_t self = getpid();
+            if (write(gp[1], &self, sizeof self) != sizeof self)
+                _exit(1);
             pause(); /* killed by the test */
             _exit(0);
         }
-        if (write(gp[1], &g, sizeof g) != sizeof g)
+        if (g < 0)
             _exit(1);
         _exit(0); /* dies with its spool open: its lock is the kernel's to let go of */
     }
