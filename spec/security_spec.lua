@@ -307,7 +307,7 @@ describe("request smuggling shapes against the collector in nginx #nginx", funct
 end)
 
 describe("size arithmetic near SIZE_MAX", function()
-  it("refuses every size that would wrap, and caps a gzip bomb", function()
+  it("refuses every size that would wrap, and caps a gzip bomb (tools/unit)", function()
     require("spec.support.unit").run("sizes", "src/buf.c src/gzip.c -lz", 11)
   end)
 end)

@@ -4,6 +4,9 @@
 -- when any failed.
 --
 --   require("spec.support.unit").run("rollup_grace", "src/rollup.c src/hll.c ... -lm", 8)
+--
+-- A spec that does nothing else ends its name with "(tools/unit)": the program is the same
+-- whatever Lua drives busted, and tools/run-tests runs those specs under one flavour only.
 
 local assert = require "luassert"
 
