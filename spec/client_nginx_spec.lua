@@ -218,7 +218,7 @@ describe("esx.client in nginx #nginx", function()
     local pid = srv:pid()
     os.execute("kill -QUIT " .. pid)
     for _ = 1, 250 do
-      if not os.execute("kill -0 " .. pid .. " 2>/dev/null") then break end
+      if not nginx.running(pid) then break end
       socket.sleep(0.02)
     end
     local log = srv:error_log()

@@ -95,6 +95,19 @@ function _M.start(opts)
   error("nginx did not listen on port " .. port)
 end
 
+--- true while the process pid runs: not once it exited, even when not reaped yet (a zombie --
+-- a daemon master's parent is PID 1, which in a container may reap a second or more later)
+function _M.running(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if f then
+    local stat = f:read("*a") or ""
+    f:close()
+    local state = stat:match(".*%) (%u)")
+    return state ~= nil and state ~= "Z" and state ~= "X"
+  end
+  return sh("kill -0 " .. pid .. " 2>/dev/null")
+end
+
 function Server:pid()
   return tonumber(read(self.dir .. "/nginx.pid") or "")
 end
@@ -118,7 +131,7 @@ function Server:stop()
   if pid then
     sh("kill -QUIT " .. pid .. " 2>/dev/null")
     for i = 1, 250 do
-      if not sh("kill -0 " .. pid .. " 2>/dev/null") then break end
+      if not _M.running(pid) then break end
       if i == 250 then sh("kill -TERM " .. pid .. " 2>/dev/null") end
       socket.sleep(0.02)
     end
