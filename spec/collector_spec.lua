@@ -2117,12 +2117,14 @@ describe("col:rollups", function()
 
   it("totals hold one search's rows at a time, not every row of the range", function()
     -- every hit of every search was kept until the last search was read, and every row's
-    -- sketch until the end: a week of one-minute rows with dense sketches is gigabytes
+    -- sketch until the end: a week of one-minute rows with dense sketches is gigabytes.
+    -- 11,000 rows (some 9 MB of sketches) are more than one search's 10,000: the first
+    -- search's rows are dropped and the range read in two halves.
     local b64 = require("esx.core").hll_new()
     for i = 1, 200 do b64:add("u" .. i) end
     local sketch = require("mime").b64(b64:serialize())
     local lines = {}
-    for i = 1, 20000 do
+    for i = 1, 11000 do
       lines[#lines + 1] = '{"index":{"_index":"rollups-big"}}'
       lines[#lines + 1] = ('{"site_id":"big","block_id":"b","variant":"","type":"view","window_start":%d,"count":1,"hll":"%s"}')
         :format(60000 * ((i - 1) % 1440), sketch)
@@ -2143,10 +2145,11 @@ describe("col:rollups", function()
     local rows = assert(require("esx.collector").totals(c2, { site_id = "big", index = "rollups-big" }))
     c2:close()
     assert.equal(1, #rows)
-    assert.equal(20000, rows[1].count)
+    assert.equal(11000, rows[1].count)
     assert.equal(math.floor(b64:estimate() + 0.5), rows[1].uniques) -- (the same 200 users in every row)
     assert.is_true(searches >= 4, "searches " .. searches)
-    assert.is_true(most < 4096, ("totals held %.0f KiB between its searches"):format(most))
+    -- (one search's rows held on: 1.7 MiB under LuaJIT, whose equal sketches are one string)
+    assert.is_true(most < 1024, ("totals held %.0f KiB between its searches"):format(most))
   end)
 
   it("totals split a range whose search answer passes the client's max_response_bytes", function()
