@@ -297,9 +297,10 @@ describe("esx.collector", function()
       srv:clear_faults()
       if col then col:close(0) end
     end)
-    -- every bulk is held 1 s: the queue fills before the first answer, so each batch is
-    -- cut by batch_max_events or batch_max_bytes, and in_flight shows bulk_concurrency
-    srv:fault{ path = "/_bulk", stall_ms = 1000, count = -1 }
+    -- every bulk is held 300 ms: the queue fills before the first answer (the 150 posts
+    -- take some 30 ms), so each batch is cut by batch_max_events or batch_max_bytes, and
+    -- in_flight shows bulk_concurrency
+    srv:fault{ path = "/_bulk", stall_ms = 300 * SCALE, count = -1 }
     col = assert(esx.collector{ sink = client, rollup = false })
     local small = {}
     for i = 1, 100 do small[i] = '{"site_id":"s1","type":"v"}' end
