@@ -445,6 +445,7 @@ describe("the collector's retry jitter in nginx workers #nginx", function()
             local gaps = {}
             for i = 2, #times do gaps[#gaps + 1] = math.floor(times[i] - times[i - 1]) end
             ngx.shared.jitter:set(tostring(ngx.worker.id()), status .. " " .. table.concat(gaps, " "))
+            col:close(0) -- (measured: nginx need not wait for the next retry to stop)
           end)
         }
       ]]):format(es.url),
