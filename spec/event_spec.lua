@@ -140,6 +140,21 @@ describe("core.events_parse", function()
       { ev(',"ts":10000000000000000000.5'), "ts: out of range (more than 2^63-1 ms)" },
       { ev(',"ts":1700000000000.1234567'), "ts: more than 6 decimal places" },
       { ev(',"":1'), "empty member name" },
+      -- names Elasticsearch's document parser refuses at any level (split at dots into
+      -- object levels): accepted, such an event would get its 2xx and then be dead-lettered
+      { ev(',"o":{"":1}'), "empty member name" },
+      { ev(',"o":[1,[{"a":{"\\u0000":1,"":2}}]]'), "empty member name" },
+      { ev(',"..":1'), "member name of dots only" },
+      { ev(',"o":{".":1}'), "member name of dots only" },
+      { ev(',".a":1'), "member name with an empty part (a leading dot or two dots in a row)" },
+      { ev(',"a..b":1'), "member name with an empty part (a leading dot or two dots in a row)" },
+      { ev(',"o":{"a\\u002e.b":1}'), "member name with an empty part (a leading dot or two dots in a row)" },
+      { ev(',"o":{"a.' .. ("x"):rep(300) .. '..\\u0062":1}'),
+        "member name with an empty part (a leading dot or two dots in a row)" },
+      { ev(',"  ":1'), "member name (or a part of it between dots) of whitespace only" },
+      { ev(',"a. .b":1'), "member name (or a part of it between dots) of whitespace only" },
+      { ev(',"o":{"\\t\\u3000\\u2028\\u001f":1}'), "member name (or a part of it between dots) of whitespace only" },
+      { ev(',"o":{"a.\u{2009}":1}'), "member name (or a part of it between dots) of whitespace only" },
       { ev(',"_id":"x"'), "reserved field _id" },
       { ev(',"_index":"other"'), "reserved field _index" },
       { ev(',"\\u005fsource":{}'), "reserved field _source" },
@@ -191,6 +206,14 @@ describe("core.events_parse", function()
       local d = accepted('{"site\\u005fid":"s","\\u0074ype":"t"}')
       assert.equal("s", d.site_id)
       assert.equal("t", d.type)
+    end)
+
+    it("accepts the names Elasticsearch splits at dots: a trailing dot, no-break spaces", function()
+      -- Java's split drops trailing empty parts ("a." is "a"); String.isBlank does not take
+      -- U+00A0, U+2007 or U+202F for whitespace
+      for _, name in ipairs{ "a.", "a.b.", "o.\\u00a0", "\u{2007}", "\u{202F}.x", " a .b" } do
+        assert.truthy(accepted(ev(',"o":{"' .. name .. '":1},"' .. name .. '":2')), name)
+      end
     end)
 
     it("keeps '_' names below the top level and any other member", function()
@@ -249,7 +272,9 @@ describe("core.events_parse", function()
       local tricky = 'x\\"}]\\\\{[\\"y'
       for pad = 0, 16 do
         local p = ("p"):rep(pad)
-        local value = '{"' .. p .. '":"' .. p .. tricky .. '","l":["' .. tricky .. p .. '",{"' .. p .. '}":"]"}]}'
+        -- (a name of the pad, but never "": Elasticsearch refuses an empty name at any level;
+        -- pad 0's offsets are pad 1's, and 17 pads go round the word twice)
+        local value = '{"' .. (pad == 0 and "p" or p) .. '":"' .. p .. tricky .. '","l":["' .. tricky .. p .. '",{"' .. p .. '}":"]"}]}'
         local one = '{"site_id":"s","type":"t","' .. p .. 'k":' .. value .. '}'
         local docs, rejects = parse("[" .. one .. "," .. one .. ', {"site_id":"s2","type":"t2"}]')
         assert(docs, rejects and tostring(rejects))

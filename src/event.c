@@ -7,6 +7,7 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -154,6 +155,97 @@ static void reserved_reason(const esx_json_val *key, char *reason)
     snprintf(reason, 96, "reserved field %s%s", name, l > 64 ? "..." : "");
 }
 
+/* Length of the character at p (n >= 1 bytes left) when Java's Character.isWhitespace takes
+ * it -- what String.isBlank, with which Elasticsearch checks field names, skips: ASCII
+ * blanks, U+001C-U+001F and the Unicode space, line and paragraph separators but the
+ * no-break ones (U+00A0, U+2007, U+202F) -- else 0. */
+static size_t java_space(const unsigned char *p, size_t n)
+{
+    if (*p == ' ' || (*p >= '\t' && *p <= '\r') || (*p >= 0x1C && *p <= 0x1F))
+        return 1;
+    if (n < 3)
+        return 0;
+    if ((p[0] == 0xE1 && p[1] == 0x9A && p[2] == 0x80) ||                    /* U+1680 */
+        (p[0] == 0xE2 && p[1] == 0x80 &&
+         ((p[2] >= 0x80 && p[2] <= 0x8A && p[2] != 0x87) || p[2] == 0xA8 || p[2] == 0xA9)) ||
+        (p[0] == 0xE2 && p[1] == 0x81 && p[2] == 0x9F) ||                      /* U+205F */
+        (p[0] == 0xE3 && p[1] == 0x80 && p[2] == 0x80))                        /* U+3000 */
+        return 3;
+    return 0;
+}
+
+/* Why Elasticsearch refuses a document with this member name (its decoded bytes d[0..n)) for
+ * good, at any level, or NULL.  Its document parser splits a name at dots into object levels
+ * (as Java's split: trailing empty parts dropped, so "a." is "a") and refuses "", a name of
+ * dots only, an empty part (".a", "a..b") and a part of whitespace only (String.isBlank):
+ * accepted here, such an event would get its 2xx and then only reach the dead letters. */
+static const char *name_refused(const unsigned char *d, size_t n)
+{
+    if (n == 0)
+        return "empty member name";
+    size_t m = n;
+    while (m > 0 && d[m - 1] == '.')
+        m--;
+    if (m == 0)
+        return "member name of dots only";
+    for (size_t start = 0, i = 0; i <= m; i++) {
+        if (i < m && d[i] != '.')
+            continue;
+        if (i == start)
+            return "member name with an empty part (a leading dot or two dots in a row)";
+        size_t k = start, w;
+        while (k < i && (w = java_space(d + k, i - k)) > 0)
+            k += w;
+        if (k >= i)
+            return "member name (or a part of it between dots) of whitespace only";
+        start = i + 1;
+    }
+    return NULL;
+}
+
+/* Checks a member name as name_refused does, decoding escapes first.  Returns 1, 0 (reason
+ * filled) or ESX_EV_NOMEM (a long name with escapes, and no memory to decode it). */
+static int check_name(const esx_json_val *key, char *reason)
+{
+    if (!memchr(key->p, '\\', key->len)) {
+        const char *why = name_refused((const unsigned char *)key->p + 1, key->len - 2);
+        if (why)
+            snprintf(reason, 96, "%s", why);
+        return why == NULL;
+    }
+    char small[256], *d = small;
+    size_t n = esx_json_str_decode(key, small, sizeof small);
+    if (n > sizeof small) { /* decoded, a name is no longer than its text */
+        if ((d = malloc(n)) == NULL)
+            return ESX_EV_NOMEM;
+        esx_json_str_decode(key, d, n);
+    }
+    const char *why = name_refused((const unsigned char *)d, n);
+    if (d != small)
+        free(d);
+    if (why)
+        snprintf(reason, 96, "%s", why);
+    return why == NULL;
+}
+
+/* Checks the member names of every object inside v (a member's value: an object or an array,
+ * flawless, at most ESX_EVENT_MAX_DEPTH deep, which bounds the recursion).  Returns as
+ * check_name. */
+static int check_names_in(const esx_json_val *v, char *reason)
+{
+    esx_json_iter it;
+    esx_json_val key, val;
+    int obj = v->type == ESX_JSON_OBJECT, rc;
+    esx_json_iter_init(&it, v);
+    while (esx_json_iter_next(&it, obj ? &key : NULL, &val)) {
+        if (obj && (rc = check_name(&key, reason)) != 1)
+            return rc;
+        if (val.depth > 0 && memchr(val.p, '{', val.len) && (rc = check_names_in(&val, reason)) != 1)
+            return rc;
+    }
+    return 1;
+}
+
 enum { F_OTHER, F_SITE, F_TYPE, F_BLOCK, F_VARIANT, F_USER, F_EVENT, F_TS, F_RECEIVED };
 
 /* A name without escapes is its bytes: matched by length, then bytes. */
@@ -299,6 +391,13 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             reserved_reason(&key, reason);
             goto reject;
         }
+        /* names Elasticsearch refuses, this one's and those of the objects inside its value */
+        if ((rc = check_name(&key, reason)) == 1 && val.depth > 0 && memchr(val.p, '{', val.len))
+            rc = check_names_in(&val, reason);
+        if (rc < 0)
+            goto fail;
+        if (rc == 0)
+            goto reject;
         int ok = 1, f = esc ? field_of(&key) : field_of_plain(key.p + 1, kl);
         switch (f) {
         case F_SITE:

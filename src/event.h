@@ -45,7 +45,11 @@
  *   "control character in string"   a raw byte < 0x20 inside a string
  *   "nesting deeper than 32"
  *   "duplicate member name"         two names of one object (any level) decode alike
- *   "empty member name"             a top-level ""
+ *   "empty member name"             a "" (at any level, as the three below: names
+ *                                   Elasticsearch's document parser refuses for good)
+ *   "member name of dots only"      ".."
+ *   "member name with an empty part (a leading dot or two dots in a row)"   ".a", "a..b"
+ *   "member name (or a part of it between dots) of whitespace only"   " ", "a. .b"
  *   "reserved field <name>"         a top-level name starting with '_' (Elasticsearch
  *                                   metadata): the event is rejected, not silently cut;
  *                                   <name> cut to 64 bytes + "...", non-printables as '?'
