@@ -303,6 +303,33 @@ describe("core.events_parse", function()
       assert.equal("nesting deeper than 32", reason(nested(33)))
     end)
 
+    -- an event whose objects go down to level n (the event itself is level 1), the last one
+    -- holding leaf
+    local function objects(n, leaf)
+      return ev(',"o":' .. ('{"o":'):rep(n - 1) .. (leaf or "1") .. ("}"):rep(n - 1))
+    end
+    local TOO_DEEP = "objects nested deeper than 20 (Elasticsearch's index.mapping.depth.limit)"
+
+    it("accepts objects 20 levels deep, arrays and dotted names counted as Elasticsearch does", function()
+      assert.truthy(accepted(objects(20)))
+      assert.truthy(accepted(objects(20, "[[[1,[]]]]")))       -- arrays are no level
+      assert.truthy(accepted(objects(19, '{"a.":1}')))         -- "a." is "a", a leaf
+      assert.truthy(accepted(ev(',"' .. ("a."):rep(19) .. 'a":1')))  -- objects at 2..20
+      assert.truthy(accepted(objects(17, '{"x.y":{}}')))        -- x at 19, x.y at 20
+      assert.truthy(accepted(ev(',"a.b":' .. ('{"o":'):rep(18) .. "1" .. ("}"):rep(18))))
+    end)
+
+    it("rejects objects deeper than Elasticsearch's mappings go (21 levels), dotted names' too", function()
+      -- index.mapping.depth.limit (20 by default): such an event would get its 2xx and then be
+      -- refused by Elasticsearch (dead-lettered)
+      assert.equal(TOO_DEEP, reason(objects(21)))
+      assert.equal(TOO_DEEP, reason(objects(20, "[{}]")))
+      assert.equal(TOO_DEEP, reason(ev(',"' .. ("a."):rep(20) .. 'a":1')))
+      assert.equal(TOO_DEEP, reason(objects(18, '{"x.y":{}}')))
+      assert.equal(TOO_DEEP, reason(objects(18, '{"x.y.z":1}')))
+      assert.equal(TOO_DEEP, reason(ev(',"a.b":' .. ('{"o":'):rep(19) .. "1" .. ("}"):rep(19))))
+    end)
+
     it("rejects a deep element of an array on its own", function()
       local docs, rejects = parse("[" .. ev() .. "," .. nested(100) .. "]")
       assert.equal(1, #docs)

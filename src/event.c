@@ -179,8 +179,9 @@ static size_t java_space(const unsigned char *p, size_t n)
  * (as Java's split: trailing empty parts dropped, so "a." is "a") and refuses "", a name of
  * dots only, an empty part (".a", "a..b") and a part of whitespace only (String.isBlank):
  * accepted here, such an event would get its 2xx and then only reach the dead letters. */
-static const char *name_refused(const unsigned char *d, size_t n)
+static const char *name_refused(const unsigned char *d, size_t n, int *parts)
 {
+    *parts = 1;
     if (n == 0)
         return "empty member name";
     size_t m = n;
@@ -198,17 +199,20 @@ static const char *name_refused(const unsigned char *d, size_t n)
             k += w;
         if (k >= i)
             return "member name (or a part of it between dots) of whitespace only";
+        if (i < m)
+            ++*parts;
         start = i + 1;
     }
     return NULL;
 }
 
-/* Checks a member name as name_refused does, decoding escapes first.  Returns 1, 0 (reason
- * filled) or ESX_EV_NOMEM (a long name with escapes, and no memory to decode it). */
-static int check_name(const esx_json_val *key, char *reason)
+/* Checks a member name as name_refused does, decoding escapes first; *parts gets the object
+ * levels it stands for.  Returns 1, 0 (reason filled) or ESX_EV_NOMEM (a long name with
+ * escapes, and no memory to decode it). */
+static int check_name(const esx_json_val *key, int *parts, char *reason)
 {
     if (!memchr(key->p, '\\', key->len)) {
-        const char *why = name_refused((const unsigned char *)key->p + 1, key->len - 2);
+        const char *why = name_refused((const unsigned char *)key->p + 1, key->len - 2, parts);
         if (why)
             snprintf(reason, 96, "%s", why);
         return why == NULL;
@@ -220,7 +224,7 @@ static int check_name(const esx_json_val *key, char *reason)
             return ESX_EV_NOMEM;
         esx_json_str_decode(key, d, n);
     }
-    const char *why = name_refused((const unsigned char *)d, n);
+    const char *why = name_refused((const unsigned char *)d, n, parts);
     if (d != small)
         free(d);
     if (why)
@@ -228,19 +232,37 @@ static int check_name(const esx_json_val *key, char *reason)
     return why == NULL;
 }
 
+/* Elasticsearch's default index.mapping.depth.limit: the event is level 1, each object one
+ * more (arrays add none), and a dotted name one per part but its last ("a.b": {} is at 3). */
+#define ESX_EVENT_MAX_OBJECT_DEPTH 20
+
+static int too_deep(char *reason)
+{
+    snprintf(reason, 96, "objects nested deeper than %d (Elasticsearch's index.mapping.depth.limit)",
+             ESX_EVENT_MAX_OBJECT_DEPTH);
+    return 0;
+}
+
 /* Checks the member names of every object inside v (a member's value: an object or an array,
- * flawless, at most ESX_EVENT_MAX_DEPTH deep, which bounds the recursion).  Returns as
- * check_name. */
-static int check_names_in(const esx_json_val *v, char *reason)
+ * flawless, at most ESX_EVENT_MAX_DEPTH deep, which bounds the recursion) and the depth of
+ * its objects, v being at `depth` if it is one.  Returns as check_name. */
+static int check_names_in(const esx_json_val *v, int depth, char *reason)
 {
     esx_json_iter it;
     esx_json_val key, val;
-    int obj = v->type == ESX_JSON_OBJECT, rc;
+    int obj = v->type == ESX_JSON_OBJECT, rc, parts = 0;
+    if (obj && depth > ESX_EVENT_MAX_OBJECT_DEPTH)
+        return too_deep(reason);
     esx_json_iter_init(&it, v);
     while (esx_json_iter_next(&it, obj ? &key : NULL, &val)) {
-        if (obj && (rc = check_name(&key, reason)) != 1)
-            return rc;
-        if (val.depth > 0 && memchr(val.p, '{', val.len) && (rc = check_names_in(&val, reason)) != 1)
+        if (obj) {
+            if ((rc = check_name(&key, &parts, reason)) != 1)
+                return rc;
+            if (depth + parts - 1 > ESX_EVENT_MAX_OBJECT_DEPTH)
+                return too_deep(reason); /* the objects of a dotted name's parts */
+        }
+        if (val.depth > 0 && memchr(val.p, '{', val.len) &&
+            (rc = check_names_in(&val, depth + parts, reason)) != 1)
             return rc;
     }
     return 1;
@@ -391,9 +413,15 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
             reserved_reason(&key, reason);
             goto reject;
         }
-        /* names Elasticsearch refuses, this one's and those of the objects inside its value */
-        if ((rc = check_name(&key, reason)) == 1 && val.depth > 0 && memchr(val.p, '{', val.len))
-            rc = check_names_in(&val, reason);
+        /* names Elasticsearch refuses, this one's and those of the objects inside its value,
+         * and objects deeper than its mappings may go */
+        int parts;
+        if ((rc = check_name(&key, &parts, reason)) == 1) {
+            if (1 + parts - 1 > ESX_EVENT_MAX_OBJECT_DEPTH)
+                rc = too_deep(reason);
+            else if (val.depth > 0 && memchr(val.p, '{', val.len))
+                rc = check_names_in(&val, 1 + parts, reason);
+        }
         if (rc < 0)
             goto fail;
         if (rc == 0)

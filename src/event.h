@@ -50,6 +50,9 @@
  *   "member name of dots only"      ".."
  *   "member name with an empty part (a leading dot or two dots in a row)"   ".a", "a..b"
  *   "member name (or a part of it between dots) of whitespace only"   " ", "a. .b"
+ *   "objects nested deeper than 20 (Elasticsearch's index.mapping.depth.limit)"
+ *                                   the event is level 1, each object one more (arrays
+ *                                   none), a dotted name one per part but its last
  *   "reserved field <name>"         a top-level name starting with '_' (Elasticsearch
  *                                   metadata): the event is rejected, not silently cut;
  *                                   <name> cut to 64 bytes + "...", non-printables as '?'
