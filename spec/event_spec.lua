@@ -155,6 +155,11 @@ describe("core.events_parse", function()
       { ev(',"a. .b":1'), "member name (or a part of it between dots) of whitespace only" },
       { ev(',"o":{"\\t\\u3000\\u2028\\u001f":1}'), "member name (or a part of it between dots) of whitespace only" },
       { ev(',"o":{"a.\u{2009}":1}'), "member name (or a part of it between dots) of whitespace only" },
+      -- a dotted top-level name under a field of esx's mappings (a date or a keyword there)
+      { ev(',"ts.x":1'), "member name with a dot after a field of the schema (site_id, ts, ...)" },
+      { ev(',"site_id.a":"b"'), "member name with a dot after a field of the schema (site_id, ts, ...)" },
+      { ev(',"received_at.x":1'), "member name with a dot after a field of the schema (site_id, ts, ...)" },
+      { ev(',"us\\u0065r_id.":"u"'), "member name with a dot after a field of the schema (site_id, ts, ...)" },
       { ev(',"_id":"x"'), "reserved field _id" },
       { ev(',"_index":"other"'), "reserved field _index" },
       { ev(',"\\u005fsource":{}'), "reserved field _source" },
@@ -211,7 +216,7 @@ describe("core.events_parse", function()
     it("accepts the names Elasticsearch splits at dots: a trailing dot, no-break spaces", function()
       -- Java's split drops trailing empty parts ("a." is "a"); String.isBlank does not take
       -- U+00A0, U+2007 or U+202F for whitespace
-      for _, name in ipairs{ "a.", "a.b.", "o.\\u00a0", "\u{2007}", "\u{202F}.x", " a .b" } do
+      for _, name in ipairs{ "a.", "a.b.", "o.\\u00a0", "\u{2007}", "\u{202F}.x", " a .b", "tsx.y", "x.ts" } do
         assert.truthy(accepted(ev(',"o":{"' .. name .. '":1},"' .. name .. '":2')), name)
       end
     end)

@@ -179,7 +179,11 @@ static size_t java_space(const unsigned char *p, size_t n)
  * (as Java's split: trailing empty parts dropped, so "a." is "a") and refuses "", a name of
  * dots only, an empty part (".a", "a..b") and a part of whitespace only (String.isBlank):
  * accepted here, such an event would get its 2xx and then only reach the dead letters. */
-static const char *name_refused(const unsigned char *d, size_t n, int *parts)
+enum { F_OTHER, F_SITE, F_TYPE, F_BLOCK, F_VARIANT, F_USER, F_EVENT, F_TS, F_RECEIVED };
+
+static int field_of_plain(const char *p, size_t n);
+
+static const char *name_refused(const unsigned char *d, size_t n, int top, int *parts)
 {
     *parts = 1;
     if (n == 0)
@@ -199,6 +203,11 @@ static const char *name_refused(const unsigned char *d, size_t n, int *parts)
             k += w;
         if (k >= i)
             return "member name (or a part of it between dots) of whitespace only";
+        /* a dotted top-level name under a field of esx's mappings ("ts.x", "site_id.a",
+         * "ts."): that field is a date or a keyword, and cannot hold an object or a second
+         * value of another type -- or, without create_index, it would be made an object */
+        if (top && start == 0 && i < n && field_of_plain((const char *)d, i) != F_OTHER)
+            return "member name with a dot after a field of the schema (site_id, ts, ...)";
         if (i < m)
             ++*parts;
         start = i + 1;
@@ -209,10 +218,10 @@ static const char *name_refused(const unsigned char *d, size_t n, int *parts)
 /* Checks a member name as name_refused does, decoding escapes first; *parts gets the object
  * levels it stands for.  Returns 1, 0 (reason filled) or ESX_EV_NOMEM (a long name with
  * escapes, and no memory to decode it). */
-static int check_name(const esx_json_val *key, int *parts, char *reason)
+static int check_name(const esx_json_val *key, int top, int *parts, char *reason)
 {
     if (!memchr(key->p, '\\', key->len)) {
-        const char *why = name_refused((const unsigned char *)key->p + 1, key->len - 2, parts);
+        const char *why = name_refused((const unsigned char *)key->p + 1, key->len - 2, top, parts);
         if (why)
             snprintf(reason, 96, "%s", why);
         return why == NULL;
@@ -224,7 +233,7 @@ static int check_name(const esx_json_val *key, int *parts, char *reason)
             return ESX_EV_NOMEM;
         esx_json_str_decode(key, d, n);
     }
-    const char *why = name_refused((const unsigned char *)d, n, parts);
+    const char *why = name_refused((const unsigned char *)d, n, top, parts);
     if (d != small)
         free(d);
     if (why)
@@ -256,7 +265,7 @@ static int check_names_in(const esx_json_val *v, int depth, char *reason)
     esx_json_iter_init(&it, v);
     while (esx_json_iter_next(&it, obj ? &key : NULL, &val)) {
         if (obj) {
-            if ((rc = check_name(&key, &parts, reason)) != 1)
+            if ((rc = check_name(&key, 0, &parts, reason)) != 1)
                 return rc;
             if (depth + parts - 1 > ESX_EVENT_MAX_OBJECT_DEPTH)
                 return too_deep(reason); /* the objects of a dotted name's parts */
@@ -268,7 +277,6 @@ static int check_names_in(const esx_json_val *v, int depth, char *reason)
     return 1;
 }
 
-enum { F_OTHER, F_SITE, F_TYPE, F_BLOCK, F_VARIANT, F_USER, F_EVENT, F_TS, F_RECEIVED };
 
 /* A name without escapes is its bytes: matched by length, then bytes. */
 static int field_of_plain(const char *p, size_t n)
@@ -416,7 +424,7 @@ static int one_event(ctx *c, const esx_json_val *obj, esx_event *ev, char *reaso
         /* names Elasticsearch refuses, this one's and those of the objects inside its value,
          * and objects deeper than its mappings may go */
         int parts;
-        if ((rc = check_name(&key, &parts, reason)) == 1) {
+        if ((rc = check_name(&key, 1, &parts, reason)) == 1) {
             if (1 + parts - 1 > ESX_EVENT_MAX_OBJECT_DEPTH)
                 rc = too_deep(reason);
             else if (val.depth > 0 && memchr(val.p, '{', val.len))

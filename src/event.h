@@ -50,6 +50,8 @@
  *   "member name of dots only"      ".."
  *   "member name with an empty part (a leading dot or two dots in a row)"   ".a", "a..b"
  *   "member name (or a part of it between dots) of whitespace only"   " ", "a. .b"
+ *   "member name with a dot after a field of the schema (site_id, ts, ...)"   a top-level
+ *                                   "ts.x", "site_id.a", "ts." (a date or keyword there)
  *   "objects nested deeper than 20 (Elasticsearch's index.mapping.depth.limit)"
  *                                   the event is level 1, each object one more (arrays
  *                                   none), a dotted name one per part but its last
