@@ -73,6 +73,10 @@ describe("allocation failure", function()
     it("accounts for every operation bi:add took when Lua ran out of memory in add or flush", function()
       clean(sweep("indexer", srv.url, "thread", 2))
     end)
+
+    it("accounts for every operation of a batch once when Lua ran out of memory reading its answer", function()
+      clean(sweep("indexer", srv.url, "thread", 2, "settle"))
+    end)
   end)
 
   describe("esx.client, esx.collector, esx.cache", function()

@@ -144,12 +144,22 @@ end
 -- The item is counted and listed at once; on_drop is called once the whole batch is settled
 -- (notify), so that a callback that yields (in nginx, a log sent on a cosocket) cannot leave the
 -- rest of the batch unaccounted for while another light thread runs (and closes the indexer).
+-- Lua out of memory raises here with nothing done (the item is then dropped again, by the
+-- settle that goes on where this one stopped): what allocates comes first, the count last.
 local function drop(self, item, reason)
-  self.counters.failed = self.counters.failed + 1
-  if #self.dropped < self.o.keep_dropped then
-    self.dropped[#self.dropped + 1] = { action = item.action, meta = item.meta, reason = reason }
+  local rec = #self.dropped < self.o.keep_dropped and
+    { action = item.action, meta = item.meta, reason = reason }
+  local n = self.o.on_drop and { item, reason }
+  if rec then self.dropped[#self.dropped + 1] = rec end
+  if n then
+    local q = self.notify
+    local ok, err = pcall(rawset, q, #q + 1, n)
+    if not ok then
+      if rec then self.dropped[#self.dropped] = nil end
+      error(err, 0)
+    end
   end
-  if self.o.on_drop then self.notify[#self.notify + 1] = { item, reason } end
+  self.counters.failed = self.counters.failed + 1
 end
 
 local function notify(self)
@@ -172,22 +182,24 @@ end
 -- by retry number -- they fall due together and go out together: each with its own jitter,
 -- they fell due one by one and went out as many small bulks, multiplying the requests sent
 -- to a cluster that had just answered 429 (the jitter spreads batches and indexers apart).
+-- (As drop: Lua out of memory raises with the item neither counted nor listed.)
 local function retry_later(self, item, reason, due, not_before)
   if item.retries >= self.o.max_retries then
     drop(self, item, reason .. " (after " .. self.o.max_retries .. " retries)")
     return
   end
-  item.retries = item.retries + 1
-  item.last_reason = reason -- (for a close() that gives up on it: see give_up)
-  self.counters.retried = self.counters.retried + 1
-  local at = due[item.retries]
+  local retries = item.retries + 1
+  local at = due[retries]
   if not at then
-    local wait = backoff(self, item.retries)
+    local wait = backoff(self, retries)
     if not_before and not_before > wait then wait = not_before end
     at = now() + wait
-    due[item.retries] = at
+    due[retries] = at
   end
   self.delayed[#self.delayed + 1] = { item = item, due = at }
+  item.retries = retries
+  item.last_reason = reason -- (for a close() that gives up on it: see give_up)
+  self.counters.retried = self.counters.retried + 1
   self.delayed_bytes = self.delayed_bytes + #item.line
 end
 
@@ -214,39 +226,60 @@ local not_sent = { pool_timeout = true, connect_timeout = true, connect = true, 
 -- good (no retry can ever be sent): then they are dropped at once, with the reason.  After a
 -- failure that may have come after the node applied the batch (a timeout, a reset, a 502 from a
 -- proxy), the items are marked: a 409 for a create's retry is then the earlier attempt's own write.
-local function batch_failed(self, items, err)
+--
+-- These (and settle) take a batch's entry {items, done, due}: entry.done counts the items, from
+-- the first, that have their outcome.  Each item is counted last, once what it allocates is
+-- in place, and entry.done moves past it then: Lua out of memory raises with every item either
+-- accounted for or not touched, and the entry, still listed in flight, is settled again from
+-- entry.done on (settle_entry).
+local function batch_failed(self, entry, err)
   local final = err.kind == "closed" and client_closed(self)
   local maybe_applied = not not_sent[err.kind] and err.status ~= 429
-  local not_before, due = retry_after(err), {}
-  for _, it in ipairs(items) do
+  local not_before, reason = retry_after(err), tostring(err)
+  local items = entry.items
+  for i = entry.done + 1, #items do
+    local it = items[i]
     if final then
-      drop(self, it, tostring(err))
+      drop(self, it, reason)
     else
       if maybe_applied then it.maybe_applied = true end
-      retry_later(self, it, tostring(err), due, not_before)
+      retry_later(self, it, reason, entry.due, not_before)
     end
+    entry.done = i
   end
 end
 
 -- A 2xx whose results cannot be read item by item: what became of each item is unknown, so
 -- each is marked (a 409 for the retry may be this attempt's own write) and retried.
-local function outcome_unknown(self, items, reason)
-  local due = {}
-  for _, it in ipairs(items) do
-    it.maybe_applied = true
-    retry_later(self, it, reason, due)
+local function outcome_unknown(self, entry, reason)
+  local items = entry.items
+  for i = entry.done + 1, #items do
+    items[i].maybe_applied = true
+    retry_later(self, items[i], reason, entry.due)
+    entry.done = i
   end
 end
 
--- Puts the two halves of a batch on the list of batches to send (pump sends them, as slots
--- free up: settling never waits, see settle_oldest).
-local function split(self, items)
-  self.counters.split = self.counters.split + 1
-  local half = floor(#items / 2)
+-- Puts the two halves of a batch's items without an outcome on the list of batches to send
+-- (pump sends them, as slots free up: settling never waits, see settle_oldest).  Both or
+-- neither: half of them settled alone again as the refused batch, one item would be dropped
+-- as the one at fault.
+local function split(self, entry)
+  local items, from = entry.items, entry.done + 1
+  local half = floor((#items - from + 1) / 2)
   local a, b = {}, {}
-  for i, it in ipairs(items) do if i <= half then a[#a + 1] = it else b[#b + 1] = it end end
-  self.splits[#self.splits + 1] = a
-  self.splits[#self.splits + 1] = b
+  for i = from, #items do
+    if i < from + half then a[#a + 1] = items[i] else b[#b + 1] = items[i] end
+  end
+  local q = self.splits
+  q[#q + 1] = a
+  local ok, err = pcall(rawset, q, #q + 1, b)
+  if not ok then
+    q[#q] = nil
+    error(err, 0)
+  end
+  entry.done = #items
+  self.counters.split = self.counters.split + 1
 end
 
 -- The action an item's result is listed under: an index with op_type "create" is a create
@@ -256,20 +289,25 @@ local function result_action(it)
   return it.action
 end
 
--- Reads a finished batch's outcome: per-item results, or a whole-request failure.
+-- Reads a finished batch's outcome: per-item results, or a whole-request failure (entry.err:
+-- the request could not be sent).  Goes on from entry.done (see batch_failed).
 local function settle(self, entry)
   local items = entry.items
+  local from = entry.done + 1
+  if from > #items then return end
+  if entry.err then return batch_failed(self, entry, entry.err) end
   local res, err = entry.pending:result()
   if not res then
     -- 413: too large; 400: one item (e.g. an unknown metadata field) can make Elasticsearch
     -- refuse the whole request.  Neither gets better by retrying: halve the batch until the
     -- item at fault is alone, and drop only that one.
     if err.kind == "http" and (err.status == 413 or err.status == 400) then
-      if #items == 1 then
-        drop(self, items[1], err.status == 413 and "the server refused the item as too large (413)"
+      if from == #items then
+        drop(self, items[from], err.status == 413 and "the server refused the item as too large (413)"
           or tostring(err))
+        entry.done = from
       else
-        split(self, items)
+        split(self, entry)
       end
       return
     end
@@ -280,10 +318,10 @@ local function settle(self, entry)
     -- for the re-send is this attempt's own write).  One item alone whose answer still does
     -- not fit is retried as an unknown outcome (batch_failed), and so is a refusal (429, 5xx)
     -- with a body that big: after its back-off, not at once.
-    if err.kind == "decode" and #items > 1 and (err.status or 200) < 300 and
+    if err.kind == "decode" and from < #items and (err.status or 200) < 300 and
         type(err.message) == "string" and err.message:find("max_response_bytes", 1, true) then
-      for _, it in ipairs(items) do it.maybe_applied = true end
-      split(self, items)
+      for i = from, #items do items[i].maybe_applied = true end
+      split(self, entry)
       return
     end
     -- Another refusal of the request itself (401, 403, a 404 from a proxy), or a redirect (a
@@ -291,15 +329,19 @@ local function settle(self, entry)
     -- wait out the back-off max_retries times per batch.
     if (err.kind == "http" or err.kind == "not_found") and err.status >= 300 and
         err.status < 500 and err.status ~= 408 and err.status ~= 429 then
-      for _, it in ipairs(items) do drop(self, it, tostring(err)) end
+      local reason = tostring(err)
+      for i = from, #items do
+        drop(self, items[i], reason)
+        entry.done = i
+      end
       return
     end
-    batch_failed(self, items, err)
+    batch_failed(self, entry, err)
     return
   end
   local doc = core.json_decode(res.body)
   if type(doc) ~= "table" or type(doc.items) ~= "table" or #doc.items ~= #items then
-    return outcome_unknown(self, items, "bulk response does not list one result per item")
+    return outcome_unknown(self, entry, "bulk response does not list one result per item")
   end
   -- Results come in request order, each under its operation's action and with its _id: one
   -- that is not (a proxy or a broken server that reordered or mixed them) would credit an
@@ -312,12 +354,13 @@ local function settle(self, entry)
     local id = it.meta._id
     if type(action) == "string" and (action ~= result_action(it) or type(id) == "string" and
         type(r) == "table" and type(r._id) == "string" and r._id ~= id) then
-      return outcome_unknown(self, items, "bulk response results are not in request order (item " ..
+      return outcome_unknown(self, entry, "bulk response results are not in request order (item " ..
         i .. " is the result of another operation)")
     end
   end
-  local due = {}
-  for i, it in ipairs(items) do
+  local due = entry.due
+  for i = from, #items do
+    local it = items[i]
     local entry_i = doc.items[i]
     local r = type(entry_i) == "table" and select(2, next(entry_i)) or nil
     local status = type(r) == "table" and r.status
@@ -349,22 +392,44 @@ local function settle(self, entry)
         drop(self, it, reason)
       end
     end
+    entry.done = i
   end
+end
+
+-- Settles the entry, listed in flight, and takes it off the list: taken off before, a raise
+-- while settling (Lua out of memory) lost every item of it not counted yet -- close()'s added
+-- == indexed + failed broke.  Left listed, it is settled again, from where it stopped, by the
+-- next call that settles (and by close()).  Nothing here yields.
+local function settle_entry(self, entry)
+  settle(self, entry)
+  for i, e in ipairs(self.inflight) do
+    if e == entry then
+      remove(self.inflight, i)
+      break
+    end
+  end
+end
+
+-- True once the entry's outcome can be read without waiting.
+local function answered(entry)
+  return entry.err ~= nil or entry.pending:ready()
 end
 
 local arm -- (below) in nginx, a timer for the work that only time brings: answers, due retries
 
 -- Waits for the oldest batch in flight and settles it.  The batch stays listed while it is
--- waited for, and nothing between taking it off the list and accounting for every item of it
--- yields: in nginx, other light threads sharing the indexer count it against `concurrency`,
--- and their close() waits for it, whichever thread sees it done first settles it.
+-- waited for and while it is settled, and nothing in settling it yields: in nginx, other
+-- light threads sharing the indexer count it against `concurrency`, and their close() waits
+-- for it, whichever thread sees it done first settles it.
 -- deadline (a close()'s timeout, in now() ms; nil: none) bounds the wait: -> false when it
 -- passed with the batch still running (left in flight), true otherwise.
 local function settle_oldest(self, deadline)
   local entry = self.inflight[1]
   if not entry then return true end
   local p = entry.pending
-  if not p:ready() and can_yield() then
+  if answered(entry) then
+    p = nil
+  elseif can_yield() then
     require("esx.nginx").wait(p, deadline and deadline - now())
     -- the waiter failed (its socket unreachable, as under a burst of waits): the batch is
     -- still running and its outcome is needed.  Poll for it, yielding between looks, rather
@@ -377,17 +442,16 @@ local function settle_oldest(self, deadline)
   end
   -- outside nginx, or in a phase that cannot yield: block for it (the client's own timeouts
   -- bound the wait)
-  if not p:ready() then
+  if p and not p:ready() then
     if not deadline then
       p:wait()
     elseif not p:wait(deadline - now()) then
       return false
     end
   end
-  for i, e in ipairs(self.inflight) do
-    if e == entry then
-      remove(self.inflight, i)
-      settle(self, entry)
+  for _, e in ipairs(self.inflight) do
+    if e == entry then -- (not settled by another light thread meanwhile)
+      settle_entry(self, entry)
       break
     end
   end
@@ -396,8 +460,10 @@ local function settle_oldest(self, deadline)
   return true
 end
 
--- Sends one batch: a slot is free.  A batch that cannot be sent is accounted for at once; its
--- callers call on_drop (notify) once the batch is off the buffer: on_drop may yield, and another
+-- Sends one batch: a slot is free.  -> its entry, listed in flight: the batch is then no longer
+-- the caller's to list (before, Lua out of memory raises with nothing listed).  The entry of a
+-- batch that cannot be sent holds the error (entry.err): its caller settles it at once, once
+-- the batch is off the buffer, and calls on_drop (notify) after: on_drop may yield, and another
 -- light thread would meanwhile send the batch again from there.
 local function send_now(self, items)
   local lines = {}
@@ -412,12 +478,12 @@ local function send_now(self, items)
   -- max_response_bytes fails the batch, applied, as a decode error (then sent again, split)
   local p, err = self.client:send("POST", BULK_PATH, body,
     { content_type = "application/x-ndjson", retries = 0 })
-  if not p then
-    batch_failed(self, items, err)
-    return
+  local entry = { pending = p, err = not p and err or nil, items = items, done = 0, due = {} }
+  self.inflight[#self.inflight + 1] = entry
+  if p then
+    for _, it in ipairs(items) do it.attempts = it.attempts + 1 end -- sends, for on_drop
   end
-  for _, it in ipairs(items) do it.attempts = it.attempts + 1 end -- sends, for on_drop
-  self.inflight[#self.inflight + 1] = { pending = p, items = items }
+  return entry
 end
 
 -- The next batch at the front of the buffer (a copy: the buffer is not touched): it closes at
@@ -460,21 +526,23 @@ local function pump(self, splits_only, deadline)
     -- (added ~= indexed + failed).  A batch from the buffer leaves it only once sent, without
     -- allocating; a split is put back (its list exists: the put-back does not grow a table
     -- beyond what it held).
-    local batch = self.splits[1]
+    local batch, entry = self.splits[1], nil
     if batch then
       remove(self.splits, 1)
-      local ok, err = pcall(send_now, self, batch)
+      local ok, res = pcall(send_now, self, batch)
       if not ok then
         insert(self.splits, 1, batch)
-        error(err, 0)
+        error(res, 0)
       end
+      entry = res
     else
       if splits_only or not self.buf[1] then break end
       local bytes
       batch, bytes = next_batch(self)
-      send_now(self, batch)
+      entry = send_now(self, batch)
       drop_front(self, #batch, bytes)
     end
+    if entry.err then settle_entry(self, entry) end
     notify(self)
   end
   arm(self)
@@ -630,7 +698,7 @@ function Indexer:add(action, meta, doc)
     self:flush()
   end
   -- settle finished batches without waiting, so retries flow back early
-  while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
+  while self.inflight[1] and answered(self.inflight[1]) do settle_oldest(self) end
   -- Items waiting out a back-off (a cluster answering 429: slow down) hold the producer once
   -- they are worth `concurrency` full batches: it waits for the soonest retry and sends it,
   -- rather than piling up every document it is given in memory.
@@ -638,7 +706,7 @@ function Indexer:add(action, meta, doc)
         self.delayed_bytes >= self.o.concurrency * self.o.flush_bytes) do
     if not client_closed(self) then sleep(soonest_due(self) - now()) end
     self:flush()
-    while self.inflight[1] and self.inflight[1].pending:ready() do settle_oldest(self) end
+    while self.inflight[1] and answered(self.inflight[1]) do settle_oldest(self) end
     if #self.inflight >= self.o.concurrency then settle_oldest(self) end
   end
   pump(self, true) -- the halves of a batch refused as a whole (settled above)
@@ -683,9 +751,8 @@ local function give_up(self, timeout)
   local i = 1
   while self.inflight[i] do
     local e = self.inflight[i]
-    if e.pending:ready() then
-      remove(self.inflight, i)
-      settle(self, e)
+    if answered(e) then
+      settle_entry(self, e)
     else
       i = i + 1
     end
@@ -696,7 +763,10 @@ local function give_up(self, timeout)
     drop(self, it, why .. what .. (it.last_reason and (" (retried after: " .. it.last_reason .. ")") or ""))
   end
   for _, e in ipairs(self.inflight) do
-    for _, it in ipairs(e.items) do give(it, "with the operation's batch in flight: its outcome is unknown") end
+    for k = e.done + 1, #e.items do
+      give(e.items[k], "with the operation's batch in flight: its outcome is unknown")
+      e.done = k
+    end
   end
   for _, b in ipairs(self.splits) do
     for _, it in ipairs(b) do give(it, "before sending the operation") end
