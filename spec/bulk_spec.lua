@@ -923,6 +923,28 @@ describe("bi retries (in nginx, with timers)", function()
     assert.equal(3, s.indexed)
   end)
 
+  it("sends what it holds, retries too, and reads the answers when a worker's exit fires its timer early", function()
+    -- before, the early timer did nothing: an indexer that exit_worker_by_lua did not close
+    -- lost its buffer, its batch in flight and its retries with the worker
+    srv:fault{ path = "/_bulk", item_status = 429, item_count = 1, count = 1 }
+    local made = {}
+    local t = { at = function(...) made[#made + 1] = { ... } return true end }
+    finally(fake.install({ get_phase = function() return "timer" end, timer = t,
+                           sleep = function() error("no sleep expected") end },
+                         { wait = function(p) p:wait() return p:result() end }))
+    local bi = c:bulk_indexer{ flush_count = 2, concurrency = 1, flush_interval = 60000,
+                               backoff_min = 60000, backoff_max = 60000 }
+    -- 1 and 2 sent; 4 fills the next batch: the answer read (1 to retry in 60 s), 3 and 4 sent
+    add_docs(bi, 5)
+    local s = bi:stats()
+    assert.same({ 1, 1, 1, 1 }, { s.indexed, s.delayed, s.in_flight, s.buffered })
+    local tm = made[#made]
+    tm[2](true, tm[3], tm[4]) -- (delay, on_timer, indexer, due)
+    s = bi:stats()
+    assert.same({ 5, 0, 0, 0, 0 }, { s.indexed, s.failed, s.delayed, s.in_flight, s.buffered })
+    assert.equal(5, bi:close().indexed)
+  end)
+
   it("leaves a load's partly filled batch to the load while no retry is due", function()
     local t = timers()
     finally(fake.install({ get_phase = function() return "content" end, timer = t,

@@ -605,12 +605,29 @@ local function timer_at()
   return t and t.at
 end
 
+-- How long the timer a worker's graceful exit fires early spends sending what the indexer
+-- holds (as the 5 s flush of a collector collected without close()).
+local EXIT_FLUSH_MS = 5000
+
 local function on_timer(premature, self, due)
   if self.timer_due == due then self.timer_due = nil end
-  -- a worker that exits fires its timers early: what is left goes out with close()
-  if premature or self.closed or self.timer_running then return end
+  if self.closed or self.timer_running then return end
   self.timer_running = true
   local ok, err = pcall(function()
+    if premature then
+      -- The worker exits (a graceful stop, a reload) and fires its timers early.  Left to
+      -- close(), what the indexer holds was lost with the worker whenever exit_worker_by_lua
+      -- did not close it (only the collected-without-close() line said so): it goes out now,
+      -- every retry with it (no back-off can be waited out), and the answers are read, for
+      -- up to EXIT_FLUSH_MS.  What is still without an outcome then (retries those answers
+      -- made, batches still running) is close()'s, or the collected-without-close() line's.
+      local deadline = now() + EXIT_FLUSH_MS
+      self.exiting = true -- (no timer after this one: an exiting worker fires it at once)
+      take_due(self, true)
+      pump(self, false, deadline)
+      while self.inflight[1] and settle_oldest(self, deadline) do end
+      return
+    end
     while self.inflight[1] do settle_oldest(self) end
     -- due retries go out as flush() sends them (with what is buffered), and so does a buffer
     -- whose oldest operation is flush_interval old; without either, only the halves of
@@ -625,7 +642,7 @@ end
 
 arm = function(self)
   local at = timer_at()
-  if not at or self.closed or self.timer_running then return end
+  if not at or self.closed or self.timer_running or self.exiting then return end
   local due
   if self.inflight[1] or self.splits[1] then
     due = now()
