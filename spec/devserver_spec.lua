@@ -4098,6 +4098,58 @@ describe("esxd", function()
       end
     end)
 
+    it("returns 400 action_request_validation_exception when stored_fields _none_ comes with a requested _source or fields", function()
+      put_doc("sf", "1", { a = "x" })
+      local SRC = "[stored_fields] cannot be disabled if [_source] is requested"
+      local FIELDS = "[stored_fields] cannot be disabled when using the [fields] option"
+      local function validation(...)
+        local parts = {}
+        for i, m in ipairs({ ... }) do parts[#parts + 1] = i .. ": " .. m .. ";" end
+        return es_error(400, "action_request_validation_exception", "Validation Failed: " .. table.concat(parts))
+      end
+      -- (SearchRequest.validate, before the indices are resolved: a missing index too)
+      for _, r in ipairs({
+          { "/sf/_search", { stored_fields = "_none_", _source = true }, validation(SRC) },
+          { "/nope/_search", { stored_fields = { "_none_" }, _source = { "a" } }, validation(SRC) },
+          { "/sf/_search", { stored_fields = "_none_", _source = { includes = { "a" } } }, validation(SRC) },
+          { "/sf/_search?stored_fields=_none_&_source_includes=a", nil, validation(SRC) },
+          { "/sf/_search?stored_fields=_none_&_source=a", { _source = false }, validation(SRC) },
+          { "/sf/_search", { stored_fields = "_none_", fields = { "a" } }, validation(FIELDS) },
+          { "/sf/_search", '{"stored_fields":"_none_","_source":true,"fields":[]}', validation(SRC, FIELDS) } }) do
+        local st, b = jreq(r[2] and "POST" or "GET", r[1], r[2])
+        assert.equal(400, st, r[1])
+        assert.same(r[3], b, r[1])
+      end
+      local st, b = jreq("POST", "/_msearch", '{"index":"sf"}\n{"stored_fields":"_none_","fields":["a"]}\n', NDJSON)
+      assert.equal(400, st)
+      assert.same(validation(FIELDS), b)
+      -- _source false (here the URL's, which replaces the body's) is no request for it
+      for _, r in ipairs({ { "/sf/_search", { stored_fields = "_none_", _source = false } },
+          { "/sf/_search?_source=false&stored_fields=_none_", { _source = true } },
+          { "/sf/_search?_source=false&_source_includes=a", { stored_fields = "_none_" } } }) do
+        st, b = jreq("POST", r[1], r[2])
+        assert.equal(200, st, r[1])
+        assert.same({ { _index = "sf", _score = 1 } }, b.hits.hits, r[1])
+      end
+    end)
+
+    it("returns 500 illegal_state_exception when a stored_fields entry is null, an object or an array", function()
+      put_doc("sf", "1", { a = "x" })
+      -- ES 8.15's StoredFieldsContext reads each entry with parser.text(): Jackson's location
+      -- of the token, 1-based (srv:request: the "no 500" spec watches req())
+      for _, c in ipairs({ { '{"stored_fields":["a",null]}', "VALUE_NULL at 1:23" },
+          { '{"stored_fields":["a",{"b":1}]}', "START_OBJECT at 1:23" },
+          { '{"query":{"match_all":{}},\n  "stored_fields" : [ [ "a" ] ]}', "START_ARRAY at 2:23" },
+          { '{"stored_fields":[[]]}', "START_ARRAY at 1:19" } }) do
+        local st, _, raw = srv:request("POST", "/sf/_search", c[1], JSON)
+        assert.equal(500, st, c[1])
+        assert.same(es_error(500, "illegal_state_exception", "Can't get text on a " .. c[2]), cjson.decode(raw), c[1])
+      end
+      local st, _, raw = srv:request("POST", "/_msearch", '{}\n{"stored_fields":[1, true, null]}\n', NDJSON)
+      assert.equal(500, st)
+      assert.same(es_error(500, "illegal_state_exception", "Can't get text on a VALUE_NULL at 1:28"), cjson.decode(raw))
+    end)
+
     it("fields / docvalue_fields parse errors are ES's", function()
       setup_ff()
       local st, b = jreq("POST", "/ff/_search", { fields = "when" })

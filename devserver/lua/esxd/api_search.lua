@@ -9,7 +9,7 @@ local _M = {}
 local null = json.null
 
 function _M.search(ctx)
-  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started, ngx.unescape_uri(ctx.path))
+  return search.search(ctx.vars.index, ctx.args, ctx:json(true), ctx.started, ngx.unescape_uri(ctx.path), ctx.body)
 end
 
 -- RestCountAction parses either the body or the q parameters (q, df, ...), so with a body
@@ -97,7 +97,7 @@ function _M.msearch(ctx)
       local ew = header.expand_wildcards
       args.expand_wildcards = type(ew) == "table" and table.concat(ew, ",") or tostring(ew)
     end
-    local ok, st, res = pcall(search.search, idx, args, q, ngx.now())
+    local ok, st, res = pcall(search.search, idx, args, q, ngx.now(), nil, qline)
     if ok then
       json.set(res, "status", st)
       responses[#responses + 1] = res

@@ -268,6 +268,49 @@ function _M.error_position(s, err)
   return line, n - last
 end
 
+-- The 1-based line and column (bytes) where the value at path (object keys and 1-based array
+-- indices, {"stored_fields", 2}) starts in the JSON text s, as Jackson's token location
+-- reports it; nil when s does not hold such a value. s must be JSON that decodes.
+function _M.locate(s, path)
+  local i = skip_ws(s, 1)
+  for _, step in ipairs(path) do
+    local c = byte(s, i)
+    if type(step) == "string" then
+      if c ~= B_OBJ then return nil end
+      i = skip_ws(s, i + 1)
+      local found = false
+      while byte(s, i) == B_QUOTE do
+        local raw
+        raw, i = scan_string(s, i)
+        local key = raw
+        if find(raw, "\\", 1, true) then key = cjson.decode('"' .. raw .. '"') or raw end
+        i = skip_ws(s, skip_ws(s, i) + 1) -- past the colon
+        if key == step then found = true; break end
+        i = walk(s, i)
+        if not i then return nil end
+        i = skip_ws(s, i)
+        if byte(s, i) ~= B_COMMA then break end
+        i = skip_ws(s, i + 1)
+      end
+      if not found then return nil end
+    else
+      if c ~= B_ARR then return nil end
+      i = skip_ws(s, i + 1)
+      for _ = 2, step do
+        i = walk(s, i)
+        if not i then return nil end
+        i = skip_ws(s, i)
+        if byte(s, i) ~= B_COMMA then return nil end
+        i = skip_ws(s, i + 1)
+      end
+    end
+  end
+  if i > #s then return nil end
+  local line, last = 1, 0
+  for p in sub(s, 1, i - 1):gmatch("()\n") do line, last = line + 1, p end
+  return line, i - last
+end
+
 -- The names of every object in a decoded value (cjson keeps one of each).
 local function count_names(v)
   local n = 0

@@ -396,21 +396,26 @@ local function parse_query(q)
   end
 end
 
--- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil.
 -- StoredFieldsContext.fromXContent / fromRestRequest: a name or a list of names (the URL's
--- split on commas); "_none_" alone is {none = true}, with other names ES's 400.
-local function parse_stored_fields(v, from_url)
+-- split on commas); "_none_" alone is {none = true}, with other names ES's 400. text: the
+-- body's JSON text, for the location of an entry that is no value.
+local function parse_stored_fields(v, from_url, text)
   local list = {}
   if from_url then
     for f in v:gmatch("[^,]+") do list[#list + 1] = f end
   elseif type(v) == "string" then
     list[1] = v
   elseif json_kind(v) == "START_ARRAY" then
-    -- (numbers and booleans are their text; esxd leaves out the nulls, objects and arrays
-    -- ES fails on)
-    for _, f in ipairs(v) do
+    -- numbers and booleans are their text; a null, an object or an array is ES 8.15's
+    -- parser.text() failure, an IllegalStateException (500) with the token's location
+    for i, f in ipairs(v) do
       if type(f) == "number" then list[#list + 1] = json.number(f)
-      elseif type(f) == "string" or type(f) == "boolean" then list[#list + 1] = tostring(f) end
+      elseif type(f) == "string" or type(f) == "boolean" then list[#list + 1] = tostring(f)
+      else
+        local line, col = json.locate(text or "", { "stored_fields", i })
+        errors.raise(500, "illegal_state_exception", "Can't get text on a " .. json_kind(f) ..
+          (line and (" at " .. line .. ":" .. col) or ""))
+      end
     end
   elseif v == nil then
     return nil
@@ -425,7 +430,29 @@ local function parse_stored_fields(v, from_url)
   return list
 end
 
-function _M.search(expr, params, body, started, path)
+-- SearchSourceBuilder.validate (SearchRequest.validate, before the indices are resolved):
+-- "_none_" stored fields with a requested _source (sreq) or the fields option.
+local function validate_stored_fields(sf, sreq, want_fields)
+  if not (sf and sf.none) then return end
+  local list = {}
+  if sreq then list[#list + 1] = "[stored_fields] cannot be disabled if [_source] is requested" end
+  if want_fields then list[#list + 1] = "[stored_fields] cannot be disabled when using the [fields] option" end
+  if #list > 0 then error(errors.validation(list), 0) end
+end
+
+-- Does the request ask for _source (FetchSourceContext.fetchSource())? The URL's _source,
+-- _source_includes or _source_excludes replace the body's _source (RestSearchAction):
+-- they fetch unless _source is "false". The body's fetches unless it is false.
+local function source_requested(params, body)
+  if params._source ~= nil or params._source_includes ~= nil or params._source_excludes ~= nil then
+    return params._source ~= "false"
+  end
+  return body._source ~= nil and body._source ~= false and body._source ~= null
+end
+
+-- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil;
+-- text: the body's JSON text (for the locations in ES's messages), or nil.
+function _M.search(expr, params, body, started, path, text)
   body = body or {}
   -- SearchSourceBuilder.parseXContent
   if not is_obj(body) then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] but found [" .. json_kind(body) .. "]") end
@@ -473,7 +500,7 @@ function _M.search(expr, params, body, started, path)
   -- before the indices are resolved, as RestSearchAction parses the body first
   if agg_spec ~= nil then aggs.parse(agg_spec) end
   -- the URL's stored_fields replaces the body's (RestSearchAction)
-  local sf = parse_stored_fields(body.stored_fields)
+  local sf = parse_stored_fields(body.stored_fields, false, text)
   if params.stored_fields ~= nil then sf = parse_stored_fields(params.stored_fields, true) end
   local want_fields = fetch_fields.parse(body.fields, "fields")
   local want_dv = fetch_fields.parse(body.docvalue_fields, "docvalue_fields")
@@ -490,6 +517,7 @@ function _M.search(expr, params, body, started, path)
   local post = body.post_filter
   parse_query(q)
   parse_query(post)
+  validate_stored_fields(sf, source_requested(params, body), want_fields)
   local idxs = _M.targets(expr, params)
   local min_score = tonumber(body.min_score)
 
