@@ -992,6 +992,28 @@ describe("esxd", function()
       st, b = jreq("GET", "/gs/_doc/1?stored_fields=plain,nope")
       assert.same({ _index = "gs", _id = "1", _version = 1, _seq_no = 0, _primary_term = 1, _routing = "r", found = true }, b)
     end)
+    it("returns 400 action_request_validation_exception when GET /{index}/_source/{id} has _source=false", function()
+      put_doc("gsrc", "1", { a = 1 })
+      -- RestGetSourceAction, before the lookup (a missing index or document too), GET and HEAD
+      local want = es_error(400, "action_request_validation_exception", "Validation Failed: 1: fetching source can not be disabled;")
+      for _, p in ipairs({ "/gsrc/_source/1?_source=false", "/gsrc/_source/1?_source=false&_source_includes=a",
+          "/nope/_source/1?_source=false", "/gsrc/_source/2?_source=false" }) do
+        local st, b = jreq("GET", p)
+        assert.equal(400, st, p)
+        assert.same(want, b, p)
+        assert.equal(400, (req("HEAD", p)), p)
+      end
+      -- HEAD is the same API as GET: its parameters, not get's (stored_fields is unknown there)
+      local st, b = jreq("GET", "/gsrc/_source/1?stored_fields=a")
+      assert.equal(400, st)
+      assert.equal(400, (req("HEAD", "/gsrc/_source/1?stored_fields=a")))
+      assert.equal(200, (req("HEAD", "/gsrc/_source/1?_source_includes=a")))
+      assert.equal(404, (req("HEAD", "/gsrc/_source/2")))
+      st, b = jreq("GET", "/gsrc/_source/1?_source=")
+      assert.equal(200, st)
+      assert.same({ a = 1 }, b)
+    end)
+
     it("returns 400 when an index is created with aliases, which esxd does not implement", function()
       -- ES would resolve the alias in searches, counts, terms lookups and writes; esxd ignored
       -- it, so every later use of the name was a 404 (or auto-created an index of that name)

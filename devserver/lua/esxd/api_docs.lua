@@ -246,7 +246,12 @@ function _M.exists(ctx)
   return 404, nil
 end
 
+-- GET and HEAD /{index}/_source/{id} (RestGetSourceAction): a FetchSourceContext that does
+-- not fetch (?_source=false, whatever else is given) is refused before the lookup.
 function _M.source(ctx)
+  if ctx.args._source == "false" then
+    error(errors.validation({ "fetching source can not be disabled" }), 0)
+  end
   local idx, rec = lookup(ctx)
   if not rec then
     error(errors.new(404, "resource_not_found_exception", "Document not found [" .. idx.name .. "]/[" .. ctx.vars.id .. "]"), 0)

@@ -44,7 +44,7 @@ local routes = {
     HEAD = api_docs.exists, DELETE = api_docs.delete } },
   { { ":index", "_create", ":id" }, { PUT = api_docs.create, POST = api_docs.create } },
   { { ":index", "_update", ":id" }, { POST = api_docs.update } },
-  { { ":index", "_source", ":id" }, { GET = api_docs.source, HEAD = api_docs.exists } },
+  { { ":index", "_source", ":id" }, { GET = api_docs.source, HEAD = api_docs.source } },
   { { ":new" }, { PUT = api_indices.create } },
   { { ":index" }, { PUT = api_indices.create, DELETE = api_indices.delete, HEAD = api_indices.exists,
     GET = api_indices.get } },
