@@ -4155,6 +4155,23 @@ describe("esxd", function()
       end
     end)
 
+    it("the URL's _source, _source_includes and _source_excludes replace the body's _source", function()
+      put_doc("usrc", "1", { a = "x", n = 4 })
+      -- RestSearchAction: FetchSourceContext.parseFromRestRequest, when any is given, is the
+      -- search's whole source context (the body's includes and false are gone)
+      for _, c in ipairs({ { "?_source_includes=a", { _source = false }, { a = "x" } },
+          { "?_source_excludes=a", { _source = { "a" } }, { n = 4 } },
+          { "?_source=n", { _source = { includes = { "a" } } }, { n = 4 } },
+          { "?_source_includes=a", { stored_fields = { "n" } }, { a = "x" } } }) do
+        local st, b = jreq("POST", "/usrc/_search" .. c[1], c[2])
+        assert.equal(200, st, c[1])
+        assert.same(c[3], b.hits.hits[1]._source, c[1])
+      end
+      local st, b = jreq("POST", "/usrc/_search?_source=false&_source_includes=a", { _source = true })
+      assert.equal(200, st)
+      assert.is_nil(b.hits.hits[1]._source)
+    end)
+
     it("returns 500 illegal_state_exception when a stored_fields entry is null, an object or an array", function()
       put_doc("sf", "1", { a = "x" })
       -- ES 8.15's StoredFieldsContext reads each entry with parser.text(): Jackson's location

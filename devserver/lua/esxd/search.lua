@@ -490,8 +490,15 @@ function _M.search(expr, params, body, started, path, text)
   end
   local sorts = parse_sort(params.sort or body.sort)
   local after = parse_search_after(body.search_after)
-  local srcf = source_filter.parse(params._source ~= nil and params._source or body._source,
-    params._source_includes, params._source_excludes)
+  -- the URL's _source, _source_includes, _source_excludes, when any is given, replace the
+  -- body's _source (RestSearchAction sets FetchSourceContext.parseFromRestRequest over it)
+  local url_source = params._source ~= nil or params._source_includes ~= nil or params._source_excludes ~= nil
+  local srcf
+  if url_source then
+    srcf = source_filter.parse(params._source, params._source_includes, params._source_excludes)
+  else
+    srcf = source_filter.parse(body._source)
+  end
   local agg_spec = body.aggs or body.aggregations
   if agg_spec ~= nil and not is_obj(agg_spec) then
     errors.raise(400, "parsing_exception", "Unknown key for a " .. json_kind(agg_spec) .. " in [" ..
@@ -622,7 +629,7 @@ function _M.search(expr, params, body, started, path, text)
     end
     local wants_source = false
     for _, f in ipairs(sf) do if f == "_source" then wants_source = true end end
-    if not wants_source and body._source == nil and params._source == nil then srcf = false end
+    if not wants_source and body._source == nil and not url_source then srcf = false end
   end
   -- the fetch phase: each index with hits on the page builds its "fields" plan; one that
   -- fails (a format its field does not take, ...) is that index's shard failure, and its
