@@ -3307,6 +3307,30 @@ describe("spool", function()
     return assert(pid:match("^%d+$"))
   end
 
+  -- Gives the dead collector's segments in dir the pid `to` (a restarted container, a reused
+  -- pid): each segment renamed and passed to each_seg(path) when given; its lock file renamed
+  -- too, or removed with drop_lock (an esx from before lock files made none) -> segments renamed.
+  local function give_pid(dir, to, drop_lock, each_seg)
+    local p = io.popen("ls " .. dir)
+    local renamed = 0
+    for name in p:lines() do
+      local seg = name:match("^seg%-%d+%-(%d+%.log)$")
+      if seg then
+        local path = dir .. "/seg-" .. to .. "-" .. seg
+        assert(os.rename(dir .. "/" .. name, path))
+        if each_seg then each_seg(path) end
+        renamed = renamed + 1
+      elseif name:find("^lock%-%d+$") and drop_lock then
+        os.remove(dir .. "/" .. name)
+      elseif name:find("^lock%-%d+$") then
+        assert(os.rename(dir .. "/" .. name, dir .. "/lock-" .. to))
+      end
+    end
+    p:close()
+    assert.is_true(renamed > 0)
+    return renamed
+  end
+
   it("replays a dead process's segments whose pid a live process that is no collector has now", function()
     -- pids shift in a restarted container, and a busy machine reuses them: a spool's owner
     -- was taken for alive while kill(pid, 0) worked, and its segments -- each event answered
@@ -3319,20 +3343,7 @@ describe("spool", function()
     end)
     spool_victim(dir, { "r1", "r2", "r3" })
     stranger = live_stranger()
-    -- the dead collector's segments and lock file, as if its pid were the stranger's
-    local p = io.popen("ls " .. dir)
-    local renamed = 0
-    for name in p:lines() do
-      local seg = name:match("^seg%-%d+%-(%d+%.log)$")
-      if seg then
-        assert(os.rename(dir .. "/" .. name, dir .. "/seg-" .. stranger .. "-" .. seg))
-        renamed = renamed + 1
-      elseif name:find("^lock%-%d+$") then
-        assert(os.rename(dir .. "/" .. name, dir .. "/lock-" .. stranger))
-      end
-    end
-    p:close()
-    assert.is_true(renamed > 0)
+    give_pid(dir, stranger) -- the dead collector's segments and lock file, as if its pid were the stranger's
     col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "r4" })))))
     assert_replays(col, 3, 4)
@@ -3354,22 +3365,11 @@ describe("spool", function()
     end)
     spool_victim(dir, { "o1", "o2" })
     stranger = live_stranger()
-    local p = io.popen("ls " .. dir)
-    local renamed = 0
-    for name in p:lines() do
-      local seg = name:match("^seg%-%d+%-(%d+%.log)$")
-      if seg then
-        local to = dir .. "/seg-" .. stranger .. "-" .. seg
-        assert(os.rename(dir .. "/" .. name, to))
-        -- (last written 10 s ago: before the stranger started)
-        assert(os.execute("touch -m -d @" .. (os.time() - 10) .. " " .. to))
-        renamed = renamed + 1
-      elseif name:find("^lock%-%d+$") then
-        os.remove(dir .. "/" .. name) -- an esx from before lock files made none
-      end
-    end
-    p:close()
-    assert.is_true(renamed > 0)
+    -- an esx from before lock files made none; each segment last written 10 s ago, before the
+    -- stranger started
+    local renamed = give_pid(dir, stranger, true, function(path)
+      assert(os.execute("touch -m -d @" .. (os.time() - 10) .. " " .. path))
+    end)
     col = new{ spool_dir = dir }
     assert.equal(204, (post(col, cjson.encode(ev({ event_id = "o3" })))))
     assert_replays(col, 2, 3)
