@@ -927,6 +927,9 @@ describe("bi retries (in nginx, with timers)", function()
     -- before, the early timer did nothing: an indexer that exit_worker_by_lua did not close
     -- lost its buffer, its batch in flight and its retries with the worker
     srv:fault{ path = "/_bulk", item_status = 429, item_count = 1, count = 1 }
+    -- (the second batch answered late: still in flight when the timer fires, however fast the
+    -- machine -- read at once, it made 3 indexed and none in flight, 1 run in 200)
+    srv:fault{ path = "/_bulk", stall_ms = 300, count = 1 }
     local made = {}
     local t = { at = function(...) made[#made + 1] = { ... } return true end }
     finally(fake.install({ get_phase = function() return "timer" end, timer = t,
