@@ -3812,19 +3812,34 @@ describe("esxd", function()
       st, b = search("/events-a/_search", { search_after = { { a = 1 } } })
       assert.same(es_error(400, "parsing_exception",
         "Expected [VALUE_STRING] or [VALUE_NUMBER] or [VALUE_BOOLEAN] or [VALUE_NULL] but found [START_OBJECT] inside search_after."), b)
-      -- ES answers these two with 500 (a SearchException, an unboxed null): sent around
-      -- req() so that the "no 500" spec keeps watching everything else
-      local _, _, raw = srv:request("POST", "/events-a/_search",
-        cjson.encode({ from = 1, sort = { "n" }, search_after = { 1 } }), JSON)
-      b = cjson.decode(raw)
-      shard_error(b, 500, "search_exception", "`from` parameter must be set to 0 when `search_after` is used.")
-      _, _, raw = srv:request("POST", "/events-a/_search", '{"sort":["n"],"search_after":[null]}', JSON)
+      -- ES answers this one with 500 (an unboxed null): sent around req() so that the
+      -- "no 500" spec keeps watching everything else
+      local _, _, raw = srv:request("POST", "/events-a/_search", '{"sort":["n"],"search_after":[null]}', JSON)
       b = cjson.decode(raw)
       shard_error(b, 500, "null_pointer_exception", 'Cannot invoke "java.lang.Long.longValue()" because "value" is null')
       -- a keyword takes null (a document without the field) and a date a date string
       st, b = search("/events-a/_search", { sort = { { ["tag.keyword"] = "asc" }, { ts = "asc" } }, search_after = { "animal", "2024-01-01T00:01:30Z" } })
       assert.equal(200, st)
       assert.same({ "4", "3" }, ids(b))
+    end)
+    it("returns 400 action_request_validation_exception for from > 0 with search_after, before the shards", function()
+      -- ES 8.13+ (#105150): SearchRequest.validate on the coordinating node, not a shard's
+      -- 500 search_exception; with the other validation messages, in ES's order
+      local want = es_error(400, "action_request_validation_exception",
+        "Validation Failed: 1: [from] parameter must be set to 0 when [search_after] is used;")
+      local st, b = search("/events-a/_search", { from = 1, sort = { "n" }, search_after = { 1 } })
+      assert.equal(400, st)
+      assert.same(want, b)
+      -- the URL's from counts too, and a missing index is not looked up before the check
+      st, b = search("/nope/_search?from=2", { sort = { "n" }, search_after = { 1 } })
+      assert.same(want, b)
+      st, b = search("/events-a/_search", { from = 1, sort = { "n" }, search_after = { 1 },
+        stored_fields = "_none_", _source = true })
+      assert.same(es_error(400, "action_request_validation_exception",
+        "Validation Failed: 1: [from] parameter must be set to 0 when [search_after] is used;" ..
+        "2: [stored_fields] cannot be disabled if [_source] is requested;"), b)
+      st, b = search("/events-a/_search", { from = 0, size = 1, sort = { "n" }, search_after = { 0 } })
+      assert.equal(200, st)
     end)
     it("term and terms on _index compare with the index name, as ES's IndexFieldType does", function()
       local function total(q, path)

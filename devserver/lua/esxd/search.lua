@@ -284,11 +284,10 @@ end
 -- SearchAfterBuilder.buildFieldDoc and the comparators' setTopValue), in the space
 -- sort_value puts a hit's values in: a value equal to what a document without the field
 -- sorts as (Long.MIN/MAX, -/+Infinity) is that document's nil.
-local function search_after_values(idx, after, sorts, from)
+local function search_after_values(idx, after, sorts)
   local function fail(status, etype, reason, opts)
     error(errors.search_phase(idx.name, errors.new(status, etype, reason, nil, opts)), 0)
   end
-  if from > 0 then fail(500, "search_exception", "`from` parameter must be set to 0 when `search_after` is used.") end
   if not sorts or (#sorts == 1 and sorts[1].field == "_score" and sorts[1].dir == "desc") then
     fail(400, "illegal_argument_exception", "Sort must contain at least one field.")
   end
@@ -430,14 +429,17 @@ local function parse_stored_fields(v, from_url, text)
   return list
 end
 
--- SearchSourceBuilder.validate (SearchRequest.validate, before the indices are resolved):
--- "_none_" stored fields with a requested _source (sreq) or the fields option.
-local function validate_stored_fields(sf, sreq, want_fields)
-  if not (sf and sf.none) then return end
+-- SearchRequest.validate (ES 8.13+, on the coordinating node, before the indices are
+-- resolved), in its order: a from > 0 with search_after, then "_none_" stored fields with a
+-- requested _source (sreq) or the fields option. Returns the list of messages, maybe empty.
+local function validation_messages(from, after, sf, sreq, want_fields)
   local list = {}
-  if sreq then list[#list + 1] = "[stored_fields] cannot be disabled if [_source] is requested" end
-  if want_fields then list[#list + 1] = "[stored_fields] cannot be disabled when using the [fields] option" end
-  if #list > 0 then error(errors.validation(list), 0) end
+  if from > 0 and after then list[#list + 1] = "[from] parameter must be set to 0 when [search_after] is used" end
+  if sf and sf.none then
+    if sreq then list[#list + 1] = "[stored_fields] cannot be disabled if [_source] is requested" end
+    if want_fields then list[#list + 1] = "[stored_fields] cannot be disabled when using the [fields] option" end
+  end
+  return list
 end
 
 -- Does the request ask for _source (FetchSourceContext.fetchSource())? The URL's _source,
@@ -524,7 +526,8 @@ function _M.search(expr, params, body, started, path, text)
   local post = body.post_filter
   parse_query(q)
   parse_query(post)
-  validate_stored_fields(sf, source_requested(params, body), want_fields)
+  local invalid = validation_messages(from, after, sf, source_requested(params, body), want_fields)
+  if #invalid > 0 then error(errors.validation(invalid), 0) end
   local idxs = _M.targets(expr, params)
   local min_score = tonumber(body.min_score)
 
@@ -548,7 +551,7 @@ function _M.search(expr, params, body, started, path, text)
             :format(window, from + size))), 0)
       end
       for _, it in ipairs(sorts or {}) do sort_check(idx, it) end
-      local idx_after = after and search_after_values(idx, after, sorts, from)
+      local idx_after = after and search_after_values(idx, after, sorts)
       for _, rec in ipairs(idx.visible_list) do
         local ok, score = false, 0
         if not rec.dead then ok, score = matcher(rec) end
