@@ -4623,6 +4623,27 @@ describe("esxd", function()
       assert.equal("search_phase_execution_exception", b.responses[1].error.type)
       assert.same(not_found("zz"), b.responses[2])
     end)
+    it("_msearch validates every search before running any: all their messages in one 400, in order", function()
+      -- MultiSearchRequest.validate gathers each SearchRequest.validate's messages; nothing runs
+      -- (a missing index is not an item error then), and a body that does not parse anywhere
+      -- fails first, as RestMultiSearchAction parses the whole request before validating it
+      local body = '{"index":"c1"}\n{"from":1,"sort":["k.keyword"],"search_after":["a"]}\n' ..
+        '{"index":"missing"}\n{}\n' ..
+        '{"index":"c1"}\n{"stored_fields":"_none_","_source":true,"fields":["k"]}\n'
+      local st, b = jreq("POST", "/_msearch", body, NDJSON)
+      assert.equal(400, st)
+      assert.same(es_error(400, "action_request_validation_exception",
+        "Validation Failed: 1: [from] parameter must be set to 0 when [search_after] is used;" ..
+        "2: [stored_fields] cannot be disabled if [_source] is requested;" ..
+        "3: [stored_fields] cannot be disabled when using the [fields] option;"), b)
+      st, b = jreq("POST", "/_msearch", body .. '{}\n{"query":{"nope":{}}}\n', NDJSON)
+      assert.equal(400, st)
+      assert.equal("parsing_exception", b.error.type)
+      -- a header without a search body adds no search: ES's "no requests added"
+      st, b = jreq("POST", "/_msearch", '{"index":"c1"}\n', NDJSON)
+      assert.equal(400, st)
+      assert.same(es_error(400, "action_request_validation_exception", "Validation Failed: 1: no requests added;"), b)
+    end)
     it("_msearch refuses header keys ES does not know, and honours allow_no_indices", function()
       local st, b = jreq("POST", "/_msearch", '{"index":"c1","size":1}\n{}\n', NDJSON)
       assert.equal(400, st)

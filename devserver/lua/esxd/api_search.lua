@@ -62,7 +62,11 @@ function _M.msearch(ctx)
   end
   local lines = {}
   for l in body:gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
-  local responses = json.array()
+  -- RestMultiSearchAction parses every header and search body first (a malformed one fails
+  -- the whole request), then MultiSearchRequest.validate gathers every search's
+  -- SearchRequest.validate messages into one 400 (none runs), and only then are the searches
+  -- run, each answering in its own item (missing indices, shard failures)
+  local items = {}
   local i = 1
   while i <= #lines do
     local header, herr = json.decode(lines[i], true)
@@ -97,18 +101,28 @@ function _M.msearch(ctx)
       local ew = header.expand_wildcards
       args.expand_wildcards = type(ew) == "table" and table.concat(ew, ",") or tostring(ew)
     end
-    local ok, st, res = pcall(search.search, idx, args, q, ngx.now(), nil, qline)
+    -- parses the search body: its errors fail the whole request
+    local invalid = search.search(idx, args, q, nil, nil, qline, true)
+    items[#items + 1] = { idx = idx, args = args, q = q, qline = qline, invalid = invalid }
+    i = i + 2
+  end
+  local invalid = {}
+  if #items == 0 then invalid[1] = "no requests added" end
+  for _, it in ipairs(items) do
+    for _, m in ipairs(it.invalid) do invalid[#invalid + 1] = m end
+  end
+  if #invalid > 0 then error(errors.validation(invalid), 0) end
+  local responses = json.array()
+  for _, it in ipairs(items) do
+    local ok, st, res = pcall(search.search, it.idx, it.args, it.q, ngx.now(), nil, it.qline)
     if ok then
       json.set(res, "status", st)
       responses[#responses + 1] = res
     elseif errors.is(st) and ITEM_ERRORS[st.type] then
       responses[#responses + 1] = errors.body(st)
     else
-      -- ES parses every search body (query, aggregations, options) while reading the
-      -- msearch request, so a malformed one fails the whole request
       error(st, 0)
     end
-    i = i + 2
   end
   ngx.update_time()
   local took = math.floor((ngx.now() - ctx.started) * 1000)

@@ -453,8 +453,11 @@ local function source_requested(params, body)
 end
 
 -- Run a search. expr: index expression or nil; params: URI args; body: decoded body or nil;
--- text: the body's JSON text (for the locations in ES's messages), or nil.
-function _M.search(expr, params, body, started, path, text)
+-- text: the body's JSON text (for the locations in ES's messages), or nil. With
+-- validate_only, it parses the request (raising its parse errors) and returns the list of
+-- SearchRequest.validate's messages without running it (_msearch validates every search
+-- before it runs any).
+function _M.search(expr, params, body, started, path, text, validate_only)
   body = body or {}
   -- SearchSourceBuilder.parseXContent
   if not is_obj(body) then errors.raise(400, "parsing_exception", "Expected [START_OBJECT] but found [" .. json_kind(body) .. "]") end
@@ -527,6 +530,7 @@ function _M.search(expr, params, body, started, path, text)
   parse_query(q)
   parse_query(post)
   local invalid = validation_messages(from, after, sf, source_requested(params, body), want_fields)
+  if validate_only then return invalid end
   if #invalid > 0 then error(errors.validation(invalid), 0) end
   local idxs = _M.targets(expr, params)
   local min_score = tonumber(body.min_score)
