@@ -145,6 +145,41 @@ describe("esxd", function()
       assert.equal("No enum constant org.elasticsearch.cluster.health.ClusterHealthStatus.BLUE", b.error.reason)
       assert.equal(200, (jreq("DELETE", "/hy,hg")))
     end)
+    it("level=indices and level=shards add each index's and each shard's health, as ES does", function()
+      assert.equal(200, (jreq("PUT", "/hy", { settings = { number_of_shards = 2 } }))) -- 1 replica
+      assert.equal(200, (jreq("PUT", "/hg", { settings = { number_of_replicas = 0 } })))
+      local function index(status, shards, replicas)
+        return { status = status, number_of_shards = shards, number_of_replicas = replicas,
+          active_primary_shards = shards, active_shards = shards, relocating_shards = 0,
+          initializing_shards = 0, unassigned_shards = shards * replicas }
+      end
+      local st, b = jreq("GET", "/_cluster/health?level=indices")
+      assert.equal(200, st)
+      assert.equal("yellow", b.status)
+      assert.same({ hy = index("yellow", 2, 1), hg = index("green", 1, 0) }, b.indices)
+      -- the ClusterIndexHealth fields come last, after the cluster's
+      local _, _, raw = req("GET", "/_cluster/health/hg?level=indices")
+      assert.truthy(raw:find('"active_shards_percent_as_number":100.0,"indices":{"hg":{"status":"green",' ..
+        '"number_of_shards":1,"number_of_replicas":0,', 1, true), raw)
+      st, b = jreq("GET", "/_cluster/health/hy?level=SHARDS")
+      assert.equal(200, st)
+      local shard = { status = "yellow", primary_active = true, active_shards = 1, relocating_shards = 0,
+        initializing_shards = 0, unassigned_shards = 1 }
+      local want = index("yellow", 2, 1)
+      want.shards = { ["0"] = shard, ["1"] = shard }
+      assert.same({ hy = want }, b.indices)
+      -- no index: an empty object; level=cluster: no "indices"
+      _, _, raw = req("GET", "/_cluster/health/nomatch-*?level=indices")
+      assert.truthy(raw:find('"indices":{}}', 1, true), raw)
+      st, b = jreq("GET", "/_cluster/health?level=cluster")
+      assert.is_nil(b.indices)
+      -- ClusterStatsLevel.of's message for any other value
+      st, b = jreq("GET", "/_cluster/health?level=index")
+      assert.equal(400, st)
+      assert.same(es_error(400, "illegal_argument_exception",
+        "level parameter must be one of [cluster] or [indices] or [shards] but was [index]"), b)
+      assert.equal(200, (jreq("DELETE", "/hy,hg")))
+    end)
   end)
 
   describe("indices", function()
@@ -4883,8 +4918,6 @@ describe("esxd", function()
       assert.equal(1, string.find(b.error.reason,
         "request [/p3/_doc/1] contains unrecognized parameter: [require_data_stream]", 1, true))
       assert.equal(404, (jreq("GET", "/p3")))
-      st, b = jreq("GET", "/_cluster/health?level=indices")
-      assert.same(bad_param("/_cluster/health", "parameter: [level]"), b)
       -- their default values are what esxd does, so those are fine
       assert.equal(200, (jreq("GET", "/_search?explain=false")))
       assert.equal(201, (jreq("PUT", "/p3/_doc/1?require_data_stream=false", { a = 1 })))

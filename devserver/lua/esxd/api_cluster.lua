@@ -48,7 +48,51 @@ local function shard_counts(ctx)
     active = active + idx.shards
     unassigned = unassigned + idx.shards * idx.replicas
   end
-  return active, unassigned
+  return active, unassigned, idxs
+end
+
+-- ClusterStatsLevel.of: the level parameter, any case; RestClusterHealthAction checks it
+-- after the wait_for_* parameters.
+local LEVELS = { cluster = true, indices = true, shards = true }
+local function parse_level(v)
+  if v == nil then return "cluster" end
+  if not LEVELS[v:lower()] then
+    error(errors.illegal_argument("level parameter must be one of [cluster] or [indices] or [shards] but was [" ..
+      v .. "]"), 0)
+  end
+  return v:lower()
+end
+
+-- The "indices" object of level=indices / shards (ClusterIndexHealth, ClusterShardHealth):
+-- on one node every primary is active and every replica unassigned.
+local function indices_health(idxs, level)
+  local out = json.obj()
+  for _, idx in ipairs(idxs) do
+    local ih = json.obj(
+      "status", idx.replicas > 0 and "yellow" or "green",
+      "number_of_shards", idx.shards,
+      "number_of_replicas", idx.replicas,
+      "active_primary_shards", idx.shards,
+      "active_shards", idx.shards,
+      "relocating_shards", 0,
+      "initializing_shards", 0,
+      "unassigned_shards", idx.shards * idx.replicas)
+    if level == "shards" then
+      local shards = json.obj()
+      for i = 0, idx.shards - 1 do
+        json.set(shards, tostring(i), json.obj(
+          "status", idx.replicas > 0 and "yellow" or "green",
+          "primary_active", true,
+          "active_shards", 1,
+          "relocating_shards", 0,
+          "initializing_shards", 0,
+          "unassigned_shards", idx.replicas))
+      end
+      json.set(ih, "shards", shards)
+    end
+    json.set(out, idx.name, ih)
+  end
+  return out
 end
 
 -- Priority, for wait_for_events (RestClusterHealthAction: Priority.valueOf(upper case))
@@ -98,10 +142,11 @@ function _M.health(ctx)
   if a.wait_for_events and not PRIORITIES[a.wait_for_events:upper()] then
     error(no_enum("common.Priority", a.wait_for_events), 0)
   end
+  local level = parse_level(a.level)
   wanted = wanted and wanted:lower()
-  local active, unassigned, status
+  local active, unassigned, status, idxs
   local function met()
-    active, unassigned = shard_counts(ctx)
+    active, unassigned, idxs = shard_counts(ctx)
     status = unassigned > 0 and "yellow" or "green"
     return (not wanted or RANK[status] <= RANK[wanted]) and active_met(a.wait_for_active_shards, active, unassigned)
       and nodes_met(a.wait_for_nodes)
@@ -135,7 +180,8 @@ function _M.health(ctx)
     "task_max_waiting_in_queue", human and "0s" or nil,
     "task_max_waiting_in_queue_millis", 0,
     "active_shards_percent", human and string.format("%.1f%%", percent) or nil,
-    "active_shards_percent_as_number", json.float(percent))
+    "active_shards_percent_as_number", json.float(percent),
+    "indices", level ~= "cluster" and indices_health(idxs, level) or nil)
 end
 
 _M.VERSION = VERSION

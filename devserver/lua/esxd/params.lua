@@ -32,7 +32,7 @@ local GET_COMMON = { preference = "ok", realtime = "bool", refresh = "bool", rou
 _M.APIS = {
   info = {},
   ping = {},
-  ["cluster.health"] = { index = "path", expand_wildcards = "ok", level = "level", ["local"] = "bool",
+  ["cluster.health"] = { index = "path", expand_wildcards = "ok", level = "ok", ["local"] = "bool",
     master_timeout = "time", timeout = "time", wait_for_active_shards = "active_shards", wait_for_nodes = "ok",
     wait_for_events = "ok", wait_for_no_relocating_shards = "bool", wait_for_no_initializing_shards = "bool",
     wait_for_status = "ok" },
@@ -250,8 +250,6 @@ function _M.check(name, args, path)
       -- RestUpdateAction reads version / version_type only to refuse them
       error(errors.validation({ "internal versioning can not be used for optimistic concurrency control. " ..
         "Please use `if_seq_no` and `if_primary_term` instead" }), 0)
-    elseif kind == "level" then
-      if v ~= "cluster" then invalid[#invalid + 1] = k end
     end
   end
   if #invalid == 0 then return end
