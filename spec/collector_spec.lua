@@ -457,6 +457,17 @@ describe("col:handle", function()
     assert.equal(7, col:stats().accepted)
   end)
 
+  it("takes Content-Encoding x-gzip as gzip (RFC 9110 8.4.1.3), in any case", function()
+    for _, coding in ipairs{ "x-gzip", "X-GZIP", " x-gzip " } do
+      local status, _, body = post(col, ds.gzip(cjson.encode({ ev(), ev() })),
+        { ["content-type"] = "application/json", ["content-encoding"] = coding })
+      assert.equal(204, status, body)
+    end
+    assert.equal(400, (post(col, "not gzip", { ["content-type"] = "application/json", ["content-encoding"] = "x-gzip" })))
+    assert.equal(6, col:stats().accepted)
+    assert.equal(0, col:stats().rejected.unsupported)
+  end)
+
   it("answers 200 with the rejected indexes when some events are invalid", function()
     local status, headers, body = post(col, cjson.encode({ ev(), { type = "view" }, ev({ type = "bad type!" }) }))
     assert.equal(200, status)

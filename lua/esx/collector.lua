@@ -412,7 +412,8 @@ local function answer(self, method, query, body, ctype, coding, origin, declared
     end
     if coding then
       coding = lower(coding:match("^%s*(.-)%s*$"))
-      if coding == "gzip" then
+      -- x-gzip is gzip (RFC 9110 8.4.1.3: a recipient SHOULD take it so; old tags send it)
+      if coding == "gzip" or coding == "x-gzip" then
         local plain, why = core.gunzip(body, max)
         if not plain then
           if why == "too_large" then
