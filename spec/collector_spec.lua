@@ -468,6 +468,17 @@ describe("col:handle", function()
     assert.equal(0, col:stats().rejected.unsupported)
   end)
 
+  it("takes an empty or blank Content-Type as none, as a missing one is", function()
+    assert.equal(204, (post(col, cjson.encode(ev()), {})))
+    for _, ctype in ipairs{ "", " ", "\t" } do
+      local status, _, body = post(col, cjson.encode(ev()), { ["content-type"] = ctype })
+      assert.equal(204, status, body)
+    end
+    assert.equal(415, (post(col, cjson.encode(ev()), { ["content-type"] = "; charset=utf-8" })))
+    assert.equal(4, col:stats().accepted)
+    assert.equal(1, col:stats().rejected.unsupported)
+  end)
+
   it("answers 200 with the rejected indexes when some events are invalid", function()
     local status, headers, body = post(col, cjson.encode({ ev(), { type = "view" }, ev({ type = "bad type!" }) }))
     assert.equal(200, status)

@@ -332,7 +332,10 @@ local ctype_seen, ctype_count, CTYPE_CACHE_MAX = {}, 0, 256
 local function ctype_accepted(ctype)
   local ok = ctype_seen[ctype]
   if ok == nil then
-    ok = accepted_types[lower(ctype:match("^%s*([^;%s]+)") or "")] == true
+    -- an empty (or blank) value names no media type: taken as no Content-Type at all, as
+    -- a header that is missing is (some proxies and beacon libraries send it empty)
+    ok = ctype:find("^%s*$") ~= nil or
+         accepted_types[lower(ctype:match("^%s*([^;%s]+)") or "")] == true
     if ctype_count < CTYPE_CACHE_MAX then
       ctype_seen[ctype] = ok
       ctype_count = ctype_count + 1
