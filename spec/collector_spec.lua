@@ -479,6 +479,13 @@ describe("col:handle", function()
     assert.equal(1, col:stats().rejected.unsupported)
   end)
 
+  it("accepts a body that starts with a UTF-8 byte-order mark, plain or gzip", function()
+    local body = "\239\187\191" .. cjson.encode({ ev(), ev() })
+    assert.equal(204, (post(col, body)))
+    assert.equal(204, (post(col, ds.gzip(body), { ["content-type"] = "text/plain", ["content-encoding"] = "gzip" })))
+    assert.equal(4, col:stats().accepted)
+  end)
+
   it("answers 200 with the rejected indexes when some events are invalid", function()
     local status, headers, body = post(col, cjson.encode({ ev(), { type = "view" }, ev({ type = "bad type!" }) }))
     assert.equal(200, status)

@@ -437,7 +437,7 @@ describe("core.events_parse", function()
       -- the whole body as not JSON, valid events included
       for _, first in ipairs{ { "null", "not an object" }, { "123", "not an object" },
                               { "[1]", "not an object" }, { "[" .. ev() .. "]", "not an object" },
-                              { "garbage", "invalid JSON" }, { "\239\187\191" .. ev(), "invalid JSON" } } do
+                              { "garbage", "invalid JSON" }, { "\239\187\191null", "not an object" } } do
         local docs, rejects = parse(first[1] .. "\n" .. ev() .. "\n\n" .. ev(',"n":2') .. "\n")
         assert(docs, rejects and tostring(rejects))
         assert.equal(2, #docs)
@@ -490,6 +490,22 @@ describe("core.events_parse", function()
     end)
   end)
 
+  it("skips a UTF-8 byte-order mark at the start of the body (RFC 8259 8.1)", function()
+    local bom = "\239\187\191"
+    local d = accepted(bom .. ev())
+    assert.equal('{"site_id":"s1","type":"view","received_at":' .. NOW .. ',"event_id":"'
+      .. d.event_id .. '"}', d.doc)
+    local docs, rejects = parse(bom .. "[" .. ev() .. "," .. ev() .. "]")
+    assert.same({}, rejects)
+    assert.equal(2, #docs)
+    docs, rejects = parse(bom .. ev() .. "\n" .. ev() .. "\n")
+    assert.same({}, rejects)
+    assert.equal(2, #docs)
+    docs, rejects = parse(bom .. "\n" .. ev() .. "\nx\n" .. ev())
+    assert.same({ { index = 1, error = "invalid JSON" } }, rejects)
+    assert.equal(2, #docs)
+  end)
+
   describe("returns nil, err with kind not_json", function()
     local cases = {
       { "", "empty body" },
@@ -508,7 +524,10 @@ describe("core.events_parse", function()
       { '{"a":tru}', "invalid JSON at byte 5: invalid literal" },
       { '{"a":"x}', "invalid JSON at byte 8: unterminated string" },
       { "{} {}", "trailing bytes after the JSON object" },
-      { "\239\187\191{}", "not a JSON object, array or NDJSON" }, -- a BOM
+      { "\239\187\191", "empty body" }, -- a BOM alone
+      { "\239\187\191[1,", "invalid JSON at byte 6: unexpected end" }, -- offsets count the BOM
+      { " \239\187\191{}", "not a JSON object, array or NDJSON" }, -- a BOM not at the start
+      { "\239\187\191\239\187\191{}", "not a JSON object, array or NDJSON" }, -- two
     }
     for _, c in ipairs(cases) do
       it(("for %q"):format(c[1]), function()

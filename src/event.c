@@ -587,12 +587,12 @@ static void set(char *why, const char *msg)
         snprintf(why, 128, "%s", msg);
 }
 
-static int parse_ndjson(ctx *c, results *r, const char *body, size_t len, int max_events,
-                        char *why)
+static int parse_ndjson(ctx *c, results *r, const char *body, size_t len, size_t start,
+                        int max_events, char *why)
 {
     /* count the events first, so that a flood is refused before any work */
     int count = 0;
-    for (size_t i = 0; i < len;) {
+    for (size_t i = start; i < len;) {
         const char *nl = memchr(body + i, '\n', len - i);
         size_t end = nl ? (size_t)(nl - body) : len;
         if (esx_json_skip_ws(body, end, i) < end && ++count > max_events)
@@ -600,7 +600,7 @@ static int parse_ndjson(ctx *c, results *r, const char *body, size_t len, int ma
         i = end + 1;
     }
     int index = 0, any = 0;
-    for (size_t i = 0; i < len;) {
+    for (size_t i = start; i < len;) {
         const char *nl = memchr(body + i, '\n', len - i);
         size_t end = nl ? (size_t)(nl - body) : len;
         size_t b = esx_json_skip_ws(body, end, i);
@@ -636,10 +636,11 @@ static size_t line_end(const char *body, size_t len, size_t i, int *more)
     return end;
 }
 
-static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_events,
-                      char *why)
+/* The body from byte start on (past a byte-order mark: see esx_events_parse). */
+static int parse_body(ctx *c, results *r, const char *body, size_t len, size_t start,
+                      int max_events, char *why)
 {
-    size_t i = esx_json_skip_ws(body, len, 0);
+    size_t i = esx_json_skip_ws(body, len, start);
     if (i >= len) {
         set(why, "empty body");
         return ESX_EV_NOT_JSON;
@@ -649,7 +650,7 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
     if (body[i] != '{' && body[i] != '[') {
         /* NDJSON whose first line is not an object (a scalar, garbage): its lines are read as
          * those of NDJSON starting with one, rather than all refused for that line */
-        int rc = more ? parse_ndjson(c, r, body, len, max_events, why) : ESX_EV_NOT_JSON;
+        int rc = more ? parse_ndjson(c, r, body, len, start, max_events, why) : ESX_EV_NOT_JSON;
         if (rc == ESX_EV_NOT_JSON)
             set(why, "not a JSON object, array or NDJSON");
         return rc;
@@ -690,11 +691,11 @@ static int parse_body(ctx *c, results *r, const char *body, size_t len, int max_
     if (body[i] == '[') {
         /* NDJSON whose first line is an array: that line is one JSON value, other lines follow */
         if (scanned && more && esx_json_skip_ws(body, first_end, pos) == first_end)
-            return parse_ndjson(c, r, body, len, max_events, why);
+            return parse_ndjson(c, r, body, len, start, max_events, why);
         set(why, scanned ? "trailing bytes after the JSON array" : scanwhy);
         return ESX_EV_NOT_JSON;
     }
-    int rc = parse_ndjson(c, r, body, len, max_events, why);
+    int rc = parse_ndjson(c, r, body, len, start, max_events, why);
     if (rc == ESX_EV_NOT_JSON)
         set(why, scanned ? "trailing bytes after the JSON object" : scanwhy);
     return rc;
@@ -711,7 +712,11 @@ int esx_events_parse(const char *body, size_t len, int64_t received_at, esx_idge
     *n_events = *n_rejects = 0;
     if (why)
         why[0] = '\0';
-    int rc = parse_body(&c, &r, body, len, max_events, why);
+    /* A UTF-8 byte-order mark before the JSON text is skipped (RFC 8259 8.1: a parser MAY
+     * ignore it; some beacon libraries and proxies add one): refused, a whole request
+     * was lost for three bytes that say nothing.  Byte offsets in reasons still count it. */
+    size_t start = len >= 3 && memcmp(body, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    int rc = parse_body(&c, &r, body, len, start, max_events, why);
     if (rc != ESX_EV_OK) {
         out->len = save;
         if (out->data)

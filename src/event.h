@@ -17,6 +17,8 @@
  *     blank (JSON whitespace only) is the next event; a line that is not one JSON value is
  *     rejected ("invalid JSON"), one that is not an object "not an object", the others are
  *     still read -- the first line as any other.
+ *   A UTF-8 byte-order mark (EF BB BF) at the very start of the body is skipped (RFC 8259
+ *   8.1 lets a parser ignore it); one anywhere else is not JSON whitespace.
  *   Anything else -- empty, a scalar, a broken array, NDJSON none of whose lines is JSON --
  *   is ESX_EV_NOT_JSON, with a reason such as "invalid JSON at byte 7: expected ':'".
  *   Events are counted before any is processed: more than max_events (valid or not) is
