@@ -118,7 +118,8 @@ end)
 -- Reads Prometheus text exposition format 0.0.4 strictly: every line a HELP, a TYPE (once per
 -- family, before its samples) or a sample; a family's samples together; names and label
 -- names as the format allows; label values escaped (only \\, \" and \n); values Go's
--- ParseFloat reads; no series twice.  Returns {series = value text} and {family = type}.
+-- ParseFloat reads; no series twice.  Returns {series = value text}, {family = type} and
+-- {family = HELP text}.
 local function read_exposition(text)
   assert.equal("\n", text:sub(-1))
   local series, types, helps, closed = {}, {}, {}, {}
@@ -135,7 +136,7 @@ local function read_exposition(text)
       else
         assert.equal("HELP", kw)
         assert.is_nil(helps[fam], "a second HELP line: " .. line)
-        helps[fam] = true
+        helps[fam] = rest
       end
     else
       local name, labels, value = line:match("^([a-zA-Z_:][a-zA-Z0-9_:]*)(%b{}) (%S+)$")
@@ -172,7 +173,7 @@ local function read_exposition(text)
       series[name .. labels] = value
     end
   end
-  return series, types
+  return series, types, helps
 end
 
 describe("esx.metrics", function()
@@ -271,6 +272,32 @@ describe("esx.metrics", function()
     for family, typ in pairs(types) do
       assert.equal(typ == "counter", family:sub(-6) == "_total", family .. " is a " .. typ)
     end
+  end)
+
+  it("gives every family of a client, a collector, a cache and a bulk indexer a HELP line", function()
+    -- promtool's lint flagged every family but esx_build_info ("no help text"), and the
+    -- Prometheus UI showed nothing for them
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "helped" }
+    local col = esx.collector{ sink = c, name = "helped" }
+    local function nothing() return {} end
+    local cache = esx.cache{ load_page = nothing, load_readers = nothing, name = "helped", shared = true }
+    local bi = c:bulk_indexer{ name = "helped" }
+    finally(function()
+      bi:close(0)
+      col:close(0)
+      cache:close()
+      c:close()
+    end)
+    local _, types, helps = read_exposition(esx.metrics())
+    local n = 0
+    for family in pairs(types) do
+      if family:find("^esx_%a+_") and family ~= "esx_build_info" then
+        n = n + 1
+        assert.truthy(helps[family] and helps[family]:find("%a"), family .. " has no HELP")
+      end
+    end
+    assert.truthy(n > 80, n .. " families")
+    assert.equal("Calls submitted.", helps.esx_client_requests_total)
   end)
 
   it("gives every item of a list its own series, whatever its id looks like", function()

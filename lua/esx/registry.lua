@@ -81,6 +81,109 @@ local types = {
   },
 }
 
+-- One line of HELP per family, by kind and flattened path (as `types`), from the field's
+-- meaning in the docs (docs/client.md, collector.md, cache.md): a family without one is flagged
+-- by promtool's lint, and the Prometheus UI shows it to whoever reads the series.  Plain text:
+-- no backslash, no newline (HELP escapes neither here).
+local help = {
+  client = {
+    requests = "Calls submitted.",
+    responses = "Calls that ended with an HTTP response (any status).",
+    retries = "Attempts after a call's first.",
+    rebuilds = "Engines rebuilt after a fork or a dead I/O thread.",
+    failures = "Calls that ended with an error, by error kind.",
+    pool_in_use = "Connection slots taken.",
+    pool_idle = "Open idle connections.",
+    pool_open = "Open connections.",
+    pool_waiting = "Calls waiting for a connection slot.",
+    pool_pool_timeouts = "Calls that gave up waiting for a connection slot (pool_timeout).",
+    bytes_sent_raw = "Request body bytes before gzip.",
+    bytes_sent_wire = "Request body bytes as sent.",
+    bytes_received_wire = "Response body bytes as received.",
+    bytes_received_raw = "Response body bytes after inflation.",
+    nodes_alive = "1 while the node is alive, 0 while it is marked dead.",
+    nodes_failures = "Consecutive failures of the node.",
+    nodes_requests = "Requests sent to the node.",
+    nodes_in_flight = "Requests in flight on the node.",
+    nodes_dead_until = "Wall-clock ms until which the node is marked dead (0 when alive).",
+  },
+  collector = {
+    requests = "Requests that reached parsing.",
+    accepted = "Events accepted (answered 2xx).",
+    rejected = "Events or requests refused, by reason.",
+    queued_events = "Events not yet acknowledged by Elasticsearch.",
+    queued_bytes = "Bytes charged to queue_max_bytes.",
+    in_flight = "Bulk requests in flight.",
+    delayed = "Events waiting out a retry back-off.",
+    shipped = "Events acknowledged by Elasticsearch (409 included).",
+    retried = "Event retries scheduled.",
+    dead_lettered = "Events Elasticsearch rejected for good, written to the dead-letter file.",
+    dead_letter_failed = "Events whose dead-letter line could not be written: lost.",
+    spooled = "Events written to the spool.",
+    replayed = "Events loaded back from the spool.",
+    spilled = "Events accepted while memory was full, written to disk only.",
+    spool_bytes = "Bytes of the spool's files on disk.",
+    spool_skipped_bytes = "Bytes of spool records skipped on replay (torn, damaged or gone).",
+    spool_segments_gone = "Spool segments whose file was removed before their replay.",
+    spool_segments_refused = "Spool segments left on disk: not this user's private file, or unreadable.",
+    spool_segments_pid_reused = "Dead processes' segments claimed while their pid was reused.",
+    spool_sync_failed = "fdatasync calls of the spool's files that failed.",
+    spool_claims_failing = "Dead processes' spool segments whose claim failed at the last scan.",
+    bulk_requests = "Bulk requests made.",
+    bulk_failures = "Bulk requests that failed as a whole.",
+    indices_created = "Indices this process created with esx's mappings.",
+    index_create_failed = "Index creations refused for good.",
+    rollup_rows = "Rollup rows held.",
+    rollup_bytes = "Bytes the rollup rows, their sketches and the table's buckets hold.",
+    rollup_dropped = "Events not counted in rollups (no row could be made, or no memory).",
+    rollup_written = "Rollup row writes queued.",
+    rollup_lost = "Rollup rows close() could not write or deliver: lost.",
+    rate_unlimited = "Requests admitted without a rate bucket (max_sites full).",
+    lag_ms = "Age in ms of the oldest unacknowledged event: the shipping lag.",
+    in_progress = "Requests in progress.",
+    utilization_concurrency = "in_progress / max_concurrent.",
+    utilization_queue = "queued_bytes / queue_max_bytes.",
+    utilization_lag_ms = "Age in ms of the oldest unacknowledged event.",
+  },
+  cache = {
+    pages_hits = "List page lookups answered from the cache.",
+    pages_misses = "List page lookups not in the cache.",
+    pages_loads = "List pages loaded.",
+    pages_entries = "List pages cached.",
+    pages_bytes = "Bytes of the cached list pages.",
+    pages_evictions = "List pages evicted to stay within max_bytes.",
+    pages_expirations = "List pages expired.",
+    readers_hits = "Reader set lookups answered from the cache.",
+    readers_misses = "Reader set lookups not in the cache.",
+    readers_loads = "Reader sets loaded.",
+    readers_entries = "Reader sets cached.",
+    readers_bytes = "Bytes of the cached reader sets.",
+    readers_evictions = "Reader sets evicted to stay within max_bytes.",
+    readers_expirations = "Reader sets expired.",
+    bytes = "Bytes of both tiers, never above max_bytes.",
+    evictions = "Entries evicted to stay within max_bytes.",
+    load_errors = "Loader failures and bad data.",
+    waits = "Callers that waited for another caller's load in this Lua state.",
+    seq = "Change-log sequence written (by any worker).",
+    applied = "Change-log sequence applied in this process.",
+    resets = "Times this process had fallen behind the change log and dropped its tiers.",
+    log_bytes = "Bytes of the change-log (and, shared, hand-off) mapping, outside max_bytes.",
+    shared = "1 when the cache is shared between nginx workers (the shared option).",
+  },
+  bulk = {
+    added = "Operations added.",
+    indexed = "Operations indexed (done).",
+    failed = "Operations given up on (dropped).",
+    retried = "Operation retries scheduled.",
+    batches = "Batches sent.",
+    split = "Batches refused as a whole (too large) and split in two.",
+    on_drop_errors = "on_drop callbacks that raised.",
+    buffered = "Operations buffered, not yet sent.",
+    in_flight = "Batches in flight.",
+    delayed = "Operations waiting out a retry back-off.",
+  },
+}
+
 -- Tables of counters by cause, exported as one family with the cause as a label
 -- (esx_client_failures_total{kind="reset"}); their "total" entry is the family's sum, left out.
 local by_label = {
@@ -93,7 +196,7 @@ local by_label = {
 -- (an id seen twice in one list -- a node listed twice -- gets "#<position>", and
 -- "#<position>-<k>" should that be taken too).
 local function flatten(kind, path, labels, t, out, typ)
-  local known = types[kind] or {}
+  local known, helps = types[kind] or {}, help[kind] or {}
   for k, v in pairs(t) do
     local key = (path and (path .. "_") or "") .. tostring(k):gsub("[^%w_]", "_")
     local tv = type(v)
@@ -101,12 +204,13 @@ local function flatten(kind, path, labels, t, out, typ)
     local label = not path and by_label[kind] and by_label[kind][key]
     if tv == "number" or tv == "boolean" then
       out[#out + 1] = { "esx_" .. kind .. "_" .. key .. (ktype == COUNTER and "_total" or ""), labels,
-                        tv == "boolean" and (v and 1 or 0) or v, ktype or "untyped" }
+                        tv == "boolean" and (v and 1 or 0) or v, ktype or "untyped", helps[key] }
     elseif label and tv == "table" then
       for cause, n in pairs(v) do
         if cause ~= "total" and type(n) == "number" then
           out[#out + 1] = { "esx_" .. kind .. "_" .. key .. "_total",
-                            labels .. "," .. label .. '="' .. escape_label(cause) .. '"', n, COUNTER }
+                            labels .. "," .. label .. '="' .. escape_label(cause) .. '"', n, COUNTER,
+                            helps[key] }
         end
       end
     elseif tv == "table" then
@@ -170,6 +274,7 @@ function _M.metrics(version, flavour)
   local last
   for _, s in ipairs(samples) do
     if s[1] ~= last then
+      if s[5] then lines[#lines + 1] = "# HELP " .. s[1] .. " " .. s[5] end
       lines[#lines + 1] = "# TYPE " .. s[1] .. " " .. s[4]
       last = s[1]
     end
