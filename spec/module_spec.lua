@@ -298,6 +298,9 @@ describe("esx.metrics", function()
     end
     assert.truthy(n > 80, n .. " families")
     assert.equal("Calls submitted.", helps.esx_client_requests_total)
+    -- one shared region in every worker: a sum over nginx workers would count it once per worker
+    assert.truthy(helps.esx_cache_seq:find("aggregate with max, not sum", 1, true))
+    assert.truthy(helps.esx_cache_log_bytes:find("aggregate with max, not sum", 1, true))
   end)
 
   it("gives every item of a list its own series, whatever its id looks like", function()

@@ -164,10 +164,13 @@ local help = {
     evictions = "Entries evicted to stay within max_bytes.",
     load_errors = "Loader failures and bad data.",
     waits = "Callers that waited for another caller's load in this Lua state.",
-    seq = "Change-log sequence written (by any worker).",
+    seq = "Change-log sequence written (by any worker). With shared = true the same value " ..
+          "in every worker (one shared log): aggregate with max, not sum.",
     applied = "Change-log sequence applied in this process.",
     resets = "Times this process had fallen behind the change log and dropped its tiers.",
-    log_bytes = "Bytes of the change-log (and, shared, hand-off) mapping, outside max_bytes.",
+    log_bytes = "Bytes of the change-log (and, shared, hand-off) mapping, outside max_bytes. " ..
+                "With shared = true one region, the same value in every worker: aggregate " ..
+                "with max, not sum.",
     shared = "1 when the cache is shared between nginx workers (the shared option).",
   },
   bulk = {
