@@ -346,6 +346,21 @@ describe("esx.metrics", function()
     assert.same({ "renamed", "retest" .. (n + 1) }, names)
   end)
 
+  it("gives an object without a name one no live object of its kind has", function()
+    -- the made-up "client<n>" was taken from a counter alone: a client the user named
+    -- "client<n+1>" and the next unnamed one shared a name (two series, one renamed "#<n>")
+    local a = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    local n = tonumber(a.name:match("^client(%d+)$"))
+    local b = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "client" .. (n + 2) }
+    local d = esx.client{ hosts = { "http://127.0.0.1:1" }, name = "client" .. (n + 3) }
+    local c = esx.client{ hosts = { "http://127.0.0.1:1" } }
+    finally(function() a:close() b:close() c:close() d:close() end)
+    assert.equal("client" .. (n + 4), c.name)
+    local series = read_exposition(esx.metrics())
+    assert.equal("0", series['esx_client_requests_total{name="client' .. (n + 4) .. '"}'])
+    assert.equal("0", series['esx_client_requests_total{name="client' .. (n + 2) .. '"}'])
+  end)
+
   it("writes NaN and infinities as Prometheus reads them", function()
     local registry = require "esx.registry"
     local obj = {}

@@ -14,7 +14,8 @@ local _M = {}
 local live = setmetatable({}, { __mode = "k" })
 local sequence = 0
 
---- Registers obj; returns the name it was given ("client1", ... unless name).
+--- Registers obj; returns the name it was given ("client1", ... unless name: the next number
+-- whose name no live object of the kind has).
 -- stats_fn(obj) is called for esx.metrics(); it must not be a closure over obj.  An object
 -- registered again stays one entry, in its place, under its name (or the new one given: a
 -- rename), and takes no number: each registration used to count as a new object, so the
@@ -28,8 +29,22 @@ function _M.add(obj, kind, name, stats_fn)
     return entry.name
   end
   sequence = sequence + 1
-  name = name or (kind .. sequence)
-  live[obj] = { kind = kind, name = name, stats = stats_fn, order = sequence }
+  local order = sequence
+  if not name then
+    -- a made-up name skips the names live objects of its kind have: a user's "client2" (or
+    -- an earlier object's made-up one, after a rename) made two series of one name, the
+    -- later one exported as "client2#<n>", a name that changes with the order of creation
+    local taken = {}
+    for _, e in pairs(live) do
+      if e.kind == kind then taken[e.name] = true end
+    end
+    name = kind .. sequence
+    while taken[name] do
+      sequence = sequence + 1
+      name = kind .. sequence
+    end
+  end
+  live[obj] = { kind = kind, name = name, stats = stats_fn, order = order }
   return name
 end
 
