@@ -2928,4 +2928,12 @@ describe("client:stats and esx.metrics", function()
     end
     assert(esx.client{ name = "caf\195\169 \240\159\154\128" }):close()
   end)
+
+  it("raises on a name with a control character (it went into the exposition text as it was)", function()
+    for _, bad in ipairs{ "a\0b", "a\nb", "\27[31m", "a\127", "a\194\133" } do
+      assert.has_error(function() esx.client{ name = bad } end,
+        "esx.client: bad option 'name' (must not contain control characters)")
+    end
+    assert(esx.client{ name = "a\194\160b" }):close() -- U+00A0 is no control character
+  end)
 end)

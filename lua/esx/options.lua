@@ -45,12 +45,19 @@ local function violation(spec, v)
 end
 
 --- A `check` for names that become metric labels: UTF-8, as the Prometheus text format
--- requires (a stray byte would make every scrape of esx.metrics() fail).
+-- requires (a stray byte would make every scrape of esx.metrics() fail), without control
+-- characters (C0, DEL, C1): a NUL went into the exposition text as it was, which parsers
+-- written in C cut there, and a newline or escape split or garbled the log lines that name
+-- the object.
 function _M.utf8_text(v)
   local i, n, byte = 1, #v, string.byte
   while i <= n do
     local c = byte(v, i)
     local len, lo, hi = 1, 0x80, 0xBF -- the sequence's length; the range of its 2nd byte
+    local c2 = c == 0xC2 and byte(v, i + 1) -- U+0080..U+009F: C1
+    if c < 0x20 or c == 0x7F or (c2 and c2 >= 0x80 and c2 <= 0x9F) then
+      return nil, "must not contain control characters"
+    end
     if c >= 0xC2 and c <= 0xDF then len = 2
     elseif c >= 0xE0 and c <= 0xEF then
       len = 3
