@@ -698,6 +698,34 @@ describe("bi:close (timeout)", function()
     assert.equal(2, s.failed)
   end)
 
+  it("counts every operation once when Lua runs out of memory while it gives up on them, and close() is called again", function()
+    -- give_up emptied the buffer, the retry list and the halves of refused batches only once
+    -- all of them were counted: memory that ran out part-way left the ones counted listed,
+    -- and the next close() counted them again (failed > added)
+    local bi = c:bulk_indexer{ backoff_min = 10000, backoff_max = 10000 }
+    add_docs(bi, 4)
+    -- the 3rd operation's record of its drop cannot be stored, once, as when memory runs out
+    local failed_once = false
+    bi.dropped = setmetatable({}, { __newindex = function(t, k, v)
+      if k == 3 and not failed_once then
+        failed_once = true
+        error("not enough memory", 0)
+      end
+      rawset(t, k, v)
+    end })
+    local ok, err = pcall(bi.close, bi, 0)
+    assert.is_false(ok)
+    assert.equal("not enough memory", err)
+    local s = bi:close(0)
+    assert.equal(4, s.added)
+    assert.equal(4, s.failed)
+    assert.equal(4, s.timed_out)
+    assert.equal(4, #s.dropped)
+    local ids = {}
+    for i, d in ipairs(s.dropped) do ids[i] = d.meta._id end
+    assert.same({ "1", "2", "3", "4" }, ids)
+  end)
+
   it("raises on an unknown option and on a timeout that is not an integer number of ms >= 0", function()
     local bi = c:bulk_indexer{}
     assert.has_error(function() bi:close{ timout = 100 } end, "bad option 'timout' to 'close' (unknown option)")

@@ -759,11 +759,38 @@ local function open_work(self)
   return #self.inflight > 0 or #self.delayed > 0 or #self.buf > 0 or #self.splits > 0
 end
 
+-- Gives up on list's operations (item_of(element) is one) from the first, each with what,
+-- and takes those it counted off the list, in place (nothing allocated, as drop_front):
+-- Lua out of memory in give raises with the list holding exactly the operations not counted
+-- yet.  Before, the lists were emptied only once all were given up on, so the operations
+-- counted before the failure stayed listed, and the next close() counted them again.
+-- -> the bytes of the operations taken off.
+local function give_list(list, give, what, item_of)
+  local k, bytes = 0, 0
+  local ok, err = pcall(function()
+    for j = 1, #list do
+      local it = item_of(list[j])
+      give(it, what)
+      k, bytes = j, bytes + #it.line
+    end
+  end)
+  local n = #list
+  for j = 1, n - k do list[j] = list[j + k] end
+  for j = n, n - k + 1, -1 do list[j] = nil end
+  if not ok then error(err, 0) end
+  return bytes
+end
+
+local function itself(it) return it end
+local function delayed_item(d) return d.item end
+
 -- close()'s timeout passed: every operation still without an outcome is dropped with the
 -- reason, none left uncounted -> how many.  Batches already answered are read first (their
 -- items get their outcome); a batch still running is left to the client (its answer is never
 -- read: it may have been applied) and its items are reported with an unknown outcome.  Nothing
--- here yields: another light thread finds the lists empty, not half dealt with.
+-- here yields: another light thread finds the lists empty, not half dealt with.  Lua out of
+-- memory raises with every operation either counted and off its list, or listed and not
+-- counted (a batch in flight keeps its cursor, entry.done): close() again goes on from there.
 local function give_up(self, timeout)
   local i = 1
   while self.inflight[i] do
@@ -774,25 +801,29 @@ local function give_up(self, timeout)
       i = i + 1
     end
   end
-  local why, n = string.format("request_timeout: bi:close() gave up after %d ms ", timeout), 0
+  local why = string.format("request_timeout: bi:close() gave up after %d ms ", timeout)
+  self.timed_out = self.timed_out or 0 -- (kept: a close() that raised has counted some)
   local function give(it, what)
-    n = n + 1
     drop(self, it, why .. what .. (it.last_reason and (" (retried after: " .. it.last_reason .. ")") or ""))
+    self.timed_out = self.timed_out + 1
   end
-  for _, e in ipairs(self.inflight) do
+  local inflight = self.inflight
+  for _, e in ipairs(inflight) do
     for k = e.done + 1, #e.items do
       give(e.items[k], "with the operation's batch in flight: its outcome is unknown")
       e.done = k
     end
   end
-  for _, b in ipairs(self.splits) do
-    for _, it in ipairs(b) do give(it, "before sending the operation") end
+  for j = #inflight, 1, -1 do inflight[j] = nil end
+  local splits = self.splits
+  while splits[1] do
+    give_list(splits[1], give, "before sending the operation", itself)
+    remove(splits, 1)
   end
-  for _, it in ipairs(self.buf) do give(it, "before sending the operation") end
-  for _, d in ipairs(self.delayed) do give(d.item, "while the operation waited to be retried") end
-  self.inflight, self.splits, self.buf, self.delayed = {}, {}, {}, {}
-  self.buf_bytes, self.delayed_bytes = 0, 0
-  return n
+  self.buf_bytes = self.buf_bytes - give_list(self.buf, give, "before sending the operation", itself)
+  self.delayed_bytes = self.delayed_bytes -
+    give_list(self.delayed, give, "while the operation waited to be retried", delayed_item)
+  return self.timed_out
 end
 
 --- bi:close([timeout_ms | {timeout = ms}]) -> summary: flushes, waits out retries and returns
@@ -821,7 +852,7 @@ function Indexer:close(opts)
   -- another light thread's close() may have finished first while this one waited (in nginx,
   -- for the same batch): the one summary is the answer to both
   if self.summary then return self.summary end
-  local timed_out = open_work(self) and give_up(self, timeout) or 0
+  local timed_out = open_work(self) and give_up(self, timeout) or self.timed_out or 0
   local s = self:stats()
   s.dropped = self.dropped
   s.timed_out = timed_out
