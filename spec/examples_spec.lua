@@ -311,6 +311,11 @@ describe("the example nginx and the demo #nginx", function()
     local web_port = out:match("starting nginx %(2 workers, examples/nginx%) on port (%d+)")
     assert.is_falsy(socket.connect("127.0.0.1", tonumber(es_port)))
     assert.is_falsy(socket.connect("127.0.0.1", tonumber(web_port)))
+    -- and leaves none of their runtime directories behind
+    local tmp = os.getenv("TMPDIR") or "/tmp"
+    for _, d in ipairs{ tmp .. "/esxd-" .. es_port, tmp .. "/esx-example-" .. web_port } do
+      assert.is_falsy(os.rename(d, d), d .. " is left behind")
+    end
   end)
 
   it("make demo ES_URL=... uses that Elasticsearch and leaves it running", function()
