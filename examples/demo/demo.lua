@@ -41,27 +41,36 @@ end
 io.write(("== traffic: %d s at %d req/s (x3 spike from %d s to %d s), up to %d in flight, %d users, sites %s\n"):format(
   o.duration, o.rate, math.floor(0.4 * o.duration), math.floor(0.6 * o.duration), o.concurrency,
   o.users, table.concat(traffic.SITES, ",")))
-io.write("   req/s | HTTP statuses | events accepted | article pages read, marked read | events queued in the collectors\n")
+io.write("   req/s (last 3 s) | HTTP statuses | events accepted | article pages read, marked read | events queued in the collectors\n")
 local last_line = 0
+-- (t, requests sent) every half second: the rate printed is that of the last 3 s, as far
+-- apart as the lines are without a terminal.  p.rps, of the last half second alone, swings
+-- from 0 to twice the rate while mark-reads that wait for Elasticsearch's refresh hold every
+-- slot, and printed 0 req/s on lines whose counts had grown by a thousand requests.
+local samples = { { t = 0, n = 0 } }
 local summary = traffic.run{
   url = o.url, duration = o.duration, rate = o.rate, concurrency = o.concurrency,
   users = o.users, articles = o.articles, run = run,
   on_progress = function(p)
+    samples[#samples + 1] = { t = p.t, n = p.s.requests }
+    while #samples > 2 and p.t - samples[2].t >= 3 do table.remove(samples, 1) end
     if not tty and p.t - last_line < 3 then return end
     last_line = p.t
+    local first = samples[1]
+    local rps = p.t > first.t and (p.s.requests - first.n) / (p.t - first.t) or 0
     local st = {}
     for code, n in pairs(p.s.statuses) do st[#st + 1] = code .. ":" .. n end
     for kind, n in pairs(p.s.errors) do st[#st + 1] = kind .. ":" .. n end
     table.sort(st)
     local line = ("%5.1fs %s %5.0f req/s | %s | events %d | pages %d marks %d | queue %d"):format(
-      p.t, p.spike and "SPIKE" or "     ", p.rps, table.concat(st, " "), p.s.accepted,
+      p.t, p.spike and "SPIKE" or "     ", rps, table.concat(st, " "), p.s.accepted,
       p.s.articles, p.s.reads, queue())
     io.write(tty and ("\r\27[K" .. line) or (line .. "\n"))
     io.flush()
   end,
 }
 if tty then io.write("\n") end
-io.write(("== sent %d requests in %.1f s (peak %.0f req/s)\n"):format(summary.requests,
+io.write(("== sent %d requests in %.1f s (peak %.0f req/s over half a second)\n"):format(summary.requests,
   summary.seconds, summary.peak_rps))
 
 local ok = report.print(es, web, { run = run, from = from, site = o.site, sites = traffic.SITES,
