@@ -116,21 +116,26 @@ rock:
 	luarocks --lua-version=5.4 --tree=build/rocks make --deps-mode=none esx-scm-1.rockspec
 
 # Used by luarocks (esx-scm-1.rockspec): one build for the Lua whose headers are in
-# LUA_INCDIR, installed into the rock tree's INST_LIBDIR / INST_LUADIR.
-OBJSROCK := $(patsubst src/%.c,build/rock/obj/%.o,$(SRCS))
-build/rock/obj/%.o: src/%.c $(HDRS) Makefile
+# LUA_INCDIR, installed into the rock tree's INST_LIBDIR / INST_LUADIR.  Each LUA_INCDIR
+# builds in a directory of its own: objects compiled against Lua 5.1's headers (a plain
+# `luarocks make`, whose default Lua on Debian 12 is 5.1) were taken as up to date by a
+# `luarocks --lua-version=5.4 make` (or `make rock`) after it, whose core.so then failed to
+# load ("undefined symbol: lua_tointeger").
+ROCKDIR  := build/rock/$(subst /,_,$(LUA_INCDIR))
+OBJSROCK := $(patsubst src/%.c,$(ROCKDIR)/obj/%.o,$(SRCS))
+$(ROCKDIR)/obj/%.o: src/%.c $(HDRS) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(ESX_CFLAGS) $(CFLAGS) -I$(LUA_INCDIR) -c $< -o $@
 
-build/rock/esx/core.so: $(OBJSROCK)
+$(ROCKDIR)/esx/core.so: $(OBJSROCK) $(SRCLIST)
 	@mkdir -p $(@D)
-	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $^ $(ESX_LIBS)
+	$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $(OBJSROCK) $(ESX_LIBS)
 
-rock-so: build/rock/esx/core.so
+rock-so: $(ROCKDIR)/esx/core.so
 
-rock-install: build/rock/esx/core.so
+rock-install: $(ROCKDIR)/esx/core.so
 	install -d $(INST_LIBDIR)/esx $(INST_LUADIR)/esx
-	install -m 755 build/rock/esx/core.so $(INST_LIBDIR)/esx/core.so
+	install -m 755 $(ROCKDIR)/esx/core.so $(INST_LIBDIR)/esx/core.so
 	install -m 644 lua/esx/*.lua $(INST_LUADIR)/esx/
 
 clean:

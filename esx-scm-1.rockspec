@@ -30,5 +30,6 @@ build = {
   install_variables = {
     INST_LIBDIR = "$(LIBDIR)",
     INST_LUADIR = "$(LUADIR)",
+    LUA_INCDIR = "$(LUA_INCDIR)", -- which build to install (one per Lua's headers)
   },
 }

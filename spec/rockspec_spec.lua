@@ -16,5 +16,12 @@ describe("luarocks make esx-scm-1.rockspec", function()
     local out = p:read("*a")
     p:close()
     assert.equal(require("esx").version .. " " .. tree .. "/lib/lua/5.4/esx/core.so", out)
+    -- the objects just compiled against Lua 5.4's headers are not up to date for another
+    -- Lua's: a `luarocks make` for Lua 5.1 (luarocks' default on Debian 12) compiles its own
+    -- (make -n: what it would run, without running it)
+    p = io.popen("make -n rock-so LUA_INCDIR=/usr/include/lua5.1 2>&1")
+    out = p:read("*a")
+    p:close()
+    assert.matches("-I/usr/include/lua5.1 -c src/client.c", out, 1, true)
   end)
 end)
