@@ -465,28 +465,64 @@ local function anchors(doc)
   return t
 end
 
+-- `dir/../x/./y` -> `x/y` (paths relative to the repository's root)
+local function normalise(path)
+  local out = {}
+  for part in path:gmatch("[^/]+") do
+    if part == ".." and #out > 0 and out[#out] ~= ".." then out[#out] = nil
+    elseif part ~= "." then out[#out + 1] = part end
+  end
+  return table.concat(out, "/")
+end
+
 describe("links between the pages", function()
+  -- every page a user reads: the reference pages (all of docs/, not a list to keep up to date:
+  -- cache.md was missing from it), the READMEs they start from and link to
+  local pages = { "README.md", "examples/README.md", "devserver/README.md", "bench/README.md" }
+  local ls = io.popen("ls docs/*.md")
+  for l in ls:lines() do pages[#pages + 1] = l end
+  ls:close()
+
   it("point at files that exist and headings that exist", function()
     local problems = {}
-    for _, page in ipairs({ "client", "collector", "nginx", "errors", "tuning" }) do
-      local doc = read("docs/" .. page .. ".md")
+    for _, page in ipairs(pages) do
+      local doc = read(page)
+      local dir = page:match("^(.*)/") or "."
+      -- (code blocks hold no links, and a `](` in them is code)
+      doc = doc:gsub("\n```.-\n```", "\n")
       for target in doc:gmatch("%]%(([^)%s]+)%)") do
-        if not target:match("^https?:") then
+        if not target:match("^%a[%w+.-]*:") then
           local file, anchor = target:match("^([^#]*)#?(.*)$")
-          local path = file == "" and ("docs/" .. page .. ".md") or ("docs/" .. file)
+          local path = file == "" and page or normalise(dir .. "/" .. file)
           local f = io.open(path, "rb")
           if not f then
-            problems[#problems + 1] = page .. ".md -> " .. target .. " (no file)"
+            problems[#problems + 1] = page .. " -> " .. target .. " (no file)"
           else
-            local text = f:read("*a")
+            local text = f:read("*a") or "" -- (nil for a directory)
             f:close()
             if anchor ~= "" and path:match("%.md$") and not anchors(text)[anchor] then
-              problems[#problems + 1] = page .. ".md -> " .. target .. " (no heading)"
+              problems[#problems + 1] = page .. " -> " .. target .. " (no heading)"
             end
           end
         end
       end
     end
     assert_none(problems, "broken links")
+  end)
+
+  it("comment nginx configuration with #, not Lua's --, outside the *_by_lua_block bodies", function()
+    -- nginx reads `-- text` after a directive as a directive named "--" and does not start
+    -- (README.md's configuration did that, twice)
+    local problems = {}
+    for _, page in ipairs(pages) do
+      for block in read(page):gmatch("\n```nginx\n(.-)\n```") do
+        local conf = block:gsub("_by_lua_block%s*%b{}", "_by_lua_block {}")
+        for l in (conf .. "\n"):gmatch("(.-)\n") do
+          local code = l:gsub('"[^"]*"', '""'):gsub("'[^']*'", "''"):gsub("#.*", "")
+          if code:find("%-%-") then problems[#problems + 1] = page .. ": " .. l end
+        end
+      end
+    end
+    assert_none(problems, "Lua comments in nginx configuration")
   end)
 end)
