@@ -315,7 +315,30 @@ describe("docs/cache.md", function()
     if schema then
       assert_none(check_options(schema, section(cache_doc, "## esx.cache")),
         "docs/cache.md options")
+      assert_none(stale_options(schema, section(cache_doc, "## esx.cache")),
+        "docs/cache.md documents options esx.cache does not take")
     end
+  end)
+
+  it("names every field of cache:stats()", function()
+    local cache = assert(require("esx").cache{ load_page = function() return {} end,
+                                               load_readers = function() return {} end })
+    local s = assert(cache:stats())
+    cache:close()
+    local text = section(read("docs/cache.md"), "## cache:stats")
+    local missing = {}
+    for k, v in pairs(s) do
+      if type(v) == "table" then -- `pages.hits`, and `readers.hits`, … (same fields)
+        if not text:find("`" .. k .. ".", 1, true) then missing[#missing + 1] = k end
+        for f in pairs(v) do
+          if not text:find("." .. f .. "`", 1, true) then missing[#missing + 1] = k .. "." .. f end
+        end
+      elseif not text:find("`" .. k .. "`", 1, true) then
+        missing[#missing + 1] = k
+      end
+    end
+    table.sort(missing)
+    assert_none(missing, "cache:stats() fields not in docs/cache.md")
   end)
 end)
 
