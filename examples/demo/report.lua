@@ -77,7 +77,7 @@ function _M.print(es, web, o, summary)
   printf("  rollup counts (all sites, all instances): %d%s", rolled,
     rolled == summary.accepted and "  -- equal" or "  -- MISMATCH")
   local shed = sum(ws, function(w) return w.collector.rejected.total end)
-  printf("  rejected by the collectors: %d; dead-lettered %d; spooled %d", shed,
+  printf("  rejected by the collectors: %d; dead-lettered (refused by Elasticsearch for good) %d; written ahead to the disk spool before the 2xx %d", shed,
     sum(ws, function(w) return w.collector.dead_lettered end), sum(ws, function(w) return w.collector.spooled end))
 
   printf("\n== rollups for site %q, merged from %d collector instances (esx.collector.totals)",
@@ -104,7 +104,7 @@ function _M.print(es, web, o, summary)
   for _, w in ipairs(ws) do
     local c = w.cache
     local full = c.readers.entries >= sets
-    printf("  worker %d: pages hit %s, reader sets hit %s, loads %d/%d, %d sets in %d bytes%s",
+    printf("  worker %d: pages hit %s, reader sets hit %s, loads of pages %d, of reader sets %d, %d sets in %d bytes%s",
       w.pid, ratio(c.pages.hits, c.pages.misses), ratio(c.readers.hits, c.readers.misses),
       c.pages.loads, c.readers.loads, c.readers.entries, c.readers.bytes,
       full and ids > 0 and string.format(" = %.2f bytes per reader", c.readers.bytes / ids) or "")
@@ -115,7 +115,7 @@ function _M.print(es, web, o, summary)
     local c = w.client
     local failures = {}
     for k, v in pairs(c.failures) do if v > 0 then failures[#failures + 1] = string.format("%s=%d", k, v) end end
-    printf("  worker %d: %d requests, %d retries, failures {%s}, pool in_use %d idle %d waiting %d timeouts %d, sent %d bytes as %d on the wire",
+    printf("  worker %d: %d requests, %d retries, failures {%s}, pool now: in_use %d idle %d waiting %d, pool timeouts %d, sent %d bytes as %d on the wire (gzip)",
       w.pid, c.requests, c.retries, table.concat(failures, " "), c.pool.in_use, c.pool.idle or 0,
       c.pool.waiting, c.pool.pool_timeouts, c.bytes.sent_raw, c.bytes.sent_wire)
   end
