@@ -533,6 +533,17 @@ describe("links between the pages", function()
     assert_none(problems, "broken links")
   end)
 
+  it("include every page of docs/ in README.md's Documentation section (the index)", function()
+    local index = section(read("README.md"), "## Documentation")
+    local missing = {}
+    for _, page in ipairs(pages) do
+      if page:match("^docs/") and not index:find("](" .. page .. ")", 1, true) then
+        missing[#missing + 1] = page
+      end
+    end
+    assert_none(missing, "docs/ pages README.md's Documentation does not link")
+  end)
+
   it("comment nginx configuration with #, not Lua's --, outside the *_by_lua_block bodies", function()
     -- nginx reads `-- text` after a directive as a directive named "--" and does not start
     -- (README.md's configuration did that, twice)
