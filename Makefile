@@ -150,5 +150,5 @@ help:
 	@echo "make rock     luarocks make into build/rocks"
 	@echo "make asan     the suite against an ASan+UBSan build"
 	@echo "make tsan     the client, collector, h1, faults and cache specs under ThreadSanitizer"
-	@echo "make valgrind the client, collector, event and json specs under valgrind"
+	@echo "make valgrind the h1, event and json specs under valgrind (VALGRIND_SPECS for others)"
 	@echo "make fuzz     every libFuzzer target for SECONDS (default 60)"
